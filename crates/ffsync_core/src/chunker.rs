@@ -1,0 +1,242 @@
+//! Content-defined chunking (FastCDC 2020) fused with per-chunk BLAKE3.
+//!
+//! Large inputs are split into segments that are chunked in parallel. Each segment is
+//! chunked speculatively from its own start; when stitching segments together we walk
+//! from the true (sequential) cut position until it lands on one of the segment's
+//! speculative cut points. From there on both agree, because a FastCDC cut depends only
+//! on the bytes in `[start, start + max)`. The result is therefore identical to a
+//! sequential scan, whatever the data (on pathological data such as all zeros the
+//! re-synchronisation may never happen and the stitcher simply chunks sequentially).
+
+use crate::params::ChunkParams;
+use fastcdc::v2020::{self, Normalization};
+use rayon::prelude::*;
+
+pub type Hash = [u8; 32];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    pub offset: u64,
+    pub len: u32,
+    pub hash: Hash,
+}
+
+impl Chunk {
+    pub fn end(&self) -> u64 {
+        self.offset + self.len as u64
+    }
+}
+
+/// Segment length for parallel chunking. Large enough that the stitching cost (a few
+/// chunks per segment) is negligible, small enough to balance work across cores.
+pub const SEGMENT_LEN: usize = 8 * 1024 * 1024;
+
+struct Cutter {
+    p: ChunkParams,
+    mask_s: u64,
+    mask_l: u64,
+}
+
+impl Cutter {
+    fn new(p: ChunkParams) -> Self {
+        let (mask_s, mask_l) = v2020::select_masks(p.avg as usize, Normalization::Level1);
+        Cutter { p, mask_s, mask_l }
+    }
+
+    /// Length of the chunk starting at `pos` (depends only on `data[pos..pos+max]`).
+    #[inline]
+    fn next_len(&self, data: &[u8], pos: usize) -> usize {
+        let end = data.len().min(pos + self.p.max as usize);
+        let (_, len) = v2020::cut(
+            &data[pos..end],
+            self.p.min as usize,
+            self.p.avg as usize,
+            self.p.max as usize,
+            self.mask_s,
+            self.mask_l,
+            self.mask_s << 1,
+            self.mask_l << 1,
+        );
+        len
+    }
+
+    fn chunk_at(&self, data: &[u8], pos: usize) -> Chunk {
+        let len = self.next_len(data, pos);
+        Chunk { offset: pos as u64, len: len as u32, hash: *blake3::hash(&data[pos..pos + len]).as_bytes() }
+    }
+
+    /// Chunks whose start lies in `[from, until)`; the last one may extend past `until`.
+    fn chunk_range(&self, data: &[u8], from: usize, until: usize, progress: &dyn Fn(u64)) -> Vec<Chunk> {
+        let mut out = Vec::with_capacity((until - from) / self.p.avg as usize + 2);
+        let mut pos = from;
+        while pos < until {
+            let c = self.chunk_at(data, pos);
+            pos += c.len as usize;
+            progress(c.len as u64);
+            out.push(c);
+        }
+        out
+    }
+}
+
+/// Sequential reference implementation.
+pub fn chunk_sequential(data: &[u8], params: ChunkParams) -> Vec<Chunk> {
+    Cutter::new(params).chunk_range(data, 0, data.len(), &|_| {})
+}
+
+/// How the chunker tells its caller which bytes it is about to read and which it is done
+/// with, so a memory-mapped input can be populated ahead and dropped behind (keeping
+/// resident memory at about threads x segment length however large the file is).
+pub trait Residency: Sync {
+    fn prepare(&self, _from: usize, _to: usize) {}
+    fn release(&self, _from: usize, _to: usize) {}
+}
+
+/// For plain in-memory inputs.
+pub struct InMemory;
+impl Residency for InMemory {}
+
+/// Chunks from a speculative start `pos` until landing on a cut of `spec` (returns the
+/// index in `spec` where they joined) or passing `until`.
+fn bridge(cutter: &Cutter, data: &[u8], mut pos: usize, spec: &[Chunk], until: usize) -> (Vec<Chunk>, Option<usize>) {
+    let mut out = Vec::new();
+    while pos < until {
+        if let Ok(k) = spec.binary_search_by_key(&(pos as u64), |c| c.offset) {
+            return (out, Some(k));
+        }
+        let c = cutter.chunk_at(data, pos);
+        pos += c.len as usize;
+        out.push(c);
+    }
+    (out, None)
+}
+
+/// Parallel chunking; output is identical to [`chunk_sequential`].
+///
+/// Phase 1 chunks every segment from its own start, in parallel. Phase 2 (also parallel)
+/// computes for each segment the "bridge" from where the previous segment's speculative
+/// chunks end to the first cut shared with this segment. Phase 3 stitches sequentially,
+/// using a bridge only if it starts exactly at the true position; otherwise (pathological
+/// data) it chunks sequentially from the true position, so correctness never depends on
+/// the speculation. `progress` receives byte counts, possibly from several threads.
+pub fn chunk_parallel(data: &[u8], params: ChunkParams, segment_len: usize, progress: &(dyn Fn(u64) + Sync), mem: &dyn Residency) -> Vec<Chunk> {
+    let cutter = Cutter::new(params);
+    let max = params.max as usize;
+    if data.len() <= segment_len {
+        mem.prepare(0, data.len());
+        let out = cutter.chunk_range(data, 0, data.len(), progress);
+        mem.release(0, data.len());
+        return out;
+    }
+    let bounds: Vec<(usize, usize)> = (0..data.len()).step_by(segment_len).map(|s| (s, (s + segment_len).min(data.len()))).collect();
+    let spec: Vec<Vec<Chunk>> = bounds
+        .par_iter()
+        .map(|&(s, e)| {
+            mem.prepare(s, (e + max).min(data.len()));
+            let v = cutter.chunk_range(data, s, e, progress);
+            mem.release(s, v.last().map_or(e, |c| c.end() as usize));
+            v
+        })
+        .collect();
+    let bridges: Vec<(usize, Vec<Chunk>, Option<usize>)> = (1..bounds.len())
+        .into_par_iter()
+        .map(|k| {
+            let from = spec[k - 1].last().map_or(bounds[k].0, |c| c.end() as usize);
+            let (b, join) = bridge(&cutter, data, from, &spec[k], bounds[k].1);
+            mem.release(from, b.last().map_or(from, |c| c.end() as usize));
+            (from, b, join)
+        })
+        .collect();
+
+    let mut out: Vec<Chunk> = Vec::with_capacity(data.len() / params.avg as usize + 16);
+    out.extend_from_slice(&spec[0]);
+    let mut pos = spec[0].last().map_or(0, |c| c.end() as usize);
+    for k in 1..bounds.len() {
+        let (from, ref b, join) = bridges[k - 1];
+        let (chunks, join) = if from == pos { (b.clone(), join) } else { bridge(&cutter, data, pos, &spec[k], bounds[k].1) };
+        pos = chunks.last().map_or(pos, |c| c.end() as usize);
+        out.extend_from_slice(&chunks);
+        if let Some(j) = join {
+            out.extend_from_slice(&spec[k][j..]);
+            pos = spec[k].last().map_or(pos, |c| c.end() as usize);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::{LARGE, SMALL};
+    use crate::testutil::{pseudo_random, repetitive};
+
+    fn assert_partition(chunks: &[Chunk], len: usize, p: ChunkParams) {
+        let mut pos = 0u64;
+        for (i, c) in chunks.iter().enumerate() {
+            assert_eq!(c.offset, pos);
+            assert!(c.len <= p.max);
+            if i + 1 < chunks.len() {
+                assert!(c.len >= p.min);
+            }
+            pos += c.len as u64;
+        }
+        assert_eq!(pos, len as u64);
+    }
+
+    #[test]
+    fn deterministic_and_partitions_input() {
+        let data = pseudo_random(3_000_000, 7);
+        let a = chunk_sequential(&data, SMALL);
+        let b = chunk_sequential(&data, SMALL);
+        assert_eq!(a, b);
+        assert_partition(&a, data.len(), SMALL);
+        let avg = data.len() / a.len();
+        assert!(avg > 32 * 1024 && avg < 128 * 1024, "average chunk {avg}");
+    }
+
+    #[test]
+    fn parallel_equals_sequential_on_random_data() {
+        let data = pseudo_random(9_000_000 + 12345, 1);
+        for seg in [1 << 20, 1_500_000, 4 << 20] {
+            for p in [SMALL, LARGE] {
+                assert_eq!(chunk_parallel(&data, p, seg, &|_| {}, &InMemory), chunk_sequential(&data, p), "seg {seg}");
+            }
+        }
+    }
+
+    #[test]
+    fn parallel_equals_sequential_on_repetitive_data() {
+        let zeros = vec![0u8; 7_000_001];
+        let rep = repetitive(6_000_000, 4096);
+        for data in [&zeros, &rep] {
+            for seg in [1 << 20, 3_000_001] {
+                for p in [SMALL, LARGE] {
+                    let par = chunk_parallel(data, p, seg, &|_| {}, &InMemory);
+                    assert_eq!(par, chunk_sequential(data, p));
+                    assert_partition(&par, data.len(), p);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn local_edit_changes_few_chunks() {
+        let a = pseudo_random(4_000_000, 3);
+        let mut b = a.clone();
+        b.splice(2_000_000..2_000_000, [1u8, 2, 3, 4, 5].iter().copied());
+        let ca = chunk_sequential(&a, SMALL);
+        let cb = chunk_sequential(&b, SMALL);
+        let set: std::collections::HashSet<Hash> = ca.iter().map(|c| c.hash).collect();
+        let new = cb.iter().filter(|c| !set.contains(&c.hash)).count();
+        assert!(new <= 3, "an insertion invalidated {new} chunks");
+    }
+
+    #[test]
+    fn empty_and_tiny_inputs() {
+        assert!(chunk_sequential(&[], SMALL).is_empty());
+        let one = chunk_sequential(&[42], SMALL);
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].len, 1);
+        assert_eq!(chunk_parallel(&[9u8; 100], SMALL, 10, &|_| {}, &InMemory).len(), 1);
+    }
+}

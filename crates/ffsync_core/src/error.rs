@@ -1,0 +1,71 @@
+//! One error type for the engine. Each variant maps to a stable string code that the
+//! binding forwards to JavaScript (and the CLI maps to an rsync-style exit code).
+
+use std::io;
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoreError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, #[source] source: io::Error },
+    #[error("{path}: not a regular file")]
+    NotAFile { path: PathBuf },
+    #[error("malformed {what}: {reason}")]
+    Malformed { what: &'static str, reason: String },
+    #[error("verification failed: {0}")]
+    VerifyFailed(String),
+    #[error("chunk {index} failed its hash check ({origin})")]
+    ChunkCorrupt { index: u32, origin: &'static str },
+    #[error("no space left on device while writing {path}")]
+    DiskFull { path: PathBuf },
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl CoreError {
+    pub fn io(path: impl Into<PathBuf>, source: io::Error) -> Self {
+        let path = path.into();
+        if is_disk_full(&source) {
+            return CoreError::DiskFull { path };
+        }
+        CoreError::Io { path, source }
+    }
+
+    pub fn malformed(what: &'static str, reason: impl Into<String>) -> Self {
+        CoreError::Malformed { what, reason: reason.into() }
+    }
+
+    /// Stable machine-readable code (mirrored in ts/utils/errors.ts).
+    pub fn code(&self) -> &'static str {
+        match self {
+            CoreError::Io { source, .. } => match source.kind() {
+                io::ErrorKind::NotFound => "ENOENT",
+                io::ErrorKind::PermissionDenied => "EACCES",
+                _ => "EIO",
+            },
+            CoreError::NotAFile { .. } => "ENOTFILE",
+            CoreError::Malformed { .. } => "EMALFORMED",
+            CoreError::VerifyFailed(_) => "EVERIFY",
+            CoreError::ChunkCorrupt { .. } => "ECHUNK",
+            CoreError::DiskFull { .. } => "ENOSPC",
+            CoreError::Usage(_) => "EUSAGE",
+        }
+    }
+}
+
+fn is_disk_full(e: &io::Error) -> bool {
+    if e.kind() == io::ErrorKind::StorageFull || e.kind() == io::ErrorKind::QuotaExceeded {
+        return true;
+    }
+    #[cfg(unix)]
+    {
+        matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+    }
+    #[cfg(not(unix))]
+    {
+        // ERROR_DISK_FULL (112) and ERROR_HANDLE_DISK_FULL (39)
+        matches!(e.raw_os_error(), Some(112) | Some(39))
+    }
+}
+
+pub type Result<T> = std::result::Result<T, CoreError>;

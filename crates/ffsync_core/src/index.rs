@@ -1,0 +1,197 @@
+//! Persistent per-file chunk index in the state directory: lets an unchanged file skip
+//! its scan. An entry is trusted only if its checksum is intact, it names the same path,
+//! the file's stat identity (size, mtime ns, ctime ns, inode, device) is unchanged, and the
+//! chunk parameters are the ones the engine would pick today. Anything else is dropped.
+//!
+//! File layout: `"FFX1"`, version u8 = 1, 3 zero bytes, indexed-at ns i64, identity (40
+//! bytes), path length u32 + UTF-8 path, manifest (see manifest.rs), BLAKE3 of all of it.
+
+use crate::error::{CoreError, Result};
+use crate::file_identity::FileIdentity;
+use crate::manifest::{hex, u32_at, Manifest};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+const MAGIC: &[u8; 4] = b"FFX1";
+/// A file whose mtime is this close to the moment it was indexed may have been written
+/// again within the same timestamp tick ("racily clean", as git calls it): don't trust it.
+const RACY_WINDOW_NS: i64 = 20_000_000;
+
+pub fn index_path(state_dir: &Path, file: &Path) -> PathBuf {
+    let key = blake3::hash(file.to_string_lossy().as_bytes());
+    state_dir.join("index").join(format!("{}.idx", &hex(key.as_bytes())[..32]))
+}
+
+fn now_ns() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+}
+
+pub fn encode(file: &Path, id: &FileIdentity, manifest: &Manifest, indexed_at_ns: i64) -> Vec<u8> {
+    let path = file.to_string_lossy();
+    let mut out = Vec::with_capacity(64 + path.len() + manifest.encoded_len() + 32);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&[1, 0, 0, 0]);
+    out.extend_from_slice(&indexed_at_ns.to_le_bytes());
+    out.extend_from_slice(&id.to_bytes());
+    out.extend_from_slice(&(path.len() as u32).to_le_bytes());
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(&manifest.encode());
+    let sum = blake3::hash(&out);
+    out.extend_from_slice(sum.as_bytes());
+    out
+}
+
+pub struct IndexEntry {
+    pub path: String,
+    pub identity: FileIdentity,
+    pub indexed_at_ns: i64,
+    pub manifest: Manifest,
+}
+
+/// Decode an index file; any inconsistency is an error (callers drop the entry).
+pub fn decode(buf: &[u8]) -> Result<IndexEntry> {
+    let bad = |r: &str| CoreError::malformed("index", r);
+    if buf.len() < 4 + 4 + 8 + 40 + 4 + 32 {
+        return Err(bad("too short"));
+    }
+    let (body, sum) = buf.split_at(buf.len() - 32);
+    if blake3::hash(body).as_bytes() != sum {
+        return Err(bad("checksum mismatch"));
+    }
+    if &body[0..4] != MAGIC || body[4..8] != [1, 0, 0, 0] {
+        return Err(bad("unknown format"));
+    }
+    let indexed_at_ns = i64::from_le_bytes(body[8..16].try_into().unwrap());
+    let identity = FileIdentity::from_bytes(body[16..56].try_into().unwrap());
+    let plen = u32_at(body, 56) as usize;
+    let rest = &body[60..];
+    if plen > rest.len() {
+        return Err(bad("path length out of range"));
+    }
+    let path = std::str::from_utf8(&rest[..plen]).map_err(|_| bad("path is not UTF-8"))?.to_string();
+    let manifest = Manifest::decode(&rest[plen..])?;
+    if manifest.size != identity.size {
+        return Err(bad("manifest size differs from recorded size"));
+    }
+    Ok(IndexEntry { path, identity, indexed_at_ns, manifest })
+}
+
+/// The cached manifest for `file`, if an intact entry matches its current identity.
+pub fn load(state_dir: &Path, file: &Path, current: &FileIdentity) -> Option<Manifest> {
+    let p = index_path(state_dir, file);
+    let buf = fs::read(&p).ok()?;
+    match decode(&buf) {
+        Ok(e)
+            if e.path == file.to_string_lossy()
+                && e.identity == *current
+                && e.indexed_at_ns - current.mtime_ns > RACY_WINDOW_NS
+                && e.manifest.params.is_canonical_for(current.size) =>
+        {
+            Some(e.manifest)
+        }
+        Ok(_) => None, // stale: the next store replaces it
+        Err(_) => {
+            let _ = fs::remove_file(&p); // corrupt: never trusted, removed
+            None
+        }
+    }
+}
+
+/// Store atomically (temp file + rename) so a crash never leaves a torn entry.
+pub fn store(state_dir: &Path, file: &Path, id: &FileIdentity, manifest: &Manifest) -> Result<()> {
+    let p = index_path(state_dir, file);
+    let dir = p.parent().unwrap();
+    fs::create_dir_all(dir).map_err(|e| CoreError::io(dir, e))?;
+    let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+    let bytes = encode(file, id, manifest, now_ns());
+    let write = || -> std::io::Result<()> {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        fs::rename(&tmp, &p)
+    };
+    write().map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        CoreError::io(&p, e)
+    })
+}
+
+pub fn remove(state_dir: &Path, file: &Path) {
+    let _ = fs::remove_file(index_path(state_dir, file));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chunker::chunk_sequential;
+    use crate::params::ChunkParams;
+    use crate::testutil::pseudo_random;
+
+    fn entry() -> (FileIdentity, Manifest) {
+        let data = pseudo_random(300_000, 11);
+        let p = ChunkParams::for_file_size(data.len() as u64);
+        let m = Manifest::from_chunks(data.len() as u64, p, chunk_sequential(&data, p));
+        let id = FileIdentity { size: data.len() as u64, mtime_ns: 1_000, ctime_ns: 2_000, inode: 3, dev: 4 };
+        (id, m)
+    }
+
+    #[test]
+    fn codec_round_trip() {
+        let (id, m) = entry();
+        let enc = encode(Path::new("/a/b"), &id, &m, 5_000_000_000);
+        let e = decode(&enc).unwrap();
+        assert_eq!(e.path, "/a/b");
+        assert_eq!(e.identity, id);
+        assert_eq!(e.indexed_at_ns, 5_000_000_000);
+        assert_eq!(e.manifest, m);
+    }
+
+    #[test]
+    fn codec_rejects_any_flipped_byte_and_truncation() {
+        let (id, m) = entry();
+        let enc = encode(Path::new("/a/b"), &id, &m, 5);
+        for at in (0..enc.len()).step_by(97).chain([enc.len() - 1]) {
+            let mut bad = enc.clone();
+            bad[at] ^= 1;
+            assert!(decode(&bad).is_err(), "flip at {at} accepted");
+        }
+        for cut in [0, 10, enc.len() / 2, enc.len() - 1] {
+            assert!(decode(&enc[..cut]).is_err());
+        }
+    }
+
+    #[test]
+    fn load_trusts_only_matching_identity_and_drops_corrupt_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let (id, m) = entry();
+        let file = Path::new("/data/file.bin");
+        store(dir.path(), file, &id, &m).unwrap();
+        assert_eq!(load(dir.path(), file, &id), Some(m.clone()));
+        assert_eq!(load(dir.path(), Path::new("/data/other"), &id), None);
+        for changed in [
+            FileIdentity { mtime_ns: 1_001, ..id },
+            FileIdentity { ctime_ns: 7, ..id },
+            FileIdentity { inode: 9, ..id },
+            FileIdentity { size: 1, ..id },
+        ] {
+            assert_eq!(load(dir.path(), file, &changed), None);
+        }
+        let p = index_path(dir.path(), file);
+        let mut bytes = fs::read(&p).unwrap();
+        bytes[70] ^= 0xff;
+        fs::write(&p, bytes).unwrap();
+        assert_eq!(load(dir.path(), file, &id), None);
+        assert!(!p.exists(), "corrupt index must be removed");
+    }
+
+    #[test]
+    fn racily_clean_entry_is_not_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut id, m) = entry();
+        id.mtime_ns = now_ns();
+        let file = Path::new("/data/fresh.bin");
+        store(dir.path(), file, &id, &m).unwrap();
+        assert_eq!(load(dir.path(), file, &id), None);
+    }
+}

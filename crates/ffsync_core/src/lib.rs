@@ -1,0 +1,24 @@
+//! ffsync-native engine. No N-API here: everything is testable with `cargo test`.
+//!
+//! - [`chunker`]: FastCDC + BLAKE3, parallel with boundary re-synchronisation
+//! - [`manifest`]: chunk list, root, packed codec
+//! - [`scan`] / [`index`]: scanning files, persistent chunk index
+//! - [`chunk_source`] / [`chunk_batch`]: the sender's chunk reader and DATA payload codec
+//! - [`reconstruct`]: the restorer (temp file, local copies, positional writes, verify, rename)
+//! - [`io`]: positional and in-kernel copy primitives
+
+pub mod chunk_batch;
+pub mod chunk_source;
+pub mod chunker;
+pub mod error;
+pub mod file_identity;
+pub mod index;
+pub mod io;
+pub mod manifest;
+pub mod params;
+pub mod reconstruct;
+pub mod scan;
+#[cfg(test)]
+mod testutil;
+
+pub use error::{CoreError, Result};

@@ -1,0 +1,425 @@
+//! The restorer: builds the sender's version of a file beside the target, out of place.
+//!
+//! 1. `begin` creates (or, to resume, reopens) a pre-sized temp file
+//!    `.<name>.<root prefix>.ffsync-part` in the target's directory and plans where each of
+//!    the sender's chunks comes from: already in place in a resumed partial, copied from a
+//!    local file that has it (the old target, `--from` files), or over the wire.
+//! 2. `copy_local` copies local chunks with in-kernel range copies; `write_batch` checks
+//!    each received chunk's BLAKE3 against the sender's manifest and writes it positionally.
+//! 3. `finish` re-reads and hashes the copied ranges (received chunks were hashed from the
+//!    very buffers that were written, resumed chunks when they were found): every chunk of
+//!    the result then matches the sender's manifest, whose root equals the sender's root.
+//!    Only then is the temp file fsynced and renamed over the target, and the directory
+//!    fsynced. Any failure leaves the target untouched.
+
+use crate::chunker::Hash;
+use crate::error::{CoreError, Result};
+use crate::file_identity::FileIdentity;
+use crate::io::{copy_range, read_exact_at, PositionalWriter};
+use crate::manifest::Manifest;
+use crate::{chunk_batch, index};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub const PARTIAL_SUFFIX: &str = ".ffsync-part";
+
+/// A local file whose chunks may be reused, with its (scanned or indexed) manifest.
+pub struct LocalSource {
+    pub path: PathBuf,
+    pub manifest: Manifest,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    Wire,
+    Copy { source: usize, offset: u64 },
+    InPlace,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanSummary {
+    pub chunks: u32,
+    pub wire_chunks: u32,
+    pub wire_bytes: u64,
+    pub copy_bytes: u64,
+    pub in_place_bytes: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Open,
+    Finished,
+    Aborted,
+}
+
+pub struct Reconstruction {
+    target: PathBuf,
+    temp: PathBuf,
+    file: File,
+    manifest: Manifest,
+    sources: Vec<(PathBuf, File)>,
+    origins: Vec<Origin>,
+    received: Mutex<Vec<bool>>,
+    writer: PositionalWriter,
+    state: Mutex<State>,
+    /// Bytes placed in the temp file so far (copied or received), for progress.
+    pub written: AtomicU64,
+}
+
+pub fn partial_path(target: &Path, root: &Hash) -> PathBuf {
+    let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let hex = crate::manifest::hex(&root[..8]);
+    target.with_file_name(format!(".{name}.{hex}{PARTIAL_SUFFIX}"))
+}
+
+fn parent_of(p: &Path) -> PathBuf {
+    match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+fn range(m: &Manifest, i: usize) -> (u64, usize) {
+    let c = &m.chunks[i];
+    (c.offset, c.len as usize)
+}
+
+/// Hash `len` bytes of `file` at `offset`.
+fn hash_range(file: &File, offset: u64, len: usize) -> std::io::Result<Hash> {
+    let mut buf = vec![0u8; len];
+    read_exact_at(file, &mut buf, offset)?;
+    Ok(*blake3::hash(&buf).as_bytes())
+}
+
+impl Reconstruction {
+    pub fn begin(target: &Path, manifest: Manifest, local: Vec<LocalSource>) -> Result<Reconstruction> {
+        if let Ok(m) = fs::metadata(target) {
+            if m.is_dir() {
+                return Err(CoreError::NotAFile { path: target.to_path_buf() });
+            }
+        }
+        let dir = parent_of(target);
+        let dmeta = fs::metadata(&dir).map_err(|e| CoreError::io(&dir, e))?;
+        if !dmeta.is_dir() {
+            return Err(CoreError::NotAFile { path: dir });
+        }
+        let temp = partial_path(target, &manifest.root);
+        remove_stale_partials(target, &temp);
+
+        let mut origins = vec![Origin::Wire; manifest.chunks.len()];
+        let file = match open_resumable(&temp, manifest.size)? {
+            Some(file) => {
+                // Resume: chunks already present in the partial stay where they are.
+                let present: Vec<bool> = (0..manifest.chunks.len())
+                    .into_par_iter()
+                    .map(|i| {
+                        let (off, len) = range(&manifest, i);
+                        hash_range(&file, off, len).map(|h| h == manifest.chunks[i].hash).unwrap_or(false)
+                    })
+                    .collect();
+                for (o, p) in origins.iter_mut().zip(present) {
+                    if p {
+                        *o = Origin::InPlace;
+                    }
+                }
+                file
+            }
+            None => create_temp(&temp, manifest.size)?,
+        };
+
+        let mut sources = Vec::new();
+        let mut have: HashMap<Hash, (usize, u64)> = HashMap::new();
+        for src in local {
+            let Ok(f) = File::open(&src.path) else { continue };
+            let id = sources.len();
+            for c in &src.manifest.chunks {
+                have.entry(c.hash).or_insert((id, c.offset));
+            }
+            sources.push((src.path, f));
+        }
+        for (o, c) in origins.iter_mut().zip(&manifest.chunks) {
+            if *o == Origin::Wire {
+                if let Some(&(source, offset)) = have.get(&c.hash) {
+                    *o = Origin::Copy { source, offset };
+                }
+            }
+        }
+        let n = manifest.chunks.len();
+        Ok(Reconstruction {
+            target: target.to_path_buf(),
+            temp,
+            file,
+            manifest,
+            sources,
+            origins,
+            received: Mutex::new(vec![false; n]),
+            writer: PositionalWriter::new(),
+            state: Mutex::new(State::Open),
+            written: AtomicU64::new(0),
+        })
+    }
+
+    pub fn temp_path(&self) -> &Path {
+        &self.temp
+    }
+
+    pub fn writer_backend(&self) -> &'static str {
+        self.writer.backend()
+    }
+
+    pub fn summary(&self) -> PlanSummary {
+        let mut s = PlanSummary { chunks: self.origins.len() as u32, ..Default::default() };
+        for (o, c) in self.origins.iter().zip(&self.manifest.chunks) {
+            match o {
+                Origin::Wire => {
+                    s.wire_chunks += 1;
+                    s.wire_bytes += c.len as u64;
+                }
+                Origin::Copy { .. } => s.copy_bytes += c.len as u64,
+                Origin::InPlace => s.in_place_bytes += c.len as u64,
+            }
+        }
+        s
+    }
+
+    /// Indices of the chunks that must come over the wire, ascending.
+    pub fn needed(&self) -> Vec<u32> {
+        self.origins.iter().enumerate().filter(|(_, o)| **o == Origin::Wire).map(|(i, _)| i as u32).collect()
+    }
+
+    fn check_open(&self) -> Result<()> {
+        match *self.state.lock().unwrap() {
+            State::Open => Ok(()),
+            s => Err(CoreError::Usage(format!("reconstruction already {s:?}"))),
+        }
+    }
+
+    /// Copy every locally available chunk into place; adjacent ranges are merged so a
+    /// mostly unchanged file costs a handful of large in-kernel copies.
+    pub fn copy_local(&self) -> Result<u64> {
+        self.check_open()?;
+        let mut runs: Vec<(usize, u64, u64, u64)> = Vec::new(); // source, src_off, dst_off, len
+        for (o, c) in self.origins.iter().zip(&self.manifest.chunks) {
+            if let Origin::Copy { source, offset } = *o {
+                match runs.last_mut() {
+                    Some(r) if r.0 == source && r.1 + r.3 == offset && r.2 + r.3 == c.offset && r.3 < (64 << 20) => r.3 += c.len as u64,
+                    _ => runs.push((source, offset, c.offset, c.len as u64)),
+                }
+            }
+        }
+        runs.par_iter().try_for_each(|&(source, so, doff, len)| {
+            let (path, f) = &self.sources[source];
+            copy_range(f, so, &self.file, doff, len).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    CoreError::VerifyFailed(format!("{} changed during the sync", path.display()))
+                } else {
+                    CoreError::io(&self.temp, e)
+                }
+            })?;
+            self.written.fetch_add(len, Ordering::Relaxed);
+            Ok(())
+        })?;
+        Ok(runs.iter().map(|r| r.3).sum())
+    }
+
+    /// Verify and write one batch of received chunks. Returns raw bytes written.
+    pub fn write_batch(&self, batch: &[u8]) -> Result<u64> {
+        self.check_open()?;
+        let records = chunk_batch::decode(batch, &self.manifest)?;
+        {
+            let received = self.received.lock().unwrap();
+            let mut seen = std::collections::HashSet::new();
+            for r in &records {
+                let i = r.index as usize;
+                if self.origins[i] != Origin::Wire || received[i] || !seen.insert(i) {
+                    return Err(CoreError::malformed("chunk batch", format!("chunk {i} was not requested")));
+                }
+            }
+        }
+        records.par_iter().try_for_each(|r| {
+            if blake3::hash(&r.data).as_bytes() == &self.manifest.chunks[r.index as usize].hash {
+                Ok(())
+            } else {
+                Err(CoreError::ChunkCorrupt { index: r.index, origin: "received from the peer" })
+            }
+        })?;
+        let writes: Vec<(u64, &[u8])> = records.iter().map(|r| (self.manifest.chunks[r.index as usize].offset, &r.data[..])).collect();
+        self.writer.write_batch(&self.file, &writes).map_err(|e| CoreError::io(&self.temp, e))?;
+        let mut received = self.received.lock().unwrap();
+        let mut bytes = 0;
+        for r in &records {
+            received[r.index as usize] = true;
+            bytes += r.data.len() as u64;
+        }
+        self.written.fetch_add(bytes, Ordering::Relaxed);
+        Ok(bytes)
+    }
+
+    /// Verify, commit and rename over the target. `mtime_ns`/`mode` are the sender's.
+    pub fn finish(&self, mtime_ns: Option<i64>, mode: Option<u32>, state_dir: Option<&Path>) -> Result<FileIdentity> {
+        self.check_open()?;
+        {
+            let received = self.received.lock().unwrap();
+            let missing = self.origins.iter().zip(received.iter()).filter(|(o, r)| **o == Origin::Wire && !**r).count();
+            if missing > 0 {
+                return Err(CoreError::malformed("transfer", format!("{missing} chunks were never received")));
+            }
+        }
+        let copied: Vec<usize> = (0..self.origins.len()).filter(|&i| matches!(self.origins[i], Origin::Copy { .. })).collect();
+        copied.par_iter().try_for_each(|&i| {
+            let (off, len) = range(&self.manifest, i);
+            let h = hash_range(&self.file, off, len).map_err(|e| CoreError::io(&self.temp, e))?;
+            if h == self.manifest.chunks[i].hash {
+                Ok(())
+            } else {
+                Err(CoreError::VerifyFailed(format!(
+                    "chunk {i} copied from a local file no longer matches (was the old file modified during the sync?)"
+                )))
+            }
+        })?;
+        apply_metadata(&self.file, &self.temp, mtime_ns, mode)?;
+        self.file.sync_all().map_err(|e| CoreError::io(&self.temp, e))?;
+        fs::rename(&self.temp, &self.target).map_err(|e| CoreError::io(&self.target, e))?;
+        *self.state.lock().unwrap() = State::Finished;
+        sync_dir(&parent_of(&self.target));
+        let identity = FileIdentity::of(&self.file.metadata().map_err(|e| CoreError::io(&self.target, e))?);
+        if let Some(dir) = state_dir {
+            let _ = index::store(dir, &crate::scan::index_key(&self.target), &identity, &self.manifest);
+        }
+        Ok(identity)
+    }
+
+    /// Give up. The partial is kept (for a resume) only when asked, e.g. after a dropped
+    /// connection; on verification failure or a full disk it is removed.
+    pub fn abort(&self, keep_partial: bool) {
+        let mut st = self.state.lock().unwrap();
+        if *st != State::Open {
+            return;
+        }
+        *st = State::Aborted;
+        if !keep_partial {
+            let _ = fs::remove_file(&self.temp);
+        }
+    }
+}
+
+impl Drop for Reconstruction {
+    fn drop(&mut self) {
+        // A reconstruction dropped while open (caller bug or process teardown) removes its
+        // temp file rather than leaving an unexplained file beside the target.
+        if *self.state.lock().unwrap() == State::Open {
+            let _ = fs::remove_file(&self.temp);
+        }
+    }
+}
+
+fn remove_stale_partials(target: &Path, keep: &Path) {
+    let dir = parent_of(target);
+    let Some(name) = target.file_name().map(|n| n.to_string_lossy().into_owned()) else { return };
+    let prefix = format!(".{name}.");
+    let Ok(rd) = fs::read_dir(&dir) else { return };
+    for e in rd.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        // Exactly our pattern: ".<name>.<16 hex>.ffsync-part"
+        if let Some(mid) = n.strip_prefix(&prefix).and_then(|r| r.strip_suffix(PARTIAL_SUFFIX)) {
+            if mid.len() == 16 && mid.bytes().all(|b| b.is_ascii_hexdigit()) && e.path() != keep {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Reopen an existing partial for resuming, if it is a plain regular file.
+fn open_resumable(temp: &Path, size: u64) -> Result<Option<File>> {
+    match fs::symlink_metadata(temp) {
+        Ok(m) if m.file_type().is_file() => {
+            let f = File::options().read(true).write(true).open(temp).map_err(|e| CoreError::io(temp, e))?;
+            if m.len() != size {
+                f.set_len(size).map_err(|e| CoreError::io(temp, e))?;
+            }
+            Ok(Some(f))
+        }
+        Ok(_) => {
+            // Something else squats on the name (a symlink, a directory): never follow it.
+            fs::remove_file(temp).map_err(|e| CoreError::io(temp, e))?;
+            Ok(None)
+        }
+        Err(_) => Ok(None),
+    }
+}
+
+fn create_temp(temp: &Path, size: u64) -> Result<File> {
+    let mut opts = File::options();
+    opts.read(true).write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let f = opts.open(temp).map_err(|e| CoreError::io(temp, e))?;
+    if let Err(e) = reserve(&f, size) {
+        let _ = fs::remove_file(temp);
+        return Err(CoreError::io(temp, e));
+    }
+    Ok(f)
+}
+
+/// Pre-size the temp file, reserving the blocks where the OS can, so a disk that cannot
+/// hold the result fails before any byte crosses the wire.
+fn reserve(f: &File, size: u64) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    if size > 0 {
+        use std::os::unix::io::AsRawFd;
+        // Safety: valid fd.
+        let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, size as libc::off_t) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+            return Err(e);
+        }
+    }
+    f.set_len(size)
+}
+
+pub fn system_time_from_ns(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+/// Apply the sender's mtime and permission bits (setuid/setgid are never transferred).
+pub fn apply_metadata(file: &File, path: &Path, mtime_ns: Option<i64>, mode: Option<u32>) -> Result<()> {
+    if let Some(ns) = mtime_ns {
+        file.set_times(fs::FileTimes::new().set_modified(system_time_from_ns(ns))).map_err(|e| CoreError::io(path, e))?;
+    }
+    #[cfg(unix)]
+    if let Some(mode) = mode {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(fs::Permissions::from_mode(mode & 0o1777)).map_err(|e| CoreError::io(path, e))?;
+    }
+    #[cfg(not(unix))]
+    let _ = mode;
+    Ok(())
+}
+
+/// Update an up-to-date target's metadata in place (identical content, other mtime/mode).
+pub fn touch_up_to_date(target: &Path, mtime_ns: Option<i64>, mode: Option<u32>) -> Result<FileIdentity> {
+    let f = File::options().write(true).open(target).map_err(|e| CoreError::io(target, e))?;
+    apply_metadata(&f, target, mtime_ns, mode)?;
+    Ok(FileIdentity::of(&f.metadata().map_err(|e| CoreError::io(target, e))?))
+}
+
+fn sync_dir(dir: &Path) {
+    #[cfg(unix)]
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+}

@@ -1,0 +1,184 @@
+//! Scanner: turns a file into its manifest, from the index when the file is unchanged,
+//! otherwise by memory-mapping it and chunking + hashing on every core.
+
+use crate::chunker::{chunk_parallel, InMemory, Residency, SEGMENT_LEN};
+use crate::error::{CoreError, Result};
+use crate::file_identity::FileIdentity;
+use crate::index;
+use crate::manifest::Manifest;
+use crate::params::ChunkParams;
+use memmap2::Mmap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Default)]
+pub struct ScanOptions<'a> {
+    /// Where indexes live; `None` disables both lookup and store.
+    pub state_dir: Option<&'a Path>,
+    /// Ignore any index (a fresh index is still written): `--checksum`.
+    pub ignore_index: bool,
+    /// Incremented with bytes hashed, read by a progress ticker.
+    pub progress: Option<&'a AtomicU64>,
+}
+
+pub struct ScanOutcome {
+    pub manifest: Manifest,
+    pub identity: FileIdentity,
+    pub from_index: bool,
+}
+
+/// An open, memory-mapped regular file (empty files have no mapping).
+pub struct MappedFile {
+    pub path: PathBuf,
+    pub file: File,
+    pub map: Option<Mmap>,
+    pub identity: FileIdentity,
+}
+
+impl MappedFile {
+    pub fn open(path: &Path) -> Result<MappedFile> {
+        let file = File::open(path).map_err(|e| CoreError::io(path, e))?;
+        let meta = file.metadata().map_err(|e| CoreError::io(path, e))?;
+        if !meta.is_file() {
+            return Err(CoreError::NotAFile { path: path.to_path_buf() });
+        }
+        let identity = FileIdentity::of(&meta);
+        // Safety: the mapping is read-only; a concurrent writer can change the bytes under
+        // us, which every consumer tolerates because results are verified by hash.
+        let map = if meta.len() == 0 { None } else { Some(unsafe { Mmap::map(&file) }.map_err(|e| CoreError::io(path, e))?) };
+        Ok(MappedFile { path: path.to_path_buf(), file, map, identity })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+
+    /// Re-stat by handle; true if size/mtime/ctime still match what we opened.
+    pub fn unchanged(&self) -> bool {
+        self.file.metadata().map(|m| FileIdentity::of(&m) == self.identity).unwrap_or(false)
+    }
+}
+
+pub fn manifest_of_bytes(data: &[u8], progress: Option<&AtomicU64>, mem: &dyn Residency) -> Manifest {
+    let params = ChunkParams::for_file_size(data.len() as u64);
+    let tick = |n: u64| {
+        if let Some(p) = progress {
+            p.fetch_add(n, Ordering::Relaxed);
+        }
+    };
+    Manifest::from_chunks(data.len() as u64, params, chunk_parallel(data, params, SEGMENT_LEN, &tick, mem))
+}
+
+/// Populates page tables ahead of the chunker (one system call instead of a fault per
+/// page) and drops consumed ranges from this process's mapping; the pages stay in the
+/// page cache, so resident memory stays flat however large the file is.
+struct MapResidency<'a>(&'a Mmap);
+
+impl Residency for MapResidency<'_> {
+    #[cfg(target_os = "linux")]
+    fn prepare(&self, from: usize, to: usize) {
+        let (a, b) = page_range(from, to);
+        if b > a {
+            let _ = self.0.advise_range(memmap2::Advice::PopulateRead, a, b - a);
+        }
+    }
+
+    #[cfg(unix)]
+    fn release(&self, from: usize, to: usize) {
+        let (a, b) = page_range(from, to);
+        if b > a {
+            // Safety: read-only shared file mapping; DONTNEED only drops our page table
+            // entries, and a later access faults the same bytes back in.
+            let _ = unsafe { self.0.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, b - a) };
+        }
+    }
+}
+
+#[cfg_attr(not(unix), allow(dead_code))]
+fn page_range(from: usize, to: usize) -> (usize, usize) {
+    const PAGE: usize = 4096;
+    (from / PAGE * PAGE, to / PAGE * PAGE)
+}
+
+impl MappedFile {
+    /// Chunk and hash the whole file on every core.
+    pub fn manifest(&self, progress: Option<&AtomicU64>) -> Manifest {
+        match &self.map {
+            Some(m) => manifest_of_bytes(m, progress, &MapResidency(m)),
+            None => manifest_of_bytes(&[], progress, &InMemory),
+        }
+    }
+}
+
+/// Absolute, normalized path used as the index key.
+pub fn index_key(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+pub fn scan_file(path: &Path, opts: &ScanOptions) -> Result<ScanOutcome> {
+    let key = index_key(path);
+    let meta = std::fs::metadata(path).map_err(|e| CoreError::io(path, e))?;
+    if !meta.is_file() {
+        return Err(CoreError::NotAFile { path: path.to_path_buf() });
+    }
+    if let (Some(dir), false) = (opts.state_dir, opts.ignore_index) {
+        let id = FileIdentity::of(&meta);
+        if let Some(manifest) = index::load(dir, &key, &id) {
+            if let Some(p) = opts.progress {
+                p.fetch_add(id.size, Ordering::Relaxed);
+            }
+            return Ok(ScanOutcome { manifest, identity: id, from_index: true });
+        }
+    }
+    let mapped = MappedFile::open(path)?;
+    let manifest = mapped.manifest(opts.progress);
+    // If the file changed while we read it the manifest may describe a mix of versions;
+    // it is still usable as a hint (everything is verified by hash), but never cached.
+    if let Some(dir) = opts.state_dir {
+        if mapped.unchanged() {
+            index::store(dir, &key, &mapped.identity, &manifest)?;
+        } else {
+            index::remove(dir, &key);
+        }
+    }
+    Ok(ScanOutcome { manifest, identity: mapped.identity, from_index: false })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::pseudo_random;
+
+    #[test]
+    fn second_scan_of_unchanged_file_comes_from_index_and_edit_invalidates_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let f = dir.path().join("data.bin");
+        std::fs::write(&f, pseudo_random(500_000, 2)).unwrap();
+        // Backdate the mtime so the entry is not "racily clean".
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+        File::options().write(true).open(&f).unwrap().set_modified(old).unwrap();
+        let opts = ScanOptions { state_dir: Some(&state), ..Default::default() };
+        let a = scan_file(&f, &opts).unwrap();
+        assert!(!a.from_index);
+        let b = scan_file(&f, &opts).unwrap();
+        assert!(b.from_index);
+        assert_eq!(a.manifest, b.manifest);
+        let forced = scan_file(&f, &ScanOptions { ignore_index: true, ..ScanOptions { state_dir: Some(&state), ..Default::default() } }).unwrap();
+        assert!(!forced.from_index);
+
+        std::fs::write(&f, pseudo_random(500_000, 3)).unwrap();
+        File::options().write(true).open(&f).unwrap().set_modified(old).unwrap();
+        let c = scan_file(&f, &opts).unwrap();
+        assert!(!c.from_index, "ctime changed: index must not be trusted");
+        assert_ne!(c.manifest.root, a.manifest.root);
+    }
+
+    #[test]
+    fn directory_is_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = scan_file(dir.path(), &ScanOptions::default()).err().unwrap();
+        assert_eq!(err.code(), "ENOTFILE");
+    }
+}

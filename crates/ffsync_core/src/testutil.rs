@@ -1,0 +1,20 @@
+//! Deterministic test data (xorshift), shared by the unit tests.
+
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// A short random block repeated: worst case for content-defined chunking.
+pub fn repetitive(len: usize, period: usize) -> Vec<u8> {
+    let block = pseudo_random(period, 99);
+    block.iter().copied().cycle().take(len).collect()
+}

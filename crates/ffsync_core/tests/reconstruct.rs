@@ -1,0 +1,139 @@
+//! End-to-end engine round trips without any transport: sender manifest + chunk batches
+//! into a Reconstruction, then verify the result byte for byte.
+
+use ffsync_core::chunk_source::ChunkSource;
+use ffsync_core::reconstruct::{partial_path, LocalSource, Reconstruction};
+use ffsync_core::scan::{scan_file, ScanOptions};
+use std::fs;
+use std::path::Path;
+
+fn rand_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u8
+        })
+        .collect()
+}
+
+/// Run a sync of `src` onto `dst`; `limit` stops after that many batches (simulated drop).
+fn sync(src: &Path, dst: &Path, limit: Option<usize>) -> Option<(u64, u64)> {
+    let s = scan_file(src, &ScanOptions::default()).unwrap();
+    let mut local = vec![];
+    if dst.exists() {
+        local.push(LocalSource { path: dst.to_path_buf(), manifest: scan_file(dst, &ScanOptions::default()).unwrap().manifest });
+    }
+    let r = Reconstruction::begin(dst, s.manifest.clone(), local).unwrap();
+    let need = r.needed();
+    let source = ChunkSource::open(src, s.manifest.clone(), s.identity, 1).unwrap();
+    r.copy_local().unwrap();
+    let mut sent = 0u64;
+    for (n, group) in need.chunks(4).enumerate() {
+        if limit == Some(n) {
+            r.abort(true);
+            return None;
+        }
+        let (batch, raw) = source.read_batch(group).unwrap();
+        sent += raw;
+        r.write_batch(&batch).unwrap();
+    }
+    r.finish(Some(1_600_000_000_000_000_000), Some(0o644), None).unwrap();
+    Some((sent, need.len() as u64))
+}
+
+#[test]
+fn fresh_modified_and_identical() {
+    let d = tempfile::tempdir().unwrap();
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    let mut data = rand_bytes(20_000_000, 9);
+    fs::write(&src, &data).unwrap();
+    let (sent, _) = sync(&src, &dst, None).unwrap();
+    assert_eq!(sent, data.len() as u64);
+    assert_eq!(fs::read(&dst).unwrap(), data);
+
+    data[5_000_000..5_000_100].fill(0);
+    data.splice(12_000_000..12_000_000, rand_bytes(4096, 3));
+    fs::write(&src, &data).unwrap();
+    let (sent, _) = sync(&src, &dst, None).unwrap();
+    assert_eq!(fs::read(&dst).unwrap(), data);
+    assert!(sent < 4 << 20, "modified sync sent {sent} bytes");
+
+    let (sent, need) = sync(&src, &dst, None).unwrap();
+    assert_eq!((sent, need), (0, 0));
+    let mtime = fs::metadata(&dst).unwrap().modified().unwrap();
+    assert_eq!(mtime.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs(), 1_600_000_000);
+}
+
+#[test]
+fn interrupted_transfer_resumes_from_partial() {
+    let d = tempfile::tempdir().unwrap();
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    let data = rand_bytes(30_000_000, 5);
+    fs::write(&src, &data).unwrap();
+    assert!(sync(&src, &dst, Some(10)).is_none());
+    assert!(!dst.exists(), "target must not exist after an aborted first sync");
+    let root = scan_file(&src, &ScanOptions::default()).unwrap().manifest.root;
+    assert!(partial_path(&dst, &root).exists());
+    let (sent, _) = sync(&src, &dst, None).unwrap();
+    assert!(sent < data.len() as u64 - 8_000_000, "resume re-sent {sent} bytes");
+    assert_eq!(fs::read(&dst).unwrap(), data);
+    assert!(!partial_path(&dst, &root).exists());
+}
+
+#[test]
+fn corrupt_chunk_is_rejected_and_target_untouched() {
+    let d = tempfile::tempdir().unwrap();
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    fs::write(&src, rand_bytes(3_000_000, 1)).unwrap();
+    fs::write(&dst, b"old content").unwrap();
+    let s = scan_file(&src, &ScanOptions::default()).unwrap();
+    let r = Reconstruction::begin(&dst, s.manifest.clone(), vec![]).unwrap();
+    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0).unwrap();
+    let (mut batch, _) = source.read_batch(&[0]).unwrap();
+    let last = batch.len() - 1;
+    batch[last] ^= 1;
+    let err = r.write_batch(&batch).err().unwrap();
+    assert_eq!(err.code(), "ECHUNK");
+    assert!(r.finish(None, None, None).is_err(), "finish must refuse with chunks missing");
+    r.abort(false);
+    assert_eq!(fs::read(&dst).unwrap(), b"old content");
+    assert!(!r.temp_path().exists());
+}
+
+#[test]
+fn old_file_changed_during_sync_fails_verification() {
+    let d = tempfile::tempdir().unwrap();
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    let data = rand_bytes(3_000_000, 2);
+    fs::write(&src, &data).unwrap();
+    let mut old = data.clone();
+    old[2_000_000] ^= 1;
+    fs::write(&dst, &old).unwrap();
+    let s = scan_file(&src, &ScanOptions::default()).unwrap();
+    let local = vec![LocalSource { path: dst.clone(), manifest: scan_file(&dst, &ScanOptions::default()).unwrap().manifest }];
+    let r = Reconstruction::begin(&dst, s.manifest.clone(), local).unwrap();
+    // Someone rewrites the old file between planning and copying.
+    fs::write(&dst, rand_bytes(3_000_000, 77)).unwrap();
+    let copy = r.copy_local();
+    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0).unwrap();
+    for i in r.needed() {
+        r.write_batch(&source.read_batch(&[i]).unwrap().0).unwrap();
+    }
+    let res = copy.and_then(|_| r.finish(None, None, None).map(|_| ()));
+    assert!(res.is_err(), "a racing local change must fail loudly");
+    r.abort(false);
+    assert_ne!(fs::read(&dst).unwrap(), data);
+}
+
+#[test]
+fn target_directory_is_rejected() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src");
+    fs::write(&src, b"x").unwrap();
+    let s = scan_file(&src, &ScanOptions::default()).unwrap();
+    let err = Reconstruction::begin(d.path(), s.manifest, vec![]).err().unwrap();
+    assert_eq!(err.code(), "ENOTFILE");
+}
