@@ -1,0 +1,214 @@
+use crate::progress::{ProgressFn, Ticker};
+use crate::{bigint_to_i64, to_napi};
+use ffsync_core::manifest::Manifest;
+use ffsync_core::reconstruct::{touch_up_to_date, LocalSource, Reconstruction};
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+#[napi(object)]
+pub struct LocalFile {
+    pub path: String,
+    /// Packed manifest of that file (from `scanFileNative`).
+    pub manifest: Buffer,
+}
+
+#[napi(object)]
+pub struct PlanSummary {
+    pub chunks: u32,
+    pub wire_chunks: u32,
+    pub wire_bytes: f64,
+    pub copy_bytes: f64,
+    pub in_place_bytes: f64,
+    pub writer: String,
+}
+
+/// The receiver's side of one file transfer (see crates/ffsync_core/src/reconstruct.rs).
+#[napi]
+pub struct NativeReconstruction {
+    inner: Arc<Reconstruction>,
+    ticker: Mutex<Option<Ticker>>,
+}
+
+pub struct BeginTask {
+    target: PathBuf,
+    manifest: Vec<u8>,
+    locals: Vec<(PathBuf, Vec<u8>)>,
+    progress: Option<ProgressFn>,
+}
+
+impl Task for BeginTask {
+    type Output = Arc<Reconstruction>;
+    type JsValue = NativeReconstruction;
+
+    fn compute(&mut self) -> Result<Arc<Reconstruction>> {
+        let m = Manifest::decode(&self.manifest).map_err(to_napi)?;
+        let mut local = Vec::new();
+        for (path, buf) in self.locals.drain(..) {
+            local.push(LocalSource { path, manifest: Manifest::decode(&buf).map_err(to_napi)? });
+        }
+        Ok(Arc::new(Reconstruction::begin(&self.target, m, local).map_err(to_napi)?))
+    }
+
+    fn resolve(&mut self, _env: Env, r: Arc<Reconstruction>) -> Result<NativeReconstruction> {
+        let ticker = self.progress.take().map(|cb| {
+            let r2 = r.clone();
+            Ticker::start(move || r2.written.load(Ordering::Relaxed), Some(cb))
+        });
+        Ok(NativeReconstruction { inner: r, ticker: Mutex::new(ticker) })
+    }
+}
+
+pub struct CopyTask(Arc<Reconstruction>);
+impl Task for CopyTask {
+    type Output = u64;
+    type JsValue = f64;
+    fn compute(&mut self) -> Result<u64> {
+        self.0.copy_local().map_err(to_napi)
+    }
+    fn resolve(&mut self, _env: Env, n: u64) -> Result<f64> {
+        Ok(n as f64)
+    }
+}
+
+pub struct WriteTask {
+    r: Arc<Reconstruction>,
+    batch: Buffer,
+}
+impl Task for WriteTask {
+    type Output = u64;
+    type JsValue = f64;
+    fn compute(&mut self) -> Result<u64> {
+        self.r.write_batch(&self.batch).map_err(to_napi)
+    }
+    fn resolve(&mut self, _env: Env, n: u64) -> Result<f64> {
+        Ok(n as f64)
+    }
+}
+
+pub struct FinishTask {
+    r: Arc<Reconstruction>,
+    mtime_ns: Option<i64>,
+    mode: Option<u32>,
+    state_dir: Option<PathBuf>,
+}
+impl Task for FinishTask {
+    type Output = ();
+    type JsValue = ();
+    fn compute(&mut self) -> Result<()> {
+        self.r.finish(self.mtime_ns, self.mode, self.state_dir.as_deref()).map(|_| ()).map_err(to_napi)
+    }
+    fn resolve(&mut self, _env: Env, _: ()) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[napi]
+impl NativeReconstruction {
+    /// Plan a reconstruction of `target` from the sender's manifest, reusing chunks of the
+    /// given local files and of a partial left by an interrupted run.
+    #[napi(ts_return_type = "Promise<NativeReconstruction>")]
+    pub fn begin(target: String, manifest: Buffer, locals: Vec<LocalFile>, on_progress: Option<ProgressFn>) -> AsyncTask<BeginTask> {
+        AsyncTask::new(BeginTask {
+            target: target.into(),
+            manifest: manifest.to_vec(),
+            locals: locals.into_iter().map(|l| (PathBuf::from(l.path), l.manifest.to_vec())).collect(),
+            progress: on_progress,
+        })
+    }
+
+    /// Indices of chunks that must come over the wire, ascending.
+    #[napi]
+    pub fn needed(&self) -> Uint32Array {
+        Uint32Array::new(self.inner.needed())
+    }
+
+    #[napi]
+    pub fn summary(&self) -> PlanSummary {
+        let s = self.inner.summary();
+        PlanSummary {
+            chunks: s.chunks,
+            wire_chunks: s.wire_chunks,
+            wire_bytes: s.wire_bytes as f64,
+            copy_bytes: s.copy_bytes as f64,
+            in_place_bytes: s.in_place_bytes as f64,
+            writer: self.inner.writer_backend().to_string(),
+        }
+    }
+
+    #[napi]
+    pub fn temp_path(&self) -> String {
+        self.inner.temp_path().to_string_lossy().into_owned()
+    }
+
+    #[napi(ts_return_type = "Promise<number>")]
+    pub fn copy_local(&self) -> AsyncTask<CopyTask> {
+        AsyncTask::new(CopyTask(self.inner.clone()))
+    }
+
+    #[napi(ts_return_type = "Promise<number>")]
+    pub fn write_batch(&self, batch: Buffer) -> AsyncTask<WriteTask> {
+        AsyncTask::new(WriteTask { r: self.inner.clone(), batch })
+    }
+
+    #[napi(ts_return_type = "Promise<void>")]
+    pub fn finish(&self, mtime_ns: Option<BigInt>, mode: Option<u32>, state_dir: Option<String>) -> AsyncTask<FinishTask> {
+        self.stop_ticker();
+        AsyncTask::new(FinishTask {
+            r: self.inner.clone(),
+            mtime_ns: mtime_ns.as_ref().map(bigint_to_i64),
+            mode,
+            state_dir: state_dir.map(PathBuf::from),
+        })
+    }
+
+    /// Abandon the reconstruction; keep the partial file only for a later resume.
+    #[napi]
+    pub fn abort(&self, keep_partial: bool) {
+        self.stop_ticker();
+        self.inner.abort(keep_partial);
+    }
+
+    fn stop_ticker(&self) {
+        if let Some(mut t) = self.ticker.lock().unwrap().take() {
+            t.stop();
+        }
+    }
+}
+
+pub struct TouchTask {
+    target: PathBuf,
+    mtime_ns: Option<i64>,
+    mode: Option<u32>,
+    state_dir: Option<PathBuf>,
+    manifest: Vec<u8>,
+}
+impl Task for TouchTask {
+    type Output = ();
+    type JsValue = ();
+    fn compute(&mut self) -> Result<()> {
+        let id = touch_up_to_date(&self.target, self.mtime_ns, self.mode).map_err(to_napi)?;
+        if let Some(dir) = &self.state_dir {
+            let m = Manifest::decode(&self.manifest).map_err(to_napi)?;
+            let _ = ffsync_core::index::store(dir, &ffsync_core::scan::index_key(&self.target), &id, &m);
+        }
+        Ok(())
+    }
+    fn resolve(&mut self, _env: Env, _: ()) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The target already has the sender's content: apply mtime/mode and refresh its index.
+#[napi(ts_return_type = "Promise<void>")]
+pub fn mark_up_to_date(target: String, manifest: Buffer, mtime_ns: Option<BigInt>, mode: Option<u32>, state_dir: Option<String>) -> AsyncTask<TouchTask> {
+    AsyncTask::new(TouchTask {
+        target: target.into(),
+        mtime_ns: mtime_ns.as_ref().map(bigint_to_i64),
+        mode,
+        state_dir: state_dir.map(PathBuf::from),
+        manifest: manifest.to_vec(),
+    })
+}

@@ -1,0 +1,135 @@
+use crate::progress::{ProgressFn, Ticker};
+use crate::to_napi;
+use ffsync_core::scan::{scan_file, ScanOptions};
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+#[napi(object)]
+pub struct ScanFileOptions {
+    /// State directory holding indexes; omit to neither read nor write an index.
+    pub state_dir: Option<String>,
+    /// Ignore an existing index (`--checksum`); a fresh one is still written.
+    pub ignore_index: Option<bool>,
+}
+
+#[napi(object)]
+pub struct ScanResult {
+    /// Packed manifest (see docs/protocol.md, "Manifest encoding").
+    pub manifest: Buffer,
+    pub root: String,
+    pub size: f64,
+    pub chunks: u32,
+    pub from_index: bool,
+}
+
+pub struct ScanTask {
+    path: PathBuf,
+    state_dir: Option<PathBuf>,
+    ignore_index: bool,
+    progress: Option<ProgressFn>,
+}
+
+pub struct Scanned {
+    manifest: Vec<u8>,
+    root: String,
+    size: u64,
+    chunks: u32,
+    from_index: bool,
+}
+
+impl Task for ScanTask {
+    type Output = Scanned;
+    type JsValue = ScanResult;
+
+    fn compute(&mut self) -> Result<Scanned> {
+        let counter = Arc::new(AtomicU64::new(0));
+        let c = counter.clone();
+        let mut ticker = Ticker::start(move || c.load(std::sync::atomic::Ordering::Relaxed), self.progress.take());
+        let opts = ScanOptions { state_dir: self.state_dir.as_deref(), ignore_index: self.ignore_index, progress: Some(&counter) };
+        let out = scan_file(&self.path, &opts).map_err(to_napi);
+        ticker.stop();
+        let o = out?;
+        Ok(Scanned {
+            root: o.manifest.root_hex(),
+            size: o.manifest.size,
+            chunks: o.manifest.chunks.len() as u32,
+            manifest: o.manifest.encode(),
+            from_index: o.from_index,
+        })
+    }
+
+    fn resolve(&mut self, _env: Env, o: Scanned) -> Result<ScanResult> {
+        Ok(ScanResult { manifest: o.manifest.into(), root: o.root, size: o.size as f64, chunks: o.chunks, from_index: o.from_index })
+    }
+}
+
+/// Chunk and hash a file on every core (or load its manifest from the index).
+#[napi(ts_return_type = "Promise<ScanResult>")]
+pub fn scan_file_native(path: String, options: Option<ScanFileOptions>, on_progress: Option<ProgressFn>) -> AsyncTask<ScanTask> {
+    let o = options.unwrap_or(ScanFileOptions { state_dir: None, ignore_index: None });
+    AsyncTask::new(ScanTask {
+        path: path.into(),
+        state_dir: o.state_dir.map(PathBuf::from),
+        ignore_index: o.ignore_index.unwrap_or(false),
+        progress: on_progress,
+    })
+}
+
+#[napi(object)]
+pub struct ManifestInfo {
+    pub root: String,
+    pub size: f64,
+    pub chunks: u32,
+}
+
+/// Validate a packed manifest from an untrusted peer (bounds, lengths, root).
+#[napi]
+pub fn decode_manifest(manifest: Buffer) -> Result<ManifestInfo> {
+    let m = ffsync_core::manifest::Manifest::decode(&manifest).map_err(to_napi)?;
+    Ok(ManifestInfo { root: m.root_hex(), size: m.size as f64, chunks: m.chunks.len() as u32 })
+}
+
+pub struct LoadIndexTask {
+    path: PathBuf,
+    state_dir: PathBuf,
+}
+
+impl Task for LoadIndexTask {
+    type Output = Option<Scanned>;
+    type JsValue = Option<ScanResult>;
+
+    fn compute(&mut self) -> Result<Option<Scanned>> {
+        let Ok(meta) = std::fs::metadata(&self.path) else { return Ok(None) };
+        if !meta.is_file() {
+            return Ok(None);
+        }
+        let id = ffsync_core::file_identity::FileIdentity::of(&meta);
+        let key = ffsync_core::scan::index_key(&self.path);
+        Ok(ffsync_core::index::load(&self.state_dir, &key, &id).map(|m| Scanned {
+            root: m.root_hex(),
+            size: m.size,
+            chunks: m.chunks.len() as u32,
+            manifest: m.encode(),
+            from_index: true,
+        }))
+    }
+
+    fn resolve(&mut self, env: Env, o: Option<Scanned>) -> Result<Option<ScanResult>> {
+        o.map(|s| self.to_js(env, s)).transpose()
+    }
+}
+
+impl LoadIndexTask {
+    fn to_js(&self, _env: Env, o: Scanned) -> Result<ScanResult> {
+        Ok(ScanResult { manifest: o.manifest.into(), root: o.root, size: o.size as f64, chunks: o.chunks, from_index: o.from_index })
+    }
+}
+
+/// The file's manifest if an index entry matches its current stat identity; no scan.
+#[napi(ts_return_type = "Promise<ScanResult | null>")]
+pub fn load_index(path: String, state_dir: String) -> AsyncTask<LoadIndexTask> {
+    AsyncTask::new(LoadIndexTask { path: path.into(), state_dir: state_dir.into() })
+}

@@ -1,0 +1,60 @@
+use crate::to_napi;
+use ffsync_core::chunk_source::ChunkSource;
+use ffsync_core::file_identity::FileIdentity;
+use ffsync_core::manifest::Manifest;
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+use std::sync::Arc;
+
+/// The sender's reader: encodes requested chunks into DATA batches.
+#[napi]
+pub struct NativeChunkSource {
+    inner: Arc<ChunkSource>,
+}
+
+#[napi(object)]
+pub struct EncodedBatch {
+    pub batch: Buffer,
+    pub raw_bytes: f64,
+}
+
+pub struct ReadTask {
+    source: Arc<ChunkSource>,
+    indices: Vec<u32>,
+}
+
+impl Task for ReadTask {
+    type Output = (Vec<u8>, u64);
+    type JsValue = EncodedBatch;
+
+    fn compute(&mut self) -> Result<(Vec<u8>, u64)> {
+        self.source.read_batch(&self.indices).map_err(to_napi)
+    }
+
+    fn resolve(&mut self, _env: Env, (batch, raw): (Vec<u8>, u64)) -> Result<EncodedBatch> {
+        Ok(EncodedBatch { batch: batch.into(), raw_bytes: raw as f64 })
+    }
+}
+
+#[napi]
+impl NativeChunkSource {
+    /// `compressLevel` is a zstd level; 0 sends every chunk raw.
+    #[napi(factory)]
+    pub fn open(path: String, manifest: Buffer, compress_level: i32) -> Result<NativeChunkSource> {
+        let m = Manifest::decode(&manifest).map_err(to_napi)?;
+        let meta = std::fs::metadata(&path).map_err(|e| to_napi(ffsync_core::CoreError::io(&path, e)))?;
+        let src = ChunkSource::open(path.as_ref(), m, FileIdentity::of(&meta), compress_level).map_err(to_napi)?;
+        Ok(NativeChunkSource { inner: Arc::new(src) })
+    }
+
+    #[napi(ts_return_type = "Promise<EncodedBatch>")]
+    pub fn read_batch(&self, indices: Uint32Array) -> AsyncTask<ReadTask> {
+        AsyncTask::new(ReadTask { source: self.inner.clone(), indices: indices.to_vec() })
+    }
+
+    /// False if the source's size, mtime or ctime changed since it was opened.
+    #[napi]
+    pub fn unchanged(&self) -> bool {
+        self.inner.unchanged()
+    }
+}

@@ -1,0 +1,45 @@
+// What a sync reports while it runs. The CLI turns these into ora spinners, plain lines
+// or JSON events; library users pass their own handlers.
+
+export type Phase = 'hashing' | 'diffing' | 'sending' | 'receiving' | 'verifying';
+
+export interface SyncEvents {
+  listening?(host: string, port: number): void;
+  phaseStart?(phase: Phase, totalBytes: number): void;
+  /** Throttled (native ticker, ~10 Hz). */
+  progress?(phase: Phase, doneBytes: number): void;
+  phaseEnd?(phase: Phase, doneBytes: number, ms: number): void;
+  info?(message: string): void;
+}
+
+export interface SyncSummary {
+  ok: boolean;
+  role: 'sender' | 'receiver';
+  path: string;
+  size: number;
+  /** The target already had this content (nothing was rewritten). */
+  upToDate: boolean;
+  /** How the receiver decided: size+mtime, content root, or a full transfer. */
+  decidedBy: 'size-mtime' | 'index-root' | 'scan-root' | 'transfer';
+  /** Uncompressed bytes that crossed the wire as chunk data. */
+  literalBytes: number;
+  /** Bytes reused from files the receiver already had. */
+  matchedBytes: number;
+  bytesOnWire: { sent: number; received: number };
+  durationMs: number;
+  /** Content root (BLAKE3) of the synced file, hex, when known. */
+  root?: string;
+}
+
+/** Runs a phase and reports start, native progress and end. */
+export async function inPhase<T>(events: SyncEvents | undefined, phase: Phase, total: number, run: (progress: (n: number) => void) => Promise<T>): Promise<T> {
+  const t0 = Date.now();
+  let last = 0;
+  events?.phaseStart?.(phase, total);
+  const result = await run((n) => {
+    last = n;
+    events?.progress?.(phase, n);
+  });
+  events?.phaseEnd?.(phase, total > 0 ? total : last, Date.now() - t0);
+  return result;
+}

@@ -1,0 +1,233 @@
+// The receiving side of a single-file sync: decides what is needed, rebuilds the file
+// out of place through the native restorer, verifies, and only then replaces the target.
+
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { FramedConnection, PeerClosedError } from '../transport/connection.js';
+import { listenOnce } from '../transport/tcp.js';
+import { FrameType } from '../protocol/frames.js';
+import {
+  Decision,
+  decodeDataEnd,
+  decodeOffer,
+  encodeDecision,
+  encodeNeedEnd,
+  encodeResult,
+  ManifestAssembler,
+  maxManifestLength,
+  needFrames,
+  OfferFlag,
+  ResultStatus,
+  Role,
+} from '../protocol/messages.js';
+import { beginReconstruction, decodeManifest, loadIndex, markUpToDate, type NativeReconstruction, scanFile, type ScanResult } from '../native/binding.js';
+import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
+import { resolveStateDir } from '../utils/state-dir.js';
+import { abortable, expect, handshake, reportError } from './session.js';
+import { inPhase, type SyncEvents, type SyncSummary } from './events.js';
+import { protocolError } from '../protocol/frames.js';
+
+export interface ReceiveOptions {
+  /** The file to converge toward the sender's. */
+  path: string;
+  host?: string;
+  /** 0 picks a free port (reported through `events.listening`). */
+  port: number;
+  /** Extra local files whose chunks may be reused (`--from`). */
+  from?: string[];
+  checksum?: boolean;
+  stateDir?: string;
+  timeoutMs?: number;
+  events?: SyncEvents;
+  /** Aborting closes the connection; a partial is kept for resuming. */
+  signal?: AbortSignal;
+}
+
+/** At most this many DATA batches are being verified/written natively at once. */
+const WRITES_IN_FLIGHT = 2;
+
+/** Fail before listening if the target can never be written. */
+export async function checkTarget(target: string): Promise<import('node:fs').BigIntStats | undefined> {
+  const dir = path.dirname(target);
+  let dst: import('node:fs').BigIntStats | undefined;
+  try {
+    dst = await fs.stat(target, { bigint: true });
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw fromSystemError(e, `cannot inspect target ${target}`);
+  }
+  if (dst?.isDirectory()) {
+    throw new FfsyncError('EISDIR', ExitCode.FILE_IO, `target ${target} is a directory; this version receives single files (directory trees are tracked in issue #4)`);
+  }
+  if (dst && !dst.isFile()) throw new FfsyncError('ENOTFILE', ExitCode.FILE_IO, `target ${target} is not a regular file`);
+  try {
+    const d = await fs.stat(dir);
+    if (!d.isDirectory()) throw new FfsyncError('ENOTDIR', ExitCode.FILE_IO, `${dir} is not a directory`);
+    await fs.access(dir, fs.constants.W_OK);
+  } catch (e) {
+    if (e instanceof FfsyncError) throw e;
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') throw new FfsyncError('ENOENT', ExitCode.FILE_IO, `target directory ${dir} does not exist`);
+    if (code === 'EACCES' || code === 'EPERM') throw new FfsyncError('EACCES', ExitCode.FILE_IO, `target directory ${dir} is not writable`);
+    throw fromSystemError(e, `cannot use target directory ${dir}`);
+  }
+  return dst;
+}
+
+export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
+  const target = path.resolve(o.path);
+  const stateDir = resolveStateDir(o.stateDir);
+  await checkTarget(target);
+  for (const f of o.from ?? []) {
+    const st = await fs.stat(f).catch(() => undefined);
+    if (!st?.isFile()) throw new FfsyncError('ENOENT', ExitCode.FILE_SELECTION, `--from ${f} is not a readable regular file`);
+  }
+  const listener = await listenOnce(o.host ?? '127.0.0.1', o.port);
+  o.events?.listening?.(listener.host, listener.port);
+  const conn = new FramedConnection(await abortable(listener.accept(), o.signal, () => listener.close()), o.timeoutMs ?? 60_000);
+  o.signal?.addEventListener('abort', () => conn.destroy(), { once: true });
+  const t0 = Date.now();
+  const summary: SyncSummary = {
+    ok: false,
+    role: 'receiver',
+    path: o.path,
+    size: 0,
+    upToDate: false,
+    decidedBy: 'transfer',
+    literalBytes: 0,
+    matchedBytes: 0,
+    bytesOnWire: { sent: 0, received: 0 },
+    durationMs: 0,
+  };
+  let rec: NativeReconstruction | undefined;
+  try {
+    await handshake(conn, Role.RECEIVER);
+    const offer = decodeOffer((await expect(conn, FrameType.OFFER)).payload);
+    summary.size = Number(offer.size);
+    const checksum = o.checksum || (offer.flags & OfferFlag.CHECKSUM) !== 0;
+    const mode = offer.mode & 0o7777;
+    const dst = await checkTarget(target);
+
+    // 1. size + mtime (rsync's quick check), unless --checksum.
+    if (!checksum && dst && dst.size === offer.size && dst.mtimeNs === offer.mtimeNs) {
+      await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE));
+      return done('size-mtime');
+    }
+    // 2. Both indexes valid: compare content roots for the cost of a stat.
+    if (!checksum && dst && offer.root) {
+      const local = await loadIndex(target, stateDir);
+      if (local && local.root === offer.root.toString('hex')) {
+        await markUpToDate(target, local.manifest, offer.mtimeNs, mode, stateDir);
+        await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE));
+        summary.root = local.root;
+        return done('index-root');
+      }
+    }
+    await conn.send(FrameType.DECISION, encodeDecision(Decision.SEND_MANIFEST));
+
+    // 3. Scan what we have while the sender scans and streams its manifest.
+    const localPaths = [...(dst ? [target] : []), ...(o.from ?? [])];
+    const localTotal = (dst ? Number(dst.size) : 0) + (await Promise.all((o.from ?? []).map((f) => fs.stat(f)))).reduce((a, s) => a + s.size, 0);
+    const locals: Promise<ScanResult[]> = inPhase(o.events, 'hashing', localTotal, async (progress) => {
+      const out: ScanResult[] = [];
+      let base = 0;
+      for (const p of localPaths) {
+        const r = await scanFile(p, { stateDir, ignoreIndex: checksum, onProgress: (n) => progress(base + n) });
+        base += r.size;
+        out.push(r);
+      }
+      return out;
+    });
+    locals.catch(() => undefined);
+    const assembler = new ManifestAssembler(maxManifestLength(offer.size));
+    let manifest: Buffer | undefined;
+    while (!manifest) manifest = assembler.push((await expect(conn, FrameType.MANIFEST)).payload);
+    const info = await decodeManifest(manifest);
+    if (BigInt(info.size) !== offer.size) throw protocolError(`manifest describes ${info.size} bytes, offer said ${offer.size}`);
+    summary.root = info.root;
+    const scanned = await locals;
+
+    if (dst && scanned[0]?.root === info.root) {
+      await markUpToDate(target, manifest, offer.mtimeNs, mode, stateDir);
+      await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: 0, identical: true }));
+      decodeDataEnd((await expect(conn, FrameType.DATA_END)).payload);
+      await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.UP_TO_DATE, matchedBytes: offer.size, literalBytes: 0n }));
+      return done('scan-root');
+    }
+
+    // 4. Plan, request what is missing, rebuild, verify, replace.
+    const r = await inPhase(o.events, 'diffing', info.size, () =>
+      beginReconstruction(
+        target,
+        manifest!,
+        localPaths.map((p, i) => ({ path: p, manifest: scanned[i].manifest })),
+        (n) => o.events?.progress?.('receiving', n),
+      ),
+    );
+    rec = r;
+    const plan = r.summary();
+    const needed = r.needed();
+    for (const part of needFrames(needed, info.chunks)) await conn.send(FrameType.NEED, part);
+    await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: needed.length, identical: false }));
+
+    const copying = r.copyLocal();
+    copying.catch(() => undefined);
+    let received = 0;
+    await inPhase(o.events, 'receiving', plan.wireBytes, async (progress) => {
+      const inflight = new Set<Promise<number>>();
+      for (;;) {
+        const f = await expect(conn, FrameType.DATA, FrameType.DATA_END);
+        if (f.type === FrameType.DATA_END) {
+          const end = decodeDataEnd(f.payload);
+          await Promise.all(inflight);
+          if (end.chunks !== needed.length) throw protocolError(`sender ended after ${end.chunks} of ${needed.length} chunks`);
+          break;
+        }
+        const w = r.writeBatch(f.payload).then((n) => {
+          received += n;
+          progress(received);
+          return n;
+        });
+        inflight.add(w);
+        w.then(
+          () => inflight.delete(w),
+          () => undefined,
+        );
+        if (inflight.size >= WRITES_IN_FLIGHT) await Promise.race(inflight);
+      }
+    });
+    await copying;
+    await inPhase(o.events, 'verifying', info.size, () => r.finish(offer.mtimeNs, mode, stateDir));
+    rec = undefined;
+    summary.literalBytes = received;
+    summary.matchedBytes = info.size - received;
+    await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.SYNCED, matchedBytes: BigInt(summary.matchedBytes), literalBytes: BigInt(received) }));
+    summary.ok = true;
+    return summary;
+  } catch (e) {
+    let err = e instanceof FfsyncError ? e : fromSystemError(e, 'receive failed');
+    const connectionLost = e instanceof PeerClosedError || err.exitCode === ExitCode.SOCKET_IO || err.exitCode === ExitCode.TIMEOUT;
+    if (rec) {
+      // A dropped connection keeps the verified-so-far partial for the next run;
+      // anything else (bad data, full disk, failed verification) removes it.
+      rec.abort(connectionLost);
+      if (connectionLost) {
+        err = new FfsyncError(err.code, err.exitCode, `${err.message}; partial file kept, rerun the same command to resume`, { cause: err });
+      }
+    }
+    await reportError(conn, err);
+    err.summary = summary;
+    throw err;
+  } finally {
+    summary.bytesOnWire = { sent: conn.bytesSent, received: conn.bytesReceived };
+    summary.durationMs = Date.now() - t0;
+    await conn.close();
+  }
+
+  function done(decidedBy: SyncSummary['decidedBy']): SyncSummary {
+    summary.ok = true;
+    summary.upToDate = true;
+    summary.decidedBy = decidedBy;
+    summary.matchedBytes = summary.size;
+    return summary;
+  }
+}

@@ -1,0 +1,165 @@
+// The sending side of a single-file sync.
+
+import fs from 'node:fs/promises';
+import { FramedConnection } from '../transport/connection.js';
+import { connect } from '../transport/tcp.js';
+import { FrameType } from '../protocol/frames.js';
+import {
+  Decision,
+  decodeDecision,
+  decodeNeedEnd,
+  decodeResult,
+  encodeDataEnd,
+  encodeOffer,
+  manifestFrames,
+  NeedCollector,
+  OfferFlag,
+  OfferKind,
+  ResultStatus,
+  Role,
+} from '../protocol/messages.js';
+import { loadIndex, openChunkSource, scanFile, type ScanResult } from '../native/binding.js';
+import { batchByBytes, manifestChunkCount, manifestChunkLength } from '../utils/manifest.js';
+import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
+import { resolveStateDir } from '../utils/state-dir.js';
+import { expect, handshake, reportError } from './session.js';
+import { inPhase, type SyncEvents, type SyncSummary } from './events.js';
+
+export interface SendOptions {
+  path: string;
+  host: string;
+  port: number;
+  /** Ignore indexes and the size/mtime fast path; hash everything. */
+  checksum?: boolean;
+  /** zstd level for chunk data; 0 disables compression. Default 1. */
+  compressLevel?: number;
+  stateDir?: string;
+  /** Abort when the peer sends nothing for this long (exit 30). Default 60 s. */
+  timeoutMs?: number;
+  events?: SyncEvents;
+  /** Aborting closes the connection (the receiver keeps its partial for a resume). */
+  signal?: AbortSignal;
+}
+
+/** Raw bytes per DATA frame: large enough to amortize framing, small enough to pipeline. */
+const BATCH_BYTES = 4 * 1024 * 1024;
+
+export async function statSource(p: string): Promise<import('node:fs').BigIntStats> {
+  let st;
+  try {
+    st = await fs.stat(p, { bigint: true });
+  } catch (e) {
+    const err = e as NodeJS.ErrnoException;
+    if (err.code === 'ENOENT') throw new FfsyncError('ENOENT', ExitCode.FILE_SELECTION, `source ${p} does not exist`);
+    throw fromSystemError(e, `cannot read source ${p}`);
+  }
+  if (st.isDirectory()) {
+    throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, `source ${p} is a directory; this version syncs single files (directory trees are tracked in issue #4)`);
+  }
+  if (!st.isFile()) throw new FfsyncError('ENOTFILE', ExitCode.FILE_SELECTION, `source ${p} is not a regular file`);
+  return st;
+}
+
+export async function send(o: SendOptions): Promise<SyncSummary> {
+  const t0 = Date.now();
+  const stateDir = resolveStateDir(o.stateDir);
+  const st = await statSource(o.path);
+  const conn = new FramedConnection(await connect(o.host, o.port), o.timeoutMs ?? 60_000);
+  o.signal?.addEventListener('abort', () => conn.destroy(), { once: true });
+  const summary: SyncSummary = {
+    ok: false,
+    role: 'sender',
+    path: o.path,
+    size: Number(st.size),
+    upToDate: false,
+    decidedBy: 'transfer',
+    literalBytes: 0,
+    matchedBytes: 0,
+    bytesOnWire: { sent: 0, received: 0 },
+    durationMs: 0,
+  };
+  let source: Awaited<ReturnType<typeof openChunkSource>> | undefined;
+  try {
+    await handshake(conn, Role.SENDER);
+    // A valid index lets the receiver compare content roots for the price of a stat.
+    let scan: ScanResult | null = o.checksum ? null : await loadIndex(o.path, stateDir);
+    await conn.send(
+      FrameType.OFFER,
+      encodeOffer({
+        kind: OfferKind.FILE,
+        size: st.size,
+        mtimeNs: st.mtimeNs,
+        mode: Number(st.mode & 0o7777n),
+        flags: o.checksum ? OfferFlag.CHECKSUM : 0,
+        root: scan ? Buffer.from(scan.root, 'hex') : undefined,
+      }),
+    );
+    const decision = decodeDecision((await expect(conn, FrameType.DECISION)).payload);
+    if (decision === Decision.UP_TO_DATE) {
+      summary.upToDate = true;
+      summary.decidedBy = scan ? 'index-root' : 'size-mtime';
+      summary.matchedBytes = summary.size;
+      summary.root = scan?.root;
+    } else {
+      if (!scan) {
+        scan = await inPhase(o.events, 'hashing', summary.size, (progress) =>
+          scanFile(o.path, { stateDir, ignoreIndex: o.checksum, onProgress: progress }),
+        );
+      }
+      summary.root = scan.root;
+      for (const part of manifestFrames(scan.manifest)) await conn.send(FrameType.MANIFEST, part);
+
+      const chunkCount = manifestChunkCount(scan.manifest);
+      const needs = new NeedCollector(chunkCount);
+      let end;
+      for (;;) {
+        const f = await expect(conn, FrameType.NEED, FrameType.NEED_END);
+        if (f.type === FrameType.NEED) needs.push(f.payload);
+        else {
+          end = decodeNeedEnd(f.payload);
+          break;
+        }
+      }
+      const needed = needs.finish(end.wireChunks);
+      source = await openChunkSource(o.path, scan.manifest, o.compressLevel ?? 1);
+      const src = source;
+      const batches = batchByBytes(scan.manifest, needed, BATCH_BYTES);
+      const total = needed.reduce((a, i) => a + manifestChunkLength(scan!.manifest, i), 0);
+      let raw = 0;
+      await inPhase(o.events, 'sending', total, async (progress) => {
+        // Keep one batch being read/compressed natively while the previous one is written.
+        let next = batches.length ? src.readBatch(batches[0]) : undefined;
+        for (let k = 0; k < batches.length; k++) {
+          const b = await next!;
+          next = k + 1 < batches.length ? src.readBatch(batches[k + 1]) : undefined;
+          await conn.send(FrameType.DATA, b.batch);
+          raw += b.rawBytes;
+          progress(raw);
+        }
+      });
+      await conn.send(FrameType.DATA_END, encodeDataEnd({ chunks: needed.length, rawBytes: BigInt(raw) }));
+      const result = decodeResult((await expect(conn, FrameType.RESULT)).payload);
+      summary.upToDate = result.status === ResultStatus.UP_TO_DATE;
+      summary.decidedBy = summary.upToDate ? 'scan-root' : 'transfer';
+      summary.literalBytes = Number(result.literalBytes);
+      summary.matchedBytes = Number(result.matchedBytes);
+    }
+    summary.ok = true;
+    if (source && !source.unchanged()) {
+      o.events?.info?.(`warning: ${o.path} changed while it was being sent; the receiver has the version that was scanned`);
+    }
+    return summary;
+  } catch (e) {
+    let err = e instanceof FfsyncError ? e : fromSystemError(e, 'send failed');
+    if (source && !source.unchanged()) {
+      err = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.path} changed during the sync (${err.message}); rerun to send the new version`, { cause: err });
+    }
+    await reportError(conn, err);
+    err.summary = summary;
+    throw err;
+  } finally {
+    summary.bytesOnWire = { sent: conn.bytesSent, received: conn.bytesReceived };
+    summary.durationMs = Date.now() - t0;
+    await conn.close();
+  }
+}

@@ -1,0 +1,89 @@
+// Pieces both roles share: the HELLO exchange and typed receives that surface a peer's
+// ERROR frame as that peer's error.
+
+import { FramedConnection, PeerClosedError } from '../transport/connection.js';
+import { type Frame, FrameType } from '../protocol/frames.js';
+import {
+  Capability,
+  decodeError,
+  decodeHello,
+  encodeError,
+  encodeHello,
+  expectType,
+  negotiateVersion,
+  OUR_CAPABILITIES,
+  PROTOCOL_MAX,
+  PROTOCOL_MIN,
+} from '../protocol/messages.js';
+import { ExitCode, FfsyncError } from '../utils/errors.js';
+import { VERSION } from '../utils/version.js';
+
+export interface Negotiated {
+  version: number;
+  capabilities: number;
+  peerSoftware: string;
+}
+
+export async function handshake(conn: FramedConnection, role: number): Promise<Negotiated> {
+  // Our HELLO goes out first on both sides so neither waits on the other.
+  const sent = conn.send(FrameType.HELLO, encodeHello({ minVersion: PROTOCOL_MIN, maxVersion: PROTOCOL_MAX, capabilities: OUR_CAPABILITIES, role, software: `ffsync-native/${VERSION}` }));
+  const f = await recvRaw(conn);
+  if (f.type === FrameType.ERROR) throw decodeError(f.payload);
+  expectType(f.type, FrameType.HELLO);
+  const peer = decodeHello(f.payload);
+  await sent;
+  if (peer.role === role) {
+    throw new FfsyncError('EPROTOROLE', ExitCode.PROTOCOL_INCOMPATIBLE, `both peers are ${role === 1 ? 'senders' : 'receivers'}`);
+  }
+  const version = negotiateVersion({ min: PROTOCOL_MIN, max: PROTOCOL_MAX }, peer);
+  return { version, capabilities: peer.capabilities & OUR_CAPABILITIES, peerSoftware: peer.software };
+}
+
+async function recvRaw(conn: FramedConnection): Promise<Frame> {
+  try {
+    return await conn.recv();
+  } catch (e) {
+    if (e instanceof PeerClosedError) {
+      throw new FfsyncError(
+        'EPEERCLOSED',
+        ExitCode.PROTOCOL_STREAM,
+        'connection closed during the handshake (is the peer an ffsync-native of a compatible version, with the same --plaintext setting?)',
+      );
+    }
+    throw e;
+  }
+}
+
+/** Receive one frame of the expected types; a peer ERROR frame becomes its error. */
+export async function expect(conn: FramedConnection, ...types: FrameType[]): Promise<Frame> {
+  const f = await conn.recv();
+  if (f.type === FrameType.ERROR) throw decodeError(f.payload);
+  expectType(f.type, ...types);
+  return f;
+}
+
+/** Best effort: tell the peer why we stop (unless the error came from the peer). */
+export async function reportError(conn: FramedConnection, e: FfsyncError): Promise<void> {
+  if (e.message.startsWith('peer: ') || e instanceof PeerClosedError || e.exitCode === ExitCode.SOCKET_IO) return;
+  try {
+    await Promise.race([conn.send(FrameType.ERROR, encodeError(e.exitCode, e.code, e.message)), new Promise((r) => setTimeout(r, 1000).unref())]);
+  } catch {
+    // the connection is already gone
+  }
+}
+
+export { Capability };
+
+/** Reject with a signal error when `signal` aborts first (and run `onAbort`). */
+export function abortable<T>(p: Promise<T>, signal: AbortSignal | undefined, onAbort: () => void): Promise<T> {
+  if (!signal) return p;
+  return new Promise<T>((resolve, reject) => {
+    const stop = () => {
+      onAbort();
+      reject(new FfsyncError('ESIGNAL', ExitCode.SIGNAL, 'interrupted'));
+    };
+    if (signal.aborted) return stop();
+    signal.addEventListener('abort', stop, { once: true });
+    p.then(resolve, reject).finally(() => signal.removeEventListener('abort', stop));
+  });
+}

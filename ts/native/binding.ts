@@ -1,0 +1,62 @@
+// The only module that touches the generated loader (binding/index.js, written by
+// `napi build`; never edited by hand). Everything else imports from here.
+import type * as Binding from '../../binding/index.js';
+import { normalizeNativeError } from '../utils/errors.js';
+
+// eslint-disable-next-line @typescript-eslint/no-require-imports
+const native: typeof Binding = require('../../binding/index.js');
+
+export type { ScanResult, PlanSummary, EncodedBatch, ManifestInfo } from '../../binding/index.js';
+export type NativeReconstruction = Binding.NativeReconstruction;
+export type NativeChunkSource = Binding.NativeChunkSource;
+
+/** Await a native promise, turning `CODE: message` errors into FfsyncErrors. */
+export async function call<T>(p: Promise<T> | (() => T)): Promise<T> {
+  try {
+    return typeof p === 'function' ? p() : await p;
+  } catch (e) {
+    throw normalizeNativeError(e);
+  }
+}
+
+export interface ScanOptions {
+  stateDir?: string;
+  ignoreIndex?: boolean;
+  onProgress?: (bytesDone: number) => void;
+}
+
+/** Chunk + hash a file on every core (or take its manifest from the index). */
+export function scanFile(path: string, opts: ScanOptions = {}): Promise<Binding.ScanResult> {
+  return call(native.scanFileNative(path, { stateDir: opts.stateDir, ignoreIndex: opts.ignoreIndex }, progressCallback(opts.onProgress)));
+}
+
+export function decodeManifest(buf: Buffer): Promise<Binding.ManifestInfo> {
+  return call(() => native.decodeManifest(buf));
+}
+
+export function openChunkSource(path: string, manifest: Buffer, compressLevel: number): Promise<Binding.NativeChunkSource> {
+  return call(() => native.NativeChunkSource.open(path, manifest, compressLevel));
+}
+
+export function beginReconstruction(
+  target: string,
+  manifest: Buffer,
+  locals: { path: string; manifest: Buffer }[],
+  onProgress?: (bytesDone: number) => void,
+): Promise<Binding.NativeReconstruction> {
+  return call(native.NativeReconstruction.begin(target, manifest, locals, progressCallback(onProgress)));
+}
+
+export function markUpToDate(target: string, manifest: Buffer, mtimeNs: bigint | undefined, mode: number | undefined, stateDir?: string): Promise<void> {
+  return call(native.markUpToDate(target, manifest, mtimeNs, mode, stateDir));
+}
+
+function progressCallback(fn?: (n: number) => void): ((n: number) => void) | undefined {
+  // napi passes (err, value) for callee-handled functions; ours is not callee-handled.
+  return fn ? (n: number) => fn(n) : undefined;
+}
+
+/** Manifest from the index if the file is unchanged since it was indexed; never scans. */
+export function loadIndex(path: string, stateDir: string): Promise<Binding.ScanResult | null> {
+  return call(native.loadIndex(path, stateDir));
+}

@@ -1,0 +1,110 @@
+// Wire framing: every frame is `u32 LE body length | u8 type | payload`, where body
+// length counts the type byte. Lengths are checked against MAX_FRAME_BODY before any
+// buffer is allocated. See docs/protocol.md.
+
+import { ExitCode, FfsyncError } from '../utils/errors.js';
+
+export const FrameType = {
+  HELLO: 0x01,
+  OFFER: 0x02,
+  DECISION: 0x03,
+  MANIFEST: 0x04,
+  NEED: 0x05,
+  NEED_END: 0x06,
+  DATA: 0x07,
+  DATA_END: 0x08,
+  RESULT: 0x09,
+  ERROR: 0x7f,
+} as const;
+export type FrameType = (typeof FrameType)[keyof typeof FrameType];
+
+const KNOWN_TYPES = new Set<number>(Object.values(FrameType));
+export const FRAME_HEADER = 5;
+/** Largest body (type byte + payload) a peer may send: a 4 MiB DATA batch fits easily. */
+export const MAX_FRAME_BODY = 16 * 1024 * 1024 + 1;
+
+export function frameName(type: number): string {
+  return Object.entries(FrameType).find(([, v]) => v === type)?.[0] ?? `0x${type.toString(16)}`;
+}
+
+export interface Frame {
+  type: FrameType;
+  payload: Buffer;
+}
+
+export function protocolError(message: string): FfsyncError {
+  return new FfsyncError('EPROTO', ExitCode.PROTOCOL_STREAM, message);
+}
+
+export function encodeFrameHeader(type: FrameType, payloadLength: number): Buffer {
+  if (payloadLength + 1 > MAX_FRAME_BODY) throw new Error(`frame too large: ${payloadLength}`);
+  const h = Buffer.allocUnsafe(FRAME_HEADER);
+  h.writeUInt32LE(payloadLength + 1, 0);
+  h.writeUInt8(type, 4);
+  return h;
+}
+
+export function encodeFrame(type: FrameType, payload: Uint8Array = Buffer.alloc(0)): Buffer {
+  return Buffer.concat([encodeFrameHeader(type, payload.length), payload]);
+}
+
+/**
+ * Incremental decoder: feed it bytes as they arrive, take out whole frames. Throws a
+ * protocol error (exit 12) on an oversized or zero length or an unknown frame type.
+ */
+export class FrameDecoder {
+  private parts: Buffer[] = [];
+  private buffered = 0;
+
+  get bufferedBytes(): number {
+    return this.buffered;
+  }
+
+  push(chunk: Buffer): Frame[] {
+    this.parts.push(chunk);
+    this.buffered += chunk.length;
+    const out: Frame[] = [];
+    for (;;) {
+      if (this.buffered < FRAME_HEADER) break;
+      const head = this.peek(FRAME_HEADER);
+      const bodyLen = head.readUInt32LE(0);
+      if (bodyLen < 1 || bodyLen > MAX_FRAME_BODY) throw protocolError(`frame length ${bodyLen} out of bounds`);
+      const type = head.readUInt8(4);
+      if (!KNOWN_TYPES.has(type)) throw protocolError(`unknown frame type 0x${type.toString(16)}`);
+      if (this.buffered < 4 + bodyLen) break;
+      const whole = this.take(4 + bodyLen);
+      out.push({ type: type as FrameType, payload: whole.subarray(FRAME_HEADER) });
+    }
+    return out;
+  }
+
+  private peek(n: number): Buffer {
+    if (this.parts[0].length >= n) return this.parts[0];
+    const merged = Buffer.concat(this.parts);
+    this.parts = [merged];
+    return merged;
+  }
+
+  private take(n: number): Buffer {
+    const first = this.parts[0];
+    let out: Buffer;
+    if (first.length >= n) {
+      out = first.subarray(0, n);
+      if (first.length === n) this.parts.shift();
+      else this.parts[0] = first.subarray(n);
+    } else {
+      out = Buffer.allocUnsafe(n);
+      let filled = 0;
+      while (filled < n) {
+        const p = this.parts[0];
+        const k = Math.min(p.length, n - filled);
+        p.copy(out, filled, 0, k);
+        filled += k;
+        if (k === p.length) this.parts.shift();
+        else this.parts[0] = p.subarray(k);
+      }
+    }
+    this.buffered -= n;
+    return out;
+  }
+}

@@ -1,0 +1,297 @@
+// Typed payload codecs for each frame (layouts in docs/protocol.md). Decoders treat
+// input as hostile: exact lengths, bounded strings, and every field range-checked.
+
+import { ExitCode, FfsyncError } from '../utils/errors.js';
+import { FrameType, protocolError } from './frames.js';
+import { MANIFEST_ENTRY, MANIFEST_HEADER } from '../utils/manifest.js';
+
+export const PROTOCOL_MAGIC = Buffer.from('FFSYNC', 'latin1');
+/** Versions this build speaks. A peer whose range does not overlap is refused (exit 2). */
+export const PROTOCOL_MIN = 1;
+export const PROTOCOL_MAX = 1;
+/** Capability bits (negotiated as the AND of both peers' sets). */
+export const Capability = {
+  ZSTD: 1 << 0,
+  RESUME: 1 << 1,
+} as const;
+export const OUR_CAPABILITIES = Capability.ZSTD | Capability.RESUME;
+
+export const Role = { SENDER: 1, RECEIVER: 2 } as const;
+
+export interface Hello {
+  minVersion: number;
+  maxVersion: number;
+  capabilities: number;
+  role: number;
+  software: string;
+}
+
+export function encodeHello(h: Hello): Buffer {
+  const sw = Buffer.from(h.software, 'utf8').subarray(0, 64);
+  const b = Buffer.alloc(6 + 2 + 2 + 4 + 1 + 1 + sw.length);
+  PROTOCOL_MAGIC.copy(b, 0);
+  b.writeUInt16LE(h.minVersion, 6);
+  b.writeUInt16LE(h.maxVersion, 8);
+  b.writeUInt32LE(h.capabilities >>> 0, 10);
+  b.writeUInt8(h.role, 14);
+  b.writeUInt8(sw.length, 15);
+  sw.copy(b, 16);
+  return b;
+}
+
+export function decodeHello(p: Buffer): Hello {
+  if (p.length < 16 || !p.subarray(0, 6).equals(PROTOCOL_MAGIC)) {
+    throw new FfsyncError('EPROTOVERSION', ExitCode.PROTOCOL_INCOMPATIBLE, 'peer is not speaking the ffsync-native protocol');
+  }
+  const swLen = p.readUInt8(15);
+  if (p.length !== 16 + swLen) throw protocolError('HELLO has a bad length');
+  return {
+    minVersion: p.readUInt16LE(6),
+    maxVersion: p.readUInt16LE(8),
+    capabilities: p.readUInt32LE(10),
+    role: p.readUInt8(14),
+    software: p.subarray(16).toString('utf8'),
+  };
+}
+
+/** Highest version both ranges contain, or a clear refusal naming both ranges. */
+export function negotiateVersion(ours: { min: number; max: number }, peer: Hello): number {
+  const v = Math.min(ours.max, peer.maxVersion);
+  if (v < ours.min || v < peer.minVersion || peer.minVersion > peer.maxVersion) {
+    throw new FfsyncError(
+      'EPROTOVERSION',
+      ExitCode.PROTOCOL_INCOMPATIBLE,
+      `protocol version mismatch: we speak ${ours.min}..${ours.max}, peer (${peer.software || 'unknown'}) speaks ${peer.minVersion}..${peer.maxVersion}; upgrade the older side`,
+    );
+  }
+  return v;
+}
+
+export const OfferKind = { FILE: 1 } as const;
+export const OfferFlag = { CHECKSUM: 1 << 0, HAS_ROOT: 1 << 1 } as const;
+
+export interface Offer {
+  kind: number;
+  size: bigint;
+  mtimeNs: bigint;
+  mode: number;
+  flags: number;
+  /** Present when the sender's index already knows its content root. */
+  root?: Buffer;
+}
+
+export function encodeOffer(o: Offer): Buffer {
+  const b = Buffer.alloc(1 + 8 + 8 + 4 + 1 + 32);
+  b.writeUInt8(o.kind, 0);
+  b.writeBigUInt64LE(o.size, 1);
+  b.writeBigInt64LE(o.mtimeNs, 9);
+  b.writeUInt32LE(o.mode >>> 0, 17);
+  b.writeUInt8(o.flags | (o.root ? OfferFlag.HAS_ROOT : 0), 21);
+  if (o.root) o.root.copy(b, 22);
+  return b;
+}
+
+export function decodeOffer(p: Buffer): Offer {
+  if (p.length !== 54) throw protocolError('OFFER has a bad length');
+  const flags = p.readUInt8(21);
+  const kind = p.readUInt8(0);
+  if (kind !== OfferKind.FILE) throw protocolError(`OFFER of unknown kind ${kind}`);
+  return {
+    kind,
+    size: p.readBigUInt64LE(1),
+    mtimeNs: p.readBigInt64LE(9),
+    mode: p.readUInt32LE(17),
+    flags,
+    root: flags & OfferFlag.HAS_ROOT ? Buffer.from(p.subarray(22, 54)) : undefined,
+  };
+}
+
+export const Decision = { UP_TO_DATE: 0, SEND_MANIFEST: 1 } as const;
+
+export function encodeDecision(d: number): Buffer {
+  return Buffer.from([d]);
+}
+
+export function decodeDecision(p: Buffer): number {
+  if (p.length !== 1 || (p[0] !== Decision.UP_TO_DATE && p[0] !== Decision.SEND_MANIFEST)) throw protocolError('bad DECISION');
+  return p[0];
+}
+
+/** MANIFEST frames: `total length u32 | part`; parts concatenate to the packed manifest. */
+export const MANIFEST_PART = 1024 * 1024;
+
+export function* manifestFrames(manifest: Buffer): Generator<Buffer> {
+  for (let at = 0; at < manifest.length || at === 0; at += MANIFEST_PART) {
+    const part = manifest.subarray(at, at + MANIFEST_PART);
+    const b = Buffer.allocUnsafe(4 + part.length);
+    b.writeUInt32LE(manifest.length, 0);
+    part.copy(b, 4);
+    yield b;
+    if (manifest.length === 0) break;
+  }
+}
+
+/** Largest packed manifest a file of `size` bytes can have (every chunk >= 16 KiB). */
+export function maxManifestLength(size: bigint): number {
+  const minChunk = size >= 16n * 1024n * 1024n ? 65536n : 16384n;
+  const chunks = size === 0n ? 0n : size / minChunk + 1n;
+  const len = BigInt(MANIFEST_HEADER) + chunks * BigInt(MANIFEST_ENTRY);
+  return len > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(len);
+}
+
+/** Reassembles MANIFEST frames, refusing anything larger than the offer allows. */
+export class ManifestAssembler {
+  private buf: Buffer | undefined;
+  private filled = 0;
+  constructor(private readonly maxLength: number) {}
+
+  /** Returns the whole manifest once complete. */
+  push(p: Buffer): Buffer | undefined {
+    if (p.length < 4) throw protocolError('MANIFEST frame too short');
+    const total = p.readUInt32LE(0);
+    if (total < MANIFEST_HEADER || total > this.maxLength) throw protocolError(`manifest length ${total} impossible for the offered file`);
+    if (!this.buf) this.buf = Buffer.allocUnsafe(total);
+    else if (this.buf.length !== total) throw protocolError('MANIFEST frames disagree on the total length');
+    const part = p.subarray(4);
+    if (this.filled + part.length > total) throw protocolError('MANIFEST frames exceed the total length');
+    part.copy(this.buf, this.filled);
+    this.filled += part.length;
+    return this.filled === total ? this.buf : undefined;
+  }
+}
+
+/** NEED frames: `first chunk index u32 | bitmap` (bit i of byte j => chunk first+8j+i). */
+export const NEED_BITMAP_PART = 64 * 1024;
+
+export function* needFrames(needed: Uint32Array, chunkCount: number): Generator<Buffer> {
+  const bitmap = Buffer.alloc(Math.ceil(chunkCount / 8));
+  for (const i of needed) bitmap[i >> 3] |= 1 << (i & 7);
+  for (let byte = 0; byte < bitmap.length; byte += NEED_BITMAP_PART) {
+    const part = bitmap.subarray(byte, byte + NEED_BITMAP_PART);
+    if (part.every((v) => v === 0)) continue;
+    const b = Buffer.allocUnsafe(4 + part.length);
+    b.writeUInt32LE(byte * 8, 0);
+    part.copy(b, 4);
+    yield b;
+  }
+}
+
+/** Collects NEED frames into a sorted list of chunk indices. */
+export class NeedCollector {
+  private readonly marks: Uint8Array;
+  constructor(private readonly chunkCount: number) {
+    this.marks = new Uint8Array(chunkCount);
+  }
+
+  push(p: Buffer): void {
+    if (p.length < 5) throw protocolError('NEED frame too short');
+    const first = p.readUInt32LE(0);
+    const bits = (p.length - 4) * 8;
+    if (first >= this.chunkCount || first % 8 !== 0 || bits > NEED_BITMAP_PART * 8) {
+      throw protocolError('NEED frame out of range');
+    }
+    for (let k = 0; k < bits; k++) {
+      if (p[4 + (k >> 3)] & (1 << (k & 7))) {
+        if (first + k >= this.chunkCount) throw protocolError('NEED names a chunk beyond the manifest');
+        this.marks[first + k] = 1;
+      }
+    }
+  }
+
+  finish(expected: number): Uint32Array {
+    const out: number[] = [];
+    for (let i = 0; i < this.chunkCount; i++) if (this.marks[i]) out.push(i);
+    if (out.length !== expected) throw protocolError(`NEED_END announced ${expected} chunks, NEED frames named ${out.length}`);
+    return Uint32Array.from(out);
+  }
+}
+
+export interface NeedEnd {
+  wireChunks: number;
+  identical: boolean;
+}
+
+export function encodeNeedEnd(n: NeedEnd): Buffer {
+  const b = Buffer.alloc(5);
+  b.writeUInt32LE(n.wireChunks, 0);
+  b.writeUInt8(n.identical ? 1 : 0, 4);
+  return b;
+}
+
+export function decodeNeedEnd(p: Buffer): NeedEnd {
+  if (p.length !== 5 || p[4] > 1) throw protocolError('bad NEED_END');
+  return { wireChunks: p.readUInt32LE(0), identical: p[4] === 1 };
+}
+
+export interface DataEnd {
+  chunks: number;
+  rawBytes: bigint;
+}
+
+export function encodeDataEnd(d: DataEnd): Buffer {
+  const b = Buffer.alloc(12);
+  b.writeUInt32LE(d.chunks, 0);
+  b.writeBigUInt64LE(d.rawBytes, 4);
+  return b;
+}
+
+export function decodeDataEnd(p: Buffer): DataEnd {
+  if (p.length !== 12) throw protocolError('bad DATA_END');
+  return { chunks: p.readUInt32LE(0), rawBytes: p.readBigUInt64LE(4) };
+}
+
+export const ResultStatus = { SYNCED: 0, UP_TO_DATE: 1 } as const;
+
+export interface SyncResult {
+  status: number;
+  /** Bytes reused from local files (old target, --from, resumed partial). */
+  matchedBytes: bigint;
+  /** Bytes received from the wire (uncompressed). */
+  literalBytes: bigint;
+}
+
+export function encodeResult(r: SyncResult): Buffer {
+  const b = Buffer.alloc(17);
+  b.writeUInt8(r.status, 0);
+  b.writeBigUInt64LE(r.matchedBytes, 1);
+  b.writeBigUInt64LE(r.literalBytes, 9);
+  return b;
+}
+
+export function decodeResult(p: Buffer): SyncResult {
+  if (p.length !== 17 || p[0] > 1) throw protocolError('bad RESULT');
+  return { status: p[0], matchedBytes: p.readBigUInt64LE(1), literalBytes: p.readBigUInt64LE(9) };
+}
+
+export const MAX_ERROR_MESSAGE = 4096;
+
+export function encodeError(exitCode: number, code: string, message: string): Buffer {
+  const c = Buffer.from(code, 'utf8').subarray(0, 32);
+  const m = Buffer.from(message, 'utf8').subarray(0, MAX_ERROR_MESSAGE);
+  const b = Buffer.alloc(2 + 1 + c.length + m.length);
+  b.writeUInt16LE(exitCode, 0);
+  b.writeUInt8(c.length, 2);
+  c.copy(b, 3);
+  m.copy(b, 3 + c.length);
+  return b;
+}
+
+/** An ERROR frame from the peer, surfaced with the peer's exit code and message. */
+export function decodeError(p: Buffer): FfsyncError {
+  if (p.length < 3 || p.length > 3 + 32 + MAX_ERROR_MESSAGE) return protocolError('malformed ERROR frame');
+  const exit = p.readUInt16LE(0);
+  const cl = p.readUInt8(2);
+  if (3 + cl > p.length) return protocolError('malformed ERROR frame');
+  const code = p.subarray(3, 3 + cl).toString('utf8');
+  const message = p.subarray(3 + cl).toString('utf8');
+  const known = Object.values(ExitCode) as number[];
+  return new FfsyncError(code || 'EPEER', (known.includes(exit) ? exit : ExitCode.PROTOCOL_STREAM) as ExitCode, `peer: ${message}`);
+}
+
+export function expectType(got: number, ...want: FrameType[]): void {
+  if (!want.includes(got as FrameType)) {
+    throw protocolError(`unexpected frame 0x${got.toString(16)} (expected ${want.map((w) => '0x' + w.toString(16)).join(' or ')})`);
+  }
+}
+
+export { FrameType };

@@ -1,0 +1,166 @@
+// A framed, flow-controlled connection over any byte stream (TCP today; TLS and SSH
+// stdio plug in the same way). Counts bytes on the wire in both directions, applies an
+// idle timeout, and pauses the stream when too many frames wait to be consumed.
+
+import type { Duplex } from 'node:stream';
+import { ExitCode, FfsyncError } from '../utils/errors.js';
+import { encodeFrameHeader, type Frame, FrameDecoder, FrameType, frameName } from '../protocol/frames.js';
+
+const HIGH_WATER = 64 * 1024 * 1024;
+const LOW_WATER = 16 * 1024 * 1024;
+
+export class PeerClosedError extends FfsyncError {
+  constructor(detail: string) {
+    super('EPEERCLOSED', ExitCode.PROTOCOL_STREAM, `connection closed by peer ${detail}`);
+  }
+}
+
+export class FramedConnection {
+  bytesSent = 0;
+  bytesReceived = 0;
+  private readonly decoder = new FrameDecoder();
+  private readonly queue: Frame[] = [];
+  private queuedBytes = 0;
+  private waiter: { resolve: (f: Frame) => void; reject: (e: Error) => void } | undefined;
+  private failure: Error | undefined;
+  private ended = false;
+  private lastActivity = Date.now();
+  private idleTimer: NodeJS.Timeout | undefined;
+
+  constructor(
+    private readonly stream: Duplex,
+    idleTimeoutMs: number,
+  ) {
+    stream.on('data', (chunk: Buffer) => this.onData(chunk));
+    stream.on('end', () => {
+      this.ended = true;
+      this.wake();
+    });
+    stream.on('close', () => {
+      this.ended = true;
+      this.wake();
+    });
+    stream.on('error', (e: NodeJS.ErrnoException) => {
+      this.fail(new FfsyncError(e.code ?? 'ESOCKET', ExitCode.SOCKET_IO, `connection error: ${e.message}`, { cause: e }));
+    });
+    // Listening sockets are created paused (pauseOnConnect) so no byte is lost before
+    // this point; an explicitly paused stream does not resume on a 'data' listener.
+    stream.resume();
+    if (idleTimeoutMs > 0) {
+      this.idleTimer = setInterval(() => {
+        if (Date.now() - this.lastActivity > idleTimeoutMs && this.waiter) {
+          this.fail(new FfsyncError('ETIMEDOUT', ExitCode.TIMEOUT, `peer sent nothing for ${Math.round(idleTimeoutMs / 1000)} s`));
+        }
+      }, Math.min(1000, idleTimeoutMs));
+      this.idleTimer.unref();
+    }
+  }
+
+  private onData(chunk: Buffer): void {
+    this.bytesReceived += chunk.length;
+    this.lastActivity = Date.now();
+    let frames: Frame[];
+    try {
+      frames = this.decoder.push(chunk);
+    } catch (e) {
+      this.fail(e as Error);
+      return;
+    }
+    for (const f of frames) {
+      this.queue.push(f);
+      this.queuedBytes += f.payload.length;
+    }
+    if (this.queuedBytes > HIGH_WATER) this.stream.pause();
+    this.wake();
+  }
+
+  private fail(e: Error): void {
+    if (!this.failure) this.failure = e;
+    this.wake();
+  }
+
+  private wake(): void {
+    const w = this.waiter;
+    if (!w) return;
+    if (this.queue.length) {
+      this.waiter = undefined;
+      w.resolve(this.shift());
+    } else if (this.failure) {
+      this.waiter = undefined;
+      w.reject(this.failure);
+    } else if (this.ended) {
+      this.waiter = undefined;
+      w.reject(new PeerClosedError('before the session finished'));
+    }
+  }
+
+  private shift(): Frame {
+    const f = this.queue.shift()!;
+    this.queuedBytes -= f.payload.length;
+    if (this.queuedBytes < LOW_WATER && this.stream.isPaused()) this.stream.resume();
+    return f;
+  }
+
+  /** Next frame; rejects on close, stream error, protocol error or idle timeout. */
+  recv(): Promise<Frame> {
+    if (this.queue.length) return Promise.resolve(this.shift());
+    if (this.failure) return Promise.reject(this.failure);
+    if (this.ended) return Promise.reject(new PeerClosedError('before the session finished'));
+    this.lastActivity = Date.now();
+    return new Promise((resolve, reject) => {
+      this.waiter = { resolve, reject };
+    });
+  }
+
+  /** Write one frame; resolves once the stream can take more (backpressure). */
+  send(type: FrameType, payload: Uint8Array = Buffer.alloc(0)): Promise<void> {
+    if (this.failure) return Promise.reject(this.failure);
+    const header = encodeFrameHeader(type, payload.length);
+    this.bytesSent += header.length + payload.length;
+    this.stream.cork();
+    this.stream.write(header);
+    const ok = this.stream.write(payload);
+    this.stream.uncork();
+    this.lastActivity = Date.now();
+    if (ok) return Promise.resolve();
+    return new Promise((resolve, reject) => {
+      const onDrain = () => {
+        cleanup();
+        resolve();
+      };
+      const onClose = () => {
+        cleanup();
+        reject(this.failure ?? new PeerClosedError(`while we were sending ${frameName(type)}`));
+      };
+      const cleanup = () => {
+        this.stream.off('drain', onDrain);
+        this.stream.off('close', onClose);
+      };
+      this.stream.on('drain', onDrain);
+      this.stream.on('close', onClose);
+    });
+  }
+
+  /** Flush and half-close; resolves when the peer has closed too (or after a grace period). */
+  async close(graceMs = 2000): Promise<void> {
+    if (this.idleTimer) clearInterval(this.idleTimer);
+    await new Promise<void>((resolve) => {
+      const t = setTimeout(() => {
+        this.stream.destroy();
+        resolve();
+      }, graceMs);
+      t.unref();
+      this.stream.once('close', () => {
+        clearTimeout(t);
+        resolve();
+      });
+      this.stream.end();
+      this.stream.resume();
+    });
+  }
+
+  destroy(): void {
+    if (this.idleTimer) clearInterval(this.idleTimer);
+    this.stream.destroy();
+  }
+}

@@ -1,0 +1,61 @@
+// Errors normalized into one class with a stable `code` and the rsync-style exit code the
+// CLI uses (table in README.md). Native errors arrive as "CODE: message".
+
+export const ExitCode = {
+  OK: 0,
+  USAGE: 1,
+  PROTOCOL_INCOMPATIBLE: 2,
+  FILE_SELECTION: 3,
+  SOCKET_IO: 10,
+  FILE_IO: 11,
+  PROTOCOL_STREAM: 12,
+  SIGNAL: 20,
+  PARTIAL: 23,
+  VANISHED: 24,
+  TIMEOUT: 30,
+} as const;
+export type ExitCode = (typeof ExitCode)[keyof typeof ExitCode];
+
+export class FfsyncError extends Error {
+  readonly code: string;
+  readonly exitCode: ExitCode;
+  /** Partial figures of the failed session (wire bytes, duration), when there was one. */
+  summary?: unknown;
+  constructor(code: string, exitCode: ExitCode, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = 'FfsyncError';
+    this.code = code;
+    this.exitCode = exitCode;
+  }
+}
+
+/** Exit code for a native (core) error code, seen from the side that raised it. */
+const NATIVE_EXIT: Record<string, ExitCode> = {
+  ENOENT: ExitCode.FILE_IO,
+  EACCES: ExitCode.FILE_IO,
+  EIO: ExitCode.FILE_IO,
+  ENOSPC: ExitCode.FILE_IO,
+  ENOTFILE: ExitCode.FILE_IO,
+  EMALFORMED: ExitCode.PROTOCOL_STREAM,
+  ECHUNK: ExitCode.PROTOCOL_STREAM,
+  EVERIFY: ExitCode.PARTIAL,
+  EUSAGE: ExitCode.USAGE,
+};
+
+export function normalizeNativeError(e: unknown): FfsyncError {
+  if (e instanceof FfsyncError) return e;
+  const msg = e instanceof Error ? e.message : String(e);
+  const m = /^([A-Z]+): ([\s\S]*)$/.exec(msg);
+  if (m && m[1] in NATIVE_EXIT) return new FfsyncError(m[1], NATIVE_EXIT[m[1]], m[2], { cause: e });
+  return new FfsyncError('EINTERNAL', ExitCode.FILE_IO, msg, { cause: e });
+}
+
+/** Map a Node system error (net/fs) to an FfsyncError. */
+export function fromSystemError(e: unknown, context: string): FfsyncError {
+  if (e instanceof FfsyncError) return e;
+  const err = e as NodeJS.ErrnoException;
+  const code = err?.code ?? 'EIO';
+  const socket = ['ECONNREFUSED', 'ECONNRESET', 'EADDRINUSE', 'EADDRNOTAVAIL', 'EPIPE', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN', 'ETIMEDOUT'];
+  const exit = socket.includes(code) ? ExitCode.SOCKET_IO : ExitCode.FILE_IO;
+  return new FfsyncError(code, exit, `${context}: ${err?.message ?? String(e)}`, { cause: e });
+}

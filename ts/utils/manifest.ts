@@ -1,0 +1,35 @@
+// Read-only views into a packed manifest (layout in docs/protocol.md). The buffer has
+// been validated natively before any of these are used.
+
+export const MANIFEST_HEADER = 64;
+export const MANIFEST_ENTRY = 36;
+
+export function manifestChunkCount(m: Buffer): number {
+  return m.readUInt32LE(20);
+}
+
+export function manifestChunkLength(m: Buffer, i: number): number {
+  return m.readUInt32LE(MANIFEST_HEADER + i * MANIFEST_ENTRY);
+}
+
+export function manifestRoot(m: Buffer): string {
+  return m.subarray(32, 64).toString('hex');
+}
+
+/** Group chunk indices into batches of at most `maxBytes` raw bytes (at least one each). */
+export function batchByBytes(m: Buffer, indices: Uint32Array, maxBytes: number): Uint32Array[] {
+  const out: Uint32Array[] = [];
+  let start = 0;
+  let bytes = 0;
+  for (let k = 0; k < indices.length; k++) {
+    const len = manifestChunkLength(m, indices[k]);
+    if (k > start && bytes + len > maxBytes) {
+      out.push(indices.subarray(start, k));
+      start = k;
+      bytes = 0;
+    }
+    bytes += len;
+  }
+  if (start < indices.length) out.push(indices.subarray(start));
+  return out;
+}

@@ -1,0 +1,17 @@
+import os from 'node:os';
+import path from 'node:path';
+
+/** `--state-dir`, else FFSYNC_STATE_DIR, else the platform's per-user state directory. */
+export function resolveStateDir(explicit?: string): string {
+  if (explicit) return path.resolve(explicit);
+  if (process.env.FFSYNC_STATE_DIR) return path.resolve(process.env.FFSYNC_STATE_DIR);
+  const home = os.homedir();
+  switch (process.platform) {
+    case 'win32':
+      return path.join(process.env.LOCALAPPDATA ?? path.join(home, 'AppData', 'Local'), 'ffsync-native');
+    case 'darwin':
+      return path.join(home, 'Library', 'Application Support', 'ffsync-native');
+    default:
+      return path.join(process.env.XDG_STATE_HOME ?? path.join(home, '.local', 'state'), 'ffsync-native');
+  }
+}
