@@ -13,7 +13,12 @@ export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-was
 export declare class NativeChunkSource {
   /** `compressLevel` is a zstd level; 0 sends every chunk raw. */
   static open(path: string, manifest: Buffer, compressLevel: number): NativeChunkSource
-  readBatch(indices: Uint32Array): Promise<EncodedBatch>
+  /**
+   * Encode the chunks into `out` (a buffer the caller recycles; it must hold at least
+   * `batchCapacity(indices)` bytes and must not be touched until the promise settles).
+   */
+  readBatch(indices: Uint32Array, out: Buffer): Promise<EncodedBatch>
+  batchCapacity(indices: Uint32Array): number
   /** False if the source's size, mtime or ctime changed since it was opened. */
   unchanged(): boolean
 }
@@ -40,7 +45,9 @@ export declare class NativeReconstruction {
 export declare function decodeManifest(manifest: Buffer): ManifestInfo
 
 export interface EncodedBatch {
-  batch: Buffer
+  /** Bytes of `out` holding the batch. */
+  length: number
+  /** Uncompressed bytes of the chunks it carries. */
   rawBytes: number
 }
 

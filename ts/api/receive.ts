@@ -183,6 +183,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
           break;
         }
         const w = r.writeBatch(f.payload).then((n) => {
+          f.release?.();
           received += n;
           progress(received);
           return n;

@@ -21,6 +21,7 @@ import {
 import { loadIndex, openChunkSource, scanFile, type ScanResult } from '../native/binding.js';
 import { batchByBytes, manifestChunkCount, manifestChunkLength } from '../utils/manifest.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
+import { BufferPool } from '../utils/buffer-pool.js';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { expect, handshake, reportError } from './session.js';
 import { inPhase, type SyncEvents, type SyncSummary } from './events.js';
@@ -43,6 +44,10 @@ export interface SendOptions {
 
 /** Raw bytes per DATA frame: large enough to amortize framing, small enough to pipeline. */
 const BATCH_BYTES = 4 * 1024 * 1024;
+/** Room for a batch plus its record headers. */
+const BATCH_BUFFER = BATCH_BYTES + 64 * 1024;
+/** Batches being read/compressed natively ahead of the socket. */
+const READ_AHEAD = 2;
 
 export async function statSource(p: string): Promise<import('node:fs').BigIntStats> {
   let st;
@@ -127,13 +132,26 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
       const total = needed.reduce((a, i) => a + manifestChunkLength(scan!.manifest, i), 0);
       let raw = 0;
       await inPhase(o.events, 'sending', total, async (progress) => {
-        // Keep one batch being read/compressed natively while the previous one is written.
-        let next = batches.length ? src.readBatch(batches[0]) : undefined;
+        // Batches are encoded natively into recycled buffers, READ_AHEAD at a time, while
+        // earlier ones are being written to the socket.
+        const pool = new BufferPool(BATCH_BUFFER, READ_AHEAD + 2);
+        const read = async (k: number) => {
+          const buf = await pool.acquire();
+          const res = await src.readBatch(batches[k], buf);
+          return { buf, res };
+        };
+        const ahead: Promise<{ buf: Buffer; res: { length: number; rawBytes: number } }>[] = [];
+        for (let k = 0; k < Math.min(READ_AHEAD, batches.length); k++) ahead.push(read(k));
+        ahead.forEach((p) => p.catch(() => undefined));
         for (let k = 0; k < batches.length; k++) {
-          const b = await next!;
-          next = k + 1 < batches.length ? src.readBatch(batches[k + 1]) : undefined;
-          await conn.send(FrameType.DATA, b.batch);
-          raw += b.rawBytes;
+          const { buf, res } = await ahead[k];
+          if (k + READ_AHEAD < batches.length) {
+            const p = read(k + READ_AHEAD);
+            p.catch(() => undefined);
+            ahead.push(p);
+          }
+          await conn.send(FrameType.DATA, buf.subarray(0, res.length), () => pool.release(buf));
+          raw += res.rawBytes;
           progress(raw);
         }
       });

@@ -3,6 +3,7 @@
 // buffer is allocated. See docs/protocol.md.
 
 import { ExitCode, FfsyncError } from '../utils/errors.js';
+import { BufferPool } from '../utils/buffer-pool.js';
 
 export const FrameType = {
   HELLO: 0x01,
@@ -30,6 +31,8 @@ export function frameName(type: number): string {
 export interface Frame {
   type: FrameType;
   payload: Buffer;
+  /** Present on large frames assembled in a pooled buffer: call once done with payload. */
+  release?: () => void;
 }
 
 export function protocolError(message: string): FfsyncError {
@@ -55,6 +58,9 @@ export function encodeFrame(type: FrameType, payload: Uint8Array = Buffer.alloc(
 export class FrameDecoder {
   private parts: Buffer[] = [];
   private buffered = 0;
+  /** Frames larger than this that span several reads are assembled in pooled buffers. */
+  static readonly POOLED_MIN = 256 * 1024;
+  private readonly pool = new BufferPool(4 * 1024 * 1024 + 64 * 1024, 8);
 
   get bufferedBytes(): number {
     return this.buffered;
@@ -72,8 +78,10 @@ export class FrameDecoder {
       const type = head.readUInt8(4);
       if (!KNOWN_TYPES.has(type)) throw protocolError(`unknown frame type 0x${type.toString(16)}`);
       if (this.buffered < 4 + bodyLen) break;
-      const whole = this.take(4 + bodyLen);
-      out.push({ type: type as FrameType, payload: whole.subarray(FRAME_HEADER) });
+      const { whole, pooled } = this.take(4 + bodyLen);
+      const frame: Frame = { type: type as FrameType, payload: whole.subarray(FRAME_HEADER) };
+      if (pooled) frame.release = () => this.pool.release(pooled);
+      out.push(frame);
     }
     return out;
   }
@@ -85,15 +93,21 @@ export class FrameDecoder {
     return merged;
   }
 
-  private take(n: number): Buffer {
+  private take(n: number): { whole: Buffer; pooled?: Buffer } {
     const first = this.parts[0];
     let out: Buffer;
+    let pooled: Buffer | undefined;
     if (first.length >= n) {
       out = first.subarray(0, n);
       if (first.length === n) this.parts.shift();
       else this.parts[0] = first.subarray(n);
     } else {
-      out = Buffer.allocUnsafe(n);
+      if (n >= FrameDecoder.POOLED_MIN) {
+        pooled = this.pool.take(n);
+        out = pooled.subarray(0, n);
+      } else {
+        out = Buffer.allocUnsafe(n);
+      }
       let filled = 0;
       while (filled < n) {
         const p = this.parts[0];
@@ -105,6 +119,6 @@ export class FrameDecoder {
       }
     }
     this.buffered -= n;
-    return out;
+    return { whole: out, pooled };
   }
 }

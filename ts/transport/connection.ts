@@ -112,14 +112,17 @@ export class FramedConnection {
     });
   }
 
-  /** Write one frame; resolves once the stream can take more (backpressure). */
-  send(type: FrameType, payload: Uint8Array = Buffer.alloc(0)): Promise<void> {
+  /**
+   * Write one frame; resolves once the stream can take more (backpressure).
+   * `onWritten` runs when the payload has been handed to the OS (its buffer may be reused).
+   */
+  send(type: FrameType, payload: Uint8Array = Buffer.alloc(0), onWritten?: () => void): Promise<void> {
     if (this.failure) return Promise.reject(this.failure);
     const header = encodeFrameHeader(type, payload.length);
     this.bytesSent += header.length + payload.length;
     this.stream.cork();
     this.stream.write(header);
-    const ok = this.stream.write(payload);
+    const ok = this.stream.write(payload, onWritten && (() => onWritten()));
     this.stream.uncork();
     this.lastActivity = Date.now();
     if (ok) return Promise.resolve();

@@ -47,9 +47,14 @@ impl Task for BeginTask {
         let m = Manifest::decode(&self.manifest).map_err(to_napi)?;
         let mut local = Vec::new();
         for (path, buf) in self.locals.drain(..) {
-            local.push(LocalSource { path, manifest: Manifest::decode(&buf).map_err(to_napi)? });
+            local.push(LocalSource {
+                path,
+                manifest: Manifest::decode(&buf).map_err(to_napi)?,
+            });
         }
-        Ok(Arc::new(Reconstruction::begin(&self.target, m, local).map_err(to_napi)?))
+        Ok(Arc::new(
+            Reconstruction::begin(&self.target, m, local).map_err(to_napi)?,
+        ))
     }
 
     fn resolve(&mut self, _env: Env, r: Arc<Reconstruction>) -> Result<NativeReconstruction> {
@@ -57,7 +62,10 @@ impl Task for BeginTask {
             let r2 = r.clone();
             Ticker::start(move || r2.written.load(Ordering::Relaxed), Some(cb))
         });
-        Ok(NativeReconstruction { inner: r, ticker: Mutex::new(ticker) })
+        Ok(NativeReconstruction {
+            inner: r,
+            ticker: Mutex::new(ticker),
+        })
     }
 }
 
@@ -98,7 +106,10 @@ impl Task for FinishTask {
     type Output = ();
     type JsValue = ();
     fn compute(&mut self) -> Result<()> {
-        self.r.finish(self.mtime_ns, self.mode, self.state_dir.as_deref()).map(|_| ()).map_err(to_napi)
+        self.r
+            .finish(self.mtime_ns, self.mode, self.state_dir.as_deref())
+            .map(|_| ())
+            .map_err(to_napi)
     }
     fn resolve(&mut self, _env: Env, _: ()) -> Result<()> {
         Ok(())
@@ -110,11 +121,19 @@ impl NativeReconstruction {
     /// Plan a reconstruction of `target` from the sender's manifest, reusing chunks of the
     /// given local files and of a partial left by an interrupted run.
     #[napi(ts_return_type = "Promise<NativeReconstruction>")]
-    pub fn begin(target: String, manifest: Buffer, locals: Vec<LocalFile>, on_progress: Option<ProgressFn>) -> AsyncTask<BeginTask> {
+    pub fn begin(
+        target: String,
+        manifest: Buffer,
+        locals: Vec<LocalFile>,
+        on_progress: Option<ProgressFn>,
+    ) -> AsyncTask<BeginTask> {
         AsyncTask::new(BeginTask {
             target: target.into(),
             manifest: manifest.to_vec(),
-            locals: locals.into_iter().map(|l| (PathBuf::from(l.path), l.manifest.to_vec())).collect(),
+            locals: locals
+                .into_iter()
+                .map(|l| (PathBuf::from(l.path), l.manifest.to_vec()))
+                .collect(),
             progress: on_progress,
         })
     }
@@ -150,11 +169,19 @@ impl NativeReconstruction {
 
     #[napi(ts_return_type = "Promise<number>")]
     pub fn write_batch(&self, batch: Buffer) -> AsyncTask<WriteTask> {
-        AsyncTask::new(WriteTask { r: self.inner.clone(), batch })
+        AsyncTask::new(WriteTask {
+            r: self.inner.clone(),
+            batch,
+        })
     }
 
     #[napi(ts_return_type = "Promise<void>")]
-    pub fn finish(&self, mtime_ns: Option<BigInt>, mode: Option<u32>, state_dir: Option<String>) -> AsyncTask<FinishTask> {
+    pub fn finish(
+        &self,
+        mtime_ns: Option<BigInt>,
+        mode: Option<u32>,
+        state_dir: Option<String>,
+    ) -> AsyncTask<FinishTask> {
         self.stop_ticker();
         AsyncTask::new(FinishTask {
             r: self.inner.clone(),
@@ -192,7 +219,12 @@ impl Task for TouchTask {
         let id = touch_up_to_date(&self.target, self.mtime_ns, self.mode).map_err(to_napi)?;
         if let Some(dir) = &self.state_dir {
             let m = Manifest::decode(&self.manifest).map_err(to_napi)?;
-            let _ = ffsync_core::index::store(dir, &ffsync_core::scan::index_key(&self.target), &id, &m);
+            let _ = ffsync_core::index::store(
+                dir,
+                &ffsync_core::scan::index_key(&self.target),
+                &id,
+                &m,
+            );
         }
         Ok(())
     }
@@ -203,7 +235,13 @@ impl Task for TouchTask {
 
 /// The target already has the sender's content: apply mtime/mode and refresh its index.
 #[napi(ts_return_type = "Promise<void>")]
-pub fn mark_up_to_date(target: String, manifest: Buffer, mtime_ns: Option<BigInt>, mode: Option<u32>, state_dir: Option<String>) -> AsyncTask<TouchTask> {
+pub fn mark_up_to_date(
+    target: String,
+    manifest: Buffer,
+    mtime_ns: Option<BigInt>,
+    mode: Option<u32>,
+    state_dir: Option<String>,
+) -> AsyncTask<TouchTask> {
     AsyncTask::new(TouchTask {
         target: target.into(),
         mtime_ns: mtime_ns.as_ref().map(bigint_to_i64),

@@ -47,8 +47,15 @@ impl Task for ScanTask {
     fn compute(&mut self) -> Result<Scanned> {
         let counter = Arc::new(AtomicU64::new(0));
         let c = counter.clone();
-        let mut ticker = Ticker::start(move || c.load(std::sync::atomic::Ordering::Relaxed), self.progress.take());
-        let opts = ScanOptions { state_dir: self.state_dir.as_deref(), ignore_index: self.ignore_index, progress: Some(&counter) };
+        let mut ticker = Ticker::start(
+            move || c.load(std::sync::atomic::Ordering::Relaxed),
+            self.progress.take(),
+        );
+        let opts = ScanOptions {
+            state_dir: self.state_dir.as_deref(),
+            ignore_index: self.ignore_index,
+            progress: Some(&counter),
+        };
         let out = scan_file(&self.path, &opts).map_err(to_napi);
         ticker.stop();
         let o = out?;
@@ -62,14 +69,27 @@ impl Task for ScanTask {
     }
 
     fn resolve(&mut self, _env: Env, o: Scanned) -> Result<ScanResult> {
-        Ok(ScanResult { manifest: o.manifest.into(), root: o.root, size: o.size as f64, chunks: o.chunks, from_index: o.from_index })
+        Ok(ScanResult {
+            manifest: o.manifest.into(),
+            root: o.root,
+            size: o.size as f64,
+            chunks: o.chunks,
+            from_index: o.from_index,
+        })
     }
 }
 
 /// Chunk and hash a file on every core (or load its manifest from the index).
 #[napi(ts_return_type = "Promise<ScanResult>")]
-pub fn scan_file_native(path: String, options: Option<ScanFileOptions>, on_progress: Option<ProgressFn>) -> AsyncTask<ScanTask> {
-    let o = options.unwrap_or(ScanFileOptions { state_dir: None, ignore_index: None });
+pub fn scan_file_native(
+    path: String,
+    options: Option<ScanFileOptions>,
+    on_progress: Option<ProgressFn>,
+) -> AsyncTask<ScanTask> {
+    let o = options.unwrap_or(ScanFileOptions {
+        state_dir: None,
+        ignore_index: None,
+    });
     AsyncTask::new(ScanTask {
         path: path.into(),
         state_dir: o.state_dir.map(PathBuf::from),
@@ -89,7 +109,11 @@ pub struct ManifestInfo {
 #[napi]
 pub fn decode_manifest(manifest: Buffer) -> Result<ManifestInfo> {
     let m = ffsync_core::manifest::Manifest::decode(&manifest).map_err(to_napi)?;
-    Ok(ManifestInfo { root: m.root_hex(), size: m.size as f64, chunks: m.chunks.len() as u32 })
+    Ok(ManifestInfo {
+        root: m.root_hex(),
+        size: m.size as f64,
+        chunks: m.chunks.len() as u32,
+    })
 }
 
 pub struct LoadIndexTask {
@@ -102,19 +126,23 @@ impl Task for LoadIndexTask {
     type JsValue = Option<ScanResult>;
 
     fn compute(&mut self) -> Result<Option<Scanned>> {
-        let Ok(meta) = std::fs::metadata(&self.path) else { return Ok(None) };
+        let Ok(meta) = std::fs::metadata(&self.path) else {
+            return Ok(None);
+        };
         if !meta.is_file() {
             return Ok(None);
         }
         let id = ffsync_core::file_identity::FileIdentity::of(&meta);
         let key = ffsync_core::scan::index_key(&self.path);
-        Ok(ffsync_core::index::load(&self.state_dir, &key, &id).map(|m| Scanned {
-            root: m.root_hex(),
-            size: m.size,
-            chunks: m.chunks.len() as u32,
-            manifest: m.encode(),
-            from_index: true,
-        }))
+        Ok(
+            ffsync_core::index::load(&self.state_dir, &key, &id).map(|m| Scanned {
+                root: m.root_hex(),
+                size: m.size,
+                chunks: m.chunks.len() as u32,
+                manifest: m.encode(),
+                from_index: true,
+            }),
+        )
     }
 
     fn resolve(&mut self, env: Env, o: Option<Scanned>) -> Result<Option<ScanResult>> {
@@ -124,12 +152,21 @@ impl Task for LoadIndexTask {
 
 impl LoadIndexTask {
     fn to_js(&self, _env: Env, o: Scanned) -> Result<ScanResult> {
-        Ok(ScanResult { manifest: o.manifest.into(), root: o.root, size: o.size as f64, chunks: o.chunks, from_index: o.from_index })
+        Ok(ScanResult {
+            manifest: o.manifest.into(),
+            root: o.root,
+            size: o.size as f64,
+            chunks: o.chunks,
+            from_index: o.from_index,
+        })
     }
 }
 
 /// The file's manifest if an index entry matches its current stat identity; no scan.
 #[napi(ts_return_type = "Promise<ScanResult | null>")]
 pub fn load_index(path: String, state_dir: String) -> AsyncTask<LoadIndexTask> {
-    AsyncTask::new(LoadIndexTask { path: path.into(), state_dir: state_dir.into() })
+    AsyncTask::new(LoadIndexTask {
+        path: path.into(),
+        state_dir: state_dir.into(),
+    })
 }

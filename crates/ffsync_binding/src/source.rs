@@ -14,25 +14,33 @@ pub struct NativeChunkSource {
 
 #[napi(object)]
 pub struct EncodedBatch {
-    pub batch: Buffer,
+    /// Bytes of `out` holding the batch.
+    pub length: u32,
+    /// Uncompressed bytes of the chunks it carries.
     pub raw_bytes: f64,
 }
 
 pub struct ReadTask {
     source: Arc<ChunkSource>,
     indices: Vec<u32>,
+    out: Buffer,
 }
 
 impl Task for ReadTask {
-    type Output = (Vec<u8>, u64);
+    type Output = (usize, u64);
     type JsValue = EncodedBatch;
 
-    fn compute(&mut self) -> Result<(Vec<u8>, u64)> {
-        self.source.read_batch(&self.indices).map_err(to_napi)
+    fn compute(&mut self) -> Result<(usize, u64)> {
+        self.source
+            .read_batch_into(&self.indices, &mut self.out)
+            .map_err(to_napi)
     }
 
-    fn resolve(&mut self, _env: Env, (batch, raw): (Vec<u8>, u64)) -> Result<EncodedBatch> {
-        Ok(EncodedBatch { batch: batch.into(), raw_bytes: raw as f64 })
+    fn resolve(&mut self, _env: Env, (n, raw): (usize, u64)) -> Result<EncodedBatch> {
+        Ok(EncodedBatch {
+            length: n as u32,
+            raw_bytes: raw as f64,
+        })
     }
 }
 
@@ -42,14 +50,32 @@ impl NativeChunkSource {
     #[napi(factory)]
     pub fn open(path: String, manifest: Buffer, compress_level: i32) -> Result<NativeChunkSource> {
         let m = Manifest::decode(&manifest).map_err(to_napi)?;
-        let meta = std::fs::metadata(&path).map_err(|e| to_napi(ffsync_core::CoreError::io(&path, e)))?;
-        let src = ChunkSource::open(path.as_ref(), m, FileIdentity::of(&meta), compress_level).map_err(to_napi)?;
-        Ok(NativeChunkSource { inner: Arc::new(src) })
+        let meta =
+            std::fs::metadata(&path).map_err(|e| to_napi(ffsync_core::CoreError::io(&path, e)))?;
+        let src = ChunkSource::open(path.as_ref(), m, FileIdentity::of(&meta), compress_level)
+            .map_err(to_napi)?;
+        Ok(NativeChunkSource {
+            inner: Arc::new(src),
+        })
     }
 
+    /// Encode the chunks into `out` (a buffer the caller recycles; it must hold at least
+    /// `batchCapacity(indices)` bytes and must not be touched until the promise settles).
     #[napi(ts_return_type = "Promise<EncodedBatch>")]
-    pub fn read_batch(&self, indices: Uint32Array) -> AsyncTask<ReadTask> {
-        AsyncTask::new(ReadTask { source: self.inner.clone(), indices: indices.to_vec() })
+    pub fn read_batch(&self, indices: Uint32Array, out: Buffer) -> AsyncTask<ReadTask> {
+        AsyncTask::new(ReadTask {
+            source: self.inner.clone(),
+            indices: indices.to_vec(),
+            out,
+        })
+    }
+
+    #[napi]
+    pub fn batch_capacity(&self, indices: Uint32Array) -> Result<u32> {
+        self.inner
+            .batch_capacity(&indices)
+            .map(|n| n as u32)
+            .map_err(to_napi)
     }
 
     /// False if the source's size, mtime or ctime changed since it was opened.

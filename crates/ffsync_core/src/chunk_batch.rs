@@ -27,41 +27,135 @@ pub struct CompressPolicy {
 impl CompressPolicy {
     /// `level` 0 disables compression.
     pub fn new(level: i32) -> Self {
-        CompressPolicy { level, misses: AtomicU32::new(0) }
+        CompressPolicy {
+            level,
+            misses: AtomicU32::new(0),
+        }
     }
 
-    pub fn encode_record(&self, index: u32, raw: &[u8], out: &mut Vec<u8>) {
-        let try_it = self.level != 0 && (self.misses.load(Ordering::Relaxed) < GIVE_UP_AFTER || index % RETRY_EVERY == 0);
-        let compressed = if try_it { zstd::bulk::compress(raw, self.level).ok() } else { None };
-        let (enc, payload): (u8, &[u8]) = match &compressed {
-            Some(c) if c.len() < raw.len() - raw.len() / 32 => {
-                self.misses.store(0, Ordering::Relaxed);
-                (ENC_ZSTD, c)
-            }
-            _ => {
-                if try_it {
+    /// Encode chunk `index` whose raw bytes already sit in `slot[RECORD_HEADER..]`
+    /// (`slot` is exactly RECORD_HEADER + raw length long). Compresses in place when it
+    /// pays. Returns the record's final length (a prefix of `slot`).
+    pub fn encode_in_slot(&self, index: u32, slot: &mut [u8]) -> usize {
+        let raw_len = slot.len() - RECORD_HEADER;
+        let try_it = self.level != 0
+            && (self.misses.load(Ordering::Relaxed) < GIVE_UP_AFTER || index % RETRY_EVERY == 0);
+        let mut enc = ENC_RAW;
+        let mut payload_len = raw_len;
+        if try_it {
+            let compressed = with_scratch(raw_len, |scratch| {
+                let n = compress_with_thread_context(self.level, &slot[RECORD_HEADER..], scratch)?;
+                if n < raw_len - raw_len / 32 {
+                    slot[RECORD_HEADER..RECORD_HEADER + n].copy_from_slice(&scratch[..n]);
+                    Some(n)
+                } else {
+                    None
+                }
+            });
+            match compressed {
+                Some(n) => {
+                    self.misses.store(0, Ordering::Relaxed);
+                    enc = ENC_ZSTD;
+                    payload_len = n;
+                }
+                None => {
                     self.misses.fetch_add(1, Ordering::Relaxed);
                 }
-                (ENC_RAW, raw)
             }
-        };
-        out.reserve(RECORD_HEADER + payload.len());
-        out.extend_from_slice(&index.to_le_bytes());
-        out.push(enc);
-        out.extend_from_slice(&(raw.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        out.extend_from_slice(payload);
+        }
+        slot[0..4].copy_from_slice(&index.to_le_bytes());
+        slot[4] = enc;
+        slot[5..9].copy_from_slice(&(raw_len as u32).to_le_bytes());
+        slot[9..13].copy_from_slice(&(payload_len as u32).to_le_bytes());
+        RECORD_HEADER + payload_len
+    }
+
+    /// Convenience for tests and small callers: append one encoded record to `out`.
+    pub fn encode_record(&self, index: u32, raw: &[u8], out: &mut Vec<u8>) {
+        let start = out.len();
+        out.resize(start + RECORD_HEADER, 0);
+        out.extend_from_slice(raw);
+        let n = self.encode_in_slot(index, &mut out[start..]);
+        out.truncate(start + n);
     }
 }
 
-/// One decoded record: the chunk index and its raw bytes (borrowed when sent raw).
-pub struct Record<'a> {
-    pub index: u32,
-    pub data: std::borrow::Cow<'a, [u8]>,
+// Per-thread zstd contexts and scratch space: creating a context or touching fresh
+// memory per chunk costs more than compressing it (page faults are expensive).
+thread_local! {
+    static CCTX: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { std::cell::RefCell::new(None) };
+    static DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Split and decode a batch from an untrusted peer. Indices must exist in `manifest`,
-/// lengths must equal the manifest's, and decompression is bounded by that length.
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < len {
+            s.resize(len, 0);
+        }
+        f(&mut s[..len])
+    })
+}
+
+/// Compress into `dst`; None if it does not fit (i.e. does not shrink) or fails.
+fn compress_with_thread_context(level: i32, src: &[u8], dst: &mut [u8]) -> Option<usize> {
+    CCTX.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.as_ref().map(|(l, _)| *l) != Some(level) {
+            *c = Some((level, zstd::bulk::Compressor::new(level).ok()?));
+        }
+        c.as_mut()?.1.compress_to_buffer(src, dst).ok()
+    })
+}
+
+/// Decompress exactly `dst.len()` bytes.
+pub fn decompress_exact(src: &[u8], dst: &mut [u8]) -> std::result::Result<(), String> {
+    DCTX.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.is_none() {
+            *d = Some(zstd::bulk::Decompressor::new().map_err(|e| e.to_string())?);
+        }
+        let n = d
+            .as_mut()
+            .unwrap()
+            .decompress_to_buffer(src, dst)
+            .map_err(|e| e.to_string())?;
+        if n == dst.len() {
+            Ok(())
+        } else {
+            Err(format!("decompressed to {n} bytes, expected {}", dst.len()))
+        }
+    })
+}
+
+/// One record of a batch: the chunk index and its payload as sent.
+pub struct Record<'a> {
+    pub index: u32,
+    pub compressed: bool,
+    pub payload: &'a [u8],
+    pub raw_len: u32,
+}
+
+impl Record<'_> {
+    /// The chunk's raw bytes, decompressing into `buf` if needed.
+    pub fn raw<'b>(&'b self, buf: &'b mut Vec<u8>) -> Result<&'b [u8]> {
+        if !self.compressed {
+            return Ok(self.payload);
+        }
+        buf.resize(self.raw_len as usize, 0);
+        decompress_exact(self.payload, &mut buf[..]).map_err(|e| {
+            CoreError::malformed(
+                "chunk batch",
+                format!("chunk {} does not decompress: {e}", self.index),
+            )
+        })?;
+        Ok(&buf[..])
+    }
+}
+
+/// Split a batch from an untrusted peer into records. Indices must exist in `manifest`,
+/// lengths must equal the manifest's; decompression (later) is bounded by that length.
 pub fn decode<'a>(batch: &'a [u8], manifest: &Manifest) -> Result<Vec<Record<'a>>> {
     let bad = |r: String| CoreError::malformed("chunk batch", r);
     let mut out = Vec::new();
@@ -79,28 +173,28 @@ pub fn decode<'a>(batch: &'a [u8], manifest: &Manifest) -> Result<Vec<Record<'a>
             return Err(bad(format!("chunk index {index} out of range")));
         };
         if raw_len != chunk.len {
-            return Err(bad(format!("chunk {index} has length {raw_len}, expected {}", chunk.len)));
+            return Err(bad(format!(
+                "chunk {index} has length {raw_len}, expected {}",
+                chunk.len
+            )));
         }
         if plen > batch.len() - at {
             return Err(bad(format!("chunk {index} payload runs past the frame")));
         }
         let payload = &batch[at..at + plen];
         at += plen;
-        let data = match enc {
-            ENC_RAW if plen == raw_len as usize => std::borrow::Cow::Borrowed(payload),
+        let compressed = match enc {
+            ENC_RAW if plen == raw_len as usize => false,
             ENC_RAW => return Err(bad(format!("raw chunk {index} has payload length {plen}"))),
-            ENC_ZSTD => {
-                let mut buf = vec![0u8; raw_len as usize];
-                let n = zstd::bulk::decompress_to_buffer(payload, &mut buf[..])
-                    .map_err(|e| bad(format!("chunk {index} does not decompress: {e}")))?;
-                if n != raw_len as usize {
-                    return Err(bad(format!("chunk {index} decompressed to {n} bytes, expected {raw_len}")));
-                }
-                std::borrow::Cow::Owned(buf)
-            }
+            ENC_ZSTD => true,
             other => return Err(bad(format!("unknown chunk encoding {other}"))),
         };
-        out.push(Record { index, data });
+        out.push(Record {
+            index,
+            compressed,
+            payload,
+            raw_len,
+        });
     }
     Ok(out)
 }
@@ -122,7 +216,11 @@ mod tests {
         let p = CompressPolicy::new(level);
         let mut out = Vec::new();
         for (i, c) in m.chunks.iter().enumerate() {
-            p.encode_record(i as u32, &data[c.offset as usize..c.end() as usize], &mut out);
+            p.encode_record(
+                i as u32,
+                &data[c.offset as usize..c.end() as usize],
+                &mut out,
+            );
         }
         out
     }
@@ -134,12 +232,19 @@ mod tests {
             let batch = encode_all(&data, &m, level);
             let recs = decode(&batch, &m).unwrap();
             assert_eq!(recs.len(), m.chunks.len());
+            let mut buf = Vec::new();
             for r in recs {
                 let c = m.chunks[r.index as usize];
-                assert_eq!(&r.data[..], &data[c.offset as usize..c.end() as usize]);
+                assert_eq!(
+                    r.raw(&mut buf).unwrap(),
+                    &data[c.offset as usize..c.end() as usize]
+                );
             }
             if level > 0 {
-                assert!(batch.len() < data.len() - 150_000, "compressible head not compressed");
+                assert!(
+                    batch.len() < data.len() - 150_000,
+                    "compressible head not compressed"
+                );
             }
         }
     }
@@ -156,10 +261,34 @@ mod tests {
         huge_payload[9..13].copy_from_slice(&u32::MAX.to_le_bytes());
         let mut bad_enc = good.clone();
         bad_enc[4] = 9;
-        for (name, b) in [("index", wrong_index), ("len", wrong_len), ("payload", huge_payload), ("enc", bad_enc)] {
+        for (name, b) in [
+            ("index", wrong_index),
+            ("len", wrong_len),
+            ("payload", huge_payload),
+            ("enc", bad_enc),
+        ] {
             assert!(decode(&b, &m).is_err(), "{name}");
         }
         assert!(decode(&good[..good.len() - 1], &m).is_err());
+        // A zstd record whose payload is garbage fails when decompressed, not before.
+        let recs = decode(&good, &m).unwrap();
+        let z = recs
+            .iter()
+            .position(|r| r.compressed)
+            .expect("fixture has a compressed chunk");
+        let mut garbled = good.clone();
+        let start: usize = recs[..z]
+            .iter()
+            .map(|r| RECORD_HEADER + r.payload.len())
+            .sum();
+        garbled[start + RECORD_HEADER + 5] ^= 0xff;
+        let recs = decode(&garbled, &m).unwrap();
+        let mut buf = Vec::new();
+        let bad = recs[z].raw(&mut buf).map(|b| b.to_vec());
+        let c = m.chunks[recs[z].index as usize];
+        assert!(bad
+            .map(|b| b != data[c.offset as usize..c.end() as usize])
+            .unwrap_or(true));
         assert!(decode(&good[..5], &m).is_err());
     }
 }

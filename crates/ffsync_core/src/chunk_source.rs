@@ -2,7 +2,8 @@
 //! reads, so resident memory is bounded by the batch, not the file) and encodes them into
 //! batches, compressing in parallel.
 
-use crate::chunk_batch::CompressPolicy;
+use crate::chunk_batch::{CompressPolicy, RECORD_HEADER};
+use crate::chunker::Chunk;
 use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
 use crate::io::read_exact_at;
@@ -20,44 +21,97 @@ pub struct ChunkSource {
 }
 
 impl ChunkSource {
-    pub fn open(path: &Path, manifest: Manifest, identity: FileIdentity, compress_level: i32) -> Result<ChunkSource> {
+    pub fn open(
+        path: &Path,
+        manifest: Manifest,
+        identity: FileIdentity,
+        compress_level: i32,
+    ) -> Result<ChunkSource> {
         let file = File::open(path).map_err(|e| CoreError::io(path, e))?;
-        Ok(ChunkSource { path: path.to_path_buf(), file, identity, manifest, policy: CompressPolicy::new(compress_level) })
+        Ok(ChunkSource {
+            path: path.to_path_buf(),
+            file,
+            identity,
+            manifest,
+            policy: CompressPolicy::new(compress_level),
+        })
     }
 
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
     }
 
-    /// Encode the given chunks into one batch. Returns (batch, raw bytes covered).
-    pub fn read_batch(&self, indices: &[u32]) -> Result<(Vec<u8>, u64)> {
-        let records: Vec<Result<Vec<u8>>> = indices
-            .par_iter()
-            .map(|&i| {
-                let c = self
-                    .manifest
-                    .chunks
-                    .get(i as usize)
-                    .ok_or_else(|| CoreError::malformed("chunk request", format!("chunk index {i} out of range")))?;
-                let mut raw = vec![0u8; c.len as usize];
-                read_exact_at(&self.file, &mut raw, c.offset).map_err(|e| CoreError::io(&self.path, e))?;
-                let mut rec = Vec::new();
-                self.policy.encode_record(i, &raw, &mut rec);
-                Ok(rec)
+    /// Bytes a batch of these chunks can need at most (records never grow).
+    pub fn batch_capacity(&self, indices: &[u32]) -> Result<usize> {
+        let mut n = 0usize;
+        for &i in indices {
+            n += RECORD_HEADER + self.chunk(i)?.len as usize;
+        }
+        Ok(n)
+    }
+
+    fn chunk(&self, i: u32) -> Result<&Chunk> {
+        self.manifest.chunks.get(i as usize).ok_or_else(|| {
+            CoreError::malformed("chunk request", format!("chunk index {i} out of range"))
+        })
+    }
+
+    /// Encode the given chunks into `out` (reused across batches by the caller: fresh
+    /// memory is expensive). Each chunk is read straight into its slot and compressed in
+    /// place, in parallel; records are then packed together. Returns (bytes used, raw bytes).
+    pub fn read_batch_into(&self, indices: &[u32], out: &mut [u8]) -> Result<(usize, u64)> {
+        let need = self.batch_capacity(indices)?;
+        if out.len() < need {
+            return Err(CoreError::Usage(format!(
+                "batch buffer of {} bytes is smaller than the {need} needed",
+                out.len()
+            )));
+        }
+        let mut slots: Vec<(u32, &mut [u8])> = Vec::with_capacity(indices.len());
+        let mut rest = &mut out[..need];
+        for &i in indices {
+            let len = RECORD_HEADER + self.chunk(i)?.len as usize;
+            let (slot, tail) = rest.split_at_mut(len);
+            slots.push((i, slot));
+            rest = tail;
+        }
+        let used: Vec<Result<usize>> = slots
+            .par_iter_mut()
+            .map(|(i, slot)| {
+                let c = &self.manifest.chunks[*i as usize];
+                read_exact_at(&self.file, &mut slot[RECORD_HEADER..], c.offset)
+                    .map_err(|e| CoreError::io(&self.path, e))?;
+                Ok(self.policy.encode_in_slot(*i, slot))
             })
             .collect();
-        let mut out = Vec::new();
-        let mut raw_total = 0u64;
-        for (r, &i) in records.into_iter().zip(indices) {
-            out.extend_from_slice(&r?);
-            raw_total += self.manifest.chunks[i as usize].len as u64;
+        // Pack: move each record down to close the gaps left by compression.
+        let mut write = 0usize;
+        let mut read = 0usize;
+        let mut raw = 0u64;
+        for (k, u) in used.into_iter().enumerate() {
+            let u = u?;
+            let slot_len = RECORD_HEADER + self.manifest.chunks[indices[k] as usize].len as usize;
+            out.copy_within(read..read + u, write);
+            write += u;
+            read += slot_len;
+            raw += (slot_len - RECORD_HEADER) as u64;
         }
-        Ok((out, raw_total))
+        Ok((write, raw))
+    }
+
+    /// Encode into a new buffer (tests and one-off callers).
+    pub fn read_batch(&self, indices: &[u32]) -> Result<(Vec<u8>, u64)> {
+        let mut out = vec![0u8; self.batch_capacity(indices)?];
+        let (n, raw) = self.read_batch_into(indices, &mut out)?;
+        out.truncate(n);
+        Ok((out, raw))
     }
 
     /// True if the source still has the identity it had when it was scanned; a sender
     /// checks this after the transfer to report "source changed during the sync".
     pub fn unchanged(&self) -> bool {
-        std::fs::metadata(&self.path).map(|m| FileIdentity::of(&m) == self.identity).unwrap_or(false)
+        std::fs::metadata(&self.path)
+            .map(|m| FileIdentity::of(&m) == self.identity)
+            .unwrap_or(false)
     }
 }

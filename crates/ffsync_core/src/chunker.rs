@@ -62,11 +62,21 @@ impl Cutter {
 
     fn chunk_at(&self, data: &[u8], pos: usize) -> Chunk {
         let len = self.next_len(data, pos);
-        Chunk { offset: pos as u64, len: len as u32, hash: *blake3::hash(&data[pos..pos + len]).as_bytes() }
+        Chunk {
+            offset: pos as u64,
+            len: len as u32,
+            hash: *blake3::hash(&data[pos..pos + len]).as_bytes(),
+        }
     }
 
     /// Chunks whose start lies in `[from, until)`; the last one may extend past `until`.
-    fn chunk_range(&self, data: &[u8], from: usize, until: usize, progress: &dyn Fn(u64)) -> Vec<Chunk> {
+    fn chunk_range(
+        &self,
+        data: &[u8],
+        from: usize,
+        until: usize,
+        progress: &dyn Fn(u64),
+    ) -> Vec<Chunk> {
         let mut out = Vec::with_capacity((until - from) / self.p.avg as usize + 2);
         let mut pos = from;
         while pos < until {
@@ -98,7 +108,13 @@ impl Residency for InMemory {}
 
 /// Chunks from a speculative start `pos` until landing on a cut of `spec` (returns the
 /// index in `spec` where they joined) or passing `until`.
-fn bridge(cutter: &Cutter, data: &[u8], mut pos: usize, spec: &[Chunk], until: usize) -> (Vec<Chunk>, Option<usize>) {
+fn bridge(
+    cutter: &Cutter,
+    data: &[u8],
+    mut pos: usize,
+    spec: &[Chunk],
+    until: usize,
+) -> (Vec<Chunk>, Option<usize>) {
     let mut out = Vec::new();
     while pos < until {
         if let Ok(k) = spec.binary_search_by_key(&(pos as u64), |c| c.offset) {
@@ -119,7 +135,13 @@ fn bridge(cutter: &Cutter, data: &[u8], mut pos: usize, spec: &[Chunk], until: u
 /// using a bridge only if it starts exactly at the true position; otherwise (pathological
 /// data) it chunks sequentially from the true position, so correctness never depends on
 /// the speculation. `progress` receives byte counts, possibly from several threads.
-pub fn chunk_parallel(data: &[u8], params: ChunkParams, segment_len: usize, progress: &(dyn Fn(u64) + Sync), mem: &dyn Residency) -> Vec<Chunk> {
+pub fn chunk_parallel(
+    data: &[u8],
+    params: ChunkParams,
+    segment_len: usize,
+    progress: &(dyn Fn(u64) + Sync),
+    mem: &dyn Residency,
+) -> Vec<Chunk> {
     let cutter = Cutter::new(params);
     let max = params.max as usize;
     if data.len() <= segment_len {
@@ -128,7 +150,10 @@ pub fn chunk_parallel(data: &[u8], params: ChunkParams, segment_len: usize, prog
         mem.release(0, data.len());
         return out;
     }
-    let bounds: Vec<(usize, usize)> = (0..data.len()).step_by(segment_len).map(|s| (s, (s + segment_len).min(data.len()))).collect();
+    let bounds: Vec<(usize, usize)> = (0..data.len())
+        .step_by(segment_len)
+        .map(|s| (s, (s + segment_len).min(data.len())))
+        .collect();
     let spec: Vec<Vec<Chunk>> = bounds
         .par_iter()
         .map(|&(s, e)| {
@@ -153,7 +178,11 @@ pub fn chunk_parallel(data: &[u8], params: ChunkParams, segment_len: usize, prog
     let mut pos = spec[0].last().map_or(0, |c| c.end() as usize);
     for k in 1..bounds.len() {
         let (from, ref b, join) = bridges[k - 1];
-        let (chunks, join) = if from == pos { (b.clone(), join) } else { bridge(&cutter, data, pos, &spec[k], bounds[k].1) };
+        let (chunks, join) = if from == pos {
+            (b.clone(), join)
+        } else {
+            bridge(&cutter, data, pos, &spec[k], bounds[k].1)
+        };
         pos = chunks.last().map_or(pos, |c| c.end() as usize);
         out.extend_from_slice(&chunks);
         if let Some(j) = join {
@@ -199,7 +228,11 @@ mod tests {
         let data = pseudo_random(9_000_000 + 12345, 1);
         for seg in [1 << 20, 1_500_000, 4 << 20] {
             for p in [SMALL, LARGE] {
-                assert_eq!(chunk_parallel(&data, p, seg, &|_| {}, &InMemory), chunk_sequential(&data, p), "seg {seg}");
+                assert_eq!(
+                    chunk_parallel(&data, p, seg, &|_| {}, &InMemory),
+                    chunk_sequential(&data, p),
+                    "seg {seg}"
+                );
             }
         }
     }
@@ -237,6 +270,9 @@ mod tests {
         let one = chunk_sequential(&[42], SMALL);
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].len, 1);
-        assert_eq!(chunk_parallel(&[9u8; 100], SMALL, 10, &|_| {}, &InMemory).len(), 1);
+        assert_eq!(
+            chunk_parallel(&[9u8; 100], SMALL, 10, &|_| {}, &InMemory).len(),
+            1
+        );
     }
 }

@@ -7,7 +7,11 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum CoreError {
     #[error("{path}: {source}")]
-    Io { path: PathBuf, #[source] source: io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("{path}: not a regular file")]
     NotAFile { path: PathBuf },
     #[error("malformed {what}: {reason}")]
@@ -32,7 +36,10 @@ impl CoreError {
     }
 
     pub fn malformed(what: &'static str, reason: impl Into<String>) -> Self {
-        CoreError::Malformed { what, reason: reason.into() }
+        CoreError::Malformed {
+            what,
+            reason: reason.into(),
+        }
     }
 
     /// Stable machine-readable code (mirrored in ts/utils/errors.ts).

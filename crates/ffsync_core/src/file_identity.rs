@@ -52,6 +52,12 @@ impl FileIdentity {
 
     pub fn from_bytes(b: &[u8; 40]) -> FileIdentity {
         let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
-        FileIdentity { size: u(0), mtime_ns: u(8) as i64, ctime_ns: u(16) as i64, inode: u(24), dev: u(32) }
+        FileIdentity {
+            size: u(0),
+            mtime_ns: u(8) as i64,
+            ctime_ns: u(16) as i64,
+            inode: u(24),
+            dev: u(32),
+        }
     }
 }

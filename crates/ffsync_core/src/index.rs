@@ -21,11 +21,16 @@ const RACY_WINDOW_NS: i64 = 20_000_000;
 
 pub fn index_path(state_dir: &Path, file: &Path) -> PathBuf {
     let key = blake3::hash(file.to_string_lossy().as_bytes());
-    state_dir.join("index").join(format!("{}.idx", &hex(key.as_bytes())[..32]))
+    state_dir
+        .join("index")
+        .join(format!("{}.idx", &hex(key.as_bytes())[..32]))
 }
 
 fn now_ns() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
 }
 
 pub fn encode(file: &Path, id: &FileIdentity, manifest: &Manifest, indexed_at_ns: i64) -> Vec<u8> {
@@ -70,12 +75,19 @@ pub fn decode(buf: &[u8]) -> Result<IndexEntry> {
     if plen > rest.len() {
         return Err(bad("path length out of range"));
     }
-    let path = std::str::from_utf8(&rest[..plen]).map_err(|_| bad("path is not UTF-8"))?.to_string();
+    let path = std::str::from_utf8(&rest[..plen])
+        .map_err(|_| bad("path is not UTF-8"))?
+        .to_string();
     let manifest = Manifest::decode(&rest[plen..])?;
     if manifest.size != identity.size {
         return Err(bad("manifest size differs from recorded size"));
     }
-    Ok(IndexEntry { path, identity, indexed_at_ns, manifest })
+    Ok(IndexEntry {
+        path,
+        identity,
+        indexed_at_ns,
+        manifest,
+    })
 }
 
 /// The cached manifest for `file`, if an intact entry matches its current identity.
@@ -132,7 +144,13 @@ mod tests {
         let data = pseudo_random(300_000, 11);
         let p = ChunkParams::for_file_size(data.len() as u64);
         let m = Manifest::from_chunks(data.len() as u64, p, chunk_sequential(&data, p));
-        let id = FileIdentity { size: data.len() as u64, mtime_ns: 1_000, ctime_ns: 2_000, inode: 3, dev: 4 };
+        let id = FileIdentity {
+            size: data.len() as u64,
+            mtime_ns: 1_000,
+            ctime_ns: 2_000,
+            inode: 3,
+            dev: 4,
+        };
         (id, m)
     }
 
@@ -170,7 +188,10 @@ mod tests {
         assert_eq!(load(dir.path(), file, &id), Some(m.clone()));
         assert_eq!(load(dir.path(), Path::new("/data/other"), &id), None);
         for changed in [
-            FileIdentity { mtime_ns: 1_001, ..id },
+            FileIdentity {
+                mtime_ns: 1_001,
+                ..id
+            },
             FileIdentity { ctime_ns: 7, ..id },
             FileIdentity { inode: 9, ..id },
             FileIdentity { size: 1, ..id },

@@ -40,7 +40,12 @@ pub fn compute_root<'a>(chunks: impl ExactSizeIterator<Item = (u32, &'a Hash)>) 
 impl Manifest {
     pub fn from_chunks(size: u64, params: ChunkParams, chunks: Vec<Chunk>) -> Manifest {
         let root = compute_root(chunks.iter().map(|c| (c.len, &c.hash)));
-        Manifest { size, params, chunks, root }
+        Manifest {
+            size,
+            params,
+            chunks,
+            root,
+        }
     }
 
     pub fn root_hex(&self) -> String {
@@ -81,7 +86,11 @@ impl Manifest {
         if buf[4] != 1 || buf[5..8] != [0, 0, 0] {
             return Err(bad("unsupported format version"));
         }
-        let params = ChunkParams { min: u32_at(buf, 8), avg: u32_at(buf, 12), max: u32_at(buf, 16) };
+        let params = ChunkParams {
+            min: u32_at(buf, 8),
+            avg: u32_at(buf, 12),
+            max: u32_at(buf, 16),
+        };
         let count = u32_at(buf, 20) as u64;
         let size = u64_at(buf, 24);
         if !params.is_canonical_for(size) {
@@ -178,7 +187,10 @@ mod tests {
         for at in (0..HEADER_LEN).chain([HEADER_LEN + 10, enc.len() - 1]) {
             let mut bad = enc.clone();
             bad[at] ^= 0x40;
-            assert!(Manifest::decode(&bad).is_err(), "corruption at byte {at} accepted");
+            assert!(
+                Manifest::decode(&bad).is_err(),
+                "corruption at byte {at} accepted"
+            );
         }
     }
 

@@ -11,8 +11,16 @@ pub struct ChunkParams {
     pub max: u32,
 }
 
-pub const SMALL: ChunkParams = ChunkParams { min: 16 * 1024, avg: 64 * 1024, max: 256 * 1024 };
-pub const LARGE: ChunkParams = ChunkParams { min: 64 * 1024, avg: 256 * 1024, max: 1024 * 1024 };
+pub const SMALL: ChunkParams = ChunkParams {
+    min: 16 * 1024,
+    avg: 64 * 1024,
+    max: 256 * 1024,
+};
+pub const LARGE: ChunkParams = ChunkParams {
+    min: 64 * 1024,
+    avg: 256 * 1024,
+    max: 1024 * 1024,
+};
 
 impl ChunkParams {
     pub fn for_file_size(size: u64) -> ChunkParams {

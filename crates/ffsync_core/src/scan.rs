@@ -41,13 +41,24 @@ impl MappedFile {
         let file = File::open(path).map_err(|e| CoreError::io(path, e))?;
         let meta = file.metadata().map_err(|e| CoreError::io(path, e))?;
         if !meta.is_file() {
-            return Err(CoreError::NotAFile { path: path.to_path_buf() });
+            return Err(CoreError::NotAFile {
+                path: path.to_path_buf(),
+            });
         }
         let identity = FileIdentity::of(&meta);
         // Safety: the mapping is read-only; a concurrent writer can change the bytes under
         // us, which every consumer tolerates because results are verified by hash.
-        let map = if meta.len() == 0 { None } else { Some(unsafe { Mmap::map(&file) }.map_err(|e| CoreError::io(path, e))?) };
-        Ok(MappedFile { path: path.to_path_buf(), file, map, identity })
+        let map = if meta.len() == 0 {
+            None
+        } else {
+            Some(unsafe { Mmap::map(&file) }.map_err(|e| CoreError::io(path, e))?)
+        };
+        Ok(MappedFile {
+            path: path.to_path_buf(),
+            file,
+            map,
+            identity,
+        })
     }
 
     pub fn bytes(&self) -> &[u8] {
@@ -56,18 +67,29 @@ impl MappedFile {
 
     /// Re-stat by handle; true if size/mtime/ctime still match what we opened.
     pub fn unchanged(&self) -> bool {
-        self.file.metadata().map(|m| FileIdentity::of(&m) == self.identity).unwrap_or(false)
+        self.file
+            .metadata()
+            .map(|m| FileIdentity::of(&m) == self.identity)
+            .unwrap_or(false)
     }
 }
 
-pub fn manifest_of_bytes(data: &[u8], progress: Option<&AtomicU64>, mem: &dyn Residency) -> Manifest {
+pub fn manifest_of_bytes(
+    data: &[u8],
+    progress: Option<&AtomicU64>,
+    mem: &dyn Residency,
+) -> Manifest {
     let params = ChunkParams::for_file_size(data.len() as u64);
     let tick = |n: u64| {
         if let Some(p) = progress {
             p.fetch_add(n, Ordering::Relaxed);
         }
     };
-    Manifest::from_chunks(data.len() as u64, params, chunk_parallel(data, params, SEGMENT_LEN, &tick, mem))
+    Manifest::from_chunks(
+        data.len() as u64,
+        params,
+        chunk_parallel(data, params, SEGMENT_LEN, &tick, mem),
+    )
 }
 
 /// Populates page tables ahead of the chunker (one system call instead of a fault per
@@ -90,7 +112,10 @@ impl Residency for MapResidency<'_> {
         if b > a {
             // Safety: read-only shared file mapping; DONTNEED only drops our page table
             // entries, and a later access faults the same bytes back in.
-            let _ = unsafe { self.0.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, b - a) };
+            let _ = unsafe {
+                self.0
+                    .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, b - a)
+            };
         }
     }
 }
@@ -120,7 +145,9 @@ pub fn scan_file(path: &Path, opts: &ScanOptions) -> Result<ScanOutcome> {
     let key = index_key(path);
     let meta = std::fs::metadata(path).map_err(|e| CoreError::io(path, e))?;
     if !meta.is_file() {
-        return Err(CoreError::NotAFile { path: path.to_path_buf() });
+        return Err(CoreError::NotAFile {
+            path: path.to_path_buf(),
+        });
     }
     if let (Some(dir), false) = (opts.state_dir, opts.ignore_index) {
         let id = FileIdentity::of(&meta);
@@ -128,7 +155,11 @@ pub fn scan_file(path: &Path, opts: &ScanOptions) -> Result<ScanOutcome> {
             if let Some(p) = opts.progress {
                 p.fetch_add(id.size, Ordering::Relaxed);
             }
-            return Ok(ScanOutcome { manifest, identity: id, from_index: true });
+            return Ok(ScanOutcome {
+                manifest,
+                identity: id,
+                from_index: true,
+            });
         }
     }
     let mapped = MappedFile::open(path)?;
@@ -142,7 +173,11 @@ pub fn scan_file(path: &Path, opts: &ScanOptions) -> Result<ScanOutcome> {
             index::remove(dir, &key);
         }
     }
-    Ok(ScanOutcome { manifest, identity: mapped.identity, from_index: false })
+    Ok(ScanOutcome {
+        manifest,
+        identity: mapped.identity,
+        from_index: false,
+    })
 }
 
 #[cfg(test)]
@@ -158,18 +193,41 @@ mod tests {
         std::fs::write(&f, pseudo_random(500_000, 2)).unwrap();
         // Backdate the mtime so the entry is not "racily clean".
         let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
-        File::options().write(true).open(&f).unwrap().set_modified(old).unwrap();
-        let opts = ScanOptions { state_dir: Some(&state), ..Default::default() };
+        File::options()
+            .write(true)
+            .open(&f)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let opts = ScanOptions {
+            state_dir: Some(&state),
+            ..Default::default()
+        };
         let a = scan_file(&f, &opts).unwrap();
         assert!(!a.from_index);
         let b = scan_file(&f, &opts).unwrap();
         assert!(b.from_index);
         assert_eq!(a.manifest, b.manifest);
-        let forced = scan_file(&f, &ScanOptions { ignore_index: true, ..ScanOptions { state_dir: Some(&state), ..Default::default() } }).unwrap();
+        let forced = scan_file(
+            &f,
+            &ScanOptions {
+                ignore_index: true,
+                ..ScanOptions {
+                    state_dir: Some(&state),
+                    ..Default::default()
+                }
+            },
+        )
+        .unwrap();
         assert!(!forced.from_index);
 
         std::fs::write(&f, pseudo_random(500_000, 3)).unwrap();
-        File::options().write(true).open(&f).unwrap().set_modified(old).unwrap();
+        File::options()
+            .write(true)
+            .open(&f)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
         let c = scan_file(&f, &opts).unwrap();
         assert!(!c.from_index, "ctime changed: index must not be trusted");
         assert_ne!(c.manifest.root, a.manifest.root);
@@ -178,7 +236,9 @@ mod tests {
     #[test]
     fn directory_is_rejected() {
         let dir = tempfile::tempdir().unwrap();
-        let err = scan_file(dir.path(), &ScanOptions::default()).err().unwrap();
+        let err = scan_file(dir.path(), &ScanOptions::default())
+            .err()
+            .unwrap();
         assert_eq!(err.code(), "ENOTFILE");
     }
 }

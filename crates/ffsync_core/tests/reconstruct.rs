@@ -24,7 +24,10 @@ fn sync(src: &Path, dst: &Path, limit: Option<usize>) -> Option<(u64, u64)> {
     let s = scan_file(src, &ScanOptions::default()).unwrap();
     let mut local = vec![];
     if dst.exists() {
-        local.push(LocalSource { path: dst.to_path_buf(), manifest: scan_file(dst, &ScanOptions::default()).unwrap().manifest });
+        local.push(LocalSource {
+            path: dst.to_path_buf(),
+            manifest: scan_file(dst, &ScanOptions::default()).unwrap().manifest,
+        });
     }
     let r = Reconstruction::begin(dst, s.manifest.clone(), local).unwrap();
     let need = r.needed();
@@ -40,7 +43,8 @@ fn sync(src: &Path, dst: &Path, limit: Option<usize>) -> Option<(u64, u64)> {
         sent += raw;
         r.write_batch(&batch).unwrap();
     }
-    r.finish(Some(1_600_000_000_000_000_000), Some(0o644), None).unwrap();
+    r.finish(Some(1_600_000_000_000_000_000), Some(0o644), None)
+        .unwrap();
     Some((sent, need.len() as u64))
 }
 
@@ -64,7 +68,13 @@ fn fresh_modified_and_identical() {
     let (sent, need) = sync(&src, &dst, None).unwrap();
     assert_eq!((sent, need), (0, 0));
     let mtime = fs::metadata(&dst).unwrap().modified().unwrap();
-    assert_eq!(mtime.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs(), 1_600_000_000);
+    assert_eq!(
+        mtime
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+        1_600_000_000
+    );
 }
 
 #[test]
@@ -74,11 +84,20 @@ fn interrupted_transfer_resumes_from_partial() {
     let data = rand_bytes(30_000_000, 5);
     fs::write(&src, &data).unwrap();
     assert!(sync(&src, &dst, Some(10)).is_none());
-    assert!(!dst.exists(), "target must not exist after an aborted first sync");
-    let root = scan_file(&src, &ScanOptions::default()).unwrap().manifest.root;
+    assert!(
+        !dst.exists(),
+        "target must not exist after an aborted first sync"
+    );
+    let root = scan_file(&src, &ScanOptions::default())
+        .unwrap()
+        .manifest
+        .root;
     assert!(partial_path(&dst, &root).exists());
     let (sent, _) = sync(&src, &dst, None).unwrap();
-    assert!(sent < data.len() as u64 - 8_000_000, "resume re-sent {sent} bytes");
+    assert!(
+        sent < data.len() as u64 - 8_000_000,
+        "resume re-sent {sent} bytes"
+    );
     assert_eq!(fs::read(&dst).unwrap(), data);
     assert!(!partial_path(&dst, &root).exists());
 }
@@ -97,7 +116,10 @@ fn corrupt_chunk_is_rejected_and_target_untouched() {
     batch[last] ^= 1;
     let err = r.write_batch(&batch).err().unwrap();
     assert_eq!(err.code(), "ECHUNK");
-    assert!(r.finish(None, None, None).is_err(), "finish must refuse with chunks missing");
+    assert!(
+        r.finish(None, None, None).is_err(),
+        "finish must refuse with chunks missing"
+    );
     r.abort(false);
     assert_eq!(fs::read(&dst).unwrap(), b"old content");
     assert!(!r.temp_path().exists());
@@ -113,7 +135,10 @@ fn old_file_changed_during_sync_fails_verification() {
     old[2_000_000] ^= 1;
     fs::write(&dst, &old).unwrap();
     let s = scan_file(&src, &ScanOptions::default()).unwrap();
-    let local = vec![LocalSource { path: dst.clone(), manifest: scan_file(&dst, &ScanOptions::default()).unwrap().manifest }];
+    let local = vec![LocalSource {
+        path: dst.clone(),
+        manifest: scan_file(&dst, &ScanOptions::default()).unwrap().manifest,
+    }];
     let r = Reconstruction::begin(&dst, s.manifest.clone(), local).unwrap();
     // Someone rewrites the old file between planning and copying.
     fs::write(&dst, rand_bytes(3_000_000, 77)).unwrap();
@@ -134,6 +159,8 @@ fn target_directory_is_rejected() {
     let src = d.path().join("src");
     fs::write(&src, b"x").unwrap();
     let s = scan_file(&src, &ScanOptions::default()).unwrap();
-    let err = Reconstruction::begin(d.path(), s.manifest, vec![]).err().unwrap();
+    let err = Reconstruction::begin(d.path(), s.manifest, vec![])
+        .err()
+        .unwrap();
     assert_eq!(err.code(), "ENOTFILE");
 }

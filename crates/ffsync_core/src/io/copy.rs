@@ -15,11 +15,17 @@ pub fn copy_range(src: &File, src_off: u64, dst: &File, dst_off: u64, len: u64) 
         let mut left = len as usize;
         while left > 0 {
             // Safety: valid fds and offset pointers for the duration of the call.
-            let n = unsafe { libc::copy_file_range(src.as_raw_fd(), &mut so, dst.as_raw_fd(), &mut dof, left, 0) };
+            let n = unsafe {
+                libc::copy_file_range(src.as_raw_fd(), &mut so, dst.as_raw_fd(), &mut dof, left, 0)
+            };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 match e.raw_os_error() {
-                    Some(libc::EXDEV) | Some(libc::ENOSYS) | Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(libc::EPERM) => break,
+                    Some(libc::EXDEV)
+                    | Some(libc::ENOSYS)
+                    | Some(libc::EINVAL)
+                    | Some(libc::EOPNOTSUPP)
+                    | Some(libc::EPERM) => break,
                     Some(libc::EINTR) => continue,
                     _ => return Err(e),
                 }
@@ -38,7 +44,13 @@ pub fn copy_range(src: &File, src_off: u64, dst: &File, dst_off: u64, len: u64) 
     }
 }
 
-fn copy_buffered(src: &File, mut src_off: u64, dst: &File, mut dst_off: u64, mut len: u64) -> io::Result<()> {
+fn copy_buffered(
+    src: &File,
+    mut src_off: u64,
+    dst: &File,
+    mut dst_off: u64,
+    mut len: u64,
+) -> io::Result<()> {
     let mut buf = vec![0u8; len.min(1 << 20) as usize];
     while len > 0 {
         let n = len.min(buf.len() as u64) as usize;
@@ -62,7 +74,13 @@ mod tests {
         let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
         std::fs::write(&sp, &data).unwrap();
         let src = File::open(&sp).unwrap();
-        let dst = File::options().read(true).write(true).create(true).truncate(true).open(dir.path().join("d")).unwrap();
+        let dst = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("d"))
+            .unwrap();
         dst.set_len(50_000).unwrap();
         copy_range(&src, 60_000, &dst, 10_000, 30_000).unwrap();
         let got = std::fs::read(dir.path().join("d")).unwrap();

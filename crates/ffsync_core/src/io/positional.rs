@@ -9,7 +9,10 @@ pub fn write_at(file: &File, mut buf: &[u8], mut offset: u64) -> io::Result<()> 
         #[cfg(windows)]
         let n = std::os::windows::fs::FileExt::seek_write(file, buf, offset)?;
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::WriteZero, "short positional write"));
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "short positional write",
+            ));
         }
         buf = &buf[n..];
         offset += n as u64;
@@ -25,7 +28,10 @@ pub fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Re
         #[cfg(windows)]
         let n = std::os::windows::fs::FileExt::seek_read(file, buf, offset)?;
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file shorter than expected"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "file shorter than expected",
+            ));
         }
         buf = &mut buf[n..];
         offset += n as u64;
@@ -46,7 +52,11 @@ impl PositionalWriter {
         #[cfg(target_os = "linux")]
         {
             let disabled = std::env::var_os("FFSYNC_NO_IO_URING").is_some_and(|v| v != "0");
-            let uring = if disabled { None } else { super::uring::Ring::new().ok().map(std::sync::Mutex::new) };
+            let uring = if disabled {
+                None
+            } else {
+                super::uring::Ring::new().ok().map(std::sync::Mutex::new)
+            };
             PositionalWriter { uring }
         }
         #[cfg(not(target_os = "linux"))]
@@ -68,7 +78,10 @@ impl PositionalWriter {
     pub fn write_batch(&self, file: &File, writes: &[(u64, &[u8])]) -> io::Result<()> {
         #[cfg(target_os = "linux")]
         if let Some(ring) = &self.uring {
-            return ring.lock().unwrap_or_else(|p| p.into_inner()).write_batch(file, writes);
+            return ring
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .write_batch(file, writes);
         }
         for (off, buf) in writes {
             write_at(file, buf, *off)?;
@@ -91,7 +104,13 @@ mod tests {
     fn batch_writes_land_at_their_offsets() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
-        let f = File::options().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
+        let f = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
         f.set_len(100).unwrap();
         let w = PositionalWriter::new();
         let a = vec![1u8; 10];

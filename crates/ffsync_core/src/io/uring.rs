@@ -28,9 +28,15 @@ impl Ring {
                 let mut sq = self.ring.submission();
                 for (i, (off, buf)) in group.iter().enumerate() {
                     let len = buf.len().min(u32::MAX as usize) as u32;
-                    let e = opcode::Write::new(fd, buf.as_ptr(), len).offset(*off).build().user_data(i as u64);
+                    let e = opcode::Write::new(fd, buf.as_ptr(), len)
+                        .offset(*off)
+                        .build()
+                        .user_data(i as u64);
                     // Safety: the buffers outlive the wait below; the queue has room for a group.
-                    unsafe { sq.push(&e).map_err(|_| io::Error::other("io_uring queue full"))? };
+                    unsafe {
+                        sq.push(&e)
+                            .map_err(|_| io::Error::other("io_uring queue full"))?
+                    };
                 }
             }
             self.ring.submit_and_wait(group.len())?;
