@@ -67,7 +67,7 @@ export async function checkTarget(target: string): Promise<import('node:fs').Big
     if (e instanceof FfsyncError) throw e;
     const code = (e as NodeJS.ErrnoException).code;
     if (code === 'ENOENT') throw new FfsyncError('ENOENT', ExitCode.FILE_IO, `target directory ${dir} does not exist`);
-    if (code === 'EACCES' || code === 'EPERM') throw new FfsyncError('EACCES', ExitCode.FILE_IO, `target directory ${dir} is not writable`);
+    if (code === 'EACCES' || code === 'EPERM' || code === 'EROFS') throw new FfsyncError('EACCES', ExitCode.FILE_IO, `target directory ${dir} is not writable (${code})`);
     throw fromSystemError(e, `cannot use target directory ${dir}`);
   }
   return dst;
@@ -107,20 +107,21 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     const mode = offer.mode & 0o7777;
     const dst = await checkTarget(target);
 
-    // 1. size + mtime (rsync's quick check), unless --checksum.
-    if (!checksum && dst && dst.size === offer.size && dst.mtimeNs === offer.mtimeNs) {
+    // Deciding "unchanged" (docs/protocol.md, "Decision"):
+    // 1. Our index covers the target: content roots decide. The sender's root comes with
+    //    the offer when its index covers the source; otherwise it must scan (and send its
+    //    manifest), because size and mtime can match while content differs.
+    // 2. No index: size + mtime, rsync's quick check. 3. --checksum: always compare content.
+    const local = !checksum && dst ? await loadIndex(target, stateDir) : null;
+    if (local && offer.root && local.root === offer.root.toString('hex')) {
+      await markUpToDate(target, local.manifest, offer.mtimeNs, mode, stateDir);
+      await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE));
+      summary.root = local.root;
+      return done('index-root');
+    }
+    if (!local && !checksum && dst && dst.size === offer.size && dst.mtimeNs === offer.mtimeNs) {
       await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE));
       return done('size-mtime');
-    }
-    // 2. Both indexes valid: compare content roots for the cost of a stat.
-    if (!checksum && dst && offer.root) {
-      const local = await loadIndex(target, stateDir);
-      if (local && local.root === offer.root.toString('hex')) {
-        await markUpToDate(target, local.manifest, offer.mtimeNs, mode, stateDir);
-        await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE));
-        summary.root = local.root;
-        return done('index-root');
-      }
     }
     await conn.send(FrameType.DECISION, encodeDecision(Decision.SEND_MANIFEST));
 

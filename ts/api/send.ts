@@ -40,6 +40,8 @@ export interface SendOptions {
   events?: SyncEvents;
   /** Aborting closes the connection (the receiver keeps its partial for a resume). */
   signal?: AbortSignal;
+  /** Cap chunk data at this many KiB per second (rsync's --bwlimit). */
+  bwlimitKiBps?: number;
 }
 
 /** Raw bytes per DATA frame: large enough to amortize framing, small enough to pipeline. */
@@ -135,6 +137,7 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
         // Batches are encoded natively into recycled buffers, READ_AHEAD at a time, while
         // earlier ones are being written to the socket.
         const pool = new BufferPool(BATCH_BUFFER, READ_AHEAD + 2);
+        const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : async () => undefined;
         const read = async (k: number) => {
           const buf = await pool.acquire();
           const res = await src.readBatch(batches[k], buf);
@@ -153,6 +156,7 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
           await conn.send(FrameType.DATA, buf.subarray(0, res.length), () => pool.release(buf));
           raw += res.rawBytes;
           progress(raw);
+          if (o.bwlimitKiBps) await limiter(res.length);
         }
       });
       await conn.send(FrameType.DATA_END, encodeDataEnd({ chunks: needed.length, rawBytes: BigInt(raw) }));
@@ -180,4 +184,15 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
     summary.durationMs = Date.now() - t0;
     await conn.close();
   }
+}
+
+/** Sleeps as needed so the average rate since the first call stays under `bytesPerSec`. */
+function rateLimiter(bytesPerSec: number): (n: number) => Promise<void> {
+  const t0 = Date.now();
+  let sent = 0;
+  return async (n) => {
+    sent += n;
+    const ahead = (sent / bytesPerSec) * 1000 - (Date.now() - t0);
+    if (ahead > 0) await new Promise((r) => setTimeout(r, ahead));
+  };
 }

@@ -64,11 +64,14 @@ export async function expect(conn: FramedConnection, ...types: FrameType[]): Pro
 
 /** Best effort: tell the peer why we stop (unless the error came from the peer). */
 export async function reportError(conn: FramedConnection, e: FfsyncError): Promise<void> {
-  if (e.message.startsWith('peer: ') || e instanceof PeerClosedError || e.exitCode === ExitCode.SOCKET_IO) return;
+  if (conn.isClosed || e.message.startsWith('peer: ') || e instanceof PeerClosedError || e.exitCode === ExitCode.SOCKET_IO) return;
+  let timer: NodeJS.Timeout | undefined;
   try {
-    await Promise.race([conn.send(FrameType.ERROR, encodeError(e.exitCode, e.code, e.message)), new Promise((r) => setTimeout(r, 1000).unref())]);
+    await Promise.race([conn.send(FrameType.ERROR, encodeError(e.exitCode, e.code, e.message)), new Promise((r) => (timer = setTimeout(r, 1000)))]);
   } catch {
     // the connection is already gone
+  } finally {
+    clearTimeout(timer);
   }
 }
 

@@ -116,7 +116,8 @@ export function buildProgram(): Command {
   )
     .addOption(new Option('--compress-level <n>', 'zstd level for chunk data').argParser(intArg(1, 19)).default(1))
     .option('--no-compress', 'send chunk data uncompressed')
-    .action(async (source: string, addr: string, o: CommonOptions & { compressLevel: number; compress: boolean }) => {
+    .addOption(new Option('--bwlimit <KiBps>', 'limit chunk data to this many KiB per second').argParser(intArg(1, 2 ** 31)))
+    .action(async (source: string, addr: string, o: CommonOptions & { compressLevel: number; compress: boolean; bwlimit?: number }) => {
       await run(o, async (events, signal) => {
         const { host, port } = parseHostPort(addr);
         requirePlaintext(o);
@@ -128,6 +129,7 @@ export function buildProgram(): Command {
           compressLevel: o.compress ? o.compressLevel : 0,
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
+          bwlimitKiBps: o.bwlimit,
           events,
           signal,
         });

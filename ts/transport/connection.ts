@@ -24,6 +24,7 @@ export class FramedConnection {
   private waiter: { resolve: (f: Frame) => void; reject: (e: Error) => void } | undefined;
   private failure: Error | undefined;
   private ended = false;
+  private closed = false;
   private lastActivity = Date.now();
   private idleTimer: NodeJS.Timeout | undefined;
 
@@ -38,6 +39,7 @@ export class FramedConnection {
     });
     stream.on('close', () => {
       this.ended = true;
+      this.closed = true;
       this.wake();
     });
     stream.on('error', (e: NodeJS.ErrnoException) => {
@@ -118,6 +120,9 @@ export class FramedConnection {
    */
   send(type: FrameType, payload: Uint8Array = Buffer.alloc(0), onWritten?: () => void): Promise<void> {
     if (this.failure) return Promise.reject(this.failure);
+    if (this.closed || this.stream.destroyed || this.stream.writableEnded) {
+      return Promise.reject(new PeerClosedError(`before we could send ${frameName(type)}`));
+    }
     const header = encodeFrameHeader(type, payload.length);
     this.bytesSent += header.length + payload.length;
     this.stream.cork();
@@ -147,6 +152,7 @@ export class FramedConnection {
   /** Flush and half-close; resolves when the peer has closed too (or after a grace period). */
   async close(graceMs = 2000): Promise<void> {
     if (this.idleTimer) clearInterval(this.idleTimer);
+    if (this.closed || this.stream.destroyed) return;
     await new Promise<void>((resolve) => {
       const t = setTimeout(() => {
         this.stream.destroy();
@@ -160,6 +166,11 @@ export class FramedConnection {
       this.stream.end();
       this.stream.resume();
     });
+  }
+
+  /** True once the underlying stream is gone (nothing more can be sent). */
+  get isClosed(): boolean {
+    return this.closed || this.stream.destroyed;
   }
 
   destroy(): void {

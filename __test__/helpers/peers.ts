@@ -1,0 +1,144 @@
+// Runs real ffsync-native processes (the compiled CLI) over loopback and collects their
+// exit codes, JSON events and output.
+import { type ChildProcess, spawn } from 'node:child_process';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+
+export const CLI = path.join(__dirname, '..', '..', 'dist', 'cli', 'main.js');
+
+export interface PeerResult {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  events: Record<string, any>[];
+  stdout: string;
+  stderr: string;
+  summary: Record<string, any> | undefined;
+}
+
+export interface Peer {
+  child: ChildProcess;
+  done: Promise<PeerResult>;
+  /** Resolves on the first JSON event satisfying `pred`. */
+  waitFor(pred: (e: Record<string, any>) => boolean): Promise<Record<string, any>>;
+}
+
+export function run(args: string[], env: NodeJS.ProcessEnv = {}): Peer {
+  const child = spawn(process.execPath, [CLI, ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  const events: Record<string, any>[] = [];
+  const watchers: { pred: (e: Record<string, any>) => boolean; resolve: (e: Record<string, any>) => void }[] = [];
+  let partial = '';
+  child.stdout!.on('data', (d: Buffer) => {
+    stdout += d;
+    partial += d;
+    let nl;
+    while ((nl = partial.indexOf('\n')) >= 0) {
+      const line = partial.slice(0, nl);
+      partial = partial.slice(nl + 1);
+      try {
+        const e = JSON.parse(line);
+        events.push(e);
+        for (const w of [...watchers]) {
+          if (w.pred(e)) {
+            watchers.splice(watchers.indexOf(w), 1);
+            w.resolve(e);
+          }
+        }
+      } catch {
+        // human-mode output
+      }
+    }
+  });
+  child.stderr!.on('data', (d: Buffer) => (stderr += d));
+  const done = new Promise<PeerResult>((resolve) => {
+    child.on('close', (code, signal) => resolve({ code, signal, events, stdout, stderr, summary: events.find((e) => e.event === 'summary') }));
+  });
+  return {
+    child,
+    done,
+    waitFor: (pred) => {
+      const hit = events.find(pred);
+      if (hit) return Promise.resolve(hit);
+      return new Promise((resolve, reject) => {
+        watchers.push({ pred, resolve });
+        void done.then(() => reject(new Error(`process exited before the awaited event; stderr: ${stderr}`)));
+      });
+    },
+  };
+}
+
+export async function startReceiver(target: string, args: string[] = [], env: NodeJS.ProcessEnv = {}): Promise<{ peer: Peer; port: number }> {
+  const peer = run(['receive', target, '0', '--plaintext', '--json', '--timeout', '20', ...args], env);
+  const ev = await peer.waitFor((e) => e.event === 'listening');
+  return { peer, port: ev.port };
+}
+
+export function sender(source: string, port: number, args: string[] = [], env: NodeJS.ProcessEnv = {}): Peer {
+  return run(['send', source, `127.0.0.1:${port}`, '--plaintext', '--json', '--timeout', '20', ...args], env);
+}
+
+/** One complete sync; both peers' results. */
+export async function sync(
+  source: string,
+  target: string,
+  o: { stateS: string; stateR: string; sendArgs?: string[]; recvArgs?: string[] },
+): Promise<{ send: PeerResult; recv: PeerResult }> {
+  const { peer, port } = await startReceiver(target, ['--state-dir', o.stateR, ...(o.recvArgs ?? [])]);
+  const s = await sender(source, port, ['--state-dir', o.stateS, ...(o.sendArgs ?? [])]).done;
+  const r = await peer.done;
+  return { send: s, recv: r };
+}
+
+export function tmpdir(prefix = 'ffsync-test-'): string {
+  return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+}
+
+/** Deterministic pseudo-random bytes (AES-128-CTR keystream of the seed). */
+export function seeded(len: number, seed: number): Buffer {
+  const key = crypto.createHash('sha256').update(`seed:${seed}`).digest().subarray(0, 16);
+  const c = crypto.createCipheriv('aes-128-ctr', key, Buffer.alloc(16));
+  return Buffer.concat([c.update(Buffer.alloc(len)), c.final()]);
+}
+
+/** Scattered 64 KiB overwrites, 4 KiB insertions, 8 KiB deletions at seeded positions. */
+export function modify(old: Buffer, seed: number, edits = { overwrites: 6, inserts: 2, deletes: 2 }): Buffer {
+  let b = Buffer.from(old);
+  const rnd = seeded(4 * 64, seed);
+  let k = 0;
+  const pos = (limit: number) => rnd.readUInt32LE((k++ % 64) * 4) % Math.max(1, limit);
+  for (let i = 0; i < edits.overwrites; i++) seeded(65536, seed * 100 + i).copy(b, pos(b.length - 65536));
+  for (let i = 0; i < edits.inserts; i++) {
+    const at = pos(b.length);
+    b = Buffer.concat([b.subarray(0, at), seeded(4096, seed * 200 + i), b.subarray(at)]);
+  }
+  for (let i = 0; i < edits.deletes; i++) {
+    const at = pos(b.length - 8192);
+    b = Buffer.concat([b.subarray(0, at), b.subarray(at + 8192)]);
+  }
+  return b;
+}
+
+export function sha256(file: string): string {
+  return crypto.createHash('sha256').update(fs.readFileSync(file)).digest('hex');
+}
+
+/** Every file under `dir` with its size and hash: a before/after snapshot. */
+export function snapshot(dir: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  const walk = (d: string) => {
+    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory()) walk(p);
+      else out[path.relative(dir, p)] = e.isFile() ? sha256(p) : 'special';
+    }
+  };
+  walk(dir);
+  return out;
+}
+
+export function canMount(): boolean {
+  return process.platform === 'linux' && process.getuid?.() === 0;
+}
