@@ -1,0 +1,115 @@
+// Unit tests of the TypeScript frame decoder and message codecs (no processes).
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { encodeFrame, FrameDecoder, FrameType, MAX_FRAME_BODY } from '../ts/protocol/frames';
+import {
+  decodeError,
+  decodeHello,
+  decodeOffer,
+  encodeError,
+  encodeHello,
+  encodeOffer,
+  ManifestAssembler,
+  manifestFrames,
+  maxManifestLength,
+  NeedCollector,
+  needFrames,
+  negotiateVersion,
+  OfferKind,
+  Role,
+} from '../ts/protocol/messages';
+import { batchByBytes } from '../ts/utils/manifest';
+import { seeded } from './helpers/peers';
+
+describe('frame decoder', () => {
+  it('reassembles frames split at every possible byte boundary', () => {
+    const frames = [encodeFrame(FrameType.HELLO, Buffer.from('abc')), encodeFrame(FrameType.DATA, seeded(300_000, 1)), encodeFrame(FrameType.DATA_END, Buffer.alloc(12))];
+    const stream = Buffer.concat(frames);
+    for (const cut of [1, 2, 4, 5, 6, 7, 1000, 65536, 300_004, stream.length - 1]) {
+      const d = new FrameDecoder();
+      const got = [...d.push(stream.subarray(0, cut)), ...d.push(stream.subarray(cut))];
+      assert.deepEqual(got.map((f) => f.type), [FrameType.HELLO, FrameType.DATA, FrameType.DATA_END], `cut at ${cut}`);
+      assert.deepEqual(got[1].payload, frames[1].subarray(5));
+      got[1].release?.();
+      assert.equal(d.bufferedBytes, 0);
+    }
+  });
+
+  it('byte-at-a-time delivery yields the same frames', () => {
+    const stream = Buffer.concat([encodeFrame(FrameType.NEED, Buffer.from([1, 2, 3, 4, 5])), encodeFrame(FrameType.RESULT, Buffer.alloc(17, 7))]);
+    const d = new FrameDecoder();
+    const got = [];
+    for (const b of stream) got.push(...d.push(Buffer.from([b])));
+    assert.equal(got.length, 2);
+    assert.deepEqual(got[1].payload, Buffer.alloc(17, 7));
+  });
+
+  it('rejects zero, oversized lengths and unknown types before buffering the body', () => {
+    const mk = (len: number, type: number) => {
+      const b = Buffer.alloc(5);
+      b.writeUInt32LE(len, 0);
+      b.writeUInt8(type, 4);
+      return b;
+    };
+    assert.throws(() => new FrameDecoder().push(mk(0, FrameType.DATA)), /out of bounds/);
+    assert.throws(() => new FrameDecoder().push(mk(MAX_FRAME_BODY + 1, FrameType.DATA)), /out of bounds/);
+    assert.throws(() => new FrameDecoder().push(mk(10, 0x55)), /unknown frame type/);
+  });
+});
+
+describe('messages', () => {
+  it('HELLO round trip and version negotiation', () => {
+    const h = { minVersion: 1, maxVersion: 3, capabilities: 5, role: Role.SENDER, software: 'x/1' };
+    assert.deepEqual(decodeHello(encodeHello(h)), h);
+    assert.equal(negotiateVersion({ min: 1, max: 2 }, h), 2);
+    assert.throws(() => negotiateVersion({ min: 4, max: 5 }, h), (e: any) => e.exitCode === 2 && /1\.\.3/.test(e.message));
+    assert.throws(() => decodeHello(Buffer.from('GET / HTTP/1.1\r\n\r\n')), (e: any) => e.exitCode === 2);
+  });
+
+  it('OFFER round trip with and without a root; bad lengths refused', () => {
+    const base = { kind: OfferKind.FILE, size: 123n, mtimeNs: -5n, mode: 0o644, flags: 0 };
+    assert.deepEqual(decodeOffer(encodeOffer(base)), { ...base, root: undefined });
+    const root = seeded(32, 4);
+    assert.deepEqual(decodeOffer(encodeOffer({ ...base, root })).root, root);
+    assert.throws(() => decodeOffer(Buffer.alloc(10)), /bad length/);
+  });
+
+  it('manifests split into parts reassemble; oversize totals are refused', () => {
+    const m = seeded(64 + 36 * 70_000, 5);
+    const asm = new ManifestAssembler(m.length);
+    let out: Buffer | undefined;
+    const parts = [...manifestFrames(m)];
+    assert.ok(parts.length > 1);
+    for (const p of parts) out = asm.push(p) ?? out;
+    assert.deepEqual(out, m);
+    assert.throws(() => new ManifestAssembler(100).push(parts[0]), /impossible/);
+    assert.equal(maxManifestLength(0n), 64);
+  });
+
+  it('NEED bitmaps round trip and refuse out-of-range chunks', () => {
+    const needed = Uint32Array.from([0, 7, 8, 1000, 600_000]);
+    const c = new NeedCollector(700_000);
+    for (const f of needFrames(needed, 700_000)) c.push(f);
+    assert.deepEqual(c.finish(needed.length), needed);
+    const small = new NeedCollector(10);
+    const bad = Buffer.from([0, 0, 0, 0, 0, 0xff]);
+    assert.throws(() => small.push(bad), /beyond/);
+    assert.throws(() => new NeedCollector(10).finish(3), /announced 3/);
+  });
+
+  it('ERROR frames carry exit code and message; garbage ERROR frames are protocol errors', () => {
+    const e = decodeError(encodeError(11, 'ENOSPC', 'disk full'));
+    assert.equal(e.exitCode, 11);
+    assert.equal(e.code, 'ENOSPC');
+    assert.match(e.message, /disk full/);
+    assert.equal(decodeError(Buffer.alloc(1)).exitCode, 12);
+    assert.equal(decodeError(encodeError(999, 'X', 'y')).exitCode, 12, 'unknown exit codes are not trusted');
+  });
+
+  it('batches never exceed the byte budget except for a single chunk', () => {
+    const m = Buffer.alloc(64 + 36 * 5);
+    [100, 200, 300, 5000, 50].forEach((len, i) => m.writeUInt32LE(len, 64 + i * 36));
+    const b = batchByBytes(m, Uint32Array.from([0, 1, 2, 3, 4]), 400);
+    assert.deepEqual(b.map((x) => [...x]), [[0, 1], [2], [3], [4]]);
+  });
+});
