@@ -174,3 +174,16 @@ describe('single file sync', () => {
     assert.ok(res.send.summary!.bytesOnWire.sent < MiB, `sent ${res.send.summary!.bytesOnWire.sent}`);
   });
 });
+
+describe('chunk parameter threshold', () => {
+  it('a file that grows across 16 MiB still reuses its unchanged prefix', async () => {
+    const t = setup(12 * MiB);
+    fs.mkdirSync(path.dirname(t.dst));
+    fs.writeFileSync(t.dst, t.old);
+    fs.writeFileSync(t.src, Buffer.concat([t.old, seeded(8 * MiB, 21)]));
+    const res = await sync(t.src, t.dst, t);
+    assertOk(res);
+    assert.equal(sha256(t.dst), sha256(t.src));
+    assert.ok(res.recv.summary!.literalBytes < 10 * MiB, `literal ${res.recv.summary!.literalBytes}`);
+  });
+});

@@ -86,6 +86,11 @@ export interface ScanFileOptions {
   stateDir?: string
   /** Ignore an existing index (`--checksum`); a fresh one is still written. */
   ignoreIndex?: boolean
+  /**
+   * Chunk with the parameters of a file of this size instead of this file's own
+   * (no index is read or written). Used when the peer's file straddles the threshold.
+   */
+  paramsForSize?: number
 }
 
 export interface ScanResult {

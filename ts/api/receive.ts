@@ -22,6 +22,7 @@ import {
 } from '../protocol/messages.js';
 import { beginReconstruction, decodeManifest, loadIndex, markUpToDate, type NativeReconstruction, scanFile, type ScanResult } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
+import { manifestParamsKey } from '../utils/manifest.js';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { abortable, expect, handshake, reportError } from './session.js';
 import { inPhase, type SyncEvents, type SyncSummary } from './events.js';
@@ -146,6 +147,15 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     if (BigInt(info.size) !== offer.size) throw protocolError(`manifest describes ${info.size} bytes, offer said ${offer.size}`);
     summary.root = info.root;
     const scanned = await locals;
+    // A file that crossed the 16 MiB parameter threshold between versions is chunked
+    // differently on each side: rechunk our copies with the sender's parameters.
+    for (let i = 0; i < scanned.length; i++) {
+      if (scanned[i].size > 0 && manifestParamsKey(scanned[i].manifest) !== manifestParamsKey(manifest)) {
+        scanned[i] = await inPhase(o.events, 'hashing', scanned[i].size, (progress) =>
+          scanFile(localPaths[i], { paramsForSize: info.size, onProgress: progress }),
+        );
+      }
+    }
 
     if (dst && scanned[0]?.root === info.root) {
       await markUpToDate(target, manifest, offer.mtimeNs, mode, stateDir);

@@ -22,12 +22,14 @@ export async function call<T>(p: Promise<T> | (() => T)): Promise<T> {
 export interface ScanOptions {
   stateDir?: string;
   ignoreIndex?: boolean;
+  /** Chunk with the parameters of a file of this size (no index read or written). */
+  paramsForSize?: number;
   onProgress?: (bytesDone: number) => void;
 }
 
 /** Chunk + hash a file on every core (or take its manifest from the index). */
 export function scanFile(path: string, opts: ScanOptions = {}): Promise<Binding.ScanResult> {
-  return call(native.scanFileNative(path, { stateDir: opts.stateDir, ignoreIndex: opts.ignoreIndex }, progressCallback(opts.onProgress)));
+  return call(native.scanFileNative(path, { stateDir: opts.stateDir, ignoreIndex: opts.ignoreIndex, paramsForSize: opts.paramsForSize }, progressCallback(opts.onProgress)));
 }
 
 export function decodeManifest(buf: Buffer): Promise<Binding.ManifestInfo> {

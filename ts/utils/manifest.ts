@@ -33,3 +33,8 @@ export function batchByBytes(m: Buffer, indices: Uint32Array, maxBytes: number):
   if (start < indices.length) out.push(indices.subarray(start));
   return out;
 }
+
+/** The (min, avg, max) chunking parameters a manifest was built with, as one key. */
+export function manifestParamsKey(m: Buffer): string {
+  return `${m.readUInt32LE(8)}/${m.readUInt32LE(12)}/${m.readUInt32LE(16)}`;
+}

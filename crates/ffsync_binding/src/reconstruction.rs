@@ -49,7 +49,7 @@ impl Task for BeginTask {
         for (path, buf) in self.locals.drain(..) {
             local.push(LocalSource {
                 path,
-                manifest: Manifest::decode(&buf).map_err(to_napi)?,
+                manifest: Manifest::decode_local(&buf).map_err(to_napi)?,
             });
         }
         Ok(Arc::new(
@@ -219,12 +219,7 @@ impl Task for TouchTask {
         let id = touch_up_to_date(&self.target, self.mtime_ns, self.mode).map_err(to_napi)?;
         if let Some(dir) = &self.state_dir {
             let m = Manifest::decode(&self.manifest).map_err(to_napi)?;
-            let _ = ffsync_core::index::store(
-                dir,
-                &ffsync_core::scan::index_key(&self.target),
-                &id,
-                &m,
-            );
+            let _ = ffsync_core::index::store(dir, &ffsync_core::scan::index_key(&self.target), &id, &m);
         }
         Ok(())
     }

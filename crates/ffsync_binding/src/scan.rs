@@ -1,6 +1,7 @@
 use crate::progress::{ProgressFn, Ticker};
 use crate::to_napi;
-use ffsync_core::scan::{scan_file, ScanOptions};
+use ffsync_core::params::ChunkParams;
+use ffsync_core::scan::{scan_file, scan_file_with_params, ScanOptions};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use std::path::PathBuf;
@@ -13,6 +14,9 @@ pub struct ScanFileOptions {
     pub state_dir: Option<String>,
     /// Ignore an existing index (`--checksum`); a fresh one is still written.
     pub ignore_index: Option<bool>,
+    /// Chunk with the parameters of a file of this size instead of this file's own
+    /// (no index is read or written). Used when the peer's file straddles the threshold.
+    pub params_for_size: Option<f64>,
 }
 
 #[napi(object)]
@@ -29,6 +33,7 @@ pub struct ScanTask {
     path: PathBuf,
     state_dir: Option<PathBuf>,
     ignore_index: bool,
+    params_for_size: Option<u64>,
     progress: Option<ProgressFn>,
 }
 
@@ -51,12 +56,18 @@ impl Task for ScanTask {
             move || c.load(std::sync::atomic::Ordering::Relaxed),
             self.progress.take(),
         );
-        let opts = ScanOptions {
-            state_dir: self.state_dir.as_deref(),
-            ignore_index: self.ignore_index,
-            progress: Some(&counter),
-        };
-        let out = scan_file(&self.path, &opts).map_err(to_napi);
+        let out = match self.params_for_size {
+            Some(size) => scan_file_with_params(&self.path, ChunkParams::for_file_size(size), Some(&counter)),
+            None => scan_file(
+                &self.path,
+                &ScanOptions {
+                    state_dir: self.state_dir.as_deref(),
+                    ignore_index: self.ignore_index,
+                    progress: Some(&counter),
+                },
+            ),
+        }
+        .map_err(to_napi);
         ticker.stop();
         let o = out?;
         Ok(Scanned {
@@ -89,11 +100,13 @@ pub fn scan_file_native(
     let o = options.unwrap_or(ScanFileOptions {
         state_dir: None,
         ignore_index: None,
+        params_for_size: None,
     });
     AsyncTask::new(ScanTask {
         path: path.into(),
         state_dir: o.state_dir.map(PathBuf::from),
         ignore_index: o.ignore_index.unwrap_or(false),
+        params_for_size: o.params_for_size.map(|s| s as u64),
         progress: on_progress,
     })
 }
@@ -134,15 +147,13 @@ impl Task for LoadIndexTask {
         }
         let id = ffsync_core::file_identity::FileIdentity::of(&meta);
         let key = ffsync_core::scan::index_key(&self.path);
-        Ok(
-            ffsync_core::index::load(&self.state_dir, &key, &id).map(|m| Scanned {
-                root: m.root_hex(),
-                size: m.size,
-                chunks: m.chunks.len() as u32,
-                manifest: m.encode(),
-                from_index: true,
-            }),
-        )
+        Ok(ffsync_core::index::load(&self.state_dir, &key, &id).map(|m| Scanned {
+            root: m.root_hex(),
+            size: m.size,
+            chunks: m.chunks.len() as u32,
+            manifest: m.encode(),
+            from_index: true,
+        }))
     }
 
     fn resolve(&mut self, env: Env, o: Option<Scanned>) -> Result<Option<ScanResult>> {

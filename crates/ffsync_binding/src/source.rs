@@ -50,13 +50,9 @@ impl NativeChunkSource {
     #[napi(factory)]
     pub fn open(path: String, manifest: Buffer, compress_level: i32) -> Result<NativeChunkSource> {
         let m = Manifest::decode(&manifest).map_err(to_napi)?;
-        let meta =
-            std::fs::metadata(&path).map_err(|e| to_napi(ffsync_core::CoreError::io(&path, e)))?;
-        let src = ChunkSource::open(path.as_ref(), m, FileIdentity::of(&meta), compress_level)
-            .map_err(to_napi)?;
-        Ok(NativeChunkSource {
-            inner: Arc::new(src),
-        })
+        let meta = std::fs::metadata(&path).map_err(|e| to_napi(ffsync_core::CoreError::io(&path, e)))?;
+        let src = ChunkSource::open(path.as_ref(), m, FileIdentity::of(&meta), compress_level).map_err(to_napi)?;
+        Ok(NativeChunkSource { inner: Arc::new(src) })
     }
 
     /// Encode the chunks into `out` (a buffer the caller recycles; it must hold at least
@@ -72,10 +68,7 @@ impl NativeChunkSource {
 
     #[napi]
     pub fn batch_capacity(&self, indices: Uint32Array) -> Result<u32> {
-        self.inner
-            .batch_capacity(&indices)
-            .map(|n| n as u32)
-            .map_err(to_napi)
+        self.inner.batch_capacity(&indices).map(|n| n as u32).map_err(to_napi)
     }
 
     /// False if the source's size, mtime or ctime changed since it was opened.

@@ -8,10 +8,7 @@ fn main() {
     let t = Instant::now();
     let n = FastCDC::new(d, 65536, 262144, 1048576).count();
     let s = t.elapsed().as_secs_f64();
-    println!(
-        "fastcdc 1 core: {:.2} GB/s ({n} chunks)",
-        d.len() as f64 / s / 1e9
-    );
+    println!("fastcdc 1 core: {:.2} GB/s ({n} chunks)", d.len() as f64 / s / 1e9);
     let t = Instant::now();
     let mut x = 0u8;
     for c in d.chunks(262144) {

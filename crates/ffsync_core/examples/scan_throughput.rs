@@ -4,9 +4,7 @@ use ffsync_core::scan::MappedFile;
 use std::time::Instant;
 
 fn main() {
-    let path = std::env::args()
-        .nth(1)
-        .expect("usage: scan_throughput FILE");
+    let path = std::env::args().nth(1).expect("usage: scan_throughput FILE");
     let f = MappedFile::open(std::path::Path::new(&path)).unwrap();
     let _ = f.manifest(None); // warm the page cache
     let t = Instant::now();

@@ -38,8 +38,8 @@ impl CompressPolicy {
     /// pays. Returns the record's final length (a prefix of `slot`).
     pub fn encode_in_slot(&self, index: u32, slot: &mut [u8]) -> usize {
         let raw_len = slot.len() - RECORD_HEADER;
-        let try_it = self.level != 0
-            && (self.misses.load(Ordering::Relaxed) < GIVE_UP_AFTER || index % RETRY_EVERY == 0);
+        let try_it =
+            self.level != 0 && (self.misses.load(Ordering::Relaxed) < GIVE_UP_AFTER || index % RETRY_EVERY == 0);
         let mut enc = ENC_RAW;
         let mut payload_len = raw_len;
         if try_it {
@@ -145,10 +145,7 @@ impl Record<'_> {
         }
         buf.resize(self.raw_len as usize, 0);
         decompress_exact(self.payload, &mut buf[..]).map_err(|e| {
-            CoreError::malformed(
-                "chunk batch",
-                format!("chunk {} does not decompress: {e}", self.index),
-            )
+            CoreError::malformed("chunk batch", format!("chunk {} does not decompress: {e}", self.index))
         })?;
         Ok(&buf[..])
     }
@@ -216,11 +213,7 @@ mod tests {
         let p = CompressPolicy::new(level);
         let mut out = Vec::new();
         for (i, c) in m.chunks.iter().enumerate() {
-            p.encode_record(
-                i as u32,
-                &data[c.offset as usize..c.end() as usize],
-                &mut out,
-            );
+            p.encode_record(i as u32, &data[c.offset as usize..c.end() as usize], &mut out);
         }
         out
     }
@@ -235,16 +228,10 @@ mod tests {
             let mut buf = Vec::new();
             for r in recs {
                 let c = m.chunks[r.index as usize];
-                assert_eq!(
-                    r.raw(&mut buf).unwrap(),
-                    &data[c.offset as usize..c.end() as usize]
-                );
+                assert_eq!(r.raw(&mut buf).unwrap(), &data[c.offset as usize..c.end() as usize]);
             }
             if level > 0 {
-                assert!(
-                    batch.len() < data.len() - 150_000,
-                    "compressible head not compressed"
-                );
+                assert!(batch.len() < data.len() - 150_000, "compressible head not compressed");
             }
         }
     }
@@ -277,10 +264,7 @@ mod tests {
             .position(|r| r.compressed)
             .expect("fixture has a compressed chunk");
         let mut garbled = good.clone();
-        let start: usize = recs[..z]
-            .iter()
-            .map(|r| RECORD_HEADER + r.payload.len())
-            .sum();
+        let start: usize = recs[..z].iter().map(|r| RECORD_HEADER + r.payload.len()).sum();
         garbled[start + RECORD_HEADER + 5] ^= 0xff;
         let recs = decode(&garbled, &m).unwrap();
         let mut buf = Vec::new();

@@ -21,12 +21,7 @@ pub struct ChunkSource {
 }
 
 impl ChunkSource {
-    pub fn open(
-        path: &Path,
-        manifest: Manifest,
-        identity: FileIdentity,
-        compress_level: i32,
-    ) -> Result<ChunkSource> {
+    pub fn open(path: &Path, manifest: Manifest, identity: FileIdentity, compress_level: i32) -> Result<ChunkSource> {
         let file = File::open(path).map_err(|e| CoreError::io(path, e))?;
         Ok(ChunkSource {
             path: path.to_path_buf(),
@@ -51,9 +46,10 @@ impl ChunkSource {
     }
 
     fn chunk(&self, i: u32) -> Result<&Chunk> {
-        self.manifest.chunks.get(i as usize).ok_or_else(|| {
-            CoreError::malformed("chunk request", format!("chunk index {i} out of range"))
-        })
+        self.manifest
+            .chunks
+            .get(i as usize)
+            .ok_or_else(|| CoreError::malformed("chunk request", format!("chunk index {i} out of range")))
     }
 
     /// Encode the given chunks into `out` (reused across batches by the caller: fresh

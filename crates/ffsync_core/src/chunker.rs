@@ -70,13 +70,7 @@ impl Cutter {
     }
 
     /// Chunks whose start lies in `[from, until)`; the last one may extend past `until`.
-    fn chunk_range(
-        &self,
-        data: &[u8],
-        from: usize,
-        until: usize,
-        progress: &dyn Fn(u64),
-    ) -> Vec<Chunk> {
+    fn chunk_range(&self, data: &[u8], from: usize, until: usize, progress: &dyn Fn(u64)) -> Vec<Chunk> {
         let mut out = Vec::with_capacity((until - from) / self.p.avg as usize + 2);
         let mut pos = from;
         while pos < until {
@@ -108,13 +102,7 @@ impl Residency for InMemory {}
 
 /// Chunks from a speculative start `pos` until landing on a cut of `spec` (returns the
 /// index in `spec` where they joined) or passing `until`.
-fn bridge(
-    cutter: &Cutter,
-    data: &[u8],
-    mut pos: usize,
-    spec: &[Chunk],
-    until: usize,
-) -> (Vec<Chunk>, Option<usize>) {
+fn bridge(cutter: &Cutter, data: &[u8], mut pos: usize, spec: &[Chunk], until: usize) -> (Vec<Chunk>, Option<usize>) {
     let mut out = Vec::new();
     while pos < until {
         if let Ok(k) = spec.binary_search_by_key(&(pos as u64), |c| c.offset) {
@@ -270,9 +258,6 @@ mod tests {
         let one = chunk_sequential(&[42], SMALL);
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].len, 1);
-        assert_eq!(
-            chunk_parallel(&[9u8; 100], SMALL, 10, &|_| {}, &InMemory).len(),
-            1
-        );
+        assert_eq!(chunk_parallel(&[9u8; 100], SMALL, 10, &|_| {}, &InMemory).len(), 1);
     }
 }

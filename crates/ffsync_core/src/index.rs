@@ -188,10 +188,7 @@ mod tests {
         assert_eq!(load(dir.path(), file, &id), Some(m.clone()));
         assert_eq!(load(dir.path(), Path::new("/data/other"), &id), None);
         for changed in [
-            FileIdentity {
-                mtime_ns: 1_001,
-                ..id
-            },
+            FileIdentity { mtime_ns: 1_001, ..id },
             FileIdentity { ctime_ns: 7, ..id },
             FileIdentity { inode: 9, ..id },
             FileIdentity { size: 1, ..id },

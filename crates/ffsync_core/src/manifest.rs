@@ -76,6 +76,16 @@ impl Manifest {
     /// Decode and validate a manifest from an untrusted source. Every field is checked
     /// before it is used to size anything; the root is recomputed and must match.
     pub fn decode(buf: &[u8]) -> Result<Manifest> {
+        Self::decode_checked(buf, true)
+    }
+
+    /// Like [`Manifest::decode`], but accepts any valid chunking parameters: for manifests
+    /// of local files rechunked with a peer's parameters (see `scan::scan_file_with_params`).
+    pub fn decode_local(buf: &[u8]) -> Result<Manifest> {
+        Self::decode_checked(buf, false)
+    }
+
+    fn decode_checked(buf: &[u8], canonical: bool) -> Result<Manifest> {
         let bad = |r: &str| CoreError::malformed("manifest", r);
         if buf.len() < HEADER_LEN {
             return Err(bad("shorter than its header"));
@@ -93,7 +103,7 @@ impl Manifest {
         };
         let count = u32_at(buf, 20) as u64;
         let size = u64_at(buf, 24);
-        if !params.is_canonical_for(size) {
+        if !params.is_valid() || (canonical && !params.is_canonical_for(size)) {
             return Err(bad("chunk parameters do not match the file size"));
         }
         if count > params.max_chunks(size) || (size > 0 && count == 0) {
@@ -187,10 +197,7 @@ mod tests {
         for at in (0..HEADER_LEN).chain([HEADER_LEN + 10, enc.len() - 1]) {
             let mut bad = enc.clone();
             bad[at] ^= 0x40;
-            assert!(
-                Manifest::decode(&bad).is_err(),
-                "corruption at byte {at} accepted"
-            );
+            assert!(Manifest::decode(&bad).is_err(), "corruption at byte {at} accepted");
         }
     }
 
@@ -203,6 +210,18 @@ mod tests {
         let mut longer = enc.clone();
         longer.push(0);
         assert!(Manifest::decode(&longer).is_err());
+    }
+
+    #[test]
+    fn local_manifests_may_use_another_sizes_parameters_but_wire_ones_may_not() {
+        let data = pseudo_random(700_000, 5);
+        let large = crate::params::LARGE;
+        let m = Manifest::from_chunks(data.len() as u64, large, chunk_sequential(&data, large));
+        assert!(Manifest::decode(&m.encode()).is_err());
+        assert_eq!(Manifest::decode_local(&m.encode()).unwrap(), m);
+        let mut bogus = m.encode();
+        bogus[8..12].copy_from_slice(&3u32.to_le_bytes()); // odd, below FastCDC's minimum
+        assert!(Manifest::decode_local(&bogus).is_err());
     }
 
     #[test]

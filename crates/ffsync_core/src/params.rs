@@ -41,6 +41,13 @@ impl ChunkParams {
         }
     }
 
+    /// Within what the FastCDC 2020 cutter supports (used for locally produced manifests
+    /// chunked with another size's parameters).
+    pub fn is_valid(&self) -> bool {
+        let even = self.min % 2 == 0 && self.avg % 2 == 0 && self.max % 2 == 0;
+        even && self.min >= 64 && self.min < self.avg && self.avg < self.max && self.max <= 16 * 1024 * 1024
+    }
+
     /// True if these are the parameters the engine would choose for `size`
     /// (a manifest claiming anything else is rejected).
     pub fn is_canonical_for(&self, size: u64) -> bool {

@@ -118,11 +118,7 @@ fn hash_range(file: &File, offset: u64, len: usize) -> std::io::Result<Hash> {
 }
 
 impl Reconstruction {
-    pub fn begin(
-        target: &Path,
-        manifest: Manifest,
-        local: Vec<LocalSource>,
-    ) -> Result<Reconstruction> {
+    pub fn begin(target: &Path, manifest: Manifest, local: Vec<LocalSource>) -> Result<Reconstruction> {
         if let Ok(m) = fs::metadata(target) {
             if m.is_dir() {
                 return Err(CoreError::NotAFile {
@@ -251,12 +247,7 @@ impl Reconstruction {
         for (i, (o, c)) in self.origins.iter().zip(&self.manifest.chunks).enumerate() {
             if let Origin::Copy { source, offset } = *o {
                 match runs.last_mut() {
-                    Some(r)
-                        if r.0 == source
-                            && r.1 + r.4 == offset
-                            && r.2 + r.3 == i
-                            && r.4 < MAX_RUN =>
-                    {
+                    Some(r) if r.0 == source && r.1 + r.4 == offset && r.2 + r.3 == i && r.4 < MAX_RUN => {
                         r.3 += 1;
                         r.4 += c.len as u64;
                     }
@@ -324,22 +315,17 @@ impl Reconstruction {
                 })
                 .collect()
         };
-        let checked: Result<()> =
-            records
-                .par_iter()
-                .zip(bufs.par_iter_mut())
-                .try_for_each(|(r, buf)| {
-                    let data = r.raw(buf)?;
-                    if blake3::hash(data).as_bytes() == &self.manifest.chunks[r.index as usize].hash
-                    {
-                        Ok(())
-                    } else {
-                        Err(CoreError::ChunkCorrupt {
-                            index: r.index,
-                            origin: "received from the peer",
-                        })
-                    }
-                });
+        let checked: Result<()> = records.par_iter().zip(bufs.par_iter_mut()).try_for_each(|(r, buf)| {
+            let data = r.raw(buf)?;
+            if blake3::hash(data).as_bytes() == &self.manifest.chunks[r.index as usize].hash {
+                Ok(())
+            } else {
+                Err(CoreError::ChunkCorrupt {
+                    index: r.index,
+                    origin: "received from the peer",
+                })
+            }
+        });
         let result = checked.and_then(|_| {
             let writes: Vec<(u64, &[u8])> = records
                 .iter()
@@ -376,12 +362,7 @@ impl Reconstruction {
     }
 
     /// Verify, commit and rename over the target. `mtime_ns`/`mode` are the sender's.
-    pub fn finish(
-        &self,
-        mtime_ns: Option<i64>,
-        mode: Option<u32>,
-        state_dir: Option<&Path>,
-    ) -> Result<FileIdentity> {
+    pub fn finish(&self, mtime_ns: Option<i64>, mode: Option<u32>, state_dir: Option<&Path>) -> Result<FileIdentity> {
         self.check_open()?;
         {
             let received = self.received.lock().unwrap();
@@ -398,36 +379,20 @@ impl Reconstruction {
                 ));
             }
         }
-        let copies = self
-            .origins
-            .iter()
-            .filter(|o| matches!(o, Origin::Copy { .. }))
-            .count() as u64;
+        let copies = self.origins.iter().filter(|o| matches!(o, Origin::Copy { .. })).count() as u64;
         if self.copied_ok.load(Ordering::Relaxed) != copies {
             return Err(CoreError::VerifyFailed(
                 "local chunks were not all copied and verified".into(),
             ));
         }
         apply_metadata(&self.file, &self.temp, mtime_ns, mode)?;
-        self.file
-            .sync_all()
-            .map_err(|e| CoreError::io(&self.temp, e))?;
+        self.file.sync_all().map_err(|e| CoreError::io(&self.temp, e))?;
         fs::rename(&self.temp, &self.target).map_err(|e| CoreError::io(&self.target, e))?;
         *self.state.lock().unwrap() = State::Finished;
         sync_dir(&parent_of(&self.target));
-        let identity = FileIdentity::of(
-            &self
-                .file
-                .metadata()
-                .map_err(|e| CoreError::io(&self.target, e))?,
-        );
+        let identity = FileIdentity::of(&self.file.metadata().map_err(|e| CoreError::io(&self.target, e))?);
         if let Some(dir) = state_dir {
-            let _ = index::store(
-                dir,
-                &crate::scan::index_key(&self.target),
-                &identity,
-                &self.manifest,
-            );
+            let _ = index::store(dir, &crate::scan::index_key(&self.target), &identity, &self.manifest);
         }
         Ok(identity)
     }
@@ -466,10 +431,7 @@ fn remove_stale_partials(target: &Path, keep: &Path) {
     for e in rd.flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
         // Exactly our pattern: ".<name>.<16 hex>.ffsync-part"
-        if let Some(mid) = n
-            .strip_prefix(&prefix)
-            .and_then(|r| r.strip_suffix(PARTIAL_SUFFIX))
-        {
+        if let Some(mid) = n.strip_prefix(&prefix).and_then(|r| r.strip_suffix(PARTIAL_SUFFIX)) {
             if mid.len() == 16 && mid.bytes().all(|b| b.is_ascii_hexdigit()) && e.path() != keep {
                 let _ = fs::remove_file(e.path());
             }
@@ -541,12 +503,7 @@ pub fn system_time_from_ns(ns: i64) -> SystemTime {
 }
 
 /// Apply the sender's mtime and permission bits (setuid/setgid are never transferred).
-pub fn apply_metadata(
-    file: &File,
-    path: &Path,
-    mtime_ns: Option<i64>,
-    mode: Option<u32>,
-) -> Result<()> {
+pub fn apply_metadata(file: &File, path: &Path, mtime_ns: Option<i64>, mode: Option<u32>) -> Result<()> {
     if let Some(ns) = mtime_ns {
         file.set_times(fs::FileTimes::new().set_modified(system_time_from_ns(ns)))
             .map_err(|e| CoreError::io(path, e))?;
@@ -563,19 +520,13 @@ pub fn apply_metadata(
 }
 
 /// Update an up-to-date target's metadata in place (identical content, other mtime/mode).
-pub fn touch_up_to_date(
-    target: &Path,
-    mtime_ns: Option<i64>,
-    mode: Option<u32>,
-) -> Result<FileIdentity> {
+pub fn touch_up_to_date(target: &Path, mtime_ns: Option<i64>, mode: Option<u32>) -> Result<FileIdentity> {
     let f = File::options()
         .write(true)
         .open(target)
         .map_err(|e| CoreError::io(target, e))?;
     apply_metadata(&f, target, mtime_ns, mode)?;
-    Ok(FileIdentity::of(
-        &f.metadata().map_err(|e| CoreError::io(target, e))?,
-    ))
+    Ok(FileIdentity::of(&f.metadata().map_err(|e| CoreError::io(target, e))?))
 }
 
 /// Ask the kernel to begin writing a range back now (Linux), so the fsync before the
@@ -586,12 +537,7 @@ fn start_writeback(file: &File, offset: u64, len: u64) {
         use std::os::unix::io::AsRawFd;
         // Safety: valid fd; SYNC_FILE_RANGE_WRITE only initiates writeback.
         unsafe {
-            libc::sync_file_range(
-                file.as_raw_fd(),
-                offset as i64,
-                len as i64,
-                libc::SYNC_FILE_RANGE_WRITE,
-            );
+            libc::sync_file_range(file.as_raw_fd(), offset as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE);
         }
     }
     #[cfg(not(target_os = "linux"))]

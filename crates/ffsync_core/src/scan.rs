@@ -74,12 +74,16 @@ impl MappedFile {
     }
 }
 
-pub fn manifest_of_bytes(
+pub fn manifest_of_bytes(data: &[u8], progress: Option<&AtomicU64>, mem: &dyn Residency) -> Manifest {
+    manifest_with_params(data, ChunkParams::for_file_size(data.len() as u64), progress, mem)
+}
+
+pub fn manifest_with_params(
     data: &[u8],
+    params: ChunkParams,
     progress: Option<&AtomicU64>,
     mem: &dyn Residency,
 ) -> Manifest {
-    let params = ChunkParams::for_file_size(data.len() as u64);
     let tick = |n: u64| {
         if let Some(p) = progress {
             p.fetch_add(n, Ordering::Relaxed);
@@ -129,9 +133,13 @@ fn page_range(from: usize, to: usize) -> (usize, usize) {
 impl MappedFile {
     /// Chunk and hash the whole file on every core.
     pub fn manifest(&self, progress: Option<&AtomicU64>) -> Manifest {
+        self.manifest_with(ChunkParams::for_file_size(self.identity.size), progress)
+    }
+
+    pub fn manifest_with(&self, params: ChunkParams, progress: Option<&AtomicU64>) -> Manifest {
         match &self.map {
-            Some(m) => manifest_of_bytes(m, progress, &MapResidency(m)),
-            None => manifest_of_bytes(&[], progress, &InMemory),
+            Some(m) => manifest_with_params(m, params, progress, &MapResidency(m)),
+            None => manifest_with_params(&[], params, progress, &InMemory),
         }
     }
 }
@@ -180,6 +188,19 @@ pub fn scan_file(path: &Path, opts: &ScanOptions) -> Result<ScanOutcome> {
     })
 }
 
+/// Chunk a local file with another size's parameters (never indexed). When a file grows
+/// or shrinks across the 16 MiB parameter threshold, the receiver rechunks its old copy
+/// with the sender's parameters so unchanged regions still match.
+pub fn scan_file_with_params(path: &Path, params: ChunkParams, progress: Option<&AtomicU64>) -> Result<ScanOutcome> {
+    let mapped = MappedFile::open(path)?;
+    let manifest = mapped.manifest_with(params, progress);
+    Ok(ScanOutcome {
+        manifest,
+        identity: mapped.identity,
+        from_index: false,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,12 +214,7 @@ mod tests {
         std::fs::write(&f, pseudo_random(500_000, 2)).unwrap();
         // Backdate the mtime so the entry is not "racily clean".
         let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
-        File::options()
-            .write(true)
-            .open(&f)
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
+        File::options().write(true).open(&f).unwrap().set_modified(old).unwrap();
         let opts = ScanOptions {
             state_dir: Some(&state),
             ..Default::default()
@@ -222,12 +238,7 @@ mod tests {
         assert!(!forced.from_index);
 
         std::fs::write(&f, pseudo_random(500_000, 3)).unwrap();
-        File::options()
-            .write(true)
-            .open(&f)
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
+        File::options().write(true).open(&f).unwrap().set_modified(old).unwrap();
         let c = scan_file(&f, &opts).unwrap();
         assert!(!c.from_index, "ctime changed: index must not be trusted");
         assert_ne!(c.manifest.root, a.manifest.root);
@@ -236,9 +247,7 @@ mod tests {
     #[test]
     fn directory_is_rejected() {
         let dir = tempfile::tempdir().unwrap();
-        let err = scan_file(dir.path(), &ScanOptions::default())
-            .err()
-            .unwrap();
+        let err = scan_file(dir.path(), &ScanOptions::default()).err().unwrap();
         assert_eq!(err.code(), "ENOTFILE");
     }
 }

@@ -43,8 +43,7 @@ fn sync(src: &Path, dst: &Path, limit: Option<usize>) -> Option<(u64, u64)> {
         sent += raw;
         r.write_batch(&batch).unwrap();
     }
-    r.finish(Some(1_600_000_000_000_000_000), Some(0o644), None)
-        .unwrap();
+    r.finish(Some(1_600_000_000_000_000_000), Some(0o644), None).unwrap();
     Some((sent, need.len() as u64))
 }
 
@@ -69,10 +68,7 @@ fn fresh_modified_and_identical() {
     assert_eq!((sent, need), (0, 0));
     let mtime = fs::metadata(&dst).unwrap().modified().unwrap();
     assert_eq!(
-        mtime
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs(),
+        mtime.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs(),
         1_600_000_000
     );
 }
@@ -84,20 +80,11 @@ fn interrupted_transfer_resumes_from_partial() {
     let data = rand_bytes(30_000_000, 5);
     fs::write(&src, &data).unwrap();
     assert!(sync(&src, &dst, Some(10)).is_none());
-    assert!(
-        !dst.exists(),
-        "target must not exist after an aborted first sync"
-    );
-    let root = scan_file(&src, &ScanOptions::default())
-        .unwrap()
-        .manifest
-        .root;
+    assert!(!dst.exists(), "target must not exist after an aborted first sync");
+    let root = scan_file(&src, &ScanOptions::default()).unwrap().manifest.root;
     assert!(partial_path(&dst, &root).exists());
     let (sent, _) = sync(&src, &dst, None).unwrap();
-    assert!(
-        sent < data.len() as u64 - 8_000_000,
-        "resume re-sent {sent} bytes"
-    );
+    assert!(sent < data.len() as u64 - 8_000_000, "resume re-sent {sent} bytes");
     assert_eq!(fs::read(&dst).unwrap(), data);
     assert!(!partial_path(&dst, &root).exists());
 }
@@ -159,8 +146,6 @@ fn target_directory_is_rejected() {
     let src = d.path().join("src");
     fs::write(&src, b"x").unwrap();
     let s = scan_file(&src, &ScanOptions::default()).unwrap();
-    let err = Reconstruction::begin(d.path(), s.manifest, vec![])
-        .err()
-        .unwrap();
+    let err = Reconstruction::begin(d.path(), s.manifest, vec![]).err().unwrap();
     assert_eq!(err.code(), "ENOTFILE");
 }

@@ -15,9 +15,7 @@ pub fn copy_range(src: &File, src_off: u64, dst: &File, dst_off: u64, len: u64) 
         let mut left = len as usize;
         while left > 0 {
             // Safety: valid fds and offset pointers for the duration of the call.
-            let n = unsafe {
-                libc::copy_file_range(src.as_raw_fd(), &mut so, dst.as_raw_fd(), &mut dof, left, 0)
-            };
+            let n = unsafe { libc::copy_file_range(src.as_raw_fd(), &mut so, dst.as_raw_fd(), &mut dof, left, 0) };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 match e.raw_os_error() {
@@ -44,13 +42,7 @@ pub fn copy_range(src: &File, src_off: u64, dst: &File, dst_off: u64, len: u64) 
     }
 }
 
-fn copy_buffered(
-    src: &File,
-    mut src_off: u64,
-    dst: &File,
-    mut dst_off: u64,
-    mut len: u64,
-) -> io::Result<()> {
+fn copy_buffered(src: &File, mut src_off: u64, dst: &File, mut dst_off: u64, mut len: u64) -> io::Result<()> {
     let mut buf = vec![0u8; len.min(1 << 20) as usize];
     while len > 0 {
         let n = len.min(buf.len() as u64) as usize;

@@ -9,10 +9,7 @@ pub fn write_at(file: &File, mut buf: &[u8], mut offset: u64) -> io::Result<()> 
         #[cfg(windows)]
         let n = std::os::windows::fs::FileExt::seek_write(file, buf, offset)?;
         if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                "short positional write",
-            ));
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "short positional write"));
         }
         buf = &buf[n..];
         offset += n as u64;
@@ -78,10 +75,7 @@ impl PositionalWriter {
     pub fn write_batch(&self, file: &File, writes: &[(u64, &[u8])]) -> io::Result<()> {
         #[cfg(target_os = "linux")]
         if let Some(ring) = &self.uring {
-            return ring
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .write_batch(file, writes);
+            return ring.lock().unwrap_or_else(|p| p.into_inner()).write_batch(file, writes);
         }
         for (off, buf) in writes {
             write_at(file, buf, *off)?;

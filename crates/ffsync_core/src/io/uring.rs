@@ -33,10 +33,7 @@ impl Ring {
                         .build()
                         .user_data(i as u64);
                     // Safety: the buffers outlive the wait below; the queue has room for a group.
-                    unsafe {
-                        sq.push(&e)
-                            .map_err(|_| io::Error::other("io_uring queue full"))?
-                    };
+                    unsafe { sq.push(&e).map_err(|_| io::Error::other("io_uring queue full"))? };
                 }
             }
             self.ring.submit_and_wait(group.len())?;

@@ -1,0 +1,1297 @@
+#!/usr/bin/env node
+// Benchmark harness: ffsync-native vs rsync, side by side, in the same run.
+//
+//   node --import tsx bench/run.ts [--size-mib N] [--scenarios a,b] [--out bench/RESULTS.md]
+//                                  [--repeat N] [--seed N] [--rss-sizes 256,1024,4096] [--keep] ...
+//
+// See bench/README.md for what each scenario does and what each column means.
+// Node built-ins only: no npm dependencies beyond tsx to run it.
+
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as fsp from 'node:fs/promises';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { parseArgs } from 'node:util';
+
+const KiB = 1024;
+const MiB = 1024 * KiB;
+const BLOCK = MiB; // fixture I/O granularity: never hold a whole file in memory
+
+const REPO = path.resolve(path.dirname(process.argv[1] ?? path.join(process.cwd(), 'bench', 'run.ts')), '..');
+const CLI = path.join(REPO, 'dist', 'cli', 'main.js');
+const TIME_BIN = '/usr/bin/time';
+const RSYNC_BIN = fs.existsSync('/usr/bin/rsync') ? '/usr/bin/rsync' : 'rsync';
+const SSH_OPTS = ['-o', 'BatchMode=yes', '-o', 'StrictHostKeyChecking=no', '-o', 'ConnectTimeout=5'];
+
+// Edits applied to produce the "modified" file (all at seeded positions in the old file).
+const EDIT_OVERWRITES = 20;
+const EDIT_OVERWRITE_LEN = 64 * KiB;
+const EDIT_INSERTS = 5;
+const EDIT_INSERT_LEN = 4 * KiB;
+const EDIT_DELETES = 5;
+const EDIT_DELETE_LEN = 8 * KiB;
+const APPEND_LEN = 8 * MiB;
+const MIN_SIZE_MIB = 4;
+
+// PRNG stream ids (one independent xorshift128 stream per purpose).
+const STREAM_BASE = 0;
+const STREAM_EDIT_POS = 1;
+const STREAM_EDIT_DATA = 2;
+const STREAM_APPEND = 3;
+
+// ---------------------------------------------------------------------------------------------
+// Options
+
+type ScenarioName = 'fresh' | 'identical' | 'modified' | 'appended' | 'identical-warm' | 'modified-warm' | 'appended-warm';
+type FixtureKind = 'old' | 'mod' | 'app';
+
+interface ScenarioDef {
+  name: ScenarioName;
+  /** Content the sender pushes in the timed run. */
+  source: FixtureKind;
+  /** What the target holds before the timed run ('none' = absent). */
+  target: 'none' | 'old';
+  /** Both peers keep state dirs from a previous successful sync of the old version. */
+  warm: boolean;
+}
+
+const SCENARIOS: readonly ScenarioDef[] = [
+  { name: 'fresh', source: 'old', target: 'none', warm: false },
+  { name: 'identical', source: 'old', target: 'old', warm: false },
+  { name: 'modified', source: 'mod', target: 'old', warm: false },
+  { name: 'appended', source: 'app', target: 'old', warm: false },
+  { name: 'identical-warm', source: 'old', target: 'old', warm: true },
+  { name: 'modified-warm', source: 'mod', target: 'old', warm: true },
+  { name: 'appended-warm', source: 'app', target: 'old', warm: true },
+];
+const DEFAULT_SCENARIOS: readonly ScenarioName[] = ['fresh', 'identical', 'modified', 'appended', 'identical-warm', 'modified-warm'];
+
+interface Options {
+  sizeMib: number;
+  scenarios: ScenarioDef[];
+  out: string;
+  seed: number;
+  repeat: number;
+  rssSizes: number[] | undefined;
+  timeoutMs: number;
+  workDir: string;
+  keep: boolean;
+  scan: boolean;
+  ssh: boolean;
+  rsyncFsync: boolean;
+}
+
+const HELP = `usage: node --import tsx bench/run.ts [options]
+
+  --size-mib N         single-file size in MiB (default 1024, minimum ${MIN_SIZE_MIB})
+  --scenarios a,b      subset of: ${SCENARIOS.map((s) => s.name).join(', ')}
+                       (default: ${DEFAULT_SCENARIOS.join(',')})
+  --out FILE           results file (default bench/RESULTS.md; bench/RESULTS-rss.md with --rss-sizes)
+  --repeat N           timed runs per tool and scenario; the median is reported (default 1)
+  --seed N             fixture seed, unsigned 32-bit (default 1)
+  --rss-sizes a,b,c    RSS-flatness mode: only the fresh scenario at each size (MiB)
+  --timeout-s N        per-run timeout in seconds, prep sync included (default 600)
+  --work-dir DIR       where fixtures and targets live (default bench/work; gitignored)
+  --keep               keep fixtures and targets afterwards
+  --no-scan            skip the scan_throughput line (cargo run --release --example scan_throughput)
+  --no-ssh             do not try rsync over ssh to localhost
+  --no-rsync-fsync     skip the rsync --fsync baseline
+  -h, --help           this text
+`;
+
+function parseOptions(argv: string[]): Options {
+  const { values } = parseArgs({
+    args: argv,
+    strict: true,
+    allowPositionals: false,
+    options: {
+      'size-mib': { type: 'string' },
+      scenarios: { type: 'string' },
+      out: { type: 'string' },
+      repeat: { type: 'string' },
+      seed: { type: 'string' },
+      'rss-sizes': { type: 'string' },
+      'timeout-s': { type: 'string' },
+      'work-dir': { type: 'string' },
+      keep: { type: 'boolean' },
+      'no-scan': { type: 'boolean' },
+      'no-ssh': { type: 'boolean' },
+      'no-rsync-fsync': { type: 'boolean' },
+      help: { type: 'boolean', short: 'h' },
+    },
+  });
+  if (values.help) {
+    process.stdout.write(HELP);
+    process.exit(0);
+  }
+  const int = (name: string, v: string | undefined, def: number, min: number, max: number): number => {
+    if (v === undefined) return def;
+    const n = Number(v);
+    if (!Number.isInteger(n) || n < min || n > max) throw new UsageError(`--${name}: expected an integer from ${min} to ${max}, got ${JSON.stringify(v)}`);
+    return n;
+  };
+  const sizeMib = int('size-mib', values['size-mib'], 1024, MIN_SIZE_MIB, 1 << 20);
+  let scenarios: ScenarioDef[];
+  if (values.scenarios === undefined) {
+    scenarios = SCENARIOS.filter((s) => DEFAULT_SCENARIOS.includes(s.name));
+  } else {
+    scenarios = [];
+    for (const raw of values.scenarios.split(',').map((s) => s.trim()).filter(Boolean)) {
+      const def = SCENARIOS.find((s) => s.name === raw);
+      if (!def) throw new UsageError(`--scenarios: unknown scenario ${JSON.stringify(raw)} (known: ${SCENARIOS.map((s) => s.name).join(', ')})`);
+      if (!scenarios.includes(def)) scenarios.push(def);
+    }
+    if (scenarios.length === 0) throw new UsageError('--scenarios: empty list');
+  }
+  let rssSizes: number[] | undefined;
+  if (values['rss-sizes'] !== undefined) {
+    rssSizes = values['rss-sizes'].split(',').map((s) => int('rss-sizes', s.trim(), 0, MIN_SIZE_MIB, 1 << 20));
+    if (rssSizes.length === 0) throw new UsageError('--rss-sizes: empty list');
+  }
+  const out = path.resolve(values.out ?? path.join(REPO, 'bench', rssSizes ? 'RESULTS-rss.md' : 'RESULTS.md'));
+  return {
+    sizeMib,
+    scenarios,
+    out,
+    seed: int('seed', values.seed, 1, 0, 0xffffffff),
+    repeat: int('repeat', values.repeat, 1, 1, 100),
+    rssSizes,
+    timeoutMs: int('timeout-s', values['timeout-s'], 600, 1, 86400) * 1000,
+    workDir: path.resolve(values['work-dir'] ?? path.join(REPO, 'bench', 'work')),
+    keep: Boolean(values.keep),
+    scan: !values['no-scan'],
+    ssh: !values['no-ssh'],
+    rsyncFsync: !values['no-rsync-fsync'],
+  };
+}
+
+class UsageError extends Error {}
+
+// ---------------------------------------------------------------------------------------------
+// Deterministic data: xorshift128 (Marsaglia), seeded through a splitmix-style mixer per stream.
+
+class XorShift128 {
+  private x: number;
+  private y: number;
+  private z: number;
+  private w: number;
+
+  constructor(seed: number, stream: number) {
+    let st = (seed ^ Math.imul(stream + 1, 0x632be5ab)) | 0;
+    const mix = (): number => {
+      st = (st + 0x9e3779b9) | 0;
+      let z = st;
+      z = Math.imul(z ^ (z >>> 16), 0x85ebca6b);
+      z = Math.imul(z ^ (z >>> 13), 0xc2b2ae35);
+      return (z ^ (z >>> 16)) >>> 0;
+    };
+    this.x = mix();
+    this.y = mix();
+    this.z = mix();
+    this.w = mix();
+    if ((this.x | this.y | this.z | this.w) === 0) this.w = 1;
+  }
+
+  next(): number {
+    const t = this.x ^ (this.x << 11);
+    this.x = this.y;
+    this.y = this.z;
+    this.z = this.w;
+    this.w = (this.w ^ (this.w >>> 19) ^ (t ^ (t >>> 8))) >>> 0;
+    return this.w;
+  }
+
+  /** Uniform-ish integer in [0, n) for n <= 2^32 (modulo bias is irrelevant here). */
+  below(n: number): number {
+    if (n <= 0) return 0;
+    if (n <= 0x100000000) return this.next() % n;
+    return (this.next() * 0x100000000 + this.next()) % n;
+  }
+
+  /** Fills buf with the stream's next bytes (little-endian words, on every platform). */
+  fill(buf: Buffer): void {
+    const words = buf.length >>> 2;
+    if ((buf.byteOffset & 3) === 0) {
+      const u = new Uint32Array(buf.buffer, buf.byteOffset, words);
+      let x = this.x, y = this.y, z = this.z, w = this.w;
+      for (let i = 0; i < words; i++) {
+        const t = x ^ (x << 11);
+        x = y;
+        y = z;
+        z = w;
+        w = (w ^ (w >>> 19) ^ (t ^ (t >>> 8))) >>> 0;
+        u[i] = w;
+      }
+      this.x = x;
+      this.y = y;
+      this.z = z;
+      this.w = w;
+      if (os.endianness() === 'BE') buf.subarray(0, words * 4).swap32();
+    } else {
+      for (let i = 0; i < words; i++) buf.writeUInt32LE(this.next(), i * 4);
+    }
+    for (let i = words * 4; i < buf.length; i++) buf[i] = this.next() & 0xff;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixtures
+
+interface Fixture {
+  kind: FixtureKind;
+  path: string;
+  size: number;
+  sha256: string;
+}
+
+interface Edit {
+  kind: 'overwrite' | 'insert' | 'delete';
+  /** Offset in the old file. */
+  offset: number;
+  len: number;
+}
+
+/** Writes to a file handle and hashes what it writes. */
+class HashingWriter {
+  private readonly hash = createHash('sha256');
+  written = 0;
+  constructor(private readonly fh: fsp.FileHandle) {}
+
+  async write(buf: Buffer, len = buf.length): Promise<void> {
+    let off = 0;
+    while (off < len) {
+      const { bytesWritten } = await this.fh.write(buf, off, len - off, this.written);
+      off += bytesWritten;
+      this.written += bytesWritten;
+    }
+    this.hash.update(buf.subarray(0, len));
+  }
+
+  digest(): string {
+    return this.hash.digest('hex');
+  }
+}
+
+async function withWriter(file: string, body: (w: HashingWriter) => Promise<void>): Promise<{ size: number; sha256: string }> {
+  const fh = await fsp.open(file, 'w');
+  try {
+    const w = new HashingWriter(fh);
+    await body(w);
+    await fh.sync();
+    return { size: w.written, sha256: w.digest() };
+  } finally {
+    await fh.close();
+  }
+}
+
+async function writeRandom(w: HashingWriter, rng: XorShift128, len: number, buf: Buffer): Promise<void> {
+  let left = len;
+  while (left > 0) {
+    const n = Math.min(left, buf.length);
+    const part = buf.subarray(0, n);
+    rng.fill(part);
+    await w.write(part);
+    left -= n;
+  }
+}
+
+/** Streams [start, end) of src into w through a block buffer. */
+async function copyRange(src: fsp.FileHandle, start: number, end: number, w: HashingWriter, buf: Buffer): Promise<void> {
+  let pos = start;
+  while (pos < end) {
+    const want = Math.min(buf.length, end - pos);
+    const { bytesRead } = await src.read(buf, 0, want, pos);
+    if (bytesRead <= 0) throw new Error(`unexpected end of file at ${pos} (wanted ${end})`);
+    await w.write(buf, bytesRead);
+    pos += bytesRead;
+  }
+}
+
+async function genBase(file: string, size: number, seed: number): Promise<Fixture> {
+  const rng = new XorShift128(seed, STREAM_BASE);
+  const buf = Buffer.allocUnsafeSlow(BLOCK);
+  const r = await withWriter(file, (w) => writeRandom(w, rng, size, buf));
+  return { kind: 'old', path: file, ...r };
+}
+
+/** Seeded, non-overlapping edit positions: one edit per equal slot of the old file, kinds shuffled. */
+function planEdits(oldSize: number, seed: number): Edit[] {
+  const rng = new XorShift128(seed, STREAM_EDIT_POS);
+  const kinds: Edit['kind'][] = [
+    ...Array<Edit['kind']>(EDIT_OVERWRITES).fill('overwrite'),
+    ...Array<Edit['kind']>(EDIT_INSERTS).fill('insert'),
+    ...Array<Edit['kind']>(EDIT_DELETES).fill('delete'),
+  ];
+  for (let i = kinds.length - 1; i > 0; i--) {
+    const j = rng.below(i + 1);
+    [kinds[i], kinds[j]] = [kinds[j]!, kinds[i]!];
+  }
+  const slot = Math.floor(oldSize / kinds.length);
+  return kinds.map((kind, i) => {
+    const len = kind === 'overwrite' ? EDIT_OVERWRITE_LEN : kind === 'insert' ? EDIT_INSERT_LEN : EDIT_DELETE_LEN;
+    const span = kind === 'insert' ? 0 : len; // bytes of the old file the edit consumes
+    const offset = i * slot + rng.below(slot - span + 1);
+    return { kind, offset, len };
+  });
+}
+
+async function genModified(old: Fixture, file: string, seed: number): Promise<{ fixture: Fixture; edits: Edit[] }> {
+  const edits = planEdits(old.size, seed);
+  const data = new XorShift128(seed, STREAM_EDIT_DATA);
+  const buf = Buffer.allocUnsafeSlow(BLOCK);
+  const editBuf = Buffer.allocUnsafeSlow(EDIT_OVERWRITE_LEN);
+  const src = await fsp.open(old.path, 'r');
+  try {
+    const r = await withWriter(file, async (w) => {
+      let pos = 0; // next unread offset in the old file
+      for (const e of edits) {
+        await copyRange(src, pos, e.offset, w, buf);
+        pos = e.offset;
+        if (e.kind === 'overwrite') {
+          await writeRandom(w, data, e.len, editBuf);
+          pos += e.len;
+        } else if (e.kind === 'insert') {
+          await writeRandom(w, data, e.len, editBuf);
+        } else {
+          pos += e.len;
+        }
+      }
+      await copyRange(src, pos, old.size, w, buf);
+    });
+    return { fixture: { kind: 'mod', path: file, ...r }, edits };
+  } finally {
+    await src.close();
+  }
+}
+
+async function genAppended(old: Fixture, file: string, seed: number): Promise<Fixture> {
+  const rng = new XorShift128(seed, STREAM_APPEND);
+  const buf = Buffer.allocUnsafeSlow(BLOCK);
+  const src = await fsp.open(old.path, 'r');
+  try {
+    const r = await withWriter(file, async (w) => {
+      await copyRange(src, 0, old.size, w, buf);
+      await writeRandom(w, rng, APPEND_LEN, buf);
+    });
+    return { kind: 'app', path: file, ...r };
+  } finally {
+    await src.close();
+  }
+}
+
+async function sha256File(file: string): Promise<string> {
+  const h = createHash('sha256');
+  for await (const chunk of fs.createReadStream(file, { highWaterMark: BLOCK })) h.update(chunk as Buffer);
+  return h.digest('hex');
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child processes: each in its own process group so a failure can kill the whole tree.
+
+interface Exit {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  /** performance.now() at the 'exit' event. */
+  at: number;
+}
+
+const live = new Set<Proc>();
+const haveTime = fs.existsSync(TIME_BIN);
+
+class Proc {
+  readonly child: ChildProcess;
+  readonly lines: string[] = [];
+  stderr = '';
+  readonly exited: Promise<Exit>;
+  exit: Exit | undefined;
+  private partial = '';
+  private readonly lineListeners = new Set<(line: string) => void>();
+  private readonly rssFile: string | undefined;
+  private pollPeakKb = 0;
+  private readonly poller: NodeJS.Timeout | undefined;
+
+  constructor(
+    readonly label: string,
+    argv: string[],
+    opts: { rssFile?: string; cwd?: string } = {},
+  ) {
+    const [cmd, ...args] = opts.rssFile && haveTime ? [TIME_BIN, '-f', '%M', '-o', opts.rssFile, ...argv] : argv;
+    this.rssFile = opts.rssFile && haveTime ? opts.rssFile : undefined;
+    const env = { ...process.env };
+    delete env.FFSYNC_STATE_DIR;
+    this.child = spawn(cmd!, args, { cwd: opts.cwd ?? REPO, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+    live.add(this);
+    this.child.stdout!.setEncoding('utf8').on('data', (d: string) => {
+      const parts = (this.partial + d).split('\n');
+      this.partial = parts.pop() ?? '';
+      for (const l of parts) this.pushLine(l);
+    });
+    this.child.stderr!.setEncoding('utf8').on('data', (d: string) => {
+      this.stderr += d;
+      if (this.stderr.length > 1 << 20) this.stderr = this.stderr.slice(-(1 << 19));
+    });
+    if (opts.rssFile && !haveTime) {
+      // Fallback: poll VmHWM of the direct child (misses descendants and the last few ms).
+      this.poller = setInterval(() => {
+        const kb = readVmHwmKb(this.child.pid);
+        if (kb > this.pollPeakKb) this.pollPeakKb = kb;
+      }, 20);
+    }
+    let exitAt = 0;
+    this.child.once('exit', () => {
+      exitAt = performance.now();
+    });
+    this.exited = new Promise<Exit>((resolve) => {
+      this.child.once('error', (err) => {
+        this.stderr += `\nspawn error: ${err.message}`;
+        this.finish({ code: null, signal: null, at: performance.now() }, resolve);
+      });
+      this.child.once('close', (code, signal) => {
+        if (this.partial) this.pushLine(this.partial);
+        this.partial = '';
+        this.finish({ code, signal, at: exitAt || performance.now() }, resolve);
+      });
+    });
+  }
+
+  private finish(e: Exit, resolve: (e: Exit) => void): void {
+    if (this.poller) clearInterval(this.poller);
+    live.delete(this);
+    this.exit = e;
+    resolve(e);
+  }
+
+  private pushLine(l: string): void {
+    this.lines.push(l);
+    for (const f of this.lineListeners) f(l);
+  }
+
+  waitForLine(pred: (line: string) => boolean, timeoutMs: number): Promise<string> {
+    return new Promise<string>((resolve, reject) => {
+      const found = this.lines.find(pred);
+      if (found !== undefined) return resolve(found);
+      const done = (err: Error | undefined, line?: string) => {
+        clearTimeout(timer);
+        this.lineListeners.delete(listener);
+        if (err) reject(err);
+        else resolve(line!);
+      };
+      const listener = (l: string) => {
+        if (pred(l)) done(undefined, l);
+      };
+      const timer = setTimeout(() => done(new Error(`${this.label}: no expected output within ${timeoutMs} ms; stderr: ${tail(this.stderr)}`)), timeoutMs);
+      this.lineListeners.add(listener);
+      void this.exited.then((e) => done(new Error(`${this.label}: exited (${describeExit(e)}) before the expected output; stderr: ${tail(this.stderr)}`)));
+    });
+  }
+
+  /** Peak RSS in KiB: GNU time's %M (ru_maxrss of the child and its waited-for descendants), else polled VmHWM. */
+  async peakRssKb(): Promise<number | undefined> {
+    if (this.rssFile) {
+      try {
+        const txt = await fsp.readFile(this.rssFile, 'utf8');
+        const nums = txt.split('\n').map((s) => s.trim()).filter((s) => /^\d+$/.test(s));
+        return nums.length ? Number(nums[nums.length - 1]) : undefined;
+      } catch {
+        return undefined;
+      }
+    }
+    return this.pollPeakKb || undefined;
+  }
+
+  kill(): void {
+    const pid = this.child.pid;
+    if (pid === undefined) return;
+    try {
+      process.kill(-pid, 'SIGKILL');
+    } catch {
+      try {
+        this.child.kill('SIGKILL');
+      } catch {
+        /* already gone */
+      }
+    }
+  }
+}
+
+function readVmHwmKb(pid: number | undefined): number {
+  if (pid === undefined) return 0;
+  try {
+    const m = /VmHWM:\s+(\d+)\s+kB/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return m ? Number(m[1]) : 0;
+  } catch {
+    return 0;
+  }
+}
+
+function killAll(): void {
+  for (const p of [...live]) p.kill();
+}
+
+function tail(s: string, n = 1500): string {
+  const t = s.trim();
+  return t.length > n ? '…' + t.slice(-n) : t || '(empty)';
+}
+
+function describeExit(e: Exit): string {
+  return e.signal ? `signal ${e.signal}` : `exit code ${e.code}`;
+}
+
+/** Runs body with a deadline; on expiry kills every live child and rejects. */
+async function withTimeout<T>(ms: number, label: string, body: () => Promise<T>): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const p = body();
+  p.catch(() => undefined); // may reject after the deadline already fired
+  try {
+    return await Promise.race([
+      p,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => {
+          killAll();
+          reject(new Error(`${label}: timed out after ${ms / 1000} s (children killed)`));
+        }, ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One sync with each tool
+
+type ToolName = 'ffsync' | 'rsync' | 'rsync-fsync' | 'rsync-ssh';
+
+interface Sample {
+  wallMs: number;
+  /** ffsync only: from spawning the sender (receiver already listening) until both peers exited. */
+  senderToExitMs?: number;
+  wire: { sent: number; received: number };
+  literal?: number;
+  matched?: number;
+  decidedBy?: string;
+  upToDate?: boolean;
+  summaryMs?: { sender: number; receiver: number };
+  rssKb: { sender?: number; receiver?: number; all?: number };
+  note?: string;
+}
+
+interface Summary {
+  event: 'summary';
+  ok: boolean;
+  exitCode: number;
+  bytesOnWire: { sent: number; received: number };
+  durationMs: number;
+  literalBytes?: number;
+  matchedBytes?: number;
+  decidedBy?: string;
+  upToDate?: boolean;
+  error?: string;
+}
+
+function parseJsonLine(l: string): Record<string, unknown> | undefined {
+  const t = l.trim();
+  if (!t.startsWith('{')) return undefined;
+  try {
+    const v: unknown = JSON.parse(t);
+    return v && typeof v === 'object' ? (v as Record<string, unknown>) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+function lastSummary(lines: string[]): Summary | undefined {
+  for (let i = lines.length - 1; i >= 0; i--) {
+    const o = parseJsonLine(lines[i]!);
+    if (o?.event === 'summary') return o as unknown as Summary;
+  }
+  return undefined;
+}
+
+let rssSeq = 0;
+function rssPath(ctx: RunCtx, label: string): string {
+  return path.join(ctx.dirs.tmp, `rss-${++rssSeq}-${label.replace(/[^a-z0-9-]+/gi, '_')}.txt`);
+}
+
+async function ffsyncSync(ctx: RunCtx, src: string, dst: string, sr: string, ss: string, label: string): Promise<Sample> {
+  const t0 = performance.now();
+  const recv = new Proc(`${label} receiver`, [process.execPath, CLI, 'receive', dst, '0', '--bind', '127.0.0.1', '--plaintext', '--json', '--state-dir', sr], {
+    rssFile: rssPath(ctx, `${label}-recv`),
+  });
+  let send: Proc | undefined;
+  try {
+    const listening = parseJsonLine(await recv.waitForLine((l) => parseJsonLine(l)?.event === 'listening', 60_000))!;
+    const port = Number(listening.port);
+    if (!Number.isInteger(port) || port <= 0) throw new Error(`${label}: bad listening event ${JSON.stringify(listening)}`);
+    const t1 = performance.now();
+    const sender = new Proc(`${label} sender`, [process.execPath, CLI, 'send', src, `127.0.0.1:${port}`, '--plaintext', '--json', '--state-dir', ss], {
+      rssFile: rssPath(ctx, `${label}-send`),
+    });
+    send = sender;
+    // If one peer fails, give the other a grace period, then kill it.
+    const reap = (self: Proc, other: Proc) =>
+      self.exited.then((e) => {
+        if (e.code !== 0) setTimeout(() => other.exit || other.kill(), 10_000).unref();
+      });
+    void reap(sender, recv);
+    void reap(recv, sender);
+    const [es, er] = await Promise.all([sender.exited, recv.exited]);
+    const tEnd = Math.max(es.at, er.at);
+    const ssum = lastSummary(sender.lines);
+    const rsum = lastSummary(recv.lines);
+    const problems: string[] = [];
+    if (es.code !== 0) problems.push(`sender ${describeExit(es)}${ssum?.error ? `: ${ssum.error}` : ''}; stderr: ${tail(sender.stderr)}`);
+    if (er.code !== 0) problems.push(`receiver ${describeExit(er)}${rsum?.error ? `: ${rsum.error}` : ''}; stderr: ${tail(recv.stderr)}`);
+    if (!ssum) problems.push('sender printed no summary');
+    else if (!ssum.ok || ssum.exitCode !== 0) problems.push(`sender summary not ok: ${JSON.stringify(ssum)}`);
+    if (!rsum) problems.push('receiver printed no summary');
+    else if (!rsum.ok || rsum.exitCode !== 0) problems.push(`receiver summary not ok: ${JSON.stringify(rsum)}`);
+    if (problems.length) throw new Error(`${label}: ffsync-native failed: ${problems.join(' | ')}`);
+    const notes: string[] = [];
+    const sw = ssum!.bytesOnWire;
+    const rw = rsum!.bytesOnWire;
+    if (sw.sent !== rw.received || sw.received !== rw.sent) {
+      notes.push(`wire counters disagree: sender sent/recv ${sw.sent}/${sw.received}, receiver recv/sent ${rw.received}/${rw.sent}`);
+    }
+    return {
+      wallMs: tEnd - t0,
+      senderToExitMs: tEnd - t1,
+      wire: { sent: sw.sent, received: sw.received },
+      literal: ssum!.literalBytes,
+      matched: ssum!.matchedBytes,
+      decidedBy: ssum!.decidedBy ?? rsum!.decidedBy,
+      upToDate: ssum!.upToDate ?? rsum!.upToDate,
+      summaryMs: { sender: ssum!.durationMs, receiver: rsum!.durationMs },
+      rssKb: { sender: await sender.peakRssKb(), receiver: await recv.peakRssKb() },
+      note: notes.length ? notes.join('; ') : undefined,
+    };
+  } catch (e) {
+    recv.kill();
+    send?.kill();
+    throw e;
+  }
+}
+
+function parseRsyncStats(out: string): { sent: number; received: number; literal?: number; matched?: number } {
+  const num = (re: RegExp): number | undefined => {
+    const m = re.exec(out);
+    return m ? Number(m[1]!.replace(/[,.]/g, '')) : undefined;
+  };
+  const sent = num(/Total bytes sent:\s*([\d,.]+)/);
+  const received = num(/Total bytes received:\s*([\d,.]+)/);
+  if (sent === undefined || received === undefined) throw new Error(`could not parse rsync --stats output: ${tail(out)}`);
+  return { sent, received, literal: num(/Literal data:\s*([\d,.]+)/), matched: num(/Matched data:\s*([\d,.]+)/) };
+}
+
+async function rsyncSync(ctx: RunCtx, tool: Exclude<ToolName, 'ffsync'>, src: string, dst: string, label: string): Promise<Sample> {
+  const argv = [RSYNC_BIN, '--no-whole-file', '--stats'];
+  if (tool === 'rsync-fsync') argv.push('--fsync');
+  if (tool === 'rsync-ssh') argv.push('-e', ['ssh', ...SSH_OPTS].join(' '), src, `localhost:${dst}`);
+  else argv.push(src, dst);
+  const t0 = performance.now();
+  const p = new Proc(label, argv, { rssFile: rssPath(ctx, label) });
+  try {
+    const e = await p.exited;
+    if (e.code !== 0) throw new Error(`${label}: rsync ${describeExit(e)}; stderr: ${tail(p.stderr)}`);
+    const stats = parseRsyncStats(p.lines.join('\n'));
+    return {
+      wallMs: e.at - t0,
+      wire: { sent: stats.sent, received: stats.received },
+      literal: stats.literal,
+      matched: stats.matched,
+      rssKb: { all: await p.peakRssKb() },
+    };
+  } catch (err) {
+    p.kill();
+    throw err;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios
+
+interface Dirs {
+  root: string;
+  fixtures: string;
+  dst: string;
+  src: string;
+  state: string;
+  tmp: string;
+}
+
+interface RunCtx {
+  opts: Options;
+  dirs: Dirs;
+  fixtures: Partial<Record<FixtureKind, Fixture>>;
+  tools: ToolName[];
+}
+
+interface ToolResult {
+  tool: ToolName;
+  samples: Sample[];
+  error?: string;
+  verified?: boolean;
+}
+
+interface ScenarioResult {
+  scenario: ScenarioDef;
+  sizeMib: number;
+  tools: ToolResult[];
+}
+
+const MTIME_SHIFT_S = 86_400;
+
+async function rmf(p: string): Promise<void> {
+  await fsp.rm(p, { recursive: true, force: true });
+}
+
+/** Copies from -> to as a new file (new inode), optionally with a given mtime. */
+async function placeCopy(from: string, to: string, mtime?: Date): Promise<void> {
+  await rmf(to);
+  await fsp.copyFile(from, to);
+  if (mtime) await fsp.utimes(to, mtime, mtime);
+}
+
+/** Flush dirty pages of the work filesystem so a previous step's writeback does not land in the next timing. */
+function flushWorkFs(dir: string): void {
+  const r = spawnSync('sync', ['-f', dir], { stdio: 'ignore', timeout: 120_000 });
+  if (r.status !== 0) spawnSync('sync', [], { stdio: 'ignore', timeout: 120_000 });
+}
+
+async function freshStateDirs(ctx: RunCtx, label: string): Promise<{ sr: string; ss: string }> {
+  const base = await fsp.mkdtemp(path.join(ctx.dirs.state, `${label}-`));
+  const sr = path.join(base, 'receiver');
+  const ss = path.join(base, 'sender');
+  await fsp.mkdir(sr, { recursive: true });
+  await fsp.mkdir(ss, { recursive: true });
+  return { sr, ss };
+}
+
+async function syncWith(ctx: RunCtx, tool: ToolName, src: string, dst: string, state: { sr: string; ss: string }, label: string): Promise<Sample> {
+  return tool === 'ffsync' ? ffsyncSync(ctx, src, dst, state.sr, state.ss, label) : rsyncSync(ctx, tool, src, dst, label);
+}
+
+async function verify(label: string, src: string, dst: string, expected: string): Promise<void> {
+  const [hs, hd] = await Promise.all([sha256File(src), sha256File(dst)]);
+  if (hs !== expected) throw new VerifyError(`${label}: SOURCE CHANGED: sha256(${src}) = ${hs}, expected ${expected}`);
+  if (hd !== hs) throw new VerifyError(`${label}: VERIFICATION FAILED: sha256(target) = ${hd} != sha256(source) = ${hs}`);
+}
+
+class VerifyError extends Error {}
+
+/** One timed run of one tool in one scenario, with its own reset and (for warm) prep sync. */
+async function runOnce(ctx: RunCtx, scn: ScenarioDef, tool: ToolName, rep: number): Promise<Sample> {
+  const old = ctx.fixtures.old!;
+  const srcFx = ctx.fixtures[scn.source]!;
+  const label = `${scn.name}/${tool}#${rep + 1}`;
+  const dst = path.join(ctx.dirs.dst, 'target.bin');
+  const state = await freshStateDirs(ctx, `${scn.name}-${tool}-${rep}`);
+  try {
+    let src: string;
+    await rmf(dst);
+    if (!scn.warm) {
+      src = srcFx.path;
+      if (scn.target === 'old') {
+        const srcMtime = (await fsp.stat(src)).mtime;
+        await placeCopy(old.path, dst, new Date(srcMtime.getTime() - MTIME_SHIFT_S * 1000));
+      }
+    } else {
+      // Previous successful sync of the old version with these same state dirs, then (maybe) edit the source.
+      // The source's mtime is pinned a day back: rsync (no -t) stamps its output with the transfer time, so
+      // without this its warm re-run would be a quick-check no-op or a full pass depending on the clock second.
+      src = path.join(ctx.dirs.src, 'source.bin');
+      await placeCopy(old.path, src, new Date(Date.now() - MTIME_SHIFT_S * 1000));
+      flushWorkFs(ctx.dirs.root);
+      await syncWith(ctx, tool, src, dst, state, `${label} prep`);
+      await verify(`${label} prep`, src, dst, old.sha256);
+      if (scn.source !== 'old') {
+        await fsp.copyFile(srcFx.path, src); // rewrite the source in place (same path, same inode)
+        const now = new Date();
+        await fsp.utimes(src, now, now);
+      }
+    }
+    flushWorkFs(ctx.dirs.root);
+    const sample = await syncWith(ctx, tool, src, dst, state, label);
+    await verify(label, src, dst, srcFx.sha256);
+    return sample;
+  } finally {
+    await rmf(path.dirname(state.sr));
+  }
+}
+
+async function runScenario(ctx: RunCtx, scn: ScenarioDef, sizeMib: number): Promise<ScenarioResult> {
+  const results: ToolResult[] = ctx.tools.map((tool) => ({ tool, samples: [] }));
+  for (let rep = 0; rep < ctx.opts.repeat; rep++) {
+    for (const r of results) {
+      if (r.error) continue;
+      const label = `${scn.name}/${r.tool}#${rep + 1}`;
+      try {
+        const s = await withTimeout(ctx.opts.timeoutMs, label, () => runOnce(ctx, scn, r.tool, rep));
+        r.samples.push(s);
+        r.verified = true;
+        process.stderr.write(`  ${label.padEnd(28)} ${fmtS(s.wallMs).padStart(8)} s  wire ${fmtBytes(s.wire.sent + s.wire.received).padStart(10)}  verified\n`);
+      } catch (e) {
+        killAll();
+        const msg = e instanceof Error ? e.message : String(e);
+        r.error = msg;
+        if (e instanceof VerifyError) r.verified = false;
+        process.stderr.write(`\n!!!!! ${label} FAILED: ${msg}\n\n`);
+      }
+    }
+  }
+  return { scenario: scn, sizeMib, tools: results };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Environment
+
+function sh(cmd: string, args: string[], timeoutMs = 10_000, env?: NodeJS.ProcessEnv): string {
+  const r = spawnSync(cmd, args, { encoding: 'utf8', timeout: timeoutMs, env: env ?? process.env });
+  return r.status === 0 ? r.stdout.trim() : '';
+}
+
+interface Machine {
+  date: string;
+  nproc: string;
+  cpu: string;
+  memory: string;
+  kernel: string;
+  fs: string;
+  load: string;
+  rsync: string;
+  node: string;
+  ffsync: string;
+  commit: string;
+  rssMethod: string;
+}
+
+function machineInfo(workDir: string): Machine {
+  const df = sh('df', ['-T', workDir]).split('\n')[1]?.split(/\s+/) ?? [];
+  const commit = sh('git', ['-C', REPO, 'rev-parse', '--short', 'HEAD']);
+  // Read-only status (GIT_OPTIONAL_LOCKS=0: do not take the index lock while others work in the tree).
+  const dirty = sh('git', ['-C', REPO, 'status', '--porcelain', '--untracked-files=no'], 10_000, { ...process.env, GIT_OPTIONAL_LOCKS: '0' });
+  return {
+    date: new Date().toISOString(),
+    nproc: sh('nproc', []) || String(os.availableParallelism()),
+    cpu: os.cpus()[0]?.model ?? 'unknown',
+    memory: `${(os.totalmem() / 1024 ** 3).toFixed(1)} GiB`,
+    kernel: sh('uname', ['-srm']) || `${os.type()} ${os.release()}`,
+    fs: df.length >= 2 ? `${df[1]} (${df[0]}, mounted on ${df[6] ?? '?'})` : 'unknown',
+    load: os.loadavg().map((x) => x.toFixed(2)).join(' '),
+    rsync: sh(RSYNC_BIN, ['--version']).split('\n')[0] ?? 'unknown',
+    node: process.version,
+    ffsync: sh(process.execPath, [CLI, '--version']) || 'unknown',
+    commit: commit ? `${commit}${dirty ? ' (working tree has uncommitted changes)' : ''}` : 'unknown',
+    rssMethod: haveTime ? `${TIME_BIN} -f %M (ru_maxrss, KiB)` : '/proc/PID/status VmHWM polled every 20 ms (no /usr/bin/time)',
+  };
+}
+
+function sshStatus(enabled: boolean): { ok: boolean; note: string } {
+  if (!enabled) return { ok: false, note: 'ssh: skipped (--no-ssh)' };
+  const r = spawnSync('ssh', [...SSH_OPTS, 'localhost', 'true'], { encoding: 'utf8', timeout: 10_000 });
+  if (r.status === 0) return { ok: true, note: 'ssh: rsync over ssh to localhost measured (-e "ssh -o BatchMode=yes")' };
+  const why = (r.error?.message ?? r.stderr ?? '').trim().split('\n').pop() || `exit ${r.status}`;
+  return { ok: false, note: `ssh: not available (${why})` };
+}
+
+async function runScan(file: string, timeoutMs: number): Promise<string> {
+  const home = path.join(os.homedir(), '.cargo', 'bin', 'cargo');
+  const cargo = sh('cargo', ['--version']) ? 'cargo' : fs.existsSync(home) ? home : undefined;
+  if (!cargo) return 'not measured (cargo not found)';
+  const argv = [cargo, 'run', '--release', '-q', '-p', 'ffsync_core', '--example', 'scan_throughput', '--', file];
+  const p = new Proc('scan_throughput', argv);
+  try {
+    const e = await withTimeout(timeoutMs, 'scan_throughput', () => p.exited);
+    const out = p.lines.join('\n').trim();
+    if (e.code !== 0) return `failed (${describeExit(e)}): ${tail(p.stderr, 300)}`;
+    const m = /([\d.]+)\s*GB\/s/.exec(out);
+    return m ? `${m[1]} GB/s — \`${out.split('\n').pop()}\`` : `unparsed output: ${out}`;
+  } catch (err) {
+    p.kill();
+    return `failed: ${err instanceof Error ? err.message : String(err)}`;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Formatting
+
+function fmtS(ms: number | undefined): string {
+  return ms === undefined ? '—' : (ms / 1000).toFixed(3);
+}
+
+function fmtBytes(n: number | undefined): string {
+  if (n === undefined) return '—';
+  if (n < 10 * KiB) return `${n} B`;
+  if (n < 10 * MiB) return `${(n / KiB).toFixed(1)} KiB`;
+  if (n < 10 * 1024 * MiB) return `${(n / MiB).toFixed(2)} MiB`;
+  return `${(n / 1024 / MiB).toFixed(2)} GiB`;
+}
+
+function fmtRss(kb: number | undefined): string {
+  return kb === undefined ? '—' : (kb / 1024).toFixed(1);
+}
+
+function fmtRatio(num: number | undefined, den: number | undefined): string {
+  if (num === undefined || den === undefined || den <= 0) return '—';
+  return `${(num / den).toFixed(2)}x`;
+}
+
+function median(xs: number[]): number | undefined {
+  if (xs.length === 0) return undefined;
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1]! + s[m]!) / 2;
+}
+
+function maxOf(xs: (number | undefined)[]): number | undefined {
+  const v = xs.filter((x): x is number => x !== undefined);
+  return v.length ? Math.max(...v) : undefined;
+}
+
+interface Agg {
+  ok: boolean;
+  wallMs?: number;
+  wire?: number;
+  sample?: Sample;
+  rssSender?: number;
+  rssReceiver?: number;
+  rssAll?: number;
+}
+
+function agg(r: ToolResult | undefined): Agg {
+  if (!r || r.error || r.samples.length === 0) return { ok: false };
+  const last = r.samples[r.samples.length - 1]!;
+  return {
+    ok: true,
+    wallMs: median(r.samples.map((s) => s.wallMs)),
+    wire: last.wire.sent + last.wire.received,
+    sample: last,
+    rssSender: maxOf(r.samples.map((s) => s.rssKb.sender)),
+    rssReceiver: maxOf(r.samples.map((s) => s.rssKb.receiver)),
+    rssAll: maxOf(r.samples.map((s) => s.rssKb.all)),
+  };
+}
+
+function cell(a: Agg, tr: ToolResult | undefined, v: string): string {
+  if (!tr) return 'n/a';
+  return a.ok ? v : tr.verified === false ? 'MISMATCH' : 'FAILED';
+}
+
+function verifiedCell(sr: ScenarioResult): string {
+  const bad = sr.tools.filter((t) => t.verified !== true);
+  if (bad.length === 0) return `yes (${sr.tools.length}/${sr.tools.length})`;
+  return `NO: ${bad.map((t) => `${t.tool} ${t.verified === false ? 'mismatch' : 'failed'}`).join(', ')}`;
+}
+
+function mainTable(results: ScenarioResult[], tools: ToolName[]): { head: string[]; rows: string[][] } {
+  const ssh = tools.includes('rsync-ssh');
+  const fsyncCol = tools.includes('rsync-fsync');
+  const head = ['scenario', 'ffsync s', 'rsync s'];
+  if (fsyncCol) head.push('rsync --fsync s');
+  if (ssh) head.push('rsync ssh s');
+  head.push('speedup vs rsync');
+  if (fsyncCol) head.push('speedup vs rsync --fsync');
+  if (ssh) head.push('speedup vs rsync ssh');
+  head.push('ffsync wire', 'rsync wire', 'wire ratio rsync/ffsync', 'ffsync literal', 'ffsync RSS sender MiB', 'ffsync RSS receiver MiB', 'rsync RSS MiB', 'ffsync decided by', 'verified');
+  const rows = results.map((sr) => {
+    const t = (n: ToolName) => sr.tools.find((x) => x.tool === n);
+    const f = agg(t('ffsync'));
+    const r = agg(t('rsync'));
+    const rf = agg(t('rsync-fsync'));
+    const rs = agg(t('rsync-ssh'));
+    const row = [sr.scenario.name, cell(f, t('ffsync'), fmtS(f.wallMs)), cell(r, t('rsync'), fmtS(r.wallMs))];
+    if (fsyncCol) row.push(cell(rf, t('rsync-fsync'), fmtS(rf.wallMs)));
+    if (ssh) row.push(cell(rs, t('rsync-ssh'), fmtS(rs.wallMs)));
+    row.push(fmtRatio(r.wallMs, f.wallMs));
+    if (fsyncCol) row.push(fmtRatio(rf.wallMs, f.wallMs));
+    if (ssh) row.push(fmtRatio(rs.wallMs, f.wallMs));
+    const fs0 = f.sample;
+    row.push(
+      fmtBytes(f.wire),
+      fmtBytes(r.wire),
+      fmtRatio(r.wire, f.wire),
+      fmtBytes(fs0?.literal),
+      fmtRss(f.rssSender),
+      fmtRss(f.rssReceiver),
+      fmtRss(r.rssAll),
+      fs0 ? `${fs0.decidedBy ?? '?'}${fs0.upToDate ? ' (up to date)' : ''}` : '—',
+      verifiedCell(sr),
+    );
+    return row;
+  });
+  return { head, rows };
+}
+
+function detailTable(results: ScenarioResult[]): { head: string[]; rows: string[][] } {
+  const head = ['scenario', 'tool', 'wall s (each run)', 'sender→exit s', 'summary ms snd/rcv', 'wire sent', 'wire received', 'literal', 'matched', 'peak RSS KiB', 'notes'];
+  const rows: string[][] = [];
+  for (const sr of results) {
+    for (const tr of sr.tools) {
+      const s = tr.samples[tr.samples.length - 1];
+      const rss = s ? (tr.tool === 'ffsync' ? `snd ${s.rssKb.sender ?? '?'} / rcv ${s.rssKb.receiver ?? '?'}` : `${s.rssKb.all ?? '?'} (max proc)`) : '—';
+      const notes = [tr.error ? `**${tr.verified === false ? 'MISMATCH' : 'FAILED'}**: ${tr.error}` : '', s?.decidedBy ? `decidedBy=${s.decidedBy}, upToDate=${s.upToDate}` : '', s?.note ?? '']
+        .filter(Boolean)
+        .join('; ');
+      rows.push([
+        sr.scenario.name,
+        tr.tool,
+        tr.samples.map((x) => fmtS(x.wallMs)).join(', ') || '—',
+        tr.samples.map((x) => fmtS(x.senderToExitMs)).join(', ') || '—',
+        s?.summaryMs ? `${s.summaryMs.sender} / ${s.summaryMs.receiver}` : '—',
+        s ? String(s.wire.sent) : '—',
+        s ? String(s.wire.received) : '—',
+        s?.literal !== undefined ? String(s.literal) : '—',
+        s?.matched !== undefined ? String(s.matched) : '—',
+        rss,
+        notes || '',
+      ]);
+    }
+  }
+  return { head, rows };
+}
+
+function rssTable(results: ScenarioResult[]): { head: string[]; rows: string[][] } {
+  const head = ['size MiB', 'ffsync s', 'rsync s', 'speedup vs rsync', 'ffsync RSS sender MiB', 'ffsync RSS receiver MiB', 'rsync RSS MiB', 'ffsync wire', 'rsync wire', 'verified'];
+  const rows = results.map((sr) => {
+    const t = (n: ToolName) => sr.tools.find((x) => x.tool === n);
+    const f = agg(t('ffsync'));
+    const r = agg(t('rsync'));
+    return [
+      String(sr.sizeMib),
+      cell(f, t('ffsync'), fmtS(f.wallMs)),
+      cell(r, t('rsync'), fmtS(r.wallMs)),
+      fmtRatio(r.wallMs, f.wallMs),
+      fmtRss(f.rssSender),
+      fmtRss(f.rssReceiver),
+      fmtRss(r.rssAll),
+      fmtBytes(f.wire),
+      fmtBytes(r.wire),
+      verifiedCell(sr),
+    ];
+  });
+  return { head, rows };
+}
+
+function markdown(t: { head: string[]; rows: string[][] }): string {
+  const esc = (s: string) => s.replace(/\|/g, '\\|').replace(/\s*\n\s*/g, ' ');
+  return [
+    `| ${t.head.map(esc).join(' | ')} |`,
+    `|${t.head.map((_, i) => (i === 0 ? '---' : '---:')).join('|')}|`,
+    ...t.rows.map((r) => `| ${r.map(esc).join(' | ')} |`),
+  ].join('\n');
+}
+
+function textTable(t: { head: string[]; rows: string[][] }): string {
+  const all = [t.head, ...t.rows];
+  const w = t.head.map((_, i) => Math.max(...all.map((r) => (r[i] ?? '').length)));
+  const line = (r: string[]) => r.map((c, i) => (i === 0 ? c.padEnd(w[i]!) : c.padStart(w[i]!))).join('  ');
+  return [line(t.head), w.map((n) => '-'.repeat(n)).join('  '), ...t.rows.map(line)].join('\n');
+}
+
+function commandLine(): string {
+  const q = (s: string) => (/^[\w@%+=:,./-]+$/.test(s) ? s : `'${s.replace(/'/g, `'\\''`)}'`);
+  const script = path.relative(process.cwd(), process.argv[1] ?? 'bench/run.ts') || 'bench/run.ts';
+  return ['node', ...process.execArgv, script, ...process.argv.slice(2)].map(q).join(' ');
+}
+
+// ---------------------------------------------------------------------------------------------
+// Main
+
+let cleanupRoot: string | undefined;
+let keepWork = false;
+
+async function cleanup(): Promise<void> {
+  killAll();
+  if (cleanupRoot && !keepWork) {
+    await rmf(cleanupRoot);
+    cleanupRoot = undefined;
+  }
+}
+
+function checkPrereqs(): void {
+  if (!fs.existsSync(CLI)) throw new Error(`${CLI} not found: build first (npm run build)`);
+  if (!sh(RSYNC_BIN, ['--version'])) throw new Error('rsync not found');
+}
+
+async function makeDirs(opts: Options): Promise<Dirs> {
+  await fsp.mkdir(opts.workDir, { recursive: true });
+  const root = await fsp.mkdtemp(path.join(opts.workDir, `run-${new Date().toISOString().replace(/[:.]/g, '-')}-`));
+  cleanupRoot = root;
+  const d: Dirs = {
+    root,
+    fixtures: path.join(root, 'fixtures'),
+    dst: path.join(root, 'dst'),
+    src: path.join(root, 'src'),
+    state: path.join(root, 'state'),
+    tmp: path.join(root, 'tmp'),
+  };
+  for (const p of [d.fixtures, d.dst, d.src, d.state, d.tmp]) await fsp.mkdir(p, { recursive: true });
+  return d;
+}
+
+async function checkSpace(dir: string, needBytes: number): Promise<void> {
+  try {
+    const st = await fsp.statfs(dir);
+    const free = st.bavail * st.bsize;
+    if (free < needBytes) throw new Error(`not enough free space in ${dir}: ${fmtBytes(free)} free, about ${fmtBytes(needBytes)} needed`);
+  } catch (e) {
+    if (e instanceof Error && e.message.startsWith('not enough')) throw e;
+  }
+}
+
+async function makeFixtures(ctx: RunCtx, sizeMib: number, kinds: Set<FixtureKind>): Promise<Edit[] | undefined> {
+  const size = sizeMib * MiB;
+  const t0 = performance.now();
+  process.stderr.write(`generating fixtures (${sizeMib} MiB, seed ${ctx.opts.seed}) in ${ctx.dirs.fixtures} …\n`);
+  const old = await genBase(path.join(ctx.dirs.fixtures, `old-${sizeMib}.bin`), size, ctx.opts.seed);
+  ctx.fixtures = { old };
+  let edits: Edit[] | undefined;
+  if (kinds.has('mod')) {
+    const m = await genModified(old, path.join(ctx.dirs.fixtures, `mod-${sizeMib}.bin`), ctx.opts.seed);
+    ctx.fixtures.mod = m.fixture;
+    edits = m.edits;
+  }
+  if (kinds.has('app')) ctx.fixtures.app = await genAppended(old, path.join(ctx.dirs.fixtures, `app-${sizeMib}.bin`), ctx.opts.seed);
+  const list = Object.values(ctx.fixtures).map((f) => `${f.kind} ${f.size} B sha256 ${f.sha256.slice(0, 16)}…`);
+  process.stderr.write(`  ${list.join('\n  ')}\n  (${fmtS(performance.now() - t0)} s)\n`);
+  return edits;
+}
+
+function header(opts: Options, m: Machine, sshNote: string, extra: string[]): string {
+  return [
+    `Command: \`${commandLine()}\`  (cwd ${process.cwd()})`,
+    '',
+    `- date: ${m.date}`,
+    `- machine: ${m.nproc} CPUs (${m.cpu}), ${m.memory} RAM, kernel ${m.kernel}, load average at start ${m.load}`,
+    `- work dir: ${opts.workDir} on ${m.fs}`,
+    `- rsync: ${m.rsync} (${RSYNC_BIN})`,
+    `- node: ${m.node}; ffsync-native ${m.ffsync} (dist/cli/main.js), commit ${m.commit}`,
+    `- peak RSS measured with ${m.rssMethod}`,
+    `- ${sshNote}`,
+    `- seed ${opts.seed}, ${opts.repeat} timed run(s) per tool and scenario (median shown)`,
+    ...extra,
+  ].join('\n');
+}
+
+async function main(): Promise<number> {
+  let opts: Options;
+  try {
+    opts = parseOptions(process.argv.slice(2));
+  } catch (e) {
+    process.stderr.write(`${e instanceof Error ? e.message : String(e)}\n\n${HELP}`);
+    return 1;
+  }
+  keepWork = opts.keep;
+  checkPrereqs();
+  await fsp.mkdir(opts.workDir, { recursive: true }); // df -T needs it to exist
+  const m = machineInfo(opts.workDir);
+  const ssh = sshStatus(opts.ssh);
+  process.stderr.write(`${ssh.note}\n`);
+  const tools: ToolName[] = ['ffsync', 'rsync'];
+  if (opts.rsyncFsync && !opts.rssSizes) tools.push('rsync-fsync');
+  if (ssh.ok && !opts.rssSizes) tools.push('rsync-ssh');
+
+  const dirs = await makeDirs(opts);
+  const ctx: RunCtx = { opts, dirs, fixtures: {}, tools };
+  const results: ScenarioResult[] = [];
+  let out: string;
+
+  if (opts.rssSizes) {
+    const fresh = SCENARIOS.find((s) => s.name === 'fresh')!;
+    for (const size of opts.rssSizes) {
+      await checkSpace(opts.workDir, size * MiB * 2 + 64 * MiB);
+      await makeFixtures(ctx, size, new Set(['old']));
+      process.stderr.write(`fresh at ${size} MiB:\n`);
+      results.push(await runScenario(ctx, fresh, size));
+      await rmf(path.join(dirs.dst, 'target.bin'));
+      await rmf(ctx.fixtures.old!.path);
+    }
+    const t = rssTable(results);
+    process.stdout.write(`\nRSS flatness (fresh scenario)\n${textTable(t)}\n`);
+    out = [
+      '# ffsync-native RSS flatness (fresh single file)',
+      '',
+      header(opts, m, ssh.note, [`- sizes: ${opts.rssSizes.join(', ')} MiB; tools: ${tools.join(', ')}`]),
+      '',
+      markdown(t),
+      '',
+      '## Details',
+      '',
+      markdown(detailTable(results)),
+      '',
+    ].join('\n');
+  } else {
+    const kinds = new Set<FixtureKind>(['old', ...opts.scenarios.map((s) => s.source)]);
+    await checkSpace(opts.workDir, opts.sizeMib * MiB * (kinds.size + 3) + 64 * MiB);
+    const edits = await makeFixtures(ctx, opts.sizeMib, kinds);
+    for (const scn of opts.scenarios) {
+      process.stderr.write(`${scn.name}:\n`);
+      results.push(await runScenario(ctx, scn, opts.sizeMib));
+    }
+    let scan = 'skipped (--no-scan)';
+    if (opts.scan) {
+      process.stderr.write('scan: cargo run --release -q -p ffsync_core --example scan_throughput …\n');
+      scan = await runScan(ctx.fixtures.old!.path, opts.timeoutMs);
+    }
+    const t = mainTable(results, tools);
+    process.stdout.write(`\n${textTable(t)}\n\nscan: ${scan}\n${ssh.note}\n`);
+    const fx = ctx.fixtures;
+    const fixtureLines = [
+      `- file size: ${opts.sizeMib} MiB (${opts.sizeMib * MiB} bytes); old sha256 ${fx.old!.sha256.slice(0, 16)}…`,
+      fx.mod ? `- modified: ${fx.mod.size} bytes; ${EDIT_OVERWRITES}×64 KiB overwrites, ${EDIT_INSERTS}×4 KiB insertions, ${EDIT_DELETES}×8 KiB deletions at seeded offsets` : '',
+      fx.app ? `- appended: ${fx.app.size} bytes (old + ${APPEND_LEN / MiB} MiB)` : '',
+      `- scan (\`cargo run --release -q -p ffsync_core --example scan_throughput -- old.bin\`): ${scan}`,
+    ].filter(Boolean);
+    out = [
+      '# ffsync-native vs rsync — single file',
+      '',
+      header(opts, m, ssh.note, fixtureLines),
+      '',
+      'Times are wall clock in seconds; speedup = rsync time / ffsync time (> 1: ffsync faster); wire ratio = rsync wire bytes / ffsync wire bytes (> 1: ffsync sends less). ' +
+        'ffsync time runs from spawning the receiver until both peers exited (node start-up of both included); the details table also has sender→exit. ' +
+        'rsync runs without -t, so it stamps the target with the transfer time and its warm runs are full delta passes (ffsync-native keeps the source mtime). See bench/README.md.',
+      '',
+      markdown(t),
+      '',
+      '## Details',
+      '',
+      markdown(detailTable(results)),
+      '',
+      edits ? `Edit offsets in the old file: ${edits.map((e) => `${e.kind[0]}@${e.offset}`).join(' ')}` : '',
+      '',
+    ].join('\n');
+  }
+
+  await fsp.mkdir(path.dirname(opts.out), { recursive: true });
+  await fsp.writeFile(opts.out, out);
+  process.stdout.write(`\nwrote ${path.relative(process.cwd(), opts.out) || opts.out}\n`);
+  if (opts.keep) process.stderr.write(`kept work dir ${dirs.root}\n`);
+
+  const failed = results.flatMap((r) => r.tools.filter((t) => t.verified !== true).map((t) => `${r.scenario.name}@${r.sizeMib}MiB/${t.tool}`));
+  if (failed.length) {
+    process.stderr.write(`\n!!!!! ${failed.length} run(s) failed or did not verify: ${failed.join(', ')}\n`);
+    return 1;
+  }
+  return 0;
+}
+
+for (const sig of ['SIGINT', 'SIGTERM'] as const) {
+  process.once(sig, () => {
+    process.stderr.write(`\n${sig}: killing children and cleaning up\n`);
+    void cleanup().finally(() => process.exit(130));
+  });
+}
+
+main()
+  .then(async (code) => {
+    await cleanup();
+    process.exit(code);
+  })
+  .catch(async (e: unknown) => {
+    process.stderr.write(`\nbench failed: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`);
+    await cleanup();
+    process.exit(1);
+  });
