@@ -3,11 +3,17 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { encodeFrame, FrameDecoder, FrameType, MAX_FRAME_BODY } from '../ts/protocol/frames';
 import {
+  Decision,
+  DecisionReason,
+  decodeDecision,
   decodeError,
   decodeHello,
+  decodeNeedEnd,
   decodeOffer,
+  encodeDecision,
   encodeError,
   encodeHello,
+  encodeNeedEnd,
   encodeOffer,
   ManifestAssembler,
   manifestFrames,
@@ -19,6 +25,8 @@ import {
   Role,
 } from '../ts/protocol/messages';
 import { batchByBytes } from '../ts/utils/manifest';
+import net from 'node:net';
+import { FramedConnection } from '../ts/transport/connection';
 import { seeded } from './helpers/peers';
 
 describe('frame decoder', () => {
@@ -104,6 +112,7 @@ describe('messages', () => {
     assert.match(e.message, /disk full/);
     assert.equal(decodeError(Buffer.alloc(1)).exitCode, 12);
     assert.equal(decodeError(encodeError(999, 'X', 'y')).exitCode, 12, 'unknown exit codes are not trusted');
+    assert.equal(decodeError(encodeError(0, 'X', 'y')).exitCode, 12, 'a peer error never becomes success');
   });
 
   it('batches never exceed the byte budget except for a single chunk', () => {
@@ -111,5 +120,64 @@ describe('messages', () => {
     [100, 200, 300, 5000, 50].forEach((len, i) => m.writeUInt32LE(len, 64 + i * 36));
     const b = batchByBytes(m, Uint32Array.from([0, 1, 2, 3, 4]), 400);
     assert.deepEqual(b.map((x) => [...x]), [[0, 1], [2], [3], [4]]);
+  });
+});
+
+describe('strict decoding of small frames', () => {
+  it('refuses unknown roles, unknown offer flags, inconsistent decisions and NEED_END', () => {
+    const hello = encodeHello({ minVersion: 1, maxVersion: 1, capabilities: 0, role: Role.SENDER, software: '' });
+    hello[14] = 9;
+    assert.throws(() => decodeHello(hello), /unknown role/);
+    const offer = encodeOffer({ kind: OfferKind.FILE, size: 1n, mtimeNs: 0n, mode: 0, flags: 0 });
+    offer[21] |= 0x80;
+    assert.throws(() => decodeOffer(offer), /unknown flags/);
+    assert.deepEqual(decodeDecision(encodeDecision(Decision.UP_TO_DATE, DecisionReason.INDEX_ROOT)), { decision: 0, reason: 2 });
+    assert.throws(() => decodeDecision(encodeDecision(Decision.UP_TO_DATE)), /reason/);
+    assert.throws(() => decodeDecision(Buffer.from([1])), /bad DECISION/);
+    assert.throws(() => decodeNeedEnd(encodeNeedEnd({ wireChunks: 3, identical: true })), /identical/);
+  });
+});
+
+describe('framed connection', () => {
+  async function pair(idleMs: number): Promise<[FramedConnection, FramedConnection, () => void]> {
+    const srv = net.createServer();
+    await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+    const accepted = new Promise<net.Socket>((r) => srv.once('connection', r));
+    const c = net.connect((srv.address() as net.AddressInfo).port, '127.0.0.1');
+    const s = await accepted;
+    return [new FramedConnection(c, idleMs), new FramedConnection(s, idleMs), () => (c.destroy(), s.destroy(), srv.close())];
+  }
+
+  it('a peer busy with local work keeps the other side from timing out', async () => {
+    const [a, b, close] = await pair(400);
+    try {
+      const busy = a.keepAlive(new Promise((r) => setTimeout(r, 1_500))).then(() => a.send(FrameType.RESULT, Buffer.alloc(17)));
+      const f = await b.recv();
+      assert.equal(f.type, FrameType.RESULT, 'KEEPALIVE frames are consumed silently');
+      await busy;
+    } finally {
+      close();
+    }
+  });
+
+  it('a silent peer times out with exit 30', async () => {
+    const [, b, close] = await pair(300);
+    try {
+      await assert.rejects(b.recv(), (e: any) => e.exitCode === 30);
+    } finally {
+      close();
+    }
+  });
+
+  it('frames decoded before a framing violation are still delivered', async () => {
+    const [a, b, close] = await pair(0);
+    try {
+      const bad = Buffer.concat([encodeFrame(FrameType.NEED_END, Buffer.alloc(5)), Buffer.from([0, 0, 0, 0, 0])]);
+      (a as any).stream.write(bad);
+      assert.equal((await b.recv()).type, FrameType.NEED_END);
+      await assert.rejects(b.recv(), /out of bounds/);
+    } finally {
+      close();
+    }
   });
 });

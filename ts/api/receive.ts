@@ -8,6 +8,7 @@ import { listenOnce } from '../transport/tcp.js';
 import { FrameType } from '../protocol/frames.js';
 import {
   Decision,
+  DecisionReason,
   decodeDataEnd,
   decodeOffer,
   encodeDecision,
@@ -116,12 +117,13 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     const local = !checksum && dst ? await loadIndex(target, stateDir) : null;
     if (local && offer.root && local.root === offer.root.toString('hex')) {
       await markUpToDate(target, local.manifest, offer.mtimeNs, mode, stateDir);
-      await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE));
+      await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.INDEX_ROOT));
       summary.root = local.root;
       return done('index-root');
     }
     if (!local && !checksum && dst && dst.size === offer.size && dst.mtimeNs === offer.mtimeNs) {
-      await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE));
+      if (Number(dst.mode & 0o7777n) !== mode) await fs.chmod(target, mode & 0o1777);
+      await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.SIZE_MTIME));
       return done('size-mtime');
     }
     await conn.send(FrameType.DECISION, encodeDecision(Decision.SEND_MANIFEST));
@@ -129,7 +131,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     // 3. Scan what we have while the sender scans and streams its manifest.
     const localPaths = [...(dst ? [target] : []), ...(o.from ?? [])];
     const localTotal = (dst ? Number(dst.size) : 0) + (await Promise.all((o.from ?? []).map((f) => fs.stat(f)))).reduce((a, s) => a + s.size, 0);
-    const locals: Promise<ScanResult[]> = inPhase(o.events, 'hashing', localTotal, async (progress) => {
+    const locals: Promise<ScanResult[]> = conn.keepAlive(inPhase(o.events, 'hashing', localTotal, async (progress) => {
       const out: ScanResult[] = [];
       let base = 0;
       for (const p of localPaths) {
@@ -138,7 +140,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
         out.push(r);
       }
       return out;
-    });
+    }));
     locals.catch(() => undefined);
     const assembler = new ManifestAssembler(maxManifestLength(offer.size));
     let manifest: Buffer | undefined;
@@ -151,8 +153,8 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     // differently on each side: rechunk our copies with the sender's parameters.
     for (let i = 0; i < scanned.length; i++) {
       if (scanned[i].size > 0 && manifestParamsKey(scanned[i].manifest) !== manifestParamsKey(manifest)) {
-        scanned[i] = await inPhase(o.events, 'hashing', scanned[i].size, (progress) =>
-          scanFile(localPaths[i], { paramsForSize: info.size, onProgress: progress }),
+        scanned[i] = await conn.keepAlive(
+          inPhase(o.events, 'hashing', scanned[i].size, (progress) => scanFile(localPaths[i], { paramsForSize: info.size, onProgress: progress })),
         );
       }
     }
@@ -166,14 +168,14 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     }
 
     // 4. Plan, request what is missing, rebuild, verify, replace.
-    const r = await inPhase(o.events, 'diffing', info.size, () =>
+    const r = await conn.keepAlive(inPhase(o.events, 'diffing', info.size, () =>
       beginReconstruction(
         target,
         manifest!,
         localPaths.map((p, i) => ({ path: p, manifest: scanned[i].manifest })),
         (n) => o.events?.progress?.('receiving', n),
       ),
-    );
+    ));
     rec = r;
     const plan = r.summary();
     const needed = r.needed();
@@ -191,6 +193,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
           const end = decodeDataEnd(f.payload);
           await Promise.all(inflight);
           if (end.chunks !== needed.length) throw protocolError(`sender ended after ${end.chunks} of ${needed.length} chunks`);
+          if (end.rawBytes !== BigInt(received)) throw protocolError(`sender claims ${end.rawBytes} bytes, ${received} arrived`);
           break;
         }
         const w = r.writeBatch(f.payload).then((n) => {
@@ -207,8 +210,8 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
         if (inflight.size >= WRITES_IN_FLIGHT) await Promise.race(inflight);
       }
     });
-    await copying;
-    await inPhase(o.events, 'verifying', info.size, () => r.finish(offer.mtimeNs, mode, stateDir));
+    await conn.keepAlive(copying);
+    await conn.keepAlive(inPhase(o.events, 'verifying', info.size, () => r.finish(offer.mtimeNs, mode, stateDir)));
     rec = undefined;
     summary.literalBytes = received;
     summary.matchedBytes = info.size - received;

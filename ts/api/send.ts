@@ -5,8 +5,11 @@ import { FramedConnection } from '../transport/connection.js';
 import { connect } from '../transport/tcp.js';
 import { FrameType } from '../protocol/frames.js';
 import {
+  Capability,
   Decision,
+  DecisionReason,
   decodeDecision,
+  decodeError,
   decodeNeedEnd,
   decodeResult,
   encodeDataEnd,
@@ -87,7 +90,7 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   };
   let source: Awaited<ReturnType<typeof openChunkSource>> | undefined;
   try {
-    await handshake(conn, Role.SENDER);
+    const negotiated = await handshake(conn, Role.SENDER);
     // A valid index lets the receiver compare content roots for the price of a stat.
     let scan: ScanResult | null = o.checksum ? null : await loadIndex(o.path, stateDir);
     await conn.send(
@@ -101,17 +104,20 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
         root: scan ? Buffer.from(scan.root, 'hex') : undefined,
       }),
     );
-    const decision = decodeDecision((await expect(conn, FrameType.DECISION)).payload);
+    const { decision, reason } = decodeDecision((await expect(conn, FrameType.DECISION)).payload);
     if (decision === Decision.UP_TO_DATE) {
       summary.upToDate = true;
-      summary.decidedBy = scan ? 'index-root' : 'size-mtime';
+      summary.decidedBy = reason === DecisionReason.INDEX_ROOT ? 'index-root' : 'size-mtime';
       summary.matchedBytes = summary.size;
       summary.root = scan?.root;
     } else {
       if (!scan) {
-        scan = await inPhase(o.events, 'hashing', summary.size, (progress) =>
-          scanFile(o.path, { stateDir, ignoreIndex: o.checksum, onProgress: progress }),
+        scan = await conn.keepAlive(
+          inPhase(o.events, 'hashing', summary.size, (progress) => scanFile(o.path, { stateDir, ignoreIndex: o.checksum, onProgress: progress })),
         );
+      }
+      if (BigInt(scan.size) !== st.size) {
+        throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.path} changed size while it was being scanned; rerun to send the new version`);
       }
       summary.root = scan.root;
       for (const part of manifestFrames(scan.manifest)) await conn.send(FrameType.MANIFEST, part);
@@ -128,7 +134,9 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
         }
       }
       const needed = needs.finish(end.wireChunks);
-      source = await openChunkSource(o.path, scan.manifest, o.compressLevel ?? 1);
+      // Compress only for a peer that said it can decode zstd.
+      const level = negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
+      source = await openChunkSource(o.path, scan.manifest, level);
       const src = source;
       const batches = batchByBytes(scan.manifest, needed, BATCH_BYTES);
       const total = needed.reduce((a, i) => a + manifestChunkLength(scan!.manifest, i), 0);
@@ -173,6 +181,9 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
     return summary;
   } catch (e) {
     let err = e instanceof FfsyncError ? e : fromSystemError(e, 'send failed');
+    // The receiver may have explained its failure before our write failed: prefer that.
+    const peerError = conn.takePeerError();
+    if (peerError && !err.message.startsWith('peer: ')) err = decodeError(peerError.payload);
     if (source && !source.unchanged()) {
       err = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.path} changed during the sync (${err.message}); rerun to send the new version`, { cause: err });
     }

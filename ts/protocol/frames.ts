@@ -15,6 +15,7 @@ export const FrameType = {
   DATA: 0x07,
   DATA_END: 0x08,
   RESULT: 0x09,
+  KEEPALIVE: 0x0a,
   ERROR: 0x7f,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];
@@ -66,10 +67,13 @@ export class FrameDecoder {
     return this.buffered;
   }
 
-  push(chunk: Buffer): Frame[] {
+  /**
+   * Add bytes; whole frames are appended to `out`. On a framing violation the frames
+   * decoded before it are still in `out` when the error is thrown.
+   */
+  push(chunk: Buffer, out: Frame[] = []): Frame[] {
     this.parts.push(chunk);
     this.buffered += chunk.length;
-    const out: Frame[] = [];
     for (;;) {
       if (this.buffered < FRAME_HEADER) break;
       const head = this.peek(FRAME_HEADER);

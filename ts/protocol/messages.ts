@@ -11,10 +11,10 @@ export const PROTOCOL_MIN = 1;
 export const PROTOCOL_MAX = 1;
 /** Capability bits (negotiated as the AND of both peers' sets). */
 export const Capability = {
+  /** The peer can decode zstd-compressed chunk records. */
   ZSTD: 1 << 0,
-  RESUME: 1 << 1,
 } as const;
-export const OUR_CAPABILITIES = Capability.ZSTD | Capability.RESUME;
+export const OUR_CAPABILITIES = Capability.ZSTD;
 
 export const Role = { SENDER: 1, RECEIVER: 2 } as const;
 
@@ -45,11 +45,13 @@ export function decodeHello(p: Buffer): Hello {
   }
   const swLen = p.readUInt8(15);
   if (p.length !== 16 + swLen) throw protocolError('HELLO has a bad length');
+  const role = p.readUInt8(14);
+  if (role !== Role.SENDER && role !== Role.RECEIVER) throw protocolError(`HELLO with unknown role ${role}`);
   return {
     minVersion: p.readUInt16LE(6),
     maxVersion: p.readUInt16LE(8),
     capabilities: p.readUInt32LE(10),
-    role: p.readUInt8(14),
+    role,
     software: p.subarray(16).toString('utf8'),
   };
 }
@@ -69,6 +71,7 @@ export function negotiateVersion(ours: { min: number; max: number }, peer: Hello
 
 export const OfferKind = { FILE: 1 } as const;
 export const OfferFlag = { CHECKSUM: 1 << 0, HAS_ROOT: 1 << 1 } as const;
+const KNOWN_OFFER_FLAGS = OfferFlag.CHECKSUM | OfferFlag.HAS_ROOT;
 
 export interface Offer {
   kind: number;
@@ -94,6 +97,7 @@ export function encodeOffer(o: Offer): Buffer {
 export function decodeOffer(p: Buffer): Offer {
   if (p.length !== 54) throw protocolError('OFFER has a bad length');
   const flags = p.readUInt8(21);
+  if (flags & ~KNOWN_OFFER_FLAGS) throw protocolError(`OFFER with unknown flags 0x${flags.toString(16)}`);
   const kind = p.readUInt8(0);
   if (kind !== OfferKind.FILE) throw protocolError(`OFFER of unknown kind ${kind}`);
   return {
@@ -107,14 +111,17 @@ export function decodeOffer(p: Buffer): Offer {
 }
 
 export const Decision = { UP_TO_DATE: 0, SEND_MANIFEST: 1 } as const;
+/** Why the receiver decided: lets both sides report the same `decidedBy`. */
+export const DecisionReason = { NONE: 0, SIZE_MTIME: 1, INDEX_ROOT: 2 } as const;
 
-export function encodeDecision(d: number): Buffer {
-  return Buffer.from([d]);
+export function encodeDecision(d: number, reason: number = DecisionReason.NONE): Buffer {
+  return Buffer.from([d, reason]);
 }
 
-export function decodeDecision(p: Buffer): number {
-  if (p.length !== 1 || (p[0] !== Decision.UP_TO_DATE && p[0] !== Decision.SEND_MANIFEST)) throw protocolError('bad DECISION');
-  return p[0];
+export function decodeDecision(p: Buffer): { decision: number; reason: number } {
+  if (p.length !== 2 || p[0] > Decision.SEND_MANIFEST || p[1] > DecisionReason.INDEX_ROOT) throw protocolError('bad DECISION');
+  if ((p[0] === Decision.UP_TO_DATE) !== (p[1] !== DecisionReason.NONE)) throw protocolError('DECISION reason does not fit the decision');
+  return { decision: p[0], reason: p[1] };
 }
 
 /** MANIFEST frames: `total length u32 | part`; parts concatenate to the packed manifest. */
@@ -139,9 +146,13 @@ export function maxManifestLength(size: bigint): number {
   return len > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(len);
 }
 
-/** Reassembles MANIFEST frames, refusing anything larger than the offer allows. */
+/**
+ * Reassembles MANIFEST frames, refusing anything larger than the offer allows. Memory
+ * grows only with bytes actually received, never with the length a peer claims.
+ */
 export class ManifestAssembler {
-  private buf: Buffer | undefined;
+  private readonly parts: Buffer[] = [];
+  private total = -1;
   private filled = 0;
   constructor(private readonly maxLength: number) {}
 
@@ -150,13 +161,14 @@ export class ManifestAssembler {
     if (p.length < 4) throw protocolError('MANIFEST frame too short');
     const total = p.readUInt32LE(0);
     if (total < MANIFEST_HEADER || total > this.maxLength) throw protocolError(`manifest length ${total} impossible for the offered file`);
-    if (!this.buf) this.buf = Buffer.allocUnsafe(total);
-    else if (this.buf.length !== total) throw protocolError('MANIFEST frames disagree on the total length');
+    if (this.total < 0) this.total = total;
+    else if (this.total !== total) throw protocolError('MANIFEST frames disagree on the total length');
     const part = p.subarray(4);
     if (this.filled + part.length > total) throw protocolError('MANIFEST frames exceed the total length');
-    part.copy(this.buf, this.filled);
+    if (part.length === 0) throw protocolError('empty MANIFEST part');
+    this.parts.push(Buffer.from(part));
     this.filled += part.length;
-    return this.filled === total ? this.buf : undefined;
+    return this.filled === total ? Buffer.concat(this.parts, total) : undefined;
   }
 }
 
@@ -220,7 +232,9 @@ export function encodeNeedEnd(n: NeedEnd): Buffer {
 
 export function decodeNeedEnd(p: Buffer): NeedEnd {
   if (p.length !== 5 || p[4] > 1) throw protocolError('bad NEED_END');
-  return { wireChunks: p.readUInt32LE(0), identical: p[4] === 1 };
+  const n = { wireChunks: p.readUInt32LE(0), identical: p[4] === 1 };
+  if (n.identical && n.wireChunks !== 0) throw protocolError('NEED_END says identical but asks for chunks');
+  return n;
 }
 
 export interface DataEnd {
@@ -281,10 +295,11 @@ export function decodeError(p: Buffer): FfsyncError {
   if (p.length < 3 || p.length > 3 + 32 + MAX_ERROR_MESSAGE) return protocolError('malformed ERROR frame');
   const exit = p.readUInt16LE(0);
   const cl = p.readUInt8(2);
-  if (3 + cl > p.length) return protocolError('malformed ERROR frame');
+  if (cl > 32 || 3 + cl > p.length) return protocolError('malformed ERROR frame');
   const code = p.subarray(3, 3 + cl).toString('utf8');
   const message = p.subarray(3 + cl).toString('utf8');
-  const known = Object.values(ExitCode) as number[];
+  // A failure is never success: exit 0 or an unknown code from the peer becomes 12.
+  const known = (Object.values(ExitCode) as number[]).filter((c) => c !== ExitCode.OK);
   return new FfsyncError(code || 'EPEER', (known.includes(exit) ? exit : ExitCode.PROTOCOL_STREAM) as ExitCode, `peer: ${message}`);
 }
 

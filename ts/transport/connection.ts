@@ -8,6 +8,8 @@ import { encodeFrameHeader, type Frame, FrameDecoder, FrameType, frameName } fro
 
 const HIGH_WATER = 64 * 1024 * 1024;
 const LOW_WATER = 16 * 1024 * 1024;
+/** How often a peer busy with local work proves it is alive. */
+export const KEEPALIVE_MS = 5000;
 
 export class PeerClosedError extends FfsyncError {
   constructor(detail: string) {
@@ -26,12 +28,15 @@ export class FramedConnection {
   private ended = false;
   private closed = false;
   private lastActivity = Date.now();
+  private drainWaiters = 0;
+  private readonly keepAliveMs: number;
   private idleTimer: NodeJS.Timeout | undefined;
 
   constructor(
     private readonly stream: Duplex,
     idleTimeoutMs: number,
   ) {
+    this.keepAliveMs = idleTimeoutMs > 0 ? Math.min(KEEPALIVE_MS, Math.max(50, Math.floor(idleTimeoutMs / 3))) : KEEPALIVE_MS;
     stream.on('data', (chunk: Buffer) => this.onData(chunk));
     stream.on('end', () => {
       this.ended = true;
@@ -49,8 +54,11 @@ export class FramedConnection {
     // this point; an explicitly paused stream does not resume on a 'data' listener.
     stream.resume();
     if (idleTimeoutMs > 0) {
+      // Idle means: we wait for the peer (a frame or a drain) and nothing moved for
+      // idleTimeoutMs. Peers doing long local work send KEEPALIVE frames.
       this.idleTimer = setInterval(() => {
-        if (Date.now() - this.lastActivity > idleTimeoutMs && this.waiter) {
+        const waiting = this.waiter !== undefined || this.drainWaiters > 0;
+        if (Date.now() - this.lastActivity > idleTimeoutMs && waiting) {
           this.fail(new FfsyncError('ETIMEDOUT', ExitCode.TIMEOUT, `peer sent nothing for ${Math.round(idleTimeoutMs / 1000)} s`));
         }
       }, Math.min(1000, idleTimeoutMs));
@@ -61,17 +69,19 @@ export class FramedConnection {
   private onData(chunk: Buffer): void {
     this.bytesReceived += chunk.length;
     this.lastActivity = Date.now();
-    let frames: Frame[];
+    const frames: Frame[] = [];
+    let bad: Error | undefined;
     try {
-      frames = this.decoder.push(chunk);
+      this.decoder.push(chunk, frames);
     } catch (e) {
-      this.fail(e as Error);
-      return;
+      bad = e as Error;
     }
     for (const f of frames) {
+      if (f.type === FrameType.KEEPALIVE) continue; // only refreshes lastActivity
       this.queue.push(f);
       this.queuedBytes += f.payload.length;
     }
+    if (bad) this.fail(bad);
     if (this.queuedBytes > HIGH_WATER) this.stream.pause();
     this.wake();
   }
@@ -79,6 +89,7 @@ export class FramedConnection {
   private fail(e: Error): void {
     if (!this.failure) this.failure = e;
     this.wake();
+    this.stream.emit('ffsync-failed');
   }
 
   private wake(): void {
@@ -119,7 +130,8 @@ export class FramedConnection {
    * `onWritten` runs when the payload has been handed to the OS (its buffer may be reused).
    */
   send(type: FrameType, payload: Uint8Array = Buffer.alloc(0), onWritten?: () => void): Promise<void> {
-    if (this.failure) return Promise.reject(this.failure);
+    // After a local failure only an ERROR frame may still go out (to tell the peer why).
+    if (this.failure && type !== FrameType.ERROR) return Promise.reject(this.failure);
     if (this.closed || this.stream.destroyed || this.stream.writableEnded) {
       return Promise.reject(new PeerClosedError(`before we could send ${frameName(type)}`));
     }
@@ -131,9 +143,11 @@ export class FramedConnection {
     this.stream.uncork();
     this.lastActivity = Date.now();
     if (ok) return Promise.resolve();
+    this.drainWaiters++;
     return new Promise((resolve, reject) => {
       const onDrain = () => {
         cleanup();
+        this.lastActivity = Date.now();
         resolve();
       };
       const onClose = () => {
@@ -141,11 +155,14 @@ export class FramedConnection {
         reject(this.failure ?? new PeerClosedError(`while we were sending ${frameName(type)}`));
       };
       const cleanup = () => {
+        this.drainWaiters--;
         this.stream.off('drain', onDrain);
         this.stream.off('close', onClose);
+        this.stream.off('ffsync-failed', onClose);
       };
       this.stream.on('drain', onDrain);
       this.stream.on('close', onClose);
+      this.stream.on('ffsync-failed', onClose);
     });
   }
 
@@ -166,6 +183,28 @@ export class FramedConnection {
       this.stream.end();
       this.stream.resume();
     });
+  }
+
+  /**
+   * Run long local work (hashing, fsync) while telling the peer we are alive: a
+   * KEEPALIVE frame every KEEPALIVE_MS (or a third of our own idle timeout, if shorter),
+   * so the peer's idle timeout measures the network, not our disk.
+   */
+  async keepAlive<T>(work: Promise<T>): Promise<T> {
+    const timer = setInterval(() => {
+      if (!this.isClosed && !this.failure) void this.send(FrameType.KEEPALIVE).catch(() => undefined);
+    }, this.keepAliveMs);
+    try {
+      return await work;
+    } finally {
+      clearInterval(timer);
+    }
+  }
+
+  /** An ERROR frame the peer sent that is still queued (read before reporting our own). */
+  takePeerError(): Frame | undefined {
+    const k = this.queue.findIndex((f) => f.type === FrameType.ERROR);
+    return k >= 0 ? this.queue.splice(k, 1)[0] : undefined;
   }
 
   /** True once the underlying stream is gone (nothing more can be sent). */

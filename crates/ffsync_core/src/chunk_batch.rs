@@ -4,8 +4,9 @@
 //! index u32 | encoding u8 (0 raw, 1 zstd) | raw_len u32 | payload_len u32 | payload
 //! ```
 //! zstd is used only where it pays: a chunk that does not shrink by at least 1/32 is sent
-//! raw, and after a run of incompressible chunks only every 16th chunk is tried, so random
-//! data costs almost no compression CPU.
+//! raw, and after a run of incompressible chunks only chunks whose index is a multiple of 16
+//! are tried (the miss counter is shared by the threads encoding a source), so random data
+//! costs almost no compression CPU.
 
 use crate::error::{CoreError, Result};
 use crate::manifest::u32_at;

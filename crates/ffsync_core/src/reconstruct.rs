@@ -6,9 +6,11 @@
 //!    local file that has it (the old target, `--from` files), or over the wire.
 //! 2. `copy_local` copies local chunks with in-kernel range copies; `write_batch` checks
 //!    each received chunk's BLAKE3 against the sender's manifest and writes it positionally.
-//! 3. `finish` re-reads and hashes the copied ranges (received chunks were hashed from the
-//!    very buffers that were written, resumed chunks when they were found): every chunk of
-//!    the result then matches the sender's manifest, whose root equals the sender's root.
+//!    Each copied run is re-read from the temp file and hashed right after the copy.
+//! 3. `finish` checks that every chunk was proven (copied runs after copying, received
+//!    chunks from the very buffers that were written, resumed chunks when they were found):
+//!    every chunk of the result then matches the sender's manifest, whose root equals the
+//!    sender's root.
 //!    Only then is the temp file fsynced and renamed over the target, and the directory
 //!    fsynced. Any failure leaves the target untouched.
 
@@ -288,16 +290,21 @@ impl Reconstruction {
         self.check_open()?;
         let records = chunk_batch::decode(batch, &self.manifest)?;
         {
-            let received = self.received.lock().unwrap();
-            let mut seen = std::collections::HashSet::new();
-            for r in &records {
+            // Claim the chunks now, so the same chunk in two batches in flight is refused.
+            // A refused batch releases its claims; a failed write fails the reconstruction.
+            let mut received = self.received.lock().unwrap();
+            for (k, r) in records.iter().enumerate() {
                 let i = r.index as usize;
-                if self.origins[i] != Origin::Wire || received[i] || !seen.insert(i) {
+                if self.origins[i] != Origin::Wire || received[i] {
+                    for done in &records[..k] {
+                        received[done.index as usize] = false;
+                    }
                     return Err(CoreError::malformed(
                         "chunk batch",
                         format!("chunk {i} was not requested"),
                     ));
                 }
+                received[i] = true;
             }
         }
         // Raw chunks are hashed and written straight from the frame; compressed ones are
@@ -351,12 +358,7 @@ impl Reconstruction {
             pool.extend(bufs.drain(..).filter(|b| b.capacity() > 0).take(room));
         }
         result?;
-        let mut received = self.received.lock().unwrap();
-        let mut bytes = 0;
-        for r in &records {
-            received[r.index as usize] = true;
-            bytes += r.raw_len as u64;
-        }
+        let bytes: u64 = records.iter().map(|r| r.raw_len as u64).sum();
         self.written.fetch_add(bytes, Ordering::Relaxed);
         Ok(bytes)
     }
@@ -502,7 +504,7 @@ pub fn system_time_from_ns(ns: i64) -> SystemTime {
     }
 }
 
-/// Apply the sender's mtime and permission bits (setuid/setgid are never transferred).
+/// Apply the sender's mtime and permission bits (setuid/setgid arrive but are never applied).
 pub fn apply_metadata(file: &File, path: &Path, mtime_ns: Option<i64>, mode: Option<u32>) -> Result<()> {
     if let Some(ns) = mtime_ns {
         file.set_times(fs::FileTimes::new().set_modified(system_time_from_ns(ns)))

@@ -149,3 +149,30 @@ fn target_directory_is_rejected() {
     let err = Reconstruction::begin(d.path(), s.manifest, vec![]).err().unwrap();
     assert_eq!(err.code(), "ENOTFILE");
 }
+
+#[test]
+fn duplicate_or_unrequested_chunks_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    fs::write(&src, rand_bytes(2_000_000, 8)).unwrap();
+    let s = scan_file(&src, &ScanOptions::default()).unwrap();
+    let r = Reconstruction::begin(&dst, s.manifest.clone(), vec![]).unwrap();
+    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0).unwrap();
+    let (b0, _) = source.read_batch(&[0]).unwrap();
+    r.write_batch(&b0).unwrap();
+    assert_eq!(
+        r.write_batch(&b0).err().unwrap().code(),
+        "EMALFORMED",
+        "same chunk twice"
+    );
+    let (b12, _) = source.read_batch(&[1, 1]).unwrap();
+    assert_eq!(
+        r.write_batch(&b12).err().unwrap().code(),
+        "EMALFORMED",
+        "same chunk twice in one batch"
+    );
+    // The refused batch did not claim chunk 1: it can still arrive.
+    let (b1, _) = source.read_batch(&[1]).unwrap();
+    r.write_batch(&b1).unwrap();
+    r.abort(false);
+}
