@@ -122,7 +122,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
       return done('index-root');
     }
     if (!local && !checksum && dst && dst.size === offer.size && dst.mtimeNs === offer.mtimeNs) {
-      if (Number(dst.mode & 0o7777n) !== mode) await fs.chmod(target, mode & 0o1777);
+      if (Number(dst.mode & 0o1777n) !== (mode & 0o1777)) await fs.chmod(target, mode & 0o1777);
       await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.SIZE_MTIME));
       return done('size-mtime');
     }
