@@ -48,7 +48,7 @@ export interface SendOptions {
 }
 
 /** Raw bytes per DATA frame: large enough to amortize framing, small enough to pipeline. */
-const BATCH_BYTES = 4 * 1024 * 1024;
+const BATCH_BYTES = 2 * 1024 * 1024;
 /** Room for a batch plus its record headers. */
 const BATCH_BUFFER = BATCH_BYTES + 64 * 1024;
 /** Batches being read/compressed natively ahead of the socket. */

@@ -61,7 +61,7 @@ export class FrameDecoder {
   private buffered = 0;
   /** Frames larger than this that span several reads are assembled in pooled buffers. */
   static readonly POOLED_MIN = 256 * 1024;
-  private readonly pool = new BufferPool(4 * 1024 * 1024 + 64 * 1024, 8);
+  private readonly pool = new BufferPool(2 * 1024 * 1024 + 64 * 1024, 6);
 
   get bufferedBytes(): number {
     return this.buffered;

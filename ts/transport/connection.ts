@@ -4,10 +4,11 @@
 
 import type { Duplex } from 'node:stream';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
+import { createGarbageRelief } from '../utils/gc.js';
 import { encodeFrameHeader, type Frame, FrameDecoder, FrameType, frameName } from '../protocol/frames.js';
 
-const HIGH_WATER = 64 * 1024 * 1024;
-const LOW_WATER = 16 * 1024 * 1024;
+const HIGH_WATER = 4 * 1024 * 1024;
+const LOW_WATER = 1024 * 1024;
 /** How often a peer busy with local work proves it is alive. */
 export const KEEPALIVE_MS = 5000;
 
@@ -29,6 +30,7 @@ export class FramedConnection {
   private closed = false;
   private lastActivity = Date.now();
   private drainWaiters = 0;
+  private readonly relieve = createGarbageRelief();
   private readonly keepAliveMs: number;
   private idleTimer: NodeJS.Timeout | undefined;
 
@@ -68,6 +70,7 @@ export class FramedConnection {
 
   private onData(chunk: Buffer): void {
     this.bytesReceived += chunk.length;
+    this.relieve(chunk.length);
     this.lastActivity = Date.now();
     const frames: Frame[] = [];
     let bad: Error | undefined;
