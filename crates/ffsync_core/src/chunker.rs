@@ -131,7 +131,6 @@ pub fn chunk_parallel(
     mem: &dyn Residency,
 ) -> Vec<Chunk> {
     let cutter = Cutter::new(params);
-    let max = params.max as usize;
     if data.len() <= segment_len {
         mem.prepare(0, data.len());
         let out = cutter.chunk_range(data, 0, data.len(), progress);
@@ -145,7 +144,10 @@ pub fn chunk_parallel(
     let spec: Vec<Vec<Chunk>> = bounds
         .par_iter()
         .map(|&(s, e)| {
-            mem.prepare(s, (e + max).min(data.len()));
+            // Populate only the segment itself: the few bytes the last chunk reads beyond it
+            // fault in on demand and fall inside the release below. Populating the overlap
+            // would leave it resident whenever the next segment was already done.
+            mem.prepare(s, e);
             let v = cutter.chunk_range(data, s, e, progress);
             mem.release(s, v.last().map_or(e, |c| c.end() as usize));
             v

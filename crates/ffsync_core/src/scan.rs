@@ -112,19 +112,21 @@ impl Residency for MapResidency<'_> {
 
     #[cfg(unix)]
     fn release(&self, from: usize, to: usize) {
-        let (a, b) = page_range(from, to);
+        // Widen to 2 MiB: the page cache may hold the file in large folios, which stay
+        // mapped (and resident) unless the whole folio is dropped. Dropping a neighbour's
+        // pages too is harmless: a read-only shared mapping simply faults them back in.
+        const FOLIO: usize = 2 << 20;
+        let a = from / FOLIO * FOLIO;
+        let b = to.div_ceil(FOLIO).saturating_mul(FOLIO).min(self.0.len());
         if b > a {
             // Safety: read-only shared file mapping; DONTNEED only drops our page table
             // entries, and a later access faults the same bytes back in.
-            let _ = unsafe {
-                self.0
-                    .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, b - a)
-            };
+            let _ = unsafe { self.0.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, b - a) };
         }
     }
 }
 
-#[cfg_attr(not(unix), allow(dead_code))]
+#[cfg(target_os = "linux")]
 fn page_range(from: usize, to: usize) -> (usize, usize) {
     const PAGE: usize = 4096;
     (from / PAGE * PAGE, to / PAGE * PAGE)
