@@ -77,12 +77,12 @@ describe('sender-side bad input', () => {
     oneErrorLine(r.stderr);
   });
 
-  it('usage errors exit 1: bad address, missing --plaintext, unknown option', async () => {
+  it('usage errors exit 1: bad address, malformed fingerprint, unknown option, bad port', async () => {
     const dir = tmpdir();
     fs.writeFileSync(path.join(dir, 'a'), 'x');
     for (const args of [
       ['send', path.join(dir, 'a'), 'nohostport', '--plaintext'],
-      ['send', path.join(dir, 'a'), '127.0.0.1:9'],
+      ['send', path.join(dir, 'a'), '127.0.0.1:9', '--trust', 'ABCD'],
       ['send', path.join(dir, 'a'), '127.0.0.1:9', '--plaintext', '--frobnicate'],
       ['receive', path.join(dir, 'b'), '99999', '--plaintext'],
     ]) {

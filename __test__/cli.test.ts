@@ -76,12 +76,12 @@ it('library API: send/receive in-process without a shell', async () => {
   fs.writeFileSync(src, seeded(5 << 20, 3));
   let port = 0;
   const listening = new Promise<void>((resolve) => {
-    void receive({ path: path.join(dir, 'out.bin'), port: 0, stateDir: path.join(dir, 'r'), events: { listening: (_h, p) => ((port = p), resolve()) } }).then((sum) => {
+    void receive({ path: path.join(dir, 'out.bin'), port: 0, plaintext: true, stateDir: path.join(dir, 'r'), events: { listening: (_h, p) => ((port = p), resolve()) } }).then((sum) => {
       assert.equal(sum.ok, true);
     });
   });
   await listening;
-  const sum = await send({ path: src, host: '127.0.0.1', port, stateDir: path.join(dir, 's') });
+  const sum = await send({ path: src, host: '127.0.0.1', port, plaintext: true, stateDir: path.join(dir, 's') });
   assert.equal(sum.ok, true);
   assert.equal(sum.literalBytes, 5 << 20);
   await new Promise((r) => setTimeout(r, 100));

@@ -51,6 +51,14 @@ export interface EncodedBatch {
   rawBytes: number
 }
 
+export interface GeneratedIdentity {
+  certPem: string
+  keyPem: string
+}
+
+/** A new self-signed TLS identity (ECDSA P-256, rcgen). The caller stores it. */
+export declare function generateIdentity(label: string): GeneratedIdentity
+
 /** The file's manifest if an index entry matches its current stat identity; no scan. */
 export declare function loadIndex(path: string, stateDir: string): Promise<ScanResult | null>
 

@@ -838,6 +838,7 @@ module.exports = nativeBinding
 module.exports.NativeChunkSource = nativeBinding.NativeChunkSource
 module.exports.NativeReconstruction = nativeBinding.NativeReconstruction
 module.exports.decodeManifest = nativeBinding.decodeManifest
+module.exports.generateIdentity = nativeBinding.generateIdentity
 module.exports.loadIndex = nativeBinding.loadIndex
 module.exports.markUpToDate = nativeBinding.markUpToDate
 module.exports.scanFileNative = nativeBinding.scanFileNative

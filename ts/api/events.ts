@@ -5,6 +5,8 @@ export type Phase = 'hashing' | 'diffing' | 'sending' | 'receiving' | 'verifying
 
 export interface SyncEvents {
   listening?(host: string, port: number): void;
+  /** TLS: the peer's certificate fingerprint, and whether it was already pinned. */
+  peer?(label: string, fingerprint: string, pinned: boolean): void;
   phaseStart?(phase: Phase, totalBytes: number): void;
   /** Throttled (native ticker, ~10 Hz). */
   progress?(phase: Phase, doneBytes: number): void;
@@ -29,6 +31,8 @@ export interface SyncSummary {
   durationMs: number;
   /** Content root (BLAKE3) of the synced file, hex, when known. */
   root?: string;
+  /** TLS: the fingerprint of the peer's certificate. */
+  peerFingerprint?: string;
 }
 
 /** Runs a phase and reports start, native progress and end. */

@@ -21,11 +21,14 @@ import {
   ResultStatus,
   Role,
 } from '../protocol/messages.js';
-import { beginReconstruction, decodeManifest, loadIndex, markUpToDate, type NativeReconstruction, scanFile, type ScanResult } from '../native/binding.js';
+import { beginReconstruction, call, decodeManifest, loadIndex, markUpToDate, type NativeReconstruction, scanFile, type ScanResult } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { manifestParamsKey } from '../utils/manifest.js';
 import { resolveStateDir } from '../utils/state-dir.js';
-import { abortable, expect, handshake, reportError } from './session.js';
+import { abortable, authenticatePeer, expect, handshake, reportError } from './session.js';
+import type { TLSSocket } from 'node:tls';
+import { tlsListenOnce } from '../transport/tls.js';
+import { loadOrCreateIdentity } from '../security/identity.js';
 import { inPhase, type SyncEvents, type SyncSummary } from './events.js';
 import { protocolError } from '../protocol/frames.js';
 
@@ -43,6 +46,12 @@ export interface ReceiveOptions {
   events?: SyncEvents;
   /** Aborting closes the connection; a partial is kept for resuming. */
   signal?: AbortSignal;
+  /** Plain TCP instead of TLS (the peer must agree). */
+  plaintext?: boolean;
+  /** Accept exactly this peer fingerprint (and pin it). */
+  trust?: string;
+  /** Ask on the terminal about an unknown peer. */
+  interactive?: boolean;
 }
 
 /** At most this many DATA batches are being verified/written natively at once. */
@@ -83,9 +92,12 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     const st = await fs.stat(f).catch(() => undefined);
     if (!st?.isFile()) throw new FfsyncError('ENOENT', ExitCode.FILE_SELECTION, `--from ${f} is not a readable regular file`);
   }
-  const listener = await listenOnce(o.host ?? '127.0.0.1', o.port);
+  const identity = o.plaintext ? undefined : loadOrCreateIdentity(stateDir);
+  const host = o.host ?? '127.0.0.1';
+  const listener = identity ? await tlsListenOnce(host, o.port, identity) : await listenOnce(host, o.port);
   o.events?.listening?.(listener.host, listener.port);
-  const conn = new FramedConnection(await abortable(listener.accept(), o.signal, () => listener.close()), o.timeoutMs ?? 60_000);
+  const sock = await abortable(listener.accept(), o.signal, () => listener.close());
+  const conn = new FramedConnection(sock, o.timeoutMs ?? 60_000);
   o.signal?.addEventListener('abort', () => conn.destroy(), { once: true });
   const t0 = Date.now();
   const summary: SyncSummary = {
@@ -102,6 +114,10 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
   };
   let rec: NativeReconstruction | undefined;
   try {
+    if (identity) {
+      const peerLabel = `${sock.remoteAddress}:${sock.remotePort}`;
+      summary.peerFingerprint = await authenticatePeer(conn, sock as TLSSocket, { stateDir, trust: o.trust, interactive: o.interactive, peerLabel, events: o.events });
+    }
     await handshake(conn, Role.RECEIVER);
     const offer = decodeOffer((await expect(conn, FrameType.OFFER)).payload);
     summary.size = Number(offer.size);
@@ -182,7 +198,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     for (const part of needFrames(needed, info.chunks)) await conn.send(FrameType.NEED, part);
     await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: needed.length, identical: false }));
 
-    const copying = r.copyLocal();
+    const copying = call(r.copyLocal());
     copying.catch(() => undefined);
     let received = 0;
     await inPhase(o.events, 'receiving', plan.wireBytes, async (progress) => {
@@ -196,7 +212,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
           if (end.rawBytes !== BigInt(received)) throw protocolError(`sender claims ${end.rawBytes} bytes, ${received} arrived`);
           break;
         }
-        const w = r.writeBatch(f.payload).then((n) => {
+        const w = call(r.writeBatch(f.payload)).then((n) => {
           f.release?.();
           received += n;
           progress(received);
@@ -211,7 +227,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
       }
     });
     await conn.keepAlive(copying);
-    await conn.keepAlive(inPhase(o.events, 'verifying', info.size, () => r.finish(offer.mtimeNs, mode, stateDir)));
+    await conn.keepAlive(inPhase(o.events, 'verifying', info.size, () => call(r.finish(offer.mtimeNs, mode, stateDir))));
     rec = undefined;
     summary.literalBytes = received;
     summary.matchedBytes = info.size - received;

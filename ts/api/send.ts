@@ -21,12 +21,15 @@ import {
   ResultStatus,
   Role,
 } from '../protocol/messages.js';
-import { loadIndex, openChunkSource, scanFile, type ScanResult } from '../native/binding.js';
+import { call, loadIndex, openChunkSource, scanFile, type ScanResult } from '../native/binding.js';
 import { batchByBytes, manifestChunkCount, manifestChunkLength } from '../utils/manifest.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { BufferPool } from '../utils/buffer-pool.js';
 import { resolveStateDir } from '../utils/state-dir.js';
-import { expect, handshake, reportError } from './session.js';
+import { authenticatePeer, expect, handshake, reportError } from './session.js';
+import type { TLSSocket } from 'node:tls';
+import { tlsConnect } from '../transport/tls.js';
+import { loadOrCreateIdentity } from '../security/identity.js';
 import { inPhase, type SyncEvents, type SyncSummary } from './events.js';
 
 export interface SendOptions {
@@ -45,6 +48,12 @@ export interface SendOptions {
   signal?: AbortSignal;
   /** Cap chunk data at this many KiB per second (rsync's --bwlimit). */
   bwlimitKiBps?: number;
+  /** Plain TCP instead of TLS (the peer must agree). */
+  plaintext?: boolean;
+  /** Accept exactly this peer fingerprint (and pin it). */
+  trust?: string;
+  /** Ask on the terminal about an unknown peer. */
+  interactive?: boolean;
 }
 
 /** Raw bytes per DATA frame: large enough to amortize framing, small enough to pipeline. */
@@ -74,7 +83,9 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   const t0 = Date.now();
   const stateDir = resolveStateDir(o.stateDir);
   const st = await statSource(o.path);
-  const conn = new FramedConnection(await connect(o.host, o.port), o.timeoutMs ?? 60_000);
+  const identity = o.plaintext ? undefined : loadOrCreateIdentity(stateDir);
+  const sock = identity ? await tlsConnect(o.host, o.port, identity) : await connect(o.host, o.port);
+  const conn = new FramedConnection(sock, o.timeoutMs ?? 60_000);
   o.signal?.addEventListener('abort', () => conn.destroy(), { once: true });
   const summary: SyncSummary = {
     ok: false,
@@ -90,6 +101,9 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   };
   let source: Awaited<ReturnType<typeof openChunkSource>> | undefined;
   try {
+    if (identity) {
+      summary.peerFingerprint = await authenticatePeer(conn, sock as TLSSocket, { stateDir, trust: o.trust, interactive: o.interactive, peerLabel: `${o.host}:${o.port}`, events: o.events });
+    }
     const negotiated = await handshake(conn, Role.SENDER);
     // A valid index lets the receiver compare content roots for the price of a stat.
     let scan: ScanResult | null = o.checksum ? null : await loadIndex(o.path, stateDir);
@@ -148,7 +162,7 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
         const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : async () => undefined;
         const read = async (k: number) => {
           const buf = await pool.acquire();
-          const res = await src.readBatch(batches[k], buf);
+          const res = await call(src.readBatch(batches[k], buf));
           return { buf, res };
         };
         const ahead: Promise<{ buf: Buffer; res: { length: number; rawBytes: number } }>[] = [];

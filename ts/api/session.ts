@@ -46,7 +46,7 @@ async function recvRaw(conn: FramedConnection): Promise<Frame> {
     if (e instanceof PeerClosedError) {
       throw new FfsyncError(
         'EPEERCLOSED',
-        ExitCode.PROTOCOL_STREAM,
+        ExitCode.PROTOCOL_INCOMPATIBLE,
         'connection closed during the handshake (is the peer an ffsync-native of a compatible version, with the same --plaintext setting?)',
       );
     }
@@ -89,4 +89,35 @@ export function abortable<T>(p: Promise<T>, signal: AbortSignal | undefined, onA
     signal.addEventListener('abort', stop, { once: true });
     p.then(resolve, reject).finally(() => signal.removeEventListener('abort', stop));
   });
+}
+
+/**
+ * TLS sessions: decide whether the peer's certificate is trusted before any protocol
+ * byte. A refusal is told to the peer in an ERROR frame (exit 5 on both sides).
+ */
+export async function authenticatePeer(
+  conn: FramedConnection,
+  sock: import('node:tls').TLSSocket,
+  o: { stateDir: string; trust?: string; interactive?: boolean; peerLabel: string; events?: import('./events.js').SyncEvents },
+): Promise<string> {
+  const { peerFingerprint } = await import('../transport/tls.js');
+  const { verifyPeer } = await import('../security/trust.js');
+  const { isPinned } = await import('../security/pins.js');
+  const fp = peerFingerprint(sock);
+  const known = isPinned(o.stateDir, fp);
+  o.events?.peer?.(o.peerLabel, fp, known);
+  try {
+    await verifyPeer(fp, { stateDir: o.stateDir, trust: o.trust, interactive: o.interactive, peerLabel: o.peerLabel });
+  } catch (e) {
+    const err = e as FfsyncError;
+    try {
+      const why = err.code === 'EFINGERPRINT' ? 'it expected another fingerprint (--trust)' : 'it has not pinned it';
+      const msg = `refused: the other side does not trust our fingerprint ${fp} (${why}); there, run 'ffsync-native trust ${fp}' or pass --trust ${fp}`;
+      await conn.send(FrameType.ERROR, encodeError(err.exitCode, err.code, msg));
+    } catch {
+      // gone already
+    }
+    throw err;
+  }
+  return fp;
 }

@@ -9,9 +9,14 @@ import type { SyncSummary } from '../api/events.js';
 import { parseHostPort } from '../transport/tcp.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { VERSION } from '../utils/version.js';
+import { resolveStateDir } from '../utils/state-dir.js';
+import { loadOrCreateIdentity } from '../security/identity.js';
+import { parseFingerprint } from '../security/fingerprint.js';
+import { addPin, readPins, removePin } from '../security/pins.js';
 import { createReporter, type Reporter } from './reporter.js';
 
 interface CommonOptions {
+  trust?: string;
   json?: boolean;
   quiet?: boolean;
   stateDir?: string;
@@ -33,20 +38,10 @@ function common(cmd: Command): Command {
     .option('--json', 'newline-delimited JSON events on stdout (human text goes to stderr)')
     .option('-q, --quiet', 'print errors only')
     .option('--state-dir <dir>', 'state directory (identity, pins, indexes); default $FFSYNC_STATE_DIR or the per-user state dir')
-    .option('--plaintext', 'plain TCP without TLS (must be given on both sides)')
+    .option('--plaintext', 'plain TCP without TLS (must be given on both sides; trusted networks only)')
+    .option('--trust <fingerprint>', 'accept exactly this peer fingerprint (and pin it); needed without a TTY for a new peer')
     .option('-c, --checksum', 'ignore indexes and the size/mtime quick check; hash everything')
     .addOption(new Option('--timeout <seconds>', 'give up when the peer is silent this long (exit 30)').argParser(intArg(1, 86400)).default(60));
-}
-
-/** TLS with fingerprint pinning is the default transport; until it lands, refuse clearly. */
-function requirePlaintext(o: CommonOptions): void {
-  if (!o.plaintext) {
-    throw new FfsyncError(
-      'ENOTLS',
-      ExitCode.USAGE,
-      'TLS transport is not available in this build yet; pass --plaintext on both sides (trusted networks only)',
-    );
-  }
 }
 
 async function run(reporterOpts: CommonOptions, body: (r: Reporter, signal: AbortSignal) => Promise<SyncSummary>): Promise<never> {
@@ -102,8 +97,21 @@ export function buildProgram(): Command {
     .option('--from <file...>', 'also reuse chunks of these local files')
     .action(async (target: string, port: number, o: CommonOptions & { bind: string; from?: string[] }) => {
       await run(o, async (events, signal) => {
-        requirePlaintext(o);
-        return receive({ path: target, host: o.bind, port, from: o.from, checksum: o.checksum, stateDir: o.stateDir, timeoutMs: o.timeout * 1000, events, signal });
+        if (o.trust) parseFingerprint(o.trust);
+        return receive({
+          path: target,
+          host: o.bind,
+          port,
+          from: o.from,
+          checksum: o.checksum,
+          stateDir: o.stateDir,
+          timeoutMs: o.timeout * 1000,
+          plaintext: o.plaintext,
+          trust: o.trust,
+          interactive: true,
+          events,
+          signal,
+        });
       });
     });
 
@@ -120,7 +128,7 @@ export function buildProgram(): Command {
     .action(async (source: string, addr: string, o: CommonOptions & { compressLevel: number; compress: boolean; bwlimit?: number }) => {
       await run(o, async (events, signal) => {
         const { host, port } = parseHostPort(addr);
-        requirePlaintext(o);
+        if (o.trust) parseFingerprint(o.trust);
         return send({
           path: source,
           host,
@@ -130,12 +138,74 @@ export function buildProgram(): Command {
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
           bwlimitKiBps: o.bwlimit,
+          plaintext: o.plaintext,
+          trust: o.trust,
+          interactive: true,
           events,
           signal,
         });
       });
     });
+  program
+    .command('id')
+    .description("print this peer's certificate fingerprint (creates the identity on first use)")
+    .option('--state-dir <dir>', 'state directory')
+    .option('--rotate', 'replace the identity with a new one (peers must pin the new fingerprint)')
+    .action((o: { stateDir?: string; rotate?: boolean }) =>
+      admin(() => {
+        const id = loadOrCreateIdentity(resolveStateDir(o.stateDir), { rotate: o.rotate });
+        process.stdout.write(`${id.fingerprint}\n`);
+      }),
+    );
+
+  program
+    .command('trust')
+    .description('pin a peer fingerprint (as printed by `ffsync-native id` on the peer)')
+    .argument('<fingerprint>')
+    .argument('[note...]', 'free text kept next to the pin, e.g. the peer\'s name')
+    .option('--state-dir <dir>', 'state directory')
+    .action((fp: string, note: string[], o: { stateDir?: string }) =>
+      admin(() => {
+        const f = parseFingerprint(fp);
+        const added = addPin(resolveStateDir(o.stateDir), f, note.join(' '));
+        process.stdout.write(`${added ? 'pinned' : 'already pinned'} ${f}\n`);
+      }),
+    );
+
+  program
+    .command('untrust')
+    .description('remove a pinned fingerprint')
+    .argument('<fingerprint>')
+    .option('--state-dir <dir>', 'state directory')
+    .action((fp: string, o: { stateDir?: string }) =>
+      admin(() => {
+        const f = parseFingerprint(fp);
+        if (!removePin(resolveStateDir(o.stateDir), f)) throw new FfsyncError('ENOTPINNED', ExitCode.USAGE, `${f} is not pinned`);
+        process.stdout.write(`removed ${f}\n`);
+      }),
+    );
+
+  program
+    .command('fingerprints')
+    .description('list pinned peer fingerprints')
+    .option('--state-dir <dir>', 'state directory')
+    .action((o: { stateDir?: string }) =>
+      admin(() => {
+        for (const p of readPins(resolveStateDir(o.stateDir))) process.stdout.write(`${p.fingerprint}${p.note ? '  ' + p.note : ''}\n`);
+      }),
+    );
   return program;
+}
+
+/** Small synchronous commands: one error line and the documented exit code. */
+function admin(body: () => void): void {
+  try {
+    body();
+  } catch (e) {
+    const err = e instanceof FfsyncError ? e : new FfsyncError('EINTERNAL', ExitCode.FILE_IO, String((e as Error)?.message ?? e));
+    process.stderr.write(`ffsync-native: error: ${err.message}\n`);
+    process.exit(err.exitCode);
+  }
 }
 
 async function main(): Promise<void> {

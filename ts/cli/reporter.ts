@@ -38,6 +38,9 @@ function humanReporter(quiet: boolean, ora?: (o: { text: string; stream: NodeJS.
     listening(host, port) {
       process.stdout.write(`listening on ${host}:${port}\n`);
     },
+    peer(label, fingerprint, pinned) {
+      if (!pinned) process.stderr.write(`peer ${label} fingerprint ${fingerprint}\n`);
+    },
     phaseStart(phase, total) {
       const spinner = ora?.({ text: line(phase, 0, total, 0), stream: process.stderr }).start();
       started.set(phase, { t0: Date.now(), total, spinner });
@@ -78,6 +81,7 @@ function jsonReporter(): Reporter {
   let lastProgress = 0;
   return {
     listening: (host, port) => emit({ event: 'listening', host, port }),
+    peer: (label, fingerprint, pinned) => emit({ event: 'peer', peer: label, fingerprint, pinned }),
     phaseStart: (phase, total) => emit({ event: 'phase', phase, state: 'start', totalBytes: total }),
     progress(phase, done) {
       const now = Date.now();

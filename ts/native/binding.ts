@@ -62,3 +62,12 @@ function progressCallback(fn?: (n: number) => void): ((n: number) => void) | und
 export function loadIndex(path: string, stateDir: string): Promise<Binding.ScanResult | null> {
   return call(native.loadIndex(path, stateDir));
 }
+
+/** A fresh self-signed identity (rcgen, ECDSA P-256). Fast; runs on the JS thread. */
+export function generateIdentity(label: string): { certPem: string; keyPem: string } {
+  try {
+    return native.generateIdentity(label);
+  } catch (e) {
+    throw normalizeNativeError(e);
+  }
+}

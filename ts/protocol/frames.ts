@@ -59,6 +59,7 @@ export function encodeFrame(type: FrameType, payload: Uint8Array = Buffer.alloc(
 export class FrameDecoder {
   private parts: Buffer[] = [];
   private buffered = 0;
+  private sawStart = false;
   /** Frames larger than this that span several reads are assembled in pooled buffers. */
   static readonly POOLED_MIN = 256 * 1024;
   private readonly pool = new BufferPool(2 * 1024 * 1024 + 64 * 1024, 6);
@@ -74,6 +75,15 @@ export class FrameDecoder {
   push(chunk: Buffer, out: Frame[] = []): Frame[] {
     this.parts.push(chunk);
     this.buffered += chunk.length;
+    if (!this.sawStart && this.buffered >= 3) {
+      this.sawStart = true;
+      // A TLS record (ClientHello: 16 03 0x) where our first frame should be: the peer
+      // runs without --plaintext. Say so now rather than wait for a frame that never ends.
+      const h = this.peek(3);
+      if (h[0] === 0x16 && h[1] === 0x03 && h[2] <= 0x04) {
+        throw new FfsyncError('ETLSPEER', ExitCode.PROTOCOL_INCOMPATIBLE, 'the peer is speaking TLS but we run with --plaintext; use --plaintext on both sides or on neither');
+      }
+    }
     for (;;) {
       if (this.buffered < FRAME_HEADER) break;
       const head = this.peek(FRAME_HEADER);

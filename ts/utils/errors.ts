@@ -6,6 +6,8 @@ export const ExitCode = {
   USAGE: 1,
   PROTOCOL_INCOMPATIBLE: 2,
   FILE_SELECTION: 3,
+  /** rsync's "error starting client-server protocol" (its auth failures): unknown or mismatched peer. */
+  UNTRUSTED: 5,
   SOCKET_IO: 10,
   FILE_IO: 11,
   PROTOCOL_STREAM: 12,

@@ -3,6 +3,7 @@
 //! cross as one Buffer, and progress reaches JavaScript through a throttled threadsafe
 //! callback driven by a ticker (not per chunk).
 
+mod identity;
 mod progress;
 mod reconstruction;
 mod scan;

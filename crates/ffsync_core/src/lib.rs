@@ -6,12 +6,15 @@
 //! - [`chunk_source`] / [`chunk_batch`]: the sender's chunk reader and DATA payload codec
 //! - [`reconstruct`]: the restorer (temp file, local copies, positional writes, verify, rename)
 //! - [`io`]: positional and in-kernel copy primitives
+//! - [`identity`]: this peer's self-signed TLS identity (rcgen)
 
 pub mod chunk_batch;
 pub mod chunk_source;
 pub mod chunker;
 pub mod error;
 pub mod file_identity;
+pub mod fuzzing;
+pub mod identity;
 pub mod index;
 pub mod io;
 pub mod manifest;

@@ -121,7 +121,10 @@ impl Residency for MapResidency<'_> {
         if b > a {
             // Safety: read-only shared file mapping; DONTNEED only drops our page table
             // entries, and a later access faults the same bytes back in.
-            let _ = unsafe { self.0.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, b - a) };
+            let _ = unsafe {
+                self.0
+                    .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, b - a)
+            };
         }
     }
 }

@@ -1,0 +1,116 @@
+// TLS by default with mutual fingerprint pinning; identity and pin management commands.
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { describe, it } from 'node:test';
+import { run, seeded, sha256, snapshot, tmpdir } from './helpers/peers';
+
+async function id(stateDir: string, ...extra: string[]): Promise<string> {
+  const r = await run(['id', '--state-dir', stateDir, ...extra]).done;
+  assert.equal(r.code, 0, r.stderr);
+  return r.stdout.trim();
+}
+
+/** A TLS sync (no --plaintext) with per-side extra arguments. */
+async function tlsSync(src: string, dst: string, stateS: string, stateR: string, recvArgs: string[] = [], sendArgs: string[] = []) {
+  const recv = run(['receive', dst, '0', '--json', '--bind', '127.0.0.1', '--timeout', '10', '--state-dir', stateR, ...recvArgs]);
+  const l = await recv.waitFor((e) => e.event === 'listening');
+  const send = await run(['send', src, `127.0.0.1:${l.port}`, '--json', '--timeout', '10', '--state-dir', stateS, ...sendArgs]).done;
+  return { send, recv: await recv.done };
+}
+
+describe('identity and pins', () => {
+  it('id creates a private key readable only by its owner and prints a stable fingerprint', async () => {
+    const st = tmpdir();
+    const fp = await id(st);
+    assert.match(fp, /^([0-9A-F]{4}-){15}[0-9A-F]{4}$/);
+    assert.equal(await id(st), fp);
+    assert.equal(fs.statSync(path.join(st, 'identity', 'key.pem')).mode & 0o777, 0o600);
+    const rotated = await id(st, '--rotate');
+    assert.notEqual(rotated, fp);
+    assert.equal(await id(st), rotated);
+  });
+
+  it('trust, fingerprints, untrust', async () => {
+    const st = tmpdir();
+    const fp = await id(tmpdir());
+    const lower = fp.toLowerCase().replace(/-/g, ':');
+    assert.equal((await run(['trust', lower, 'build', 'host', '--state-dir', st]).done).code, 0);
+    const list = await run(['fingerprints', '--state-dir', st]).done;
+    assert.equal(list.stdout.trim(), `${fp}  build host`);
+    assert.equal((await run(['untrust', fp, '--state-dir', st]).done).code, 0);
+    assert.equal((await run(['fingerprints', '--state-dir', st]).done).stdout, '');
+    assert.equal((await run(['untrust', fp, '--state-dir', st]).done).code, 1);
+    assert.equal((await run(['trust', 'not-a-fingerprint', '--state-dir', st]).done).code, 1);
+  });
+});
+
+describe('TLS sessions', () => {
+  function setup() {
+    const dir = tmpdir();
+    const src = path.join(dir, 'src.bin');
+    fs.writeFileSync(src, seeded(3 << 20, 4));
+    const out = path.join(dir, 'out');
+    fs.mkdirSync(out);
+    return { dir, src, out, dst: path.join(out, 'dst.bin'), stateS: path.join(dir, 'ss'), stateR: path.join(dir, 'sr') };
+  }
+
+  it('--trust on both sides: TLS sync succeeds and pins each other; the next sync needs no flag', async () => {
+    const t = setup();
+    const fs_ = await id(t.stateS);
+    const fr = await id(t.stateR);
+    const first = await tlsSync(t.src, t.dst, t.stateS, t.stateR, ['--trust', fs_], ['--trust', fr]);
+    assert.equal(first.send.code, 0, first.send.stderr);
+    assert.equal(first.recv.code, 0, first.recv.stderr);
+    assert.equal(sha256(t.dst), sha256(t.src));
+    assert.equal(first.send.summary!.peerFingerprint, fr);
+    assert.equal(first.recv.summary!.peerFingerprint, fs_);
+    const peerEvent = first.recv.events.find((e) => e.event === 'peer');
+    assert.equal(peerEvent?.fingerprint, fs_);
+    fs.rmSync(t.dst);
+    const again = await tlsSync(t.src, t.dst, t.stateS, t.stateR);
+    assert.equal(again.send.code, 0, again.send.stderr);
+    assert.equal(again.recv.code, 0, again.recv.stderr);
+    assert.equal(sha256(t.dst), sha256(t.src));
+  });
+
+  it('an unpinned peer without a TTY is refused on both sides (exit 5) and nothing is written', async () => {
+    const t = setup();
+    const before = snapshot(t.out);
+    const r = await tlsSync(t.src, t.dst, t.stateS, t.stateR);
+    assert.equal(r.recv.code, 5, r.recv.stderr);
+    assert.equal(r.send.code, 5, r.send.stderr);
+    const fsender = await id(t.stateS);
+    assert.match(r.recv.stderr, new RegExp(`unknown peer .*${fsender}`));
+    assert.deepEqual(snapshot(t.out), before);
+  });
+
+  it('a pinned fingerprint presented by a different key is a loud mismatch (exit 5)', async () => {
+    const t = setup();
+    const impostorState = path.join(t.dir, 'impostor');
+    const realSender = await id(t.stateS);
+    await id(impostorState); // a different key
+    const fr = await id(t.stateR);
+    const r = await tlsSync(t.src, t.dst, impostorState, t.stateR, ['--trust', realSender], ['--trust', fr]);
+    assert.equal(r.recv.code, 5);
+    assert.match(r.recv.stderr, /FINGERPRINT MISMATCH/);
+    assert.notEqual(r.send.code, 0);
+    assert.equal(fs.existsSync(t.dst), false);
+  });
+
+  it('--plaintext on one side only: a clear error on both sides, never a hang', async () => {
+    const t = setup();
+    for (const [recvArgs, sendArgs] of [
+      [['--plaintext'], []],
+      [[], ['--plaintext']],
+    ]) {
+      const started = Date.now();
+      const r = await tlsSync(t.src, t.dst, t.stateS, t.stateR, recvArgs, sendArgs);
+      assert.ok(Date.now() - started < 8000, 'must not wait for the idle timeout');
+      assert.equal(r.recv.code, 2, `receiver ${recvArgs}: ${r.recv.stderr}`);
+      assert.equal(r.send.code, 2, `sender ${sendArgs}: ${r.send.stderr}`);
+      assert.match(r.recv.stderr + r.send.stderr, /--plaintext/);
+      assert.equal(fs.existsSync(t.dst), false);
+    }
+  });
+});

@@ -1,0 +1,144 @@
+//! Fuzz bodies for every decoder that parses untrusted bytes. Shared by the cargo-fuzz
+//! targets (crates/ffsync_core/fuzz, coverage-guided, nightly) and by a bounded,
+//! deterministic mutation run in `cargo test` (so every CI run exercises them).
+
+use crate::chunk_batch;
+use crate::index;
+use crate::manifest::Manifest;
+use crate::params::ChunkParams;
+use crate::scan::manifest_of_bytes;
+
+/// Decode never panics; whatever decodes re-encodes to the same bytes.
+pub fn manifest_decode(data: &[u8]) {
+    if let Ok(m) = Manifest::decode(data) {
+        assert_eq!(m.encode(), data);
+        assert_eq!(m.params, ChunkParams::for_file_size(m.size));
+    }
+    if let Ok(m) = Manifest::decode_local(data) {
+        assert_eq!(m.encode(), data);
+    }
+}
+
+pub fn index_decode(data: &[u8]) {
+    if let Ok(e) = index::decode(data) {
+        assert_eq!(e.manifest.size, e.identity.size);
+    }
+}
+
+/// A fixed small manifest, then the input as a DATA batch against it: decoding and
+/// decompressing must never panic, and never yield a chunk of the wrong length.
+pub fn chunk_batch_decode(data: &[u8]) {
+    thread_local! {
+        static MANIFEST: Manifest = {
+            let bytes: Vec<u8> = (0..300_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+            manifest_of_bytes(&bytes, None, &crate::chunker::InMemory)
+        };
+    }
+    MANIFEST.with(|m| {
+        if let Ok(records) = chunk_batch::decode(data, m) {
+            let mut buf = Vec::new();
+            for r in records {
+                if let Ok(raw) = r.raw(&mut buf) {
+                    assert_eq!(raw.len(), m.chunks[r.index as usize].len as usize);
+                }
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    //! A bounded, seeded mutation run of each fuzz body over valid seeds (the long,
+    //! coverage-guided runs are `cargo +nightly fuzz run <target>`, see bench/README.md).
+    use super::*;
+    use crate::chunk_batch::CompressPolicy;
+    use crate::file_identity::FileIdentity;
+    use crate::testutil::pseudo_random;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n.max(1) as u64) as usize
+        }
+    }
+
+    /// Flip, overwrite, insert, delete and truncate at random, `rounds` times per seed.
+    fn mutate_all(seed: &[u8], rounds: usize, body: fn(&[u8])) {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        body(seed);
+        for _ in 0..rounds {
+            let mut d = seed.to_vec();
+            for _ in 0..1 + rng.below(4) {
+                if d.is_empty() {
+                    d.push(rng.next() as u8);
+                    continue;
+                }
+                let at = rng.below(d.len());
+                match rng.below(6) {
+                    0 => d[at] ^= 1 << rng.below(8),
+                    1 => d[at] = rng.next() as u8,
+                    2 => d.insert(at, rng.next() as u8),
+                    3 => {
+                        d.remove(at);
+                    }
+                    4 => d.truncate(at),
+                    _ => {
+                        // Interesting 32-bit values at a random aligned spot (lengths, counts).
+                        let v = [0u32, 1, 0xffff_ffff, 0x8000_0000, 65536, 1 << 20][rng.below(6)];
+                        let at = at / 4 * 4;
+                        if at + 4 <= d.len() {
+                            d[at..at + 4].copy_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                }
+            }
+            body(&d);
+        }
+    }
+
+    fn sample_manifest() -> Manifest {
+        manifest_of_bytes(&pseudo_random(400_000, 17), None, &crate::chunker::InMemory)
+    }
+
+    #[test]
+    fn manifest_decoder_survives_mutations() {
+        mutate_all(&sample_manifest().encode(), 20_000, manifest_decode);
+    }
+
+    #[test]
+    fn index_decoder_survives_mutations() {
+        let m = sample_manifest();
+        let id = FileIdentity {
+            size: m.size,
+            mtime_ns: 5,
+            ctime_ns: 6,
+            inode: 7,
+            dev: 8,
+        };
+        mutate_all(
+            &index::encode(std::path::Path::new("/x/y"), &id, &m, 99),
+            5_000,
+            index_decode,
+        );
+    }
+
+    #[test]
+    fn chunk_batch_decoder_survives_mutations() {
+        let bytes: Vec<u8> = (0..300_000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        let m = manifest_of_bytes(&bytes, None, &crate::chunker::InMemory);
+        let p = CompressPolicy::new(1);
+        let mut batch = Vec::new();
+        for (i, c) in m.chunks.iter().enumerate() {
+            p.encode_record(i as u32, &bytes[c.offset as usize..c.end() as usize], &mut batch);
+        }
+        mutate_all(&batch, 3_000, chunk_batch_decode);
+    }
+}

@@ -1,0 +1,118 @@
+// TLS 1.3 transport, mutually authenticated by pinned certificate fingerprints (not by a
+// CA or host names: every peer's certificate is self-signed, see ts/security/). Both
+// sides present their identity; trust is decided after the handshake by ts/security/trust.
+import net from 'node:net';
+import tls from 'node:tls';
+import type { Identity } from '../security/identity.js';
+import { fingerprintOfDer } from '../security/fingerprint.js';
+import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
+import type { Listener } from './tcp.js';
+
+const BASE: tls.SecureContextOptions & tls.CommonConnectionOptions = {
+  minVersion: 'TLSv1.3',
+  maxVersion: 'TLSv1.3',
+  // Self-signed by design: the chain is not what we trust, the fingerprint is.
+  rejectUnauthorized: false,
+};
+
+function handshakeError(e: unknown, context: string): FfsyncError {
+  const err = e as NodeJS.ErrnoException;
+  if (['ECONNREFUSED', 'ECONNRESET', 'EADDRINUSE', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN'].includes(err?.code ?? '')) {
+    return fromSystemError(e, context);
+  }
+  return new FfsyncError(
+    'ETLS',
+    ExitCode.PROTOCOL_INCOMPATIBLE,
+    `${context}: TLS handshake failed (${err?.message ?? String(e)}); is the peer running with --plaintext? Use it on both sides or on neither`,
+    { cause: e },
+  );
+}
+
+// Captured when the handshake completes: once the peer hangs up (for instance because it
+// does not trust *us*), the socket no longer reports the certificate it presented.
+const presented = new WeakMap<tls.TLSSocket, string | undefined>();
+
+function capture(sock: tls.TLSSocket): void {
+  const cert = sock.getPeerCertificate(true);
+  presented.set(sock, cert && cert.raw ? fingerprintOfDer(cert.raw) : undefined);
+}
+
+/** The SHA-256 fingerprint of the certificate the peer presented. */
+export function peerFingerprint(sock: tls.TLSSocket): string {
+  const fp = presented.get(sock);
+  if (!fp) throw new FfsyncError('EUNTRUSTED', ExitCode.UNTRUSTED, 'the peer presented no certificate');
+  return fp;
+}
+
+export async function tlsListenOnce(host: string, port: number, id: Identity): Promise<Listener> {
+  const server = tls.createServer({ ...BASE, key: id.keyPem, cert: id.certPem, requestCert: true });
+  let accepted: tls.TLSSocket | undefined;
+  let failure: FfsyncError | undefined;
+  let waiter: { resolve: (s: net.Socket) => void; reject: (e: Error) => void } | undefined;
+  const settle = () => {
+    if (!waiter) return;
+    const w = waiter;
+    if (accepted) {
+      waiter = undefined;
+      server.close();
+      w.resolve(accepted);
+    } else if (failure) {
+      waiter = undefined;
+      server.close();
+      w.reject(failure);
+    }
+  };
+  server.on('secureConnection', (sock) => {
+    if (accepted || failure) {
+      sock.destroy();
+      return;
+    }
+    sock.setNoDelay(true);
+    capture(sock);
+    accepted = sock;
+    settle();
+  });
+  // One session per receive: a peer that fails the TLS handshake (e.g. --plaintext on
+  // its side) ends it with a clear error instead of leaving us waiting.
+  server.on('tlsClientError', (e) => {
+    if (accepted || failure) return;
+    failure = handshakeError(e, 'incoming connection');
+    settle();
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', (e) => reject(fromSystemError(e, `cannot listen on ${host}:${port}`)));
+    server.listen({ host, port, exclusive: true }, () => resolve());
+  });
+  const addr = server.address() as net.AddressInfo;
+  return {
+    host: addr.address,
+    port: addr.port,
+    accept: () =>
+      new Promise((resolve, reject) => {
+        waiter = { resolve, reject };
+        settle();
+      }),
+    close: () => server.close(),
+  };
+}
+
+export function tlsConnect(host: string, port: number, id: Identity, timeoutMs = 15000): Promise<tls.TLSSocket> {
+  return new Promise((resolve, reject) => {
+    const sock = tls.connect({ ...BASE, host, port, key: id.keyPem, cert: id.certPem, checkServerIdentity: () => undefined, servername: net.isIP(host) ? undefined : host });
+    const timer = setTimeout(() => {
+      sock.destroy();
+      reject(new FfsyncError('ETIMEDOUT', ExitCode.TIMEOUT, `connecting to ${host}:${port} timed out`));
+    }, timeoutMs);
+    sock.once('secureConnect', () => {
+      clearTimeout(timer);
+      sock.removeAllListeners('error');
+      sock.setNoDelay(true);
+      capture(sock);
+      resolve(sock);
+    });
+    sock.once('error', (e) => {
+      clearTimeout(timer);
+      reject(handshakeError(e, `connecting to ${host}:${port}`));
+    });
+  });
+}
