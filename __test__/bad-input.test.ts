@@ -173,6 +173,22 @@ describe('receiver-side bad input', () => {
     assert.match(oneErrorLine(r.stderr), /sent nothing/);
   });
 
+  it('a peer that trickles a frame byte by byte times out: exit 30', async () => {
+    const { peer, port } = await startReceiver(path.join(tmpdir(), 't'), ['--timeout', '1']);
+    const sock = net.connect({ host: '127.0.0.1', port });
+    sock.on('error', () => undefined);
+    const frame = encodeFrame(FrameType.HELLO, encodeHello({ minVersion: 1, maxVersion: 1, capabilities: 0, role: Role.SENDER, software: 'slow' }));
+    let i = 0;
+    const drip = setInterval(() => {
+      if (i < frame.length - 1) sock.write(frame.subarray(i, ++i));
+    }, 150);
+    const r = await peer.done;
+    clearInterval(drip);
+    sock.destroy();
+    assert.equal(r.code, 30, r.stderr);
+    assert.match(oneErrorLine(r.stderr), /trickles/);
+  });
+
   it('disk fills during reconstruction: exit 11, temp removed, old target intact', { skip: !canMount() && 'needs root to mount a small tmpfs' }, async () => {
     const dir = tmpdir();
     const mnt = path.join(dir, 'small');

@@ -29,6 +29,8 @@ export class FramedConnection {
   private ended = false;
   private closed = false;
   private lastActivity = Date.now();
+  /** When the frame now being received started arriving (0: none in progress). */
+  private partialSince = 0;
   private drainWaiters = 0;
   private readonly relieve = createGarbageRelief();
   private readonly keepAliveMs: number;
@@ -60,8 +62,12 @@ export class FramedConnection {
       // idleTimeoutMs. Peers doing long local work send KEEPALIVE frames.
       this.idleTimer = setInterval(() => {
         const waiting = this.waiter !== undefined || this.drainWaiters > 0;
-        if (Date.now() - this.lastActivity > idleTimeoutMs && waiting) {
+        const now = Date.now();
+        if (now - this.lastActivity > idleTimeoutMs && waiting) {
           this.fail(new FfsyncError('ETIMEDOUT', ExitCode.TIMEOUT, `peer sent nothing for ${Math.round(idleTimeoutMs / 1000)} s`));
+        } else if (this.partialSince > 0 && now - this.partialSince > idleTimeoutMs) {
+          // Bytes keep trickling in but no frame completes: as good as silent.
+          this.fail(new FfsyncError('ETIMEDOUT', ExitCode.TIMEOUT, `peer trickles data: no frame completed in ${Math.round(idleTimeoutMs / 1000)} s`));
         }
       }, Math.min(1000, idleTimeoutMs));
       this.idleTimer.unref();
@@ -85,6 +91,9 @@ export class FramedConnection {
       this.queuedBytes += f.payload.length;
     }
     if (bad) this.fail(bad);
+    // Track how long a frame has been incomplete (see the idle timer).
+    if (this.decoder.bufferedBytes === 0) this.partialSince = 0;
+    else if (frames.length > 0 || this.partialSince === 0) this.partialSince = Date.now();
     if (this.queuedBytes > HIGH_WATER) this.stream.pause();
     this.wake();
   }
