@@ -3,7 +3,8 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { run, seeded, sha256, snapshot, tmpdir } from './helpers/peers';
+import { execFileSync } from 'node:child_process';
+import { CLI, run, seeded, sha256, snapshot, tmpdir } from './helpers/peers';
 
 async function id(stateDir: string, ...extra: string[]): Promise<string> {
   const r = await run(['id', '--state-dir', stateDir, ...extra]).done;
@@ -111,6 +112,61 @@ describe('TLS sessions', () => {
       assert.equal(r.send.code, 2, `sender ${sendArgs}: ${r.send.stderr}`);
       assert.match(r.recv.stderr + r.send.stderr, /--plaintext/);
       assert.equal(fs.existsSync(t.dst), false);
+    }
+  });
+});
+
+describe('interactive first contact', () => {
+  const tmux = (() => {
+    try {
+      execFileSync('tmux', ['-V'], { stdio: 'ignore' });
+      return true;
+    } catch {
+      return false;
+    }
+  })();
+
+  it('on a terminal, an unknown peer is shown and pinned after "y"', { skip: !tmux && 'tmux is not installed' }, async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'src.bin');
+    fs.writeFileSync(src, seeded(50_000, 8));
+    const [sr, ss] = [path.join(dir, 'sr'), path.join(dir, 'ss')];
+    const recvFp = await id(sr);
+    const sendFp = await id(ss);
+    const session = `ffsync-test-${process.pid}`;
+    const portFile = path.join(dir, 'port');
+    // The receiver runs in a real terminal (tmux); its --json listening event goes to a file.
+    execFileSync('tmux', [
+      'new-session', '-d', '-s', session, '-x', '200', '-y', '40',
+      `${process.execPath} ${CLI} receive ${path.join(dir, 'dst.bin')} 0 --bind 127.0.0.1 --json --state-dir ${sr} > ${portFile}; sleep 3`,
+    ]);
+    try {
+      let port = 0;
+      for (let i = 0; i < 100 && !port; i++) {
+        await new Promise((r) => setTimeout(r, 100));
+        const line = fs.existsSync(portFile) ? fs.readFileSync(portFile, 'utf8').split('\n')[0] : '';
+        if (line) port = JSON.parse(line).port;
+      }
+      const send = run(['send', src, `127.0.0.1:${port}`, '--state-dir', ss, '--trust', recvFp]);
+      let screen = '';
+      for (let i = 0; i < 100 && !screen.includes('trust this peer? [y/N]'); i++) {
+        await new Promise((r) => setTimeout(r, 100));
+        screen = execFileSync('tmux', ['capture-pane', '-p', '-t', session], { encoding: 'utf8' });
+      }
+      assert.match(screen, new RegExp(`fingerprint ${sendFp}`));
+      assert.match(screen, /trust this peer\? \[y\/N\]/);
+      execFileSync('tmux', ['send-keys', '-t', session, 'y', 'Enter']);
+      const s = await send.done;
+      assert.equal(s.code, 0, s.stderr);
+      assert.equal(sha256(path.join(dir, 'dst.bin')), sha256(src));
+      const pins = await run(['fingerprints', '--state-dir', sr]).done;
+      assert.match(pins.stdout, new RegExp(sendFp));
+    } finally {
+      try {
+        execFileSync('tmux', ['kill-session', '-t', session], { stdio: 'ignore' });
+      } catch {
+        // already gone
+      }
     }
   });
 });

@@ -39,6 +39,7 @@ function humanReporter(quiet: boolean, ora?: (o: { text: string; stream: NodeJS.
       process.stdout.write(`listening on ${host}:${port}\n`);
     },
     peer(label, fingerprint, pinned) {
+      // First contact: show the fingerprint (a TTY prompt, if any, follows this line).
       if (!pinned) process.stderr.write(`peer ${label} fingerprint ${fingerprint}\n`);
     },
     phaseStart(phase, total) {
@@ -81,7 +82,10 @@ function jsonReporter(): Reporter {
   let lastProgress = 0;
   return {
     listening: (host, port) => emit({ event: 'listening', host, port }),
-    peer: (label, fingerprint, pinned) => emit({ event: 'peer', peer: label, fingerprint, pinned }),
+    peer: (label, fingerprint, pinned) => {
+      emit({ event: 'peer', peer: label, fingerprint, pinned });
+      if (!pinned) process.stderr.write(`peer ${label} fingerprint ${fingerprint}\n`);
+    },
     phaseStart: (phase, total) => emit({ event: 'phase', phase, state: 'start', totalBytes: total }),
     progress(phase, done) {
       const now = Date.now();

@@ -31,7 +31,7 @@ export async function verifyPeer(fingerprint: string, o: TrustOptions): Promise<
   }
   if (isPinned(o.stateDir, fingerprint)) return;
   if (o.interactive && process.stdin.isTTY && process.stderr.isTTY) {
-    process.stderr.write(`peer ${o.peerLabel} presented fingerprint ${fingerprint}\n`);
+    // The reporter has just printed the peer's fingerprint (events.peer); ask right below it.
     const rl = readline.createInterface({ input: process.stdin, output: process.stderr });
     const answer = await new Promise<string>((resolve) => rl.question('trust this peer? [y/N] ', resolve));
     rl.close();
