@@ -84,10 +84,24 @@ export async function checkTarget(target: string): Promise<import('node:fs').Big
   return dst;
 }
 
+function sameFile(a: import('node:fs').BigIntStats, b: import('node:fs').BigIntStats): boolean {
+  return a.size === b.size && a.mtimeNs === b.mtimeNs && a.ctimeNs === b.ctimeNs && a.ino === b.ino && a.dev === b.dev;
+}
+
 export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
   const target = path.resolve(o.path);
   const stateDir = resolveStateDir(o.stateDir);
-  await checkTarget(target);
+  const initial = await checkTarget(target);
+  // What we know about the target before any peer talks to us. The decision below uses
+  // only this (so it never depends on how far a background scan got); if no index covers
+  // the target we scan it now, while we wait for the sender — it is needed for the diff
+  // unless the quick check settles the question, and while we wait it costs no time.
+  const initialIndex = initial && !o.checksum ? await loadIndex(target, stateDir) : null;
+  const prescan =
+    initial && !initialIndex
+      ? inPhase(o.events, 'hashing', Number(initial.size), (progress) => scanFile(target, { stateDir, ignoreIndex: o.checksum, onProgress: progress }))
+      : undefined;
+  prescan?.catch(() => undefined);
   for (const f of o.from ?? []) {
     const st = await fs.stat(f).catch(() => undefined);
     if (!st?.isFile()) throw new FfsyncError('ENOENT', ExitCode.FILE_SELECTION, `--from ${f} is not a readable regular file`);
@@ -130,7 +144,8 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     //    the offer when its index covers the source; otherwise it must scan (and send its
     //    manifest), because size and mtime can match while content differs.
     // 2. No index: size + mtime, rsync's quick check. 3. --checksum: always compare content.
-    const local = !checksum && dst ? await loadIndex(target, stateDir) : null;
+    const unchangedSinceStart = Boolean(initial && dst && sameFile(initial, dst));
+    const local = !checksum && dst ? (unchangedSinceStart ? initialIndex : await loadIndex(target, stateDir)) : null;
     if (local && offer.root && local.root === offer.root.toString('hex')) {
       await markUpToDate(target, local.manifest, offer.mtimeNs, mode, stateDir);
       await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.INDEX_ROOT));
@@ -151,7 +166,10 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
       const out: ScanResult[] = [];
       let base = 0;
       for (const p of localPaths) {
-        const r = await scanFile(p, { stateDir, ignoreIndex: checksum, onProgress: (n) => progress(base + n) });
+        // The prescan is usable if the target did not change since and, when the sender
+        // asked for --checksum, it did not come from the index.
+        const early = p === target && unchangedSinceStart ? (local ?? (await prescan?.catch(() => undefined))) : undefined;
+        const r = early && !(checksum && early.fromIndex) ? early : await scanFile(p, { stateDir, ignoreIndex: checksum, onProgress: (n) => progress(base + n) });
         base += r.size;
         out.push(r);
       }
