@@ -40,10 +40,11 @@ it('human mode: the receiver\'s first line is its address; progress lines carry 
   assert.match(s.stdout, /^sent .*a\.bin: 3\.00 MiB/m);
 });
 
-it('--json: listening event first, summary last with the contract fields', async () => {
+it('--json: listening event first (even when the receiver has a file to prescan), summary last', async () => {
   const dir = tmpdir();
   const src = path.join(dir, 'a.bin');
   fs.writeFileSync(src, seeded(2 << 20, 2));
+  fs.writeFileSync(path.join(dir, 'b.bin'), seeded(2 << 20, 3));
   const recv = run(['receive', path.join(dir, 'b.bin'), '0', '--plaintext', '--json', '--state-dir', path.join(dir, 'r')]);
   const l = await recv.waitFor((e) => e.event === 'listening');
   const s = await run(['send', src, `127.0.0.1:${l.port}`, '--plaintext', '--json', '--state-dir', path.join(dir, 's')]).done;
@@ -60,6 +61,7 @@ it('--json: listening event first, summary last with the contract fields', async
     assert.equal(typeof last.durationMs, 'number');
   }
   assert.deepEqual(Object.keys(r.events[0]).sort(), ['event', 'host', 'port']);
+  assert.ok(r.events.some((e) => e.event === 'phase' && e.phase === 'hashing'), 'the prescan reported its phase');
   assert.equal(s.summary!.bytesOnWire.sent, r.summary!.bytesOnWire.received);
 });
 

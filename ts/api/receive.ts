@@ -97,11 +97,6 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
   // the target we scan it now, while we wait for the sender — it is needed for the diff
   // unless the quick check settles the question, and while we wait it costs no time.
   const initialIndex = initial && !o.checksum ? await loadIndex(target, stateDir) : null;
-  const prescan =
-    initial && !initialIndex
-      ? inPhase(o.events, 'hashing', Number(initial.size), (progress) => scanFile(target, { stateDir, ignoreIndex: o.checksum, onProgress: progress }))
-      : undefined;
-  prescan?.catch(() => undefined);
   for (const f of o.from ?? []) {
     const st = await fs.stat(f).catch(() => undefined);
     if (!st?.isFile()) throw new FfsyncError('ENOENT', ExitCode.FILE_SELECTION, `--from ${f} is not a readable regular file`);
@@ -109,7 +104,13 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
   const identity = o.plaintext ? undefined : loadOrCreateIdentity(stateDir);
   const host = o.host ?? '127.0.0.1';
   const listener = identity ? await tlsListenOnce(host, o.port, identity) : await listenOnce(host, o.port);
+  // The listening event is always the first one (scripts read the port from it).
   o.events?.listening?.(listener.host, listener.port);
+  const prescan =
+    initial && !initialIndex
+      ? inPhase(o.events, 'hashing', Number(initial.size), (progress) => scanFile(target, { stateDir, ignoreIndex: o.checksum, onProgress: progress }))
+      : undefined;
+  prescan?.catch(() => undefined);
   const sock = await abortable(listener.accept(), o.signal, () => listener.close());
   const conn = new FramedConnection(sock, o.timeoutMs ?? 60_000);
   o.signal?.addEventListener('abort', () => conn.destroy(), { once: true });
