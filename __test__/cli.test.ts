@@ -77,15 +77,14 @@ it('library API: send/receive in-process without a shell', async () => {
   const src = path.join(dir, 'lib.bin');
   fs.writeFileSync(src, seeded(5 << 20, 3));
   let port = 0;
-  const listening = new Promise<void>((resolve) => {
-    void receive({ path: path.join(dir, 'out.bin'), port: 0, plaintext: true, stateDir: path.join(dir, 'r'), events: { listening: (_h, p) => ((port = p), resolve()) } }).then((sum) => {
-      assert.equal(sum.ok, true);
-    });
-  });
-  await listening;
-  const sum = await send({ path: src, host: '127.0.0.1', port, plaintext: true, stateDir: path.join(dir, 's') });
+  let listening!: () => void;
+  const ready = new Promise<void>((r) => (listening = r));
+  const received = receive({ path: path.join(dir, 'out.bin'), port: 0, plaintext: true, stateDir: path.join(dir, 'r'), events: { listening: (_h, p) => ((port = p), listening()) } });
+  await ready;
+  const [sum, rsum] = await Promise.all([send({ path: src, host: '127.0.0.1', port, plaintext: true, stateDir: path.join(dir, 's') }), received]);
   assert.equal(sum.ok, true);
+  assert.equal(rsum.ok, true);
   assert.equal(sum.literalBytes, 5 << 20);
-  await new Promise((r) => setTimeout(r, 100));
+  assert.equal(rsum.literalBytes, 5 << 20);
   assert.deepEqual(fs.readFileSync(path.join(dir, 'out.bin')), fs.readFileSync(src));
 });

@@ -150,7 +150,8 @@ describe('hostile sender', () => {
       await new Promise((r) => setTimeout(r, 200));
     });
     const r = await v.peer.done;
-    assert.notEqual(r.code, 0);
+    assert.equal(r.code, 12, r.stderr);
+    assert.match(r.stderr, /impossible for the offered file/, 'refused on the claimed length, before buffering');
     assert.deepEqual(snapshot(v.dir), v.before);
   });
 });
@@ -170,6 +171,26 @@ describe('symlinks around the target', () => {
     assert.equal(res.recv.code, 0, res.recv.stderr);
     assert.equal(fs.readFileSync(outside, 'utf8'), 'do not touch');
     assert.ok(fs.lstatSync(target).isFile());
+  });
+
+  it('an identical target that is a symlink: the link is replaced, the file it points to keeps its mode and time', async () => {
+    const dir = tmpdir();
+    const data = seeded(100_000, 7);
+    const outside = path.join(tmpdir(), 'outside.bin');
+    fs.writeFileSync(outside, data);
+    fs.chmodSync(outside, 0o600);
+    const old = new Date('2001-01-01T00:00:00Z');
+    fs.utimesSync(outside, old, old);
+    const target = path.join(dir, 'link.bin');
+    fs.symlinkSync(outside, target);
+    const src = path.join(dir, 'src.bin');
+    fs.writeFileSync(src, data);
+    fs.chmodSync(src, 0o777);
+    const res = await sync(src, target, { stateS: path.join(dir, 's'), stateR: path.join(dir, 'r') });
+    assert.equal(res.recv.code, 0, res.recv.stderr);
+    assert.ok(fs.lstatSync(target).isFile());
+    assert.equal(fs.statSync(outside).mode & 0o777, 0o600);
+    assert.equal(fs.statSync(outside).mtimeMs, old.getTime());
   });
 
   it('a symlink squatting on the partial file name is not followed', async () => {

@@ -113,7 +113,8 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
   prescan?.catch(() => undefined);
   const sock = await abortable(listener.accept(), o.signal, () => listener.close());
   const conn = new FramedConnection(sock, o.timeoutMs ?? 60_000);
-  o.signal?.addEventListener('abort', () => conn.destroy(), { once: true });
+  const onAbort = () => conn.destroy();
+  o.signal?.addEventListener('abort', onAbort, { once: true });
   const t0 = Date.now();
   const summary: SyncSummary = {
     ok: false,
@@ -146,14 +147,17 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     //    manifest), because size and mtime can match while content differs.
     // 2. No index: size + mtime, rsync's quick check. 3. --checksum: always compare content.
     const unchangedSinceStart = Boolean(initial && dst && sameFile(initial, dst));
+    // A target that is a symlink is replaced by a regular file (never written through), so
+    // it is never "up to date" in place: times and mode would land on the link's target.
+    const targetIsLink = Boolean((await fs.lstat(target).catch(() => undefined))?.isSymbolicLink());
     const local = !checksum && dst ? (unchangedSinceStart ? initialIndex : await loadIndex(target, stateDir)) : null;
-    if (local && offer.root && local.root === offer.root.toString('hex')) {
+    if (!targetIsLink && local && offer.root && local.root === offer.root.toString('hex')) {
       await markUpToDate(target, local.manifest, offer.mtimeNs, mode, stateDir);
       await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.INDEX_ROOT));
       summary.root = local.root;
       return done('index-root');
     }
-    if (!local && !checksum && dst && dst.size === offer.size && dst.mtimeNs === offer.mtimeNs) {
+    if (!targetIsLink && !local && !checksum && dst && dst.size === offer.size && dst.mtimeNs === offer.mtimeNs) {
       if (Number(dst.mode & 0o1777n) !== (mode & 0o1777)) await fs.chmod(target, mode & 0o1777);
       await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.SIZE_MTIME));
       return done('size-mtime');
@@ -194,7 +198,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
       }
     }
 
-    if (dst && scanned[0]?.root === info.root) {
+    if (!targetIsLink && dst && scanned[0]?.root === info.root) {
       await markUpToDate(target, manifest, offer.mtimeNs, mode, stateDir);
       await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: 0, identical: true }));
       decodeDataEnd((await expect(conn, FrameType.DATA_END)).payload);
@@ -268,6 +272,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     err.summary = summary;
     throw err;
   } finally {
+    o.signal?.removeEventListener('abort', onAbort);
     summary.bytesOnWire = { sent: conn.bytesSent, received: conn.bytesReceived };
     summary.durationMs = Date.now() - t0;
     await conn.close();

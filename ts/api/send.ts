@@ -56,7 +56,8 @@ export interface SendOptions {
   interactive?: boolean;
 }
 
-/** Raw bytes per DATA frame: large enough to amortize framing, small enough to pipeline. */
+/** Raw bytes per DATA frame: large enough to amortize framing, small enough to pipeline and
+ * to keep both peers' resident memory low (recycled buffers, see BufferPool). */
 const BATCH_BYTES = 2 * 1024 * 1024;
 /** Room for a batch plus its record headers. */
 const BATCH_BUFFER = BATCH_BYTES + 64 * 1024;
@@ -86,7 +87,8 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   const identity = o.plaintext ? undefined : loadOrCreateIdentity(stateDir);
   const sock = identity ? await tlsConnect(o.host, o.port, identity) : await connect(o.host, o.port);
   const conn = new FramedConnection(sock, o.timeoutMs ?? 60_000);
-  o.signal?.addEventListener('abort', () => conn.destroy(), { once: true });
+  const onAbort = () => conn.destroy();
+  o.signal?.addEventListener('abort', onAbort, { once: true });
   const summary: SyncSummary = {
     ok: false,
     role: 'sender',
@@ -148,6 +150,12 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
         }
       }
       const needed = needs.finish(end.wireChunks);
+      // The chunk source must read the version that was scanned: the file is re-checked
+      // against the identity it had before the scan (a change during or after it is exit 24).
+      const now = await fs.stat(o.path, { bigint: true }).catch(() => undefined);
+      if (!now || now.size !== st.size || now.mtimeNs !== st.mtimeNs || now.ctimeNs !== st.ctimeNs || now.ino !== st.ino) {
+        throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.path} changed or vanished during the sync; rerun to send the new version`);
+      }
       // Compress only for a peer that said it can decode zstd.
       const level = negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
       source = await openChunkSource(o.path, scan.manifest, level);
@@ -205,6 +213,7 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
     err.summary = summary;
     throw err;
   } finally {
+    o.signal?.removeEventListener('abort', onAbort);
     summary.bytesOnWire = { sent: conn.bytesSent, received: conn.bytesReceived };
     summary.durationMs = Date.now() - t0;
     await conn.close();

@@ -27,6 +27,8 @@ export interface Negotiated {
 export async function handshake(conn: FramedConnection, role: number): Promise<Negotiated> {
   // Our HELLO goes out first on both sides so neither waits on the other.
   const sent = conn.send(FrameType.HELLO, encodeHello({ minVersion: PROTOCOL_MIN, maxVersion: PROTOCOL_MAX, capabilities: OUR_CAPABILITIES, role, software: `ffsync-native/${VERSION}` }));
+  // If the peer's reply (or its absence) fails first, this rejection must not go unhandled.
+  sent.catch(() => undefined);
   const f = await recvRaw(conn);
   if (f.type === FrameType.ERROR) throw decodeError(f.payload);
   expectType(f.type, FrameType.HELLO);
@@ -64,9 +66,10 @@ export async function expect(conn: FramedConnection, ...types: FrameType[]): Pro
 
 /** Best effort: tell the peer why we stop (unless the error came from the peer). */
 export async function reportError(conn: FramedConnection, e: FfsyncError): Promise<void> {
-  if (conn.isClosed || e.message.startsWith('peer: ') || e instanceof PeerClosedError || e.exitCode === ExitCode.SOCKET_IO) return;
+  if (conn.errorSent || conn.isClosed || e.message.startsWith('peer: ') || e instanceof PeerClosedError || e.exitCode === ExitCode.SOCKET_IO) return;
   let timer: NodeJS.Timeout | undefined;
   try {
+    conn.errorSent = true;
     await Promise.race([conn.send(FrameType.ERROR, encodeError(e.exitCode, e.code, e.message)), new Promise((r) => (timer = setTimeout(r, 1000)))]);
   } catch {
     // the connection is already gone
@@ -114,6 +117,7 @@ export async function authenticatePeer(
       const why = err.code === 'EFINGERPRINT' ? 'it expected another fingerprint (--trust)' : 'it has not pinned it';
       const msg = `refused: the other side does not trust our fingerprint ${fp} (${why}); there, run 'ffsync-native trust ${fp}' or pass --trust ${fp}`;
       await conn.send(FrameType.ERROR, encodeError(err.exitCode, err.code, msg));
+      conn.errorSent = true;
     } catch {
       // gone already
     }

@@ -22,7 +22,7 @@ export type FrameType = (typeof FrameType)[keyof typeof FrameType];
 
 const KNOWN_TYPES = new Set<number>(Object.values(FrameType));
 export const FRAME_HEADER = 5;
-/** Largest body (type byte + payload) a peer may send: a 4 MiB DATA batch fits easily. */
+/** Largest body (type byte + payload) a peer may send: a 2 MiB DATA batch fits easily. */
 export const MAX_FRAME_BODY = 16 * 1024 * 1024 + 1;
 
 export function frameName(type: number): string {

@@ -138,12 +138,18 @@ export function* manifestFrames(manifest: Buffer): Generator<Buffer> {
   }
 }
 
-/** Largest packed manifest a file of `size` bytes can have (every chunk >= 16 KiB). */
+/**
+ * Hard cap on a manifest, whatever size the peer offers: 128 MiB is 3.7 M chunks, a file
+ * of at least 230 GiB even if every chunk had the minimum length (≈ 1 TiB typically).
+ */
+export const MAX_MANIFEST_BYTES = 128 * 1024 * 1024;
+
+/** Largest packed manifest a file of `size` bytes can have (every chunk >= min), capped. */
 export function maxManifestLength(size: bigint): number {
   const minChunk = size >= 16n * 1024n * 1024n ? 65536n : 16384n;
   const chunks = size === 0n ? 0n : size / minChunk + 1n;
   const len = BigInt(MANIFEST_HEADER) + chunks * BigInt(MANIFEST_ENTRY);
-  return len > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(len);
+  return len > BigInt(MAX_MANIFEST_BYTES) ? MAX_MANIFEST_BYTES : Number(len);
 }
 
 /**

@@ -20,6 +20,8 @@ export class PeerClosedError extends FfsyncError {
 
 export class FramedConnection {
   bytesSent = 0;
+  /** An ERROR frame already went out: the peer knows why we stop. */
+  errorSent = false;
   bytesReceived = 0;
   private readonly decoder = new FrameDecoder();
   private readonly queue: Frame[] = [];
@@ -54,8 +56,8 @@ export class FramedConnection {
     stream.on('error', (e: NodeJS.ErrnoException) => {
       this.fail(new FfsyncError(e.code ?? 'ESOCKET', ExitCode.SOCKET_IO, `connection error: ${e.message}`, { cause: e }));
     });
-    // Listening sockets are created paused (pauseOnConnect) so no byte is lost before
-    // this point; an explicitly paused stream does not resume on a 'data' listener.
+    // Plain TCP sockets are accepted paused (pauseOnConnect) so no byte is lost before
+    // this point, and an explicitly paused stream does not resume on a 'data' listener.
     stream.resume();
     if (idleTimeoutMs > 0) {
       // Idle means: we wait for the peer (a frame or a drain) and nothing moved for

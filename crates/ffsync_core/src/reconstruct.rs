@@ -80,6 +80,11 @@ pub struct Reconstruction {
     pub written: AtomicU64,
     /// Copied chunks whose bytes in the temp file were hashed and matched.
     copied_ok: AtomicU64,
+    /// Set when a batch or a copy failed after claiming its chunks: the temp file may hold
+    /// unverified bytes, so `finish` must refuse.
+    poisoned: std::sync::atomic::AtomicBool,
+    /// Batches and copies running right now; `finish` refuses while any is in flight.
+    in_flight: std::sync::atomic::AtomicUsize,
 }
 
 pub fn partial_path(target: &Path, root: &Hash) -> PathBuf {
@@ -192,6 +197,8 @@ impl Reconstruction {
             state: Mutex::new(State::Open),
             written: AtomicU64::new(0),
             copied_ok: AtomicU64::new(0),
+            poisoned: std::sync::atomic::AtomicBool::new(false),
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -244,6 +251,15 @@ impl Reconstruction {
     /// file (hot in cache), and handed to writeback early so the final fsync has less to do.
     pub fn copy_local(&self) -> Result<u64> {
         self.check_open()?;
+        let _guard = InFlight::enter(&self.in_flight);
+        let out = self.copy_local_inner();
+        if out.is_err() {
+            self.poisoned.store(true, Ordering::SeqCst);
+        }
+        out
+    }
+
+    fn copy_local_inner(&self) -> Result<u64> {
         // (source, src_off, first chunk, chunk count, len)
         let mut runs: Vec<(usize, u64, usize, usize, u64)> = Vec::new();
         for (i, (o, c)) in self.origins.iter().zip(&self.manifest.chunks).enumerate() {
@@ -288,10 +304,21 @@ impl Reconstruction {
     /// Verify and write one batch of received chunks. Returns raw bytes written.
     pub fn write_batch(&self, batch: &[u8]) -> Result<u64> {
         self.check_open()?;
+        let _guard = InFlight::enter(&self.in_flight);
+        let out = self.write_batch_inner(batch);
+        if matches!(&out, Err(e) if !matches!(e, CoreError::Malformed { .. })) {
+            // Chunks were claimed and may be half-written: nothing may be committed now.
+            self.poisoned.store(true, Ordering::SeqCst);
+        }
+        out
+    }
+
+    fn write_batch_inner(&self, batch: &[u8]) -> Result<u64> {
         let records = chunk_batch::decode(batch, &self.manifest)?;
         {
             // Claim the chunks now, so the same chunk in two batches in flight is refused.
-            // A refused batch releases its claims; a failed write fails the reconstruction.
+            // A refused batch releases its claims; any later failure poisons the
+            // reconstruction (see `write_batch`), so a claimed chunk is never trusted unverified.
             let mut received = self.received.lock().unwrap();
             for (k, r) in records.iter().enumerate() {
                 let i = r.index as usize;
@@ -366,6 +393,16 @@ impl Reconstruction {
     /// Verify, commit and rename over the target. `mtime_ns`/`mode` are the sender's.
     pub fn finish(&self, mtime_ns: Option<i64>, mode: Option<u32>, state_dir: Option<&Path>) -> Result<FileIdentity> {
         self.check_open()?;
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            return Err(CoreError::Usage(
+                "finish called while chunks are still being written".into(),
+            ));
+        }
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(CoreError::VerifyFailed(
+                "an earlier batch or copy failed; nothing will be committed".into(),
+            ));
+        }
         {
             let received = self.received.lock().unwrap();
             let missing = self
@@ -529,6 +566,22 @@ pub fn touch_up_to_date(target: &Path, mtime_ns: Option<i64>, mode: Option<u32>)
         .map_err(|e| CoreError::io(target, e))?;
     apply_metadata(&f, target, mtime_ns, mode)?;
     Ok(FileIdentity::of(&f.metadata().map_err(|e| CoreError::io(target, e))?))
+}
+
+/// Counts an operation in flight for as long as the guard lives.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(n: &'a std::sync::atomic::AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        InFlight(n)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Ask the kernel to begin writing a range back now (Linux), so the fsync before the

@@ -176,3 +176,23 @@ fn duplicate_or_unrequested_chunks_are_refused() {
     r.write_batch(&b1).unwrap();
     r.abort(false);
 }
+
+#[test]
+fn a_failed_batch_poisons_the_reconstruction() {
+    let d = tempfile::tempdir().unwrap();
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    fs::write(&src, rand_bytes(10_000, 9)).unwrap(); // below the minimum chunk: a single chunk
+    fs::write(&dst, b"old").unwrap();
+    let s = scan_file(&src, &ScanOptions::default()).unwrap();
+    assert_eq!(s.manifest.chunks.len(), 1);
+    let r = Reconstruction::begin(&dst, s.manifest.clone(), vec![]).unwrap();
+    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0).unwrap();
+    let (mut batch, _) = source.read_batch(&[0]).unwrap();
+    let last = batch.len() - 1;
+    batch[last] ^= 1;
+    assert_eq!(r.write_batch(&batch).err().unwrap().code(), "ECHUNK");
+    // The only chunk was claimed by the failed batch: finish must still refuse.
+    assert_eq!(r.finish(None, None, None).err().unwrap().code(), "EVERIFY");
+    r.abort(false);
+    assert_eq!(fs::read(&dst).unwrap(), b"old");
+}

@@ -36,10 +36,25 @@ impl Ring {
                     unsafe { sq.push(&e).map_err(|_| io::Error::other("io_uring queue full"))? };
                 }
             }
-            self.ring.submit_and_wait(group.len())?;
+            // Wait until every entry of this group has completed: the kernel may submit
+            // fewer entries than queued, and a signal may end the wait early. Buffers must
+            // not be released while the kernel can still read them.
             let mut done = vec![None; group.len()];
-            for cqe in self.ring.completion() {
-                done[cqe.user_data() as usize] = Some(cqe.result());
+            let mut got = 0;
+            while got < group.len() {
+                match self.ring.submit_and_wait(1) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) || e.raw_os_error() == Some(libc::EAGAIN) => {}
+                    Err(e) => return Err(e),
+                }
+                for cqe in self.ring.completion() {
+                    let k = cqe.user_data() as usize;
+                    if k < done.len() && done[k].is_none() {
+                        done[k] = Some(cqe.result());
+                        got += 1;
+                    }
+                }
             }
             for (i, res) in done.into_iter().enumerate() {
                 let (off, buf) = group[i];
@@ -47,7 +62,7 @@ impl Ring {
                     Some(n) if n >= 0 && n as usize == buf.len() => {}
                     Some(n) if n >= 0 => super::write_at(file, &buf[n as usize..], off + n as u64)?,
                     Some(n) => return Err(io::Error::from_raw_os_error(-n)),
-                    None => super::write_at(file, buf, off)?,
+                    None => unreachable!("every entry completed above"),
                 }
             }
         }
