@@ -62,18 +62,22 @@ describe('frame decoder properties', () => {
     );
   });
 
-  it('arbitrary bytes either decode or raise a protocol FfsyncError, and buffering stays bounded', () => {
+  it('arbitrary bytes either decode or raise a protocol FfsyncError; no byte is lost or invented', () => {
     fc.assert(
       fc.property(fc.uint8Array({ maxLength: 5000 }), fc.array(fc.nat(), { maxLength: 10 }), (bytes, cuts) => {
         const d = new FrameDecoder();
+        const frames: { type: number; payload: Buffer }[] = [];
         try {
-          for (const piece of split(Buffer.from(bytes), cuts)) d.push(piece);
+          for (const piece of split(Buffer.from(bytes), cuts)) frames.push(...d.push(piece));
         } catch (e) {
           assert.ok(e instanceof FfsyncError, `unexpected ${e}`);
           assert.ok([2, 12].includes(e.exitCode));
           return;
         }
-        assert.ok(d.bufferedBytes <= MAX_FRAME_BODY + 4);
+        // Conservation: decoded frames (header + payload) plus what is buffered is the input.
+        const decoded = frames.reduce((a, f) => a + 5 + f.payload.length, 0);
+        assert.equal(decoded + d.bufferedBytes, bytes.length);
+        for (const f of frames) assert.ok(f.payload.length + 1 <= MAX_FRAME_BODY);
       }),
       { numRuns: RUNS * 3 },
     );

@@ -4,7 +4,6 @@
 import { FramedConnection, PeerClosedError } from '../transport/connection.js';
 import { type Frame, FrameType } from '../protocol/frames.js';
 import {
-  Capability,
   decodeError,
   decodeHello,
   encodeError,
@@ -78,7 +77,6 @@ export async function reportError(conn: FramedConnection, e: FfsyncError): Promi
   }
 }
 
-export { Capability };
 
 /** Reject with a signal error when `signal` aborts first (and run `onAbort`). */
 export function abortable<T>(p: Promise<T>, signal: AbortSignal | undefined, onAbort: () => void): Promise<T> {

@@ -12,10 +12,6 @@ export function manifestChunkLength(m: Buffer, i: number): number {
   return m.readUInt32LE(MANIFEST_HEADER + i * MANIFEST_ENTRY);
 }
 
-export function manifestRoot(m: Buffer): string {
-  return m.subarray(32, 64).toString('hex');
-}
-
 /** Group chunk indices into batches of at most `maxBytes` raw bytes (at least one each). */
 export function batchByBytes(m: Buffer, indices: Uint32Array, maxBytes: number): Uint32Array[] {
   const out: Uint32Array[] = [];

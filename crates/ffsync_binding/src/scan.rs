@@ -80,13 +80,19 @@ impl Task for ScanTask {
     }
 
     fn resolve(&mut self, _env: Env, o: Scanned) -> Result<ScanResult> {
-        Ok(ScanResult {
+        Ok(o.into())
+    }
+}
+
+impl From<Scanned> for ScanResult {
+    fn from(o: Scanned) -> ScanResult {
+        ScanResult {
             manifest: o.manifest.into(),
             root: o.root,
             size: o.size as f64,
             chunks: o.chunks,
             from_index: o.from_index,
-        })
+        }
     }
 }
 
@@ -156,20 +162,8 @@ impl Task for LoadIndexTask {
         }))
     }
 
-    fn resolve(&mut self, env: Env, o: Option<Scanned>) -> Result<Option<ScanResult>> {
-        o.map(|s| self.to_js(env, s)).transpose()
-    }
-}
-
-impl LoadIndexTask {
-    fn to_js(&self, _env: Env, o: Scanned) -> Result<ScanResult> {
-        Ok(ScanResult {
-            manifest: o.manifest.into(),
-            root: o.root,
-            size: o.size as f64,
-            chunks: o.chunks,
-            from_index: o.from_index,
-        })
+    fn resolve(&mut self, _env: Env, o: Option<Scanned>) -> Result<Option<ScanResult>> {
+        Ok(o.map(ScanResult::from))
     }
 }
 

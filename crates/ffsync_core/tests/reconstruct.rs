@@ -128,7 +128,8 @@ fn old_file_changed_during_sync_fails_verification() {
     }];
     let r = Reconstruction::begin(&dst, s.manifest.clone(), local).unwrap();
     // Someone rewrites the old file between planning and copying.
-    fs::write(&dst, rand_bytes(3_000_000, 77)).unwrap();
+    let racing = rand_bytes(3_000_000, 77);
+    fs::write(&dst, &racing).unwrap();
     let copy = r.copy_local();
     let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0).unwrap();
     for i in r.needed() {
@@ -137,7 +138,12 @@ fn old_file_changed_during_sync_fails_verification() {
     let res = copy.and_then(|_| r.finish(None, None, None).map(|_| ()));
     assert!(res.is_err(), "a racing local change must fail loudly");
     r.abort(false);
-    assert_ne!(fs::read(&dst).unwrap(), data);
+    assert_eq!(
+        fs::read(&dst).unwrap(),
+        racing,
+        "the target is left as it was, not replaced"
+    );
+    assert!(!r.temp_path().exists());
 }
 
 #[test]
