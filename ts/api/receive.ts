@@ -25,7 +25,7 @@ import { beginReconstruction, call, decodeManifest, loadIndex, markUpToDate, typ
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { manifestParamsKey } from '../utils/manifest.js';
 import { resolveStateDir } from '../utils/state-dir.js';
-import { abortable, authenticatePeer, expect, handshake, reportError } from './session.js';
+import { abortable, authenticatePeer, endSession, expect, handshake, reportError } from './session.js';
 import type { TLSSocket } from 'node:tls';
 import { tlsListenOnce } from '../transport/tls.js';
 import { loadOrCreateIdentity } from '../security/identity.js';
@@ -273,9 +273,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     throw err;
   } finally {
     o.signal?.removeEventListener('abort', onAbort);
-    summary.bytesOnWire = { sent: conn.bytesSent, received: conn.bytesReceived };
-    summary.durationMs = Date.now() - t0;
-    await conn.close();
+    await endSession(conn, summary, t0);
   }
 
   function done(decidedBy: SyncSummary['decidedBy']): SyncSummary {

@@ -26,7 +26,7 @@ import { batchByBytes, manifestChunkCount, manifestChunkLength } from '../utils/
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { BufferPool } from '../utils/buffer-pool.js';
 import { resolveStateDir } from '../utils/state-dir.js';
-import { authenticatePeer, expect, handshake, reportError } from './session.js';
+import { authenticatePeer, endSession, expect, handshake, reportError } from './session.js';
 import type { TLSSocket } from 'node:tls';
 import { tlsConnect } from '../transport/tls.js';
 import { loadOrCreateIdentity } from '../security/identity.js';
@@ -214,9 +214,7 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
     throw err;
   } finally {
     o.signal?.removeEventListener('abort', onAbort);
-    summary.bytesOnWire = { sent: conn.bytesSent, received: conn.bytesReceived };
-    summary.durationMs = Date.now() - t0;
-    await conn.close();
+    await endSession(conn, summary, t0);
   }
 }
 

@@ -123,3 +123,10 @@ export async function authenticatePeer(
   }
   return fp;
 }
+
+/** Common end of a session: final wire counters and duration, then close the connection. */
+export async function endSession(conn: FramedConnection, summary: import('./events.js').SyncSummary, startedAt: number): Promise<void> {
+  summary.bytesOnWire = { sent: conn.bytesSent, received: conn.bytesReceived };
+  summary.durationMs = Date.now() - startedAt;
+  await conn.close();
+}

@@ -26,11 +26,7 @@ export async function listenOnce(host: string, port: number): Promise<Listener> 
     waiter = undefined;
     pending = sock;
   });
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', (e) => reject(fromSystemError(e, `cannot listen on ${host}:${port}`)));
-    server.listen({ host, port, exclusive: true }, () => resolve());
-  });
-  const addr = server.address() as net.AddressInfo;
+  const addr = await bind(server, host, port);
   return {
     host: addr.address,
     port: addr.port,
@@ -48,6 +44,15 @@ export async function listenOnce(host: string, port: number): Promise<Listener> 
       }),
     close: () => server.close(),
   };
+}
+
+/** Listen on host:port (0 = any free port); EADDRINUSE and the like are exit 10. */
+export async function bind(server: net.Server, host: string, port: number): Promise<net.AddressInfo> {
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', (e) => reject(fromSystemError(e, `cannot listen on ${host}:${port}`)));
+    server.listen({ host, port, exclusive: true }, () => resolve());
+  });
+  return server.address() as net.AddressInfo;
 }
 
 export function connect(host: string, port: number, timeoutMs = 15000): Promise<net.Socket> {

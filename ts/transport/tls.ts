@@ -6,7 +6,7 @@ import tls from 'node:tls';
 import type { Identity } from '../security/identity.js';
 import { fingerprintOfDer } from '../security/fingerprint.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
-import type { Listener } from './tcp.js';
+import { bind, type Listener } from './tcp.js';
 
 const BASE: tls.SecureContextOptions & tls.CommonConnectionOptions = {
   minVersion: 'TLSv1.3',
@@ -79,11 +79,7 @@ export async function tlsListenOnce(host: string, port: number, id: Identity): P
     failure = handshakeError(e, 'incoming connection');
     settle();
   });
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', (e) => reject(fromSystemError(e, `cannot listen on ${host}:${port}`)));
-    server.listen({ host, port, exclusive: true }, () => resolve());
-  });
-  const addr = server.address() as net.AddressInfo;
+  const addr = await bind(server, host, port);
   return {
     host: addr.address,
     port: addr.port,
