@@ -47,3 +47,19 @@ export async function inPhase<T>(events: SyncEvents | undefined, phase: Phase, t
   events?.phaseEnd?.(phase, total > 0 ? total : last, Date.now() - t0);
   return result;
 }
+
+/** A summary for a session that has not succeeded (yet); the roles fill in the rest. */
+export function newSummary(role: SyncSummary['role'], path: string, size: number): SyncSummary {
+  return {
+    ok: false,
+    role,
+    path,
+    size,
+    upToDate: false,
+    decidedBy: 'transfer',
+    literalBytes: 0,
+    matchedBytes: 0,
+    bytesOnWire: { sent: 0, received: 0 },
+    durationMs: 0,
+  };
+}

@@ -29,7 +29,7 @@ import { abortable, authenticatePeer, endSession, expect, handshake, reportError
 import type { TLSSocket } from 'node:tls';
 import { tlsListenOnce } from '../transport/tls.js';
 import { loadOrCreateIdentity } from '../security/identity.js';
-import { inPhase, type SyncEvents, type SyncSummary } from './events.js';
+import { inPhase, newSummary, type SyncEvents, type SyncSummary } from './events.js';
 import { protocolError } from '../protocol/frames.js';
 
 export interface ReceiveOptions {
@@ -116,18 +116,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
   const onAbort = () => conn.destroy();
   o.signal?.addEventListener('abort', onAbort, { once: true });
   const t0 = Date.now();
-  const summary: SyncSummary = {
-    ok: false,
-    role: 'receiver',
-    path: o.path,
-    size: 0,
-    upToDate: false,
-    decidedBy: 'transfer',
-    literalBytes: 0,
-    matchedBytes: 0,
-    bytesOnWire: { sent: 0, received: 0 },
-    durationMs: 0,
-  };
+  const summary = newSummary('receiver', o.path, 0);
   let rec: NativeReconstruction | undefined;
   try {
     if (identity) {

@@ -30,7 +30,7 @@ import { authenticatePeer, endSession, expect, handshake, reportError } from './
 import type { TLSSocket } from 'node:tls';
 import { tlsConnect } from '../transport/tls.js';
 import { loadOrCreateIdentity } from '../security/identity.js';
-import { inPhase, type SyncEvents, type SyncSummary } from './events.js';
+import { inPhase, newSummary, type SyncEvents, type SyncSummary } from './events.js';
 
 export interface SendOptions {
   path: string;
@@ -89,18 +89,7 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   const conn = new FramedConnection(sock, o.timeoutMs ?? 60_000);
   const onAbort = () => conn.destroy();
   o.signal?.addEventListener('abort', onAbort, { once: true });
-  const summary: SyncSummary = {
-    ok: false,
-    role: 'sender',
-    path: o.path,
-    size: Number(st.size),
-    upToDate: false,
-    decidedBy: 'transfer',
-    literalBytes: 0,
-    matchedBytes: 0,
-    bytesOnWire: { sent: 0, received: 0 },
-    durationMs: 0,
-  };
+  const summary = newSummary('sender', o.path, Number(st.size));
   let source: Awaited<ReturnType<typeof openChunkSource>> | undefined;
   try {
     if (identity) {
