@@ -12,7 +12,7 @@ export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-was
 /** The sender's reader: encodes requested chunks into DATA batches. */
 export declare class NativeChunkSource {
   /** `compressLevel` is a zstd level; 0 sends every chunk raw. */
-  static open(path: string, manifest: Buffer, compressLevel: number): NativeChunkSource
+  static open(path: string | Buffer, manifest: Buffer, compressLevel: number): NativeChunkSource
   /**
    * Encode the chunks into `out` (a buffer the caller recycles; it must hold at least
    * `batchCapacity(indices)` bytes and must not be touched until the promise settles).
@@ -29,7 +29,7 @@ export declare class NativeReconstruction {
    * Plan a reconstruction of `target` from the sender's manifest, reusing chunks of the
    * given local files and of a partial left by an interrupted run.
    */
-  static begin(target: string, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ProgressFn | undefined | null): Promise<NativeReconstruction>
+  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ProgressFn | undefined | null): Promise<NativeReconstruction>
   /** Indices of chunks that must come over the wire, ascending. */
   needed(): Uint32Array
   summary(): PlanSummary
@@ -39,6 +39,47 @@ export declare class NativeReconstruction {
   finish(mtimeNs?: bigint | undefined | null, mode?: number | undefined | null, stateDir?: string | undefined | null): Promise<void>
   /** Abandon the reconstruction; keep the partial file only for a later resume. */
   abort(keepPartial: boolean): void
+}
+
+/** One peer's side of a tree sync. */
+export declare class NativeTreeSync {
+  /** Walk `root` (in parallel) and load its tree index; progress counts entries listed. */
+  static walk(root: string, options: WalkTreeOptions, onProgress?: ProgressFn | undefined | null): Promise<NativeTreeSync>
+  /** Our manifest in wire form (zstd-compressed). */
+  manifest(): Buffer
+  stats(): TreeStats
+  /** Decode and validate the peer's manifest (from its wire form). */
+  setPeerManifest(wire: Buffer): void
+  /** Indices of our entries the protocol needs us to hash. */
+  rootsToSupply(checksum: boolean): Uint32Array
+  /** Hash those entries on every core; resolves to the ROOTS payload. */
+  hashEntries(indices: Uint32Array, onProgress?: ProgressFn | undefined | null): Promise<Buffer>
+  setPeerRoots(roots: Buffer): void
+  /** Run triage (identical on both peers) and count what the plan does. */
+  triage(checksum: boolean, deleteExtraneous: boolean): PlanCounts
+  largeTransfers(): Array<LargeTransferInfo>
+  /** What the plan does, one line per action (dry-run and verbose output). */
+  describe(): string
+  /**
+   * Sender: encode the next batch of small files into `out` (not touched by the caller
+   * until the promise settles), starting at plan position `cursor` (0 at first).
+   */
+  readSmall(cursor: number, out: Buffer, compressLevel: number): Promise<SmallBatch>
+  /** Receiver: directories and local copies (renames), before any data arrives. */
+  prepare(): Promise<StepOutcome>
+  /** Receiver: verify and write one FILE_BATCH payload. */
+  writeSmall(batch: Buffer): Promise<StepOutcome>
+  /**
+   * Receiver: links, attributes, deletions (only if `deleteOk`), directory attributes,
+   * durability, tree index.
+   */
+  finishReceiver(deleteOk: boolean): Promise<StepOutcome>
+  /** Sender: store the tree index. */
+  finishSender(): Promise<StepOutcome>
+  /** Receiver: before a large file is committed over a directory, remove the directory. */
+  clearFor(action: number): void
+  /** Remember the content root of a large file just sent or written (hex). */
+  claimRoot(action: number, rootHex: string): void
 }
 
 /** Validate a packed manifest from an untrusted peer (bounds, lengths, root). */
@@ -51,6 +92,9 @@ export interface EncodedBatch {
   rawBytes: number
 }
 
+/** Patterns of an --exclude-from file (blank lines and `#` comments skipped). */
+export declare function excludesFromText(text: string): Array<string>
+
 export interface GeneratedIdentity {
   certPem: string
   keyPem: string
@@ -59,11 +103,21 @@ export interface GeneratedIdentity {
 /** A new self-signed TLS identity (ECDSA P-256, rcgen). The caller stores it. */
 export declare function generateIdentity(label: string): GeneratedIdentity
 
+export interface LargeTransferInfo {
+  action: number
+  /** Relative path bytes (may not be UTF-8). */
+  path: Buffer
+  size: number
+  mtimeNs: bigint
+  mode: number
+  delta: boolean
+}
+
 /** The file's manifest if an index entry matches its current stat identity; no scan. */
 export declare function loadIndex(path: string, stateDir: string): Promise<ScanResult | null>
 
 export interface LocalFile {
-  path: string
+  path: string | Buffer
   /** Packed manifest of that file (from `scanFileNative`). */
   manifest: Buffer
 }
@@ -75,7 +129,25 @@ export interface ManifestInfo {
 }
 
 /** The target already has the sender's content: apply mtime/mode and refresh its index. */
-export declare function markUpToDate(target: string, manifest: Buffer, mtimeNs?: bigint | undefined | null, mode?: number | undefined | null, stateDir?: string | undefined | null): Promise<void>
+export declare function markUpToDate(target: string | Buffer, manifest: Buffer, mtimeNs?: bigint | undefined | null, mode?: number | undefined | null, stateDir?: string | undefined | null): Promise<void>
+
+export interface PlanCounts {
+  mkdirs: number
+  localCopies: number
+  smallTransfers: number
+  largeTransfers: number
+  transferBytes: number
+  symlinks: number
+  attrsOnly: number
+  deletes: number
+  skipped: number
+  unchangedFiles: number
+  decidedByRoot: number
+  keptExtraneous: number
+  /** Files and bytes of the sender's tree (after excludes). */
+  sourceFiles: number
+  sourceBytes: number
+}
 
 export interface PlanSummary {
   chunks: number
@@ -87,7 +159,7 @@ export interface PlanSummary {
 }
 
 /** Chunk and hash a file on every core (or load its manifest from the index). */
-export declare function scanFileNative(path: string, options?: ScanFileOptions | undefined | null, onProgress?: ProgressFn | undefined | null): Promise<ScanResult>
+export declare function scanFileNative(path: string | Buffer, options?: ScanFileOptions | undefined | null, onProgress?: ProgressFn | undefined | null): Promise<ScanResult>
 
 export interface ScanFileOptions {
   /** State directory holding indexes; omit to neither read nor write an index. */
@@ -108,4 +180,43 @@ export interface ScanResult {
   size: number
   chunks: number
   fromIndex: boolean
+}
+
+export interface SmallBatch {
+  length: number
+  /** Next cursor, or -1 when every small file was read. */
+  next: number
+  rawBytes: number
+}
+
+export interface StepOutcome {
+  files: number
+  bytes: number
+  errors: Array<string>
+  vanished: Array<string>
+}
+
+export interface TreeStats {
+  entries: number
+  files: number
+  dirs: number
+  symlinks: number
+  bytes: number
+  indexedFiles: number
+  problems: Array<string>
+}
+
+/** Throws `EUSAGE: ...` naming the first invalid exclude pattern. */
+export declare function validateExcludes(patterns: Array<string>): void
+
+export interface WalkTreeOptions {
+  /** Exclude patterns both peers apply (the sender's). */
+  excludes: Array<string>
+  /** Receiver's own patterns: protected from deletion. */
+  protect?: Array<string>
+  /** Where the tree index lives; omit to neither read nor write one. */
+  stateDir?: string
+  /** Ignore the index (`--checksum`); a fresh one is still written. */
+  ignoreIndex?: boolean
+  isSender: boolean
 }

@@ -1,7 +1,7 @@
 // What a sync reports while it runs. The CLI turns these into ora spinners, plain lines
 // or JSON events; library users pass their own handlers.
 
-export type Phase = 'hashing' | 'diffing' | 'sending' | 'receiving' | 'verifying';
+export type Phase = 'scanning' | 'hashing' | 'diffing' | 'sending' | 'receiving' | 'verifying';
 
 export interface SyncEvents {
   listening?(host: string, port: number): void;
@@ -33,6 +33,37 @@ export interface SyncSummary {
   root?: string;
   /** TLS: the fingerprint of the peer's certificate. */
   peerFingerprint?: string;
+  /** Directory trees: what the walk found and what the plan did. */
+  tree?: TreeSummary;
+}
+
+export interface TreeSummary {
+  /** Entries of this peer's walk. */
+  entries: number;
+  /** Files and bytes of the sender's tree (after excludes). */
+  files: number;
+  bytes: number;
+  dirs: number;
+  symlinks: number;
+  /** Files whose content root came from this peer's tree index. */
+  indexedFiles: number;
+  /** The shared plan. */
+  unchanged: number;
+  decidedByRoot: number;
+  smallTransfers: number;
+  largeTransfers: number;
+  transferBytes: number;
+  localCopies: number;
+  symlinksToCreate: number;
+  attrsOnly: number;
+  mkdirs: number;
+  toDelete: number;
+  keptExtraneous: number;
+  skipped: number;
+  /** What happened (receiver's count). */
+  written: number;
+  deleted: number;
+  errors: string[];
 }
 
 /** Runs a phase and reports start, native progress and end. */

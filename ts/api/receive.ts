@@ -3,34 +3,20 @@
 
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { FramedConnection, PeerClosedError } from '../transport/connection.js';
+import { FramedConnection } from '../transport/connection.js';
 import { listenOnce } from '../transport/tcp.js';
 import { FrameType } from '../protocol/frames.js';
-import {
-  Decision,
-  DecisionReason,
-  decodeDataEnd,
-  decodeOffer,
-  encodeDecision,
-  encodeNeedEnd,
-  encodeResult,
-  ManifestAssembler,
-  maxManifestLength,
-  needFrames,
-  OfferFlag,
-  ResultStatus,
-  Role,
-} from '../protocol/messages.js';
-import { beginReconstruction, call, decodeManifest, loadIndex, markUpToDate, type NativeReconstruction, scanFile, type ScanResult } from '../native/binding.js';
+import { Decision, DecisionReason, decodeOffer, encodeDecision, OfferFlag, OfferKind, Role } from '../protocol/messages.js';
+import { loadIndex, markUpToDate, scanFile, type ScanResult } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
-import { manifestParamsKey } from '../utils/manifest.js';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { abortable, authenticatePeer, endSession, expect, handshake, reportError } from './session.js';
 import type { TLSSocket } from 'node:tls';
 import { tlsListenOnce } from '../transport/tls.js';
 import { loadOrCreateIdentity } from '../security/identity.js';
 import { inPhase, newSummary, type SyncEvents, type SyncSummary } from './events.js';
-import { protocolError } from '../protocol/frames.js';
+import { receiveFileContent } from './file-transfer.js';
+import { receiveTree, type TreeReceiveOptions } from './tree-receive.js';
 
 export interface ReceiveOptions {
   /** The file to converge toward the sender's. */
@@ -52,10 +38,9 @@ export interface ReceiveOptions {
   trust?: string;
   /** Ask on the terminal about an unknown peer. */
   interactive?: boolean;
+  /** Directory trees (when the sender offers one). */
+  tree?: TreeReceiveOptions;
 }
-
-/** At most this many DATA batches are being verified/written natively at once. */
-const WRITES_IN_FLIGHT = 2;
 
 /** Fail before listening if the target can never be written. */
 export async function checkTarget(target: string): Promise<import('node:fs').BigIntStats | undefined> {
@@ -66,10 +51,7 @@ export async function checkTarget(target: string): Promise<import('node:fs').Big
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw fromSystemError(e, `cannot inspect target ${target}`);
   }
-  if (dst?.isDirectory()) {
-    throw new FfsyncError('EISDIR', ExitCode.FILE_IO, `target ${target} is a directory; this version receives single files (directory trees are tracked in issue #4)`);
-  }
-  if (dst && !dst.isFile()) throw new FfsyncError('ENOTFILE', ExitCode.FILE_IO, `target ${target} is not a regular file`);
+  if (dst && !dst.isFile() && !dst.isDirectory()) throw new FfsyncError('ENOTFILE', ExitCode.FILE_IO, `target ${target} is neither a regular file nor a directory`);
   try {
     const d = await fs.stat(dir);
     if (!d.isDirectory()) throw new FfsyncError('ENOTDIR', ExitCode.FILE_IO, `${dir} is not a directory`);
@@ -96,7 +78,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
   // only this (so it never depends on how far a background scan got); if no index covers
   // the target we scan it now, while we wait for the sender — it is needed for the diff
   // unless the quick check settles the question, and while we wait it costs no time.
-  const initialIndex = initial && !o.checksum ? await loadIndex(target, stateDir) : null;
+  const initialIndex = initial?.isFile() && !o.checksum ? await loadIndex(target, stateDir) : null;
   for (const f of o.from ?? []) {
     const st = await fs.stat(f).catch(() => undefined);
     if (!st?.isFile()) throw new FfsyncError('ENOENT', ExitCode.FILE_SELECTION, `--from ${f} is not a readable regular file`);
@@ -107,7 +89,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
   // The listening event is always the first one (scripts read the port from it).
   o.events?.listening?.(listener.host, listener.port);
   const prescan =
-    initial && !initialIndex
+    initial?.isFile() && !initialIndex
       ? inPhase(o.events, 'hashing', Number(initial.size), (progress) => scanFile(target, { stateDir, ignoreIndex: o.checksum, onProgress: progress }))
       : undefined;
   prescan?.catch(() => undefined);
@@ -117,7 +99,6 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
   o.signal?.addEventListener('abort', onAbort, { once: true });
   const t0 = Date.now();
   const summary = newSummary('receiver', o.path, 0);
-  let rec: NativeReconstruction | undefined;
   try {
     if (identity) {
       const peerLabel = `${sock.remoteAddress}:${sock.remotePort}`;
@@ -125,10 +106,18 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     }
     await handshake(conn, Role.RECEIVER);
     const offer = decodeOffer((await expect(conn, FrameType.OFFER)).payload);
+    if (offer.kind === OfferKind.TREE) {
+      await receiveTree(conn, { ...o, target, stateDir, offer, summary });
+      summary.ok = true;
+      return summary;
+    }
     summary.size = Number(offer.size);
     const checksum = o.checksum || (offer.flags & OfferFlag.CHECKSUM) !== 0;
     const mode = offer.mode & 0o7777;
     const dst = await checkTarget(target);
+    if (dst?.isDirectory()) {
+      throw new FfsyncError('EISDIR', ExitCode.FILE_IO, `target ${target} is a directory, but the sender offers a single file`);
+    }
 
     // Deciding "unchanged" (docs/protocol.md, "Decision"):
     // 1. Our index covers the target: content roots decide. The sender's root comes with
@@ -170,93 +159,25 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
       return out;
     }));
     locals.catch(() => undefined);
-    const assembler = new ManifestAssembler(maxManifestLength(offer.size));
-    let manifest: Buffer | undefined;
-    while (!manifest) manifest = assembler.push((await expect(conn, FrameType.MANIFEST)).payload);
-    const info = await decodeManifest(manifest);
-    if (BigInt(info.size) !== offer.size) throw protocolError(`manifest describes ${info.size} bytes, offer said ${offer.size}`);
-    summary.root = info.root;
-    const scanned = await locals;
-    // A file that crossed the 16 MiB parameter threshold between versions is chunked
-    // differently on each side: rechunk our copies with the sender's parameters.
-    for (let i = 0; i < scanned.length; i++) {
-      if (scanned[i].size > 0 && manifestParamsKey(scanned[i].manifest) !== manifestParamsKey(manifest)) {
-        scanned[i] = await conn.keepAlive(
-          inPhase(o.events, 'hashing', scanned[i].size, (progress) => scanFile(localPaths[i], { paramsForSize: info.size, onProgress: progress })),
-        );
-      }
-    }
-
-    if (!targetIsLink && dst && scanned[0]?.root === info.root) {
-      await markUpToDate(target, manifest, offer.mtimeNs, mode, stateDir);
-      await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: 0, identical: true }));
-      decodeDataEnd((await expect(conn, FrameType.DATA_END)).payload);
-      await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.UP_TO_DATE, matchedBytes: offer.size, literalBytes: 0n }));
-      return done('scan-root');
-    }
-
-    // 4. Plan, request what is missing, rebuild, verify, replace.
-    const r = await conn.keepAlive(inPhase(o.events, 'diffing', info.size, () =>
-      beginReconstruction(
-        target,
-        manifest!,
-        localPaths.map((p, i) => ({ path: p, manifest: scanned[i].manifest })),
-        (n) => o.events?.progress?.('receiving', n),
-      ),
-    ));
-    rec = r;
-    const plan = r.summary();
-    const needed = r.needed();
-    for (const part of needFrames(needed, info.chunks)) await conn.send(FrameType.NEED, part);
-    await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: needed.length, identical: false }));
-
-    const copying = call(r.copyLocal());
-    copying.catch(() => undefined);
-    let received = 0;
-    await inPhase(o.events, 'receiving', plan.wireBytes, async (progress) => {
-      const inflight = new Set<Promise<number>>();
-      for (;;) {
-        const f = await expect(conn, FrameType.DATA, FrameType.DATA_END);
-        if (f.type === FrameType.DATA_END) {
-          const end = decodeDataEnd(f.payload);
-          await Promise.all(inflight);
-          if (end.chunks !== needed.length) throw protocolError(`sender ended after ${end.chunks} of ${needed.length} chunks`);
-          if (end.rawBytes !== BigInt(received)) throw protocolError(`sender claims ${end.rawBytes} bytes, ${received} arrived`);
-          break;
-        }
-        const w = call(r.writeBatch(f.payload)).then((n) => {
-          f.release?.();
-          received += n;
-          progress(received);
-          return n;
-        });
-        inflight.add(w);
-        w.then(
-          () => inflight.delete(w),
-          () => undefined,
-        );
-        if (inflight.size >= WRITES_IN_FLIGHT) await Promise.race(inflight);
-      }
+    const r = await receiveFileContent(conn, {
+      target,
+      size: offer.size,
+      mtimeNs: offer.mtimeNs,
+      mode,
+      localPaths,
+      locals,
+      targetReusable: !targetIsLink && Boolean(dst),
+      stateDir,
+      events: o.events,
     });
-    await conn.keepAlive(copying);
-    await conn.keepAlive(inPhase(o.events, 'verifying', info.size, () => call(r.finish(offer.mtimeNs, mode, stateDir))));
-    rec = undefined;
-    summary.literalBytes = received;
-    summary.matchedBytes = info.size - received;
-    await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.SYNCED, matchedBytes: BigInt(summary.matchedBytes), literalBytes: BigInt(received) }));
+    summary.root = r.root;
+    if (r.upToDate) return done('scan-root');
+    summary.literalBytes = r.literalBytes;
+    summary.matchedBytes = r.matchedBytes;
     summary.ok = true;
     return summary;
   } catch (e) {
-    let err = e instanceof FfsyncError ? e : fromSystemError(e, 'receive failed');
-    const connectionLost = e instanceof PeerClosedError || err.exitCode === ExitCode.SOCKET_IO || err.exitCode === ExitCode.TIMEOUT;
-    if (rec) {
-      // A dropped connection keeps the verified-so-far partial for the next run;
-      // anything else (bad data, full disk, failed verification) removes it.
-      rec.abort(connectionLost);
-      if (connectionLost) {
-        err = new FfsyncError(err.code, err.exitCode, `${err.message}; partial file kept, rerun the same command to resume`, { cause: err });
-      }
-    }
+    const err = e instanceof FfsyncError ? e : fromSystemError(e, 'receive failed');
     await reportError(conn, err);
     err.summary = summary;
     throw err;

@@ -14,6 +14,7 @@ import { loadOrCreateIdentity } from '../security/identity.js';
 import { parseFingerprint } from '../security/fingerprint.js';
 import { addPin, readPins, removePin } from '../security/pins.js';
 import { createReporter, type Reporter } from './reporter.js';
+import { loadExcludes } from './excludes.js';
 
 interface CommonOptions {
   trust?: string;
@@ -23,6 +24,16 @@ interface CommonOptions {
   plaintext?: boolean;
   checksum?: boolean;
   timeout: number;
+}
+
+interface TreeCli {
+  exclude: string[];
+  excludeFrom?: string;
+  delete?: boolean;
+}
+
+function collect(v: string, prev: string[]): string[] {
+  return [...prev, v];
 }
 
 function intArg(min: number, max: number) {
@@ -89,20 +100,25 @@ export function buildProgram(): Command {
   common(
     program
       .command('receive')
-      .description('receive one file into <path> (one session, then exit); port 0 picks a free port')
-      .argument('<path>', 'file to converge toward the sender\'s')
+      .description('receive a file or a directory tree into <path> (one session, then exit); port 0 picks a free port')
+      .argument('<path>', 'file or directory to converge toward the sender\'s')
       .argument('<port>', 'TCP port to listen on', intArg(0, 65535)),
   )
     .option('--bind <address>', 'address to listen on', '0.0.0.0')
     .option('--from <file...>', 'also reuse chunks of these local files')
-    .action(async (target: string, port: number, o: CommonOptions & { bind: string; from?: string[] }) => {
+    .option('--exclude <pattern>', 'trees: protect matching paths from deletion (repeatable)', collect, [])
+    .option('--exclude-from <file>', 'trees: read protect patterns from a file (one per line, # comments)')
+    .option('--no-delete', 'trees: keep files only this side has, whatever the sender asks')
+    .action(async (target: string, port: number, o: CommonOptions & TreeCli & { bind: string; from?: string[] }) => {
       await run(o, async (events, signal) => {
         if (o.trust) parseFingerprint(o.trust);
+        const protect = await loadExcludes(o.exclude, o.excludeFrom);
         return receive({
           path: target,
           host: o.bind,
           port,
           from: o.from,
+          tree: { protect, noDelete: o.delete === false },
           checksum: o.checksum,
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
@@ -118,17 +134,22 @@ export function buildProgram(): Command {
   common(
     program
       .command('send')
-      .description('push the file at <path> to a receiver')
-      .argument('<path>', 'file to send')
+      .description('push the file or directory tree at <path> to a receiver (`dir` and `dir/` mean the same)')
+      .argument('<path>', 'file or directory to send')
       .argument('<host:port>', 'receiver address'),
   )
     .addOption(new Option('--compress-level <n>', 'zstd level for chunk data').argParser(intArg(1, 19)).default(1))
     .option('--no-compress', 'send chunk data uncompressed')
     .addOption(new Option('--bwlimit <KiBps>', 'limit chunk data to this many KiB per second').argParser(intArg(1, 2 ** 31)))
-    .action(async (source: string, addr: string, o: CommonOptions & { compressLevel: number; compress: boolean; bwlimit?: number }) => {
+    .option('--exclude <pattern>', 'trees: skip matching paths on both sides (repeatable; see README for the rules)', collect, [])
+    .option('--exclude-from <file>', 'trees: read exclude patterns from a file (one per line, # comments)')
+    .option('--no-delete', 'trees: keep files only the receiver has')
+    .option('-n, --dry-run', 'trees: both sides report what would change; nothing is written')
+    .action(async (source: string, addr: string, o: CommonOptions & TreeCli & { compressLevel: number; compress: boolean; bwlimit?: number; dryRun?: boolean }) => {
       await run(o, async (events, signal) => {
         const { host, port } = parseHostPort(addr);
         if (o.trust) parseFingerprint(o.trust);
+        const excludes = await loadExcludes(o.exclude, o.excludeFrom);
         return send({
           path: source,
           host,
@@ -138,6 +159,7 @@ export function buildProgram(): Command {
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
           bwlimitKiBps: o.bwlimit,
+          tree: { excludes, noDelete: o.delete === false, dryRun: o.dryRun },
           plaintext: o.plaintext,
           trust: o.trust,
           interactive: true,

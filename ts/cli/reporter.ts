@@ -25,6 +25,7 @@ export async function createReporter(opts: { json: boolean; quiet: boolean }): P
 }
 
 function line(phase: Phase, done: number, total: number, ms: number): string {
+  if (phase === 'scanning') return `${phase.padEnd(9)} ${done} entries  ${(ms / 1000).toFixed(2)} s`;
   const amount = total > 0 && done < total ? `${formatBytes(done)} / ${formatBytes(total)}` : formatBytes(done);
   return `${phase.padEnd(9)} ${amount}  ${formatRate(done, ms)}  ${(ms / 1000).toFixed(2)} s`;
 }
@@ -58,12 +59,15 @@ function humanReporter(quiet: boolean, ora?: (o: { text: string; stream: NodeJS.
     },
     info: err,
     summary(s) {
-      const what = s.upToDate
-        ? `up to date (${s.decidedBy})`
-        : `${formatBytes(s.literalBytes)} literal, ${formatBytes(s.matchedBytes)} reused`;
+      const t = s.tree;
+      const what = t
+        ? `${t.files} files, ${t.written} written (${t.localCopies} served locally), ${t.attrsOnly} attributes only, ${t.deleted} deleted, ${t.unchanged} unchanged; ${formatBytes(s.literalBytes)} literal, ${formatBytes(s.matchedBytes)} reused`
+        : s.upToDate
+          ? `up to date (${s.decidedBy})`
+          : `${formatBytes(s.literalBytes)} literal, ${formatBytes(s.matchedBytes)} reused`;
       if (!quiet) {
         process.stdout.write(
-          `${s.role === 'sender' ? 'sent' : 'received'} ${s.path}: ${formatBytes(s.size)}, ${what}; wire ${formatBytes(s.bytesOnWire.sent)} sent, ${formatBytes(s.bytesOnWire.received)} received; ${(s.durationMs / 1000).toFixed(2)} s\n`,
+          `${s.role === 'sender' ? 'sent' : 'received'} ${s.path}: ${t ? '' : formatBytes(s.size) + ', '}${what}; wire ${formatBytes(s.bytesOnWire.sent)} sent, ${formatBytes(s.bytesOnWire.received)} received; ${(s.durationMs / 1000).toFixed(2)} s\n`,
         );
       }
     },

@@ -9,6 +9,8 @@ const native: typeof Binding = require('../../binding/index.js');
 export type { ScanResult, PlanSummary, EncodedBatch, ManifestInfo } from '../../binding/index.js';
 export type NativeReconstruction = Binding.NativeReconstruction;
 export type NativeChunkSource = Binding.NativeChunkSource;
+export type NativeTreeSync = Binding.NativeTreeSync;
+export type { PlanCounts, LargeTransferInfo, SmallBatch, StepOutcome, TreeStats, WalkTreeOptions } from '../../binding/index.js';
 
 /** Await a native promise, turning `CODE: message` errors into FfsyncErrors. */
 export async function call<T>(p: Promise<T> | (() => T)): Promise<T> {
@@ -28,7 +30,7 @@ export interface ScanOptions {
 }
 
 /** Chunk + hash a file on every core (or take its manifest from the index). */
-export function scanFile(path: string, opts: ScanOptions = {}): Promise<Binding.ScanResult> {
+export function scanFile(path: string | Buffer, opts: ScanOptions = {}): Promise<Binding.ScanResult> {
   return call(native.scanFileNative(path, { stateDir: opts.stateDir, ignoreIndex: opts.ignoreIndex, paramsForSize: opts.paramsForSize }, progressCallback(opts.onProgress)));
 }
 
@@ -36,21 +38,40 @@ export function decodeManifest(buf: Buffer): Promise<Binding.ManifestInfo> {
   return call(() => native.decodeManifest(buf));
 }
 
-export function openChunkSource(path: string, manifest: Buffer, compressLevel: number): Promise<Binding.NativeChunkSource> {
+export function openChunkSource(path: string | Buffer, manifest: Buffer, compressLevel: number): Promise<Binding.NativeChunkSource> {
   return call(() => native.NativeChunkSource.open(path, manifest, compressLevel));
 }
 
 export function beginReconstruction(
-  target: string,
+  target: string | Buffer,
   manifest: Buffer,
-  locals: { path: string; manifest: Buffer }[],
+  locals: { path: string | Buffer; manifest: Buffer }[],
   onProgress?: (bytesDone: number) => void,
 ): Promise<Binding.NativeReconstruction> {
   return call(native.NativeReconstruction.begin(target, manifest, locals, progressCallback(onProgress)));
 }
 
-export function markUpToDate(target: string, manifest: Buffer, mtimeNs: bigint | undefined, mode: number | undefined, stateDir?: string): Promise<void> {
+export function markUpToDate(target: string | Buffer, manifest: Buffer, mtimeNs: bigint | undefined, mode: number | undefined, stateDir?: string): Promise<void> {
   return call(native.markUpToDate(target, manifest, mtimeNs, mode, stateDir));
+}
+
+/** Walk a directory tree on every core (entries counted through `onProgress`). */
+export function walkTree(root: string, options: Binding.WalkTreeOptions, onProgress?: (entries: number) => void): Promise<Binding.NativeTreeSync> {
+  return call(native.NativeTreeSync.walk(root, options, progressCallback(onProgress)));
+}
+
+/** Throws a usage error naming the first invalid exclude pattern. */
+export function validateExcludes(patterns: string[]): void {
+  try {
+    native.validateExcludes(patterns);
+  } catch (e) {
+    throw normalizeNativeError(e);
+  }
+}
+
+/** Patterns of an --exclude-from file (blank lines and # comments skipped). */
+export function excludesFromText(text: string): string[] {
+  return native.excludesFromText(text);
 }
 
 function progressCallback(fn?: (n: number) => void): ((n: number) => void) | undefined {

@@ -16,6 +16,13 @@ export const FrameType = {
   DATA_END: 0x08,
   RESULT: 0x09,
   KEEPALIVE: 0x0a,
+  FILTER: 0x0b,
+  TREE_MANIFEST: 0x0c,
+  ROOTS: 0x0d,
+  FILE_BATCH: 0x0e,
+  FILE_BEGIN: 0x0f,
+  TREE_END: 0x10,
+  TREE_RESULT: 0x11,
   ERROR: 0x7f,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];

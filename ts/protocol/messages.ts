@@ -69,9 +69,9 @@ export function negotiateVersion(ours: { min: number; max: number }, peer: Hello
   return v;
 }
 
-export const OfferKind = { FILE: 1 } as const;
-export const OfferFlag = { CHECKSUM: 1 << 0, HAS_ROOT: 1 << 1 } as const;
-const KNOWN_OFFER_FLAGS = OfferFlag.CHECKSUM | OfferFlag.HAS_ROOT;
+export const OfferKind = { FILE: 1, TREE: 2 } as const;
+export const OfferFlag = { CHECKSUM: 1 << 0, HAS_ROOT: 1 << 1, NO_DELETE: 1 << 2, DRY_RUN: 1 << 3 } as const;
+const KNOWN_OFFER_FLAGS = OfferFlag.CHECKSUM | OfferFlag.HAS_ROOT | OfferFlag.NO_DELETE | OfferFlag.DRY_RUN;
 
 export interface Offer {
   kind: number;
@@ -99,7 +99,9 @@ export function decodeOffer(p: Buffer): Offer {
   const flags = p.readUInt8(21);
   if (flags & ~KNOWN_OFFER_FLAGS) throw protocolError(`OFFER with unknown flags 0x${flags.toString(16)}`);
   const kind = p.readUInt8(0);
-  if (kind !== OfferKind.FILE) throw protocolError(`OFFER of unknown kind ${kind}`);
+  if (kind !== OfferKind.FILE && kind !== OfferKind.TREE) throw protocolError(`OFFER of unknown kind ${kind}`);
+  if (kind === OfferKind.TREE && flags & OfferFlag.HAS_ROOT) throw protocolError('tree OFFER with a root');
+  if (kind === OfferKind.FILE && flags & (OfferFlag.NO_DELETE | OfferFlag.DRY_RUN)) throw protocolError('file OFFER with tree flags');
   return {
     kind,
     size: p.readBigUInt64LE(1),
@@ -160,13 +162,16 @@ export class ManifestAssembler {
   private readonly parts: Buffer[] = [];
   private total = -1;
   private filled = 0;
-  constructor(private readonly maxLength: number) {}
+  constructor(
+    private readonly maxLength: number,
+    private readonly minLength: number = MANIFEST_HEADER,
+  ) {}
 
   /** Returns the whole manifest once complete. */
   push(p: Buffer): Buffer | undefined {
     if (p.length < 4) throw protocolError('MANIFEST frame too short');
     const total = p.readUInt32LE(0);
-    if (total < MANIFEST_HEADER || total > this.maxLength) throw protocolError(`manifest length ${total} impossible for the offered file`);
+    if (total < this.minLength || total > this.maxLength) throw protocolError(`manifest length ${total} impossible for the offered file`);
     if (this.total < 0) this.total = total;
     else if (this.total !== total) throw protocolError('MANIFEST frames disagree on the total length');
     const part = p.subarray(4);
@@ -281,6 +286,96 @@ export function encodeResult(r: SyncResult): Buffer {
 export function decodeResult(p: Buffer): SyncResult {
   if (p.length !== 17 || p[0] > 1) throw protocolError('bad RESULT');
   return { status: p[0], matchedBytes: p.readBigUInt64LE(1), literalBytes: p.readBigUInt64LE(9) };
+}
+
+// ---- Directory trees (docs/protocol.md, "Tree sessions") ----
+
+/** Compressed tree manifests and ROOTS travel in MANIFEST-style parts; caps per peer. */
+export const MAX_TREE_WIRE_BYTES = 1024 * 1024 * 1024;
+
+/** FILTER: the sender's exclude patterns, UTF-8, one per line (empty = none). */
+export function encodeFilter(patterns: string[]): Buffer {
+  return Buffer.from(patterns.join('\n'), 'utf8');
+}
+
+export function decodeFilter(p: Buffer): string[] {
+  if (p.length > 64 * 1024) throw protocolError('FILTER larger than 64 KiB');
+  const text = p.toString('utf8');
+  if (!Buffer.from(text, 'utf8').equals(p)) throw protocolError('FILTER is not UTF-8');
+  return text.length === 0 ? [] : text.split('\n');
+}
+
+/** FILE_BEGIN: a large file's conversation follows (status 0), or it is skipped. */
+export const FileBeginStatus = { SENDING: 0, VANISHED: 1, UNREADABLE: 2 } as const;
+
+export function encodeFileBegin(action: number, status: number): Buffer {
+  const b = Buffer.alloc(5);
+  b.writeUInt32LE(action, 0);
+  b.writeUInt8(status, 4);
+  return b;
+}
+
+export function decodeFileBegin(p: Buffer): { action: number; status: number } {
+  if (p.length !== 5 || p[4] > FileBeginStatus.UNREADABLE) throw protocolError('bad FILE_BEGIN');
+  return { action: p.readUInt32LE(0), status: p[4] };
+}
+
+export interface TreeEnd {
+  smallFiles: number;
+  largeFiles: number;
+  /** Entries the sender could not read (unreadable directories, files): exit 23, no deletes. */
+  senderProblems: number;
+}
+
+export function encodeTreeEnd(e: TreeEnd): Buffer {
+  const b = Buffer.alloc(12);
+  b.writeUInt32LE(e.smallFiles, 0);
+  b.writeUInt32LE(e.largeFiles, 4);
+  b.writeUInt32LE(e.senderProblems, 8);
+  return b;
+}
+
+export function decodeTreeEnd(p: Buffer): TreeEnd {
+  if (p.length !== 12) throw protocolError('bad TREE_END');
+  return { smallFiles: p.readUInt32LE(0), largeFiles: p.readUInt32LE(4), senderProblems: p.readUInt32LE(8) };
+}
+
+export interface TreeResult {
+  /** 0, 23 (some paths failed) or 24 (some vanished on the sender). */
+  exitCode: number;
+  filesWritten: bigint;
+  literalBytes: bigint;
+  matchedBytes: bigint;
+  deleted: bigint;
+  errorCount: number;
+  /** The first problems, one per line (bounded). */
+  message: string;
+}
+
+export function encodeTreeResult(r: TreeResult): Buffer {
+  const m = Buffer.from(r.message, 'utf8').subarray(0, MAX_ERROR_MESSAGE);
+  const b = Buffer.alloc(37 + m.length);
+  b.writeUInt8(r.exitCode, 0);
+  b.writeBigUInt64LE(r.filesWritten, 1);
+  b.writeBigUInt64LE(r.literalBytes, 9);
+  b.writeBigUInt64LE(r.matchedBytes, 17);
+  b.writeBigUInt64LE(r.deleted, 25);
+  b.writeUInt32LE(r.errorCount, 33);
+  m.copy(b, 37);
+  return b;
+}
+
+export function decodeTreeResult(p: Buffer): TreeResult {
+  if (p.length < 37 || p.length > 37 + MAX_ERROR_MESSAGE || ![0, 23, 24].includes(p[0])) throw protocolError('bad TREE_RESULT');
+  return {
+    exitCode: p[0],
+    filesWritten: p.readBigUInt64LE(1),
+    literalBytes: p.readBigUInt64LE(9),
+    matchedBytes: p.readBigUInt64LE(17),
+    deleted: p.readBigUInt64LE(25),
+    errorCount: p.readUInt32LE(33),
+    message: p.subarray(37).toString('utf8'),
+  };
 }
 
 export const MAX_ERROR_MESSAGE = 4096;

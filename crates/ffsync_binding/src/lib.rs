@@ -8,12 +8,36 @@ mod progress;
 mod reconstruction;
 mod scan;
 mod source;
+mod tree;
 
 use ffsync_core::CoreError;
 
 /// Errors cross as `CODE: message`; ts/utils/errors.ts turns the prefix into `err.code`.
 pub(crate) fn to_napi(e: CoreError) -> napi::Error {
     napi::Error::new(napi::Status::GenericFailure, format!("{}: {}", e.code(), e))
+}
+
+/// A path from JavaScript: a string, or a Buffer of raw bytes (tree entries whose names
+/// are not UTF-8 keep their exact bytes on Unix).
+pub(crate) type PathArg = napi::Either<String, napi::bindgen_prelude::Buffer>;
+
+pub(crate) fn path_arg(p: PathArg) -> std::path::PathBuf {
+    match p {
+        napi::Either::A(s) => s.into(),
+        napi::Either::B(b) => bytes_path(&b),
+    }
+}
+
+pub(crate) fn bytes_path(b: &[u8]) -> std::path::PathBuf {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        std::ffi::OsStr::from_bytes(b).into()
+    }
+    #[cfg(not(unix))]
+    {
+        String::from_utf8_lossy(b).into_owned().into()
+    }
 }
 
 pub(crate) fn bigint_to_i64(v: &napi::bindgen_prelude::BigInt) -> i64 {

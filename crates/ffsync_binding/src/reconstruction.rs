@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 
 #[napi(object)]
 pub struct LocalFile {
-    pub path: String,
+    #[napi(ts_type = "string | Buffer")]
+    pub path: crate::PathArg,
     /// Packed manifest of that file (from `scanFileNative`).
     pub manifest: Buffer,
 }
@@ -122,17 +123,17 @@ impl NativeReconstruction {
     /// given local files and of a partial left by an interrupted run.
     #[napi(ts_return_type = "Promise<NativeReconstruction>")]
     pub fn begin(
-        target: String,
+        #[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg,
         manifest: Buffer,
         locals: Vec<LocalFile>,
         on_progress: Option<ProgressFn>,
     ) -> AsyncTask<BeginTask> {
         AsyncTask::new(BeginTask {
-            target: target.into(),
+            target: crate::path_arg(target),
             manifest: manifest.to_vec(),
             locals: locals
                 .into_iter()
-                .map(|l| (PathBuf::from(l.path), l.manifest.to_vec()))
+                .map(|l| (crate::path_arg(l.path), l.manifest.to_vec()))
                 .collect(),
             progress: on_progress,
         })
@@ -231,14 +232,14 @@ impl Task for TouchTask {
 /// The target already has the sender's content: apply mtime/mode and refresh its index.
 #[napi(ts_return_type = "Promise<void>")]
 pub fn mark_up_to_date(
-    target: String,
+    #[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg,
     manifest: Buffer,
     mtime_ns: Option<BigInt>,
     mode: Option<u32>,
     state_dir: Option<String>,
 ) -> AsyncTask<TouchTask> {
     AsyncTask::new(TouchTask {
-        target: target.into(),
+        target: crate::path_arg(target),
         mtime_ns: mtime_ns.as_ref().map(bigint_to_i64),
         mode,
         state_dir: state_dir.map(PathBuf::from),

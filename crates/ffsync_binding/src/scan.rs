@@ -99,7 +99,7 @@ impl From<Scanned> for ScanResult {
 /// Chunk and hash a file on every core (or load its manifest from the index).
 #[napi(ts_return_type = "Promise<ScanResult>")]
 pub fn scan_file_native(
-    path: String,
+    #[napi(ts_arg_type = "string | Buffer")] path: crate::PathArg,
     options: Option<ScanFileOptions>,
     on_progress: Option<ProgressFn>,
 ) -> AsyncTask<ScanTask> {
@@ -109,7 +109,7 @@ pub fn scan_file_native(
         params_for_size: None,
     });
     AsyncTask::new(ScanTask {
-        path: path.into(),
+        path: crate::path_arg(path),
         state_dir: o.state_dir.map(PathBuf::from),
         ignore_index: o.ignore_index.unwrap_or(false),
         params_for_size: o.params_for_size.map(|s| s as u64),

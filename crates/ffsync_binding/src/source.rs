@@ -48,10 +48,15 @@ impl Task for ReadTask {
 impl NativeChunkSource {
     /// `compressLevel` is a zstd level; 0 sends every chunk raw.
     #[napi(factory)]
-    pub fn open(path: String, manifest: Buffer, compress_level: i32) -> Result<NativeChunkSource> {
+    pub fn open(
+        #[napi(ts_arg_type = "string | Buffer")] path: crate::PathArg,
+        manifest: Buffer,
+        compress_level: i32,
+    ) -> Result<NativeChunkSource> {
+        let path = crate::path_arg(path);
         let m = Manifest::decode(&manifest).map_err(to_napi)?;
         let meta = std::fs::metadata(&path).map_err(|e| to_napi(ffsync_core::CoreError::io(&path, e)))?;
-        let src = ChunkSource::open(path.as_ref(), m, FileIdentity::of(&meta), compress_level).map_err(to_napi)?;
+        let src = ChunkSource::open(&path, m, FileIdentity::of(&meta), compress_level).map_err(to_napi)?;
         Ok(NativeChunkSource { inner: Arc::new(src) })
     }
 

@@ -21,6 +21,7 @@ pub mod manifest;
 pub mod params;
 pub mod reconstruct;
 pub mod scan;
+pub mod tree;
 #[cfg(test)]
 mod testutil;
 

@@ -39,6 +39,20 @@ pub struct MappedFile {
 impl MappedFile {
     pub fn open(path: &Path) -> Result<MappedFile> {
         let file = File::open(path).map_err(|e| CoreError::io(path, e))?;
+        Self::from_file(path, file)
+    }
+
+    /// Like `open`, but a symlink at `path` is an error, never followed (tree entries).
+    pub fn open_nofollow(path: &Path) -> Result<MappedFile> {
+        let mut o = std::fs::OpenOptions::new();
+        o.read(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::custom_flags(&mut o, libc::O_NOFOLLOW);
+        let file = o.open(path).map_err(|e| CoreError::io(path, e))?;
+        Self::from_file(path, file)
+    }
+
+    fn from_file(path: &Path, file: File) -> Result<MappedFile> {
         let meta = file.metadata().map_err(|e| CoreError::io(path, e))?;
         if !meta.is_file() {
             return Err(CoreError::NotAFile {

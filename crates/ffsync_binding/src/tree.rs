@@ -1,0 +1,446 @@
+//! Tree sync: conversions and scheduling around `ffsync_core::tree::sync::TreeSync`.
+//! Manifests, roots and file batches cross as Buffers; the plan's large transfers (a
+//! few per tree, one object each) are the only per-entry objects.
+
+use crate::progress::{ProgressFn, Ticker};
+use crate::to_napi;
+use ffsync_core::tree::filter::Filter;
+use ffsync_core::tree::sync::{Outcome, TreeSync};
+use ffsync_core::tree::triage::{Op, TriageOptions};
+use ffsync_core::tree::walk::{walk, WalkOptions};
+use ffsync_core::tree::{index, triage};
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
+
+#[napi(object)]
+pub struct WalkTreeOptions {
+    /// Exclude patterns both peers apply (the sender's).
+    pub excludes: Vec<String>,
+    /// Receiver's own patterns: protected from deletion.
+    pub protect: Option<Vec<String>>,
+    /// Where the tree index lives; omit to neither read nor write one.
+    pub state_dir: Option<String>,
+    /// Ignore the index (`--checksum`); a fresh one is still written.
+    pub ignore_index: Option<bool>,
+    pub is_sender: bool,
+}
+
+#[napi(object)]
+pub struct TreeStats {
+    pub entries: u32,
+    pub files: u32,
+    pub dirs: u32,
+    pub symlinks: u32,
+    pub bytes: f64,
+    pub indexed_files: u32,
+    pub problems: Vec<String>,
+}
+
+#[napi(object)]
+pub struct PlanCounts {
+    pub mkdirs: u32,
+    pub local_copies: u32,
+    pub small_transfers: u32,
+    pub large_transfers: u32,
+    pub transfer_bytes: f64,
+    pub symlinks: u32,
+    pub attrs_only: u32,
+    pub deletes: u32,
+    pub skipped: u32,
+    pub unchanged_files: f64,
+    pub decided_by_root: f64,
+    pub kept_extraneous: f64,
+    /// Files and bytes of the sender's tree (after excludes).
+    pub source_files: f64,
+    pub source_bytes: f64,
+}
+
+#[napi(object)]
+pub struct LargeTransferInfo {
+    pub action: u32,
+    /// Relative path bytes (may not be UTF-8).
+    pub path: Buffer,
+    pub size: f64,
+    pub mtime_ns: BigInt,
+    pub mode: u32,
+    pub delta: bool,
+}
+
+#[napi(object)]
+pub struct StepOutcome {
+    pub files: f64,
+    pub bytes: f64,
+    pub errors: Vec<String>,
+    pub vanished: Vec<String>,
+}
+
+impl From<Outcome> for StepOutcome {
+    fn from(o: Outcome) -> Self {
+        StepOutcome {
+            files: o.files as f64,
+            bytes: o.bytes as f64,
+            errors: o.errors,
+            vanished: o.vanished,
+        }
+    }
+}
+
+#[napi(object)]
+pub struct SmallBatch {
+    pub length: u32,
+    /// Next cursor, or -1 when every small file was read.
+    pub next: i32,
+    pub raw_bytes: f64,
+}
+
+/// One peer's side of a tree sync.
+#[napi]
+pub struct NativeTreeSync {
+    inner: Arc<RwLock<TreeSync>>,
+}
+
+pub struct WalkTask {
+    root: PathBuf,
+    o: WalkTreeOptions,
+    progress: Option<ProgressFn>,
+}
+
+impl Task for WalkTask {
+    type Output = TreeSync;
+    type JsValue = NativeTreeSync;
+
+    fn compute(&mut self) -> Result<TreeSync> {
+        let filter = Filter::new(&self.o.excludes).map_err(to_napi)?;
+        let protect = match &self.o.protect {
+            Some(p) if !p.is_empty() => Some(Filter::new(p).map_err(to_napi)?),
+            _ => None,
+        };
+        let state_dir = self.o.state_dir.as_ref().map(PathBuf::from);
+        let idx = match (&state_dir, self.o.ignore_index.unwrap_or(false)) {
+            (Some(d), false) => index::load(d, &self.root),
+            _ => None,
+        };
+        let counter = Arc::new(AtomicU64::new(0));
+        let c = counter.clone();
+        let mut ticker = Ticker::start(move || c.load(std::sync::atomic::Ordering::Relaxed), self.progress.take());
+        let local = walk(
+            &self.root,
+            &WalkOptions {
+                filter: &filter,
+                protect: protect.as_ref(),
+                index: idx.as_ref(),
+                progress: Some(&counter),
+            },
+        );
+        ticker.stop();
+        Ok(TreeSync::new(local.map_err(to_napi)?, self.o.is_sender, state_dir))
+    }
+
+    fn resolve(&mut self, _env: Env, t: TreeSync) -> Result<NativeTreeSync> {
+        Ok(NativeTreeSync {
+            inner: Arc::new(RwLock::new(t)),
+        })
+    }
+}
+
+pub struct HashTask {
+    t: Arc<RwLock<TreeSync>>,
+    indices: Vec<u32>,
+    progress: Option<ProgressFn>,
+}
+
+impl Task for HashTask {
+    type Output = Vec<u8>;
+    type JsValue = Buffer;
+    fn compute(&mut self) -> Result<Vec<u8>> {
+        let counter = Arc::new(AtomicU64::new(0));
+        let c = counter.clone();
+        let mut ticker = Ticker::start(move || c.load(std::sync::atomic::Ordering::Relaxed), self.progress.take());
+        let out = self.t.write().unwrap().hash_entries(&self.indices, Some(&counter));
+        ticker.stop();
+        Ok(out)
+    }
+    fn resolve(&mut self, _env: Env, v: Vec<u8>) -> Result<Buffer> {
+        Ok(v.into())
+    }
+}
+
+pub struct ReadSmallTask {
+    t: Arc<RwLock<TreeSync>>,
+    cursor: usize,
+    out: Buffer,
+    level: i32,
+}
+
+impl Task for ReadSmallTask {
+    type Output = (usize, Option<usize>, u64);
+    type JsValue = SmallBatch;
+    fn compute(&mut self) -> Result<Self::Output> {
+        // Safety: the caller does not touch `out` until the promise settles (documented).
+        let out = unsafe { std::slice::from_raw_parts_mut(self.out.as_ptr() as *mut u8, self.out.len()) };
+        self.t.read().unwrap().read_small(self.cursor, out, self.level).map_err(to_napi)
+    }
+    fn resolve(&mut self, _env: Env, (n, next, raw): Self::Output) -> Result<SmallBatch> {
+        Ok(SmallBatch {
+            length: n as u32,
+            next: next.map_or(-1, |k| k as i32),
+            raw_bytes: raw as f64,
+        })
+    }
+}
+
+/// Receiver steps that return an Outcome.
+pub enum Step {
+    Prepare,
+    WriteSmall(Buffer),
+    Finish(bool),
+    FinishSender,
+}
+
+pub struct StepTask {
+    t: Arc<RwLock<TreeSync>>,
+    step: Option<Step>,
+}
+
+impl Task for StepTask {
+    type Output = Outcome;
+    type JsValue = StepOutcome;
+    fn compute(&mut self) -> Result<Outcome> {
+        let t = self.t.read().unwrap();
+        match self.step.take().unwrap() {
+            Step::Prepare => t.prepare(),
+            Step::WriteSmall(b) => t.write_small(&b),
+            Step::Finish(delete_ok) => t.finish_receiver(delete_ok),
+            Step::FinishSender => {
+                t.finish_sender();
+                Ok(Outcome::default())
+            }
+        }
+        .map_err(to_napi)
+    }
+    fn resolve(&mut self, _env: Env, o: Outcome) -> Result<StepOutcome> {
+        Ok(o.into())
+    }
+}
+
+#[napi]
+impl NativeTreeSync {
+    /// Walk `root` (in parallel) and load its tree index; progress counts entries listed.
+    #[napi(ts_return_type = "Promise<NativeTreeSync>")]
+    pub fn walk(root: String, options: WalkTreeOptions, on_progress: Option<ProgressFn>) -> AsyncTask<WalkTask> {
+        AsyncTask::new(WalkTask {
+            root: root.into(),
+            o: options,
+            progress: on_progress,
+        })
+    }
+
+    /// Our manifest in wire form (zstd-compressed).
+    #[napi]
+    pub fn manifest(&self) -> Buffer {
+        self.inner.read().unwrap().local.manifest.encode_compressed().into()
+    }
+
+    #[napi]
+    pub fn stats(&self) -> TreeStats {
+        let t = self.inner.read().unwrap();
+        let m = &t.local.manifest;
+        let (mut files, mut dirs, mut links, mut bytes) = (0, 0, 0, 0u64);
+        for e in m.iter() {
+            match e.kind {
+                ffsync_core::tree::manifest::Kind::File => {
+                    files += 1;
+                    bytes += e.size;
+                }
+                ffsync_core::tree::manifest::Kind::Dir => dirs += 1,
+                ffsync_core::tree::manifest::Kind::Symlink => links += 1,
+            }
+        }
+        TreeStats {
+            entries: m.len() as u32,
+            files,
+            dirs,
+            symlinks: links,
+            bytes: bytes as f64,
+            indexed_files: t.local.indexed_files as u32,
+            problems: t.problems().to_vec(),
+        }
+    }
+
+    /// Decode and validate the peer's manifest (from its wire form).
+    #[napi]
+    pub fn set_peer_manifest(&self, wire: Buffer) -> Result<()> {
+        self.inner.write().unwrap().set_peer_manifest(&wire).map_err(to_napi)
+    }
+
+    /// Indices of our entries the protocol needs us to hash.
+    #[napi]
+    pub fn roots_to_supply(&self, checksum: bool) -> Uint32Array {
+        Uint32Array::new(self.inner.read().unwrap().roots_to_supply(checksum))
+    }
+
+    /// Hash those entries on every core; resolves to the ROOTS payload.
+    #[napi(ts_return_type = "Promise<Buffer>")]
+    pub fn hash_entries(&self, indices: Uint32Array, on_progress: Option<ProgressFn>) -> AsyncTask<HashTask> {
+        AsyncTask::new(HashTask {
+            t: self.inner.clone(),
+            indices: indices.to_vec(),
+            progress: on_progress,
+        })
+    }
+
+    #[napi]
+    pub fn set_peer_roots(&self, roots: Buffer) -> Result<()> {
+        self.inner.write().unwrap().set_peer_roots(&roots).map_err(to_napi)
+    }
+
+    /// Run triage (identical on both peers) and count what the plan does.
+    #[napi]
+    pub fn triage(&self, checksum: bool, delete_extraneous: bool) -> PlanCounts {
+        let mut t = self.inner.write().unwrap();
+        let plan = t.triage(TriageOptions {
+            checksum,
+            delete: delete_extraneous,
+        });
+        let mut c = PlanCounts {
+            mkdirs: 0,
+            local_copies: 0,
+            small_transfers: 0,
+            large_transfers: 0,
+            transfer_bytes: 0.0,
+            symlinks: 0,
+            attrs_only: 0,
+            deletes: 0,
+            skipped: 0,
+            unchanged_files: plan.unchanged_files as f64,
+            decided_by_root: plan.decided_by_root as f64,
+            kept_extraneous: plan.kept_extraneous as f64,
+            source_files: 0.0,
+            source_bytes: 0.0,
+        };
+        let mut bytes = 0u64;
+        let small = triage::action_flags::SMALL;
+        for a in &plan.actions {
+            match a.op {
+                Op::Mkdir => c.mkdirs += 1,
+                Op::LocalCopy => c.local_copies += 1,
+                Op::Transfer if a.flags & small != 0 => c.small_transfers += 1,
+                Op::Transfer => c.large_transfers += 1,
+                Op::Symlink => c.symlinks += 1,
+                Op::FileMeta => c.attrs_only += 1,
+                Op::Delete => c.deletes += 1,
+                Op::Skip => c.skipped += 1,
+                Op::DirMeta => {}
+            }
+        }
+        for l in t.large_transfers() {
+            bytes += l.size;
+        }
+        c.transfer_bytes = (bytes + t.small_bytes()) as f64;
+        let (files, total) = t.source_totals();
+        c.source_files = files as f64;
+        c.source_bytes = total as f64;
+        c
+    }
+
+    #[napi]
+    pub fn large_transfers(&self) -> Vec<LargeTransferInfo> {
+        self.inner
+            .read()
+            .unwrap()
+            .large_transfers()
+            .into_iter()
+            .map(|l| LargeTransferInfo {
+                action: l.action,
+                path: l.path.into(),
+                size: l.size as f64,
+                mtime_ns: BigInt::from(l.mtime_ns),
+                mode: l.mode,
+                delta: l.delta,
+            })
+            .collect()
+    }
+
+    /// What the plan does, one line per action (dry-run and verbose output).
+    #[napi]
+    pub fn describe(&self) -> String {
+        self.inner.read().unwrap().describe()
+    }
+
+    /// Sender: encode the next batch of small files into `out` (not touched by the caller
+    /// until the promise settles), starting at plan position `cursor` (0 at first).
+    #[napi(ts_return_type = "Promise<SmallBatch>")]
+    pub fn read_small(&self, cursor: u32, out: Buffer, compress_level: i32) -> AsyncTask<ReadSmallTask> {
+        AsyncTask::new(ReadSmallTask {
+            t: self.inner.clone(),
+            cursor: cursor as usize,
+            out,
+            level: compress_level,
+        })
+    }
+
+    /// Receiver: directories and local copies (renames), before any data arrives.
+    #[napi(ts_return_type = "Promise<StepOutcome>")]
+    pub fn prepare(&self) -> AsyncTask<StepTask> {
+        self.step(Step::Prepare)
+    }
+
+    /// Receiver: verify and write one FILE_BATCH payload.
+    #[napi(ts_return_type = "Promise<StepOutcome>")]
+    pub fn write_small(&self, batch: Buffer) -> AsyncTask<StepTask> {
+        self.step(Step::WriteSmall(batch))
+    }
+
+    /// Receiver: links, attributes, deletions (only if `deleteOk`), directory attributes,
+    /// durability, tree index.
+    #[napi(ts_return_type = "Promise<StepOutcome>")]
+    pub fn finish_receiver(&self, delete_ok: bool) -> AsyncTask<StepTask> {
+        self.step(Step::Finish(delete_ok))
+    }
+
+    /// Sender: store the tree index.
+    #[napi(ts_return_type = "Promise<StepOutcome>")]
+    pub fn finish_sender(&self) -> AsyncTask<StepTask> {
+        self.step(Step::FinishSender)
+    }
+
+    /// Receiver: before a large file is committed over a directory, remove the directory.
+    #[napi]
+    pub fn clear_for(&self, action: u32) -> Result<()> {
+        self.inner.read().unwrap().clear_for(action as usize).map_err(to_napi)
+    }
+
+    /// Remember the content root of a large file just sent or written (hex).
+    #[napi]
+    pub fn claim_root(&self, action: u32, root_hex: String) {
+        let mut root = [0u8; 32];
+        if root_hex.len() == 64 {
+            for (i, b) in root.iter_mut().enumerate() {
+                *b = u8::from_str_radix(&root_hex[2 * i..2 * i + 2], 16).unwrap_or(0);
+            }
+            self.inner.read().unwrap().claim_root(action as usize, root);
+        }
+    }
+
+    fn step(&self, step: Step) -> AsyncTask<StepTask> {
+        AsyncTask::new(StepTask {
+            t: self.inner.clone(),
+            step: Some(step),
+        })
+    }
+}
+
+/// Throws `EUSAGE: ...` naming the first invalid exclude pattern.
+#[napi]
+pub fn validate_excludes(patterns: Vec<String>) -> Result<()> {
+    Filter::new(&patterns).map(|_| ()).map_err(to_napi)
+}
+
+/// Patterns of an --exclude-from file (blank lines and `#` comments skipped).
+#[napi]
+pub fn excludes_from_text(text: String) -> Vec<String> {
+    Filter::patterns_from_text(&text)
+}

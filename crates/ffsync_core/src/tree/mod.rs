@@ -1,0 +1,11 @@
+//! Directory trees: walk, exclude rules, tree manifests, triage, the per-tree index,
+//! small-file batches, and one peer's execution of a tree sync.
+
+pub mod file_batch;
+pub mod filter;
+pub mod index;
+pub mod manifest;
+pub mod path;
+pub mod sync;
+pub mod triage;
+pub mod walk;

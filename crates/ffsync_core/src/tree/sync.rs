@@ -1,0 +1,742 @@
+//! One peer's side of a tree sync: its walked tree, the peer's manifest, the roots each
+//! supplied, the shared plan, and the receiver's execution of that plan (directories,
+//! local copies, small-file batches, links, metadata, deferred deletes, index update).
+//! The TypeScript shell only moves frames between two of these.
+
+use super::file_batch::{self, FileStatus};
+use super::index::{self, Claim};
+use super::manifest::{flags, EntryRef, Kind, TreeManifest};
+use super::path::{display, join};
+use super::triage::{self, action_flags, Action, ExtraRoots, Op, Plan, TriageOptions};
+use super::walk::LocalTree;
+use crate::error::{CoreError, Result};
+use crate::file_identity::FileIdentity;
+use crate::reconstruct::{apply_metadata, partial_path};
+use crate::scan::MappedFile;
+use rayon::prelude::*;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Largest decompressed tree manifest accepted from a peer.
+pub const MAX_TREE_MANIFEST: usize = 2 << 30;
+
+/// What a step did: files handled, bytes, and per-path problems (each is exit 23, or 24
+/// for files that vanished on the sender).
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub files: u64,
+    pub bytes: u64,
+    pub errors: Vec<String>,
+    pub vanished: Vec<String>,
+}
+
+impl Outcome {
+    fn merge(&mut self, o: Outcome) {
+        self.files += o.files;
+        self.bytes += o.bytes;
+        self.errors.extend(o.errors);
+        self.vanished.extend(o.vanished);
+    }
+}
+
+/// A large file that needs a chunk-level conversation.
+pub struct LargeTransfer {
+    pub action: u32,
+    pub path: Vec<u8>,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub mode: u32,
+    /// The receiver's old file at the same path is the delta basis.
+    pub delta: bool,
+}
+
+pub struct TreeSync {
+    pub local: LocalTree,
+    pub is_sender: bool,
+    state_dir: Option<PathBuf>,
+    peer: Option<TreeManifest>,
+    my_extra: ExtraRoots,
+    peer_extra: ExtraRoots,
+    plan: Option<Plan>,
+    /// Per action: already executed (a peer may not make us write a path twice).
+    done: Vec<AtomicBool>,
+    /// Roots learned during this session, for the tree index.
+    claims: Mutex<Vec<Claim>>,
+}
+
+fn is_fatal(e: &CoreError) -> bool {
+    matches!(
+        e,
+        CoreError::DiskFull { .. } | CoreError::VerifyFailed(_) | CoreError::Malformed { .. } | CoreError::ChunkCorrupt { .. }
+    )
+}
+
+#[cfg(unix)]
+fn nofollow(o: &mut OpenOptions) -> &mut OpenOptions {
+    use std::os::unix::fs::OpenOptionsExt;
+    o.custom_flags(libc::O_NOFOLLOW)
+}
+
+#[cfg(not(unix))]
+fn nofollow(o: &mut OpenOptions) -> &mut OpenOptions {
+    o
+}
+
+/// Remove whatever is at `p` (a directory with its contents; never following a link).
+pub fn remove_path(p: &Path) -> std::io::Result<()> {
+    match fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(p),
+        Ok(_) => fs::remove_file(p),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn set_dir_meta(p: &Path, mtime_ns: i64, mode: u32) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let d = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_DIRECTORY)
+            .open(p)?;
+        d.set_permissions(fs::Permissions::from_mode(mode & 0o1777))?;
+        d.set_times(fs::FileTimes::new().set_modified(crate::reconstruct::system_time_from_ns(mtime_ns)))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (p, mtime_ns, mode);
+        Ok(())
+    }
+}
+
+impl TreeSync {
+    pub fn new(local: LocalTree, is_sender: bool, state_dir: Option<PathBuf>) -> TreeSync {
+        TreeSync {
+            local,
+            is_sender,
+            state_dir,
+            peer: None,
+            my_extra: ExtraRoots::new(),
+            peer_extra: ExtraRoots::new(),
+            plan: None,
+            done: Vec::new(),
+            claims: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn set_peer_manifest(&mut self, wire: &[u8]) -> Result<()> {
+        self.peer = Some(TreeManifest::decode_compressed(wire, MAX_TREE_MANIFEST)?);
+        Ok(())
+    }
+
+    fn peer(&self) -> &TreeManifest {
+        self.peer.as_ref().expect("peer manifest set before triage")
+    }
+
+    fn s(&self) -> &TreeManifest {
+        if self.is_sender {
+            &self.local.manifest
+        } else {
+            self.peer()
+        }
+    }
+
+    fn r(&self) -> &TreeManifest {
+        if self.is_sender {
+            self.peer()
+        } else {
+            &self.local.manifest
+        }
+    }
+
+    pub fn plan(&self) -> &Plan {
+        self.plan.as_ref().expect("triage ran")
+    }
+
+    /// Indices of our entries we must hash before triage.
+    pub fn roots_to_supply(&self, checksum: bool) -> Vec<u32> {
+        let (s, r) = triage::roots_to_supply(self.s(), self.r(), checksum);
+        if self.is_sender {
+            s
+        } else {
+            r
+        }
+    }
+
+    fn open_checked(&self, i: usize) -> Result<MappedFile> {
+        let e = self.local.manifest.entry(i);
+        let p = join(&self.local.root, e.path);
+        let f = MappedFile::open_nofollow(&p)?;
+        if f.identity != self.local.identities[i] {
+            return Err(CoreError::io(&p, std::io::Error::new(std::io::ErrorKind::NotFound, "changed during the sync")));
+        }
+        Ok(f)
+    }
+
+    /// Hash our entries `idx` on every core; those that cannot be read are left out (the
+    /// plan then sends them, or reports them). Encoded as count u32 + { index u32, root }.
+    pub fn hash_entries(&mut self, idx: &[u32], progress: Option<&AtomicU64>) -> Vec<u8> {
+        let results: Vec<(u32, [u8; 32])> = idx
+            .par_iter()
+            .filter_map(|&i| {
+                let f = self.open_checked(i as usize).ok()?;
+                let root = f.manifest(None).root;
+                if let Some(p) = progress {
+                    p.fetch_add(f.identity.size, Ordering::Relaxed);
+                }
+                Some((i, root))
+            })
+            .collect();
+        let mut claims = self.claims.lock().unwrap();
+        let mut out = (results.len() as u32).to_le_bytes().to_vec();
+        for (i, root) in results {
+            out.extend_from_slice(&i.to_le_bytes());
+            out.extend_from_slice(&root);
+            claims.push(Claim {
+                path: self.local.manifest.entry(i as usize).path.to_vec(),
+                identity: self.local.identities[i as usize],
+                root,
+            });
+            self.my_extra.insert(i, root);
+        }
+        out
+    }
+
+    /// Roots the peer supplied: indices must name files of its manifest.
+    pub fn set_peer_roots(&mut self, buf: &[u8]) -> Result<()> {
+        let bad = |r: String| CoreError::malformed("roots", r);
+        if buf.len() < 4 {
+            return Err(bad("too short".into()));
+        }
+        let n = u32::from_le_bytes(buf[0..4].try_into().unwrap()) as usize;
+        if buf.len() != 4 + n * 36 {
+            return Err(bad(format!("{n} roots do not fit {} bytes", buf.len())));
+        }
+        let peer = self.peer();
+        let mut extra = ExtraRoots::with_capacity(n);
+        for k in 0..n {
+            let o = 4 + k * 36;
+            let i = u32::from_le_bytes(buf[o..o + 4].try_into().unwrap());
+            if i as usize >= peer.len() || !peer.entry(i as usize).is_file() {
+                return Err(bad(format!("root for entry {i}, which is not a file")));
+            }
+            extra.insert(i, buf[o + 4..o + 36].try_into().unwrap());
+        }
+        self.peer_extra = extra;
+        Ok(())
+    }
+
+    pub fn triage(&mut self, o: TriageOptions) -> &Plan {
+        let (s_extra, r_extra) = if self.is_sender {
+            (&self.my_extra, &self.peer_extra)
+        } else {
+            (&self.peer_extra, &self.my_extra)
+        };
+        let plan = triage::triage(self.s(), self.r(), s_extra, r_extra, o);
+        self.done = (0..plan.actions.len()).map(|_| AtomicBool::new(false)).collect();
+        self.plan = Some(plan);
+        self.plan()
+    }
+
+    fn action(&self, k: usize) -> Result<&Action> {
+        self.plan()
+            .actions
+            .get(k)
+            .ok_or_else(|| CoreError::malformed("file batch", format!("no action {k}")))
+    }
+
+    fn claim_once(&self, k: usize) -> Result<()> {
+        if self.done[k].swap(true, Ordering::SeqCst) {
+            return Err(CoreError::malformed("file batch", format!("action {k} delivered twice")));
+        }
+        Ok(())
+    }
+
+    fn sender_root_of(&self, a: &Action) -> Option<[u8; 32]> {
+        let e = self.s().entry(a.s as usize);
+        let extra = if self.is_sender { &self.my_extra } else { &self.peer_extra };
+        e.root.copied().or_else(|| extra.get(&a.s).copied())
+    }
+
+    pub fn large_transfers(&self) -> Vec<LargeTransfer> {
+        let s = self.s();
+        self.plan()
+            .actions
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.op == Op::Transfer && a.flags & action_flags::SMALL == 0)
+            .map(|(k, a)| {
+                let e = s.entry(a.s as usize);
+                LargeTransfer {
+                    action: k as u32,
+                    path: e.path.to_vec(),
+                    size: e.size,
+                    mtime_ns: e.mtime_ns,
+                    mode: e.mode,
+                    delta: a.flags & action_flags::DELTA != 0,
+                }
+            })
+            .collect()
+    }
+
+    /// Files and bytes in the sender's tree.
+    pub fn source_totals(&self) -> (u64, u64) {
+        self.s().iter().filter(|e| e.is_file()).fold((0, 0), |(n, b), e| (n + 1, b + e.size))
+    }
+
+    /// Bytes of the files that travel whole in batches.
+    pub fn small_bytes(&self) -> u64 {
+        let s = self.s();
+        self.plan()
+            .actions
+            .iter()
+            .filter(|a| a.op == Op::Transfer && a.flags & action_flags::SMALL != 0)
+            .map(|a| s.entry(a.s as usize).size)
+            .sum()
+    }
+
+    // ---- sender ----
+
+    /// Fill `out` with records of small files starting at action `cursor`; returns
+    /// (bytes written, next cursor or None when done, raw bytes read).
+    pub fn read_small(&self, cursor: usize, out: &mut [u8], level: i32) -> Result<(usize, Option<usize>, u64)> {
+        let plan = self.plan();
+        let s = &self.local.manifest;
+        let mut picked = Vec::new();
+        let mut budget = 0usize;
+        let mut k = cursor;
+        while k < plan.actions.len() {
+            let a = &plan.actions[k];
+            if a.op == Op::Transfer && a.flags & action_flags::SMALL != 0 {
+                let need = s.entry(a.s as usize).size as usize + file_batch::RECORD_HEADER + 64;
+                if !picked.is_empty() && budget + need > out.len() {
+                    break;
+                }
+                budget += need;
+                picked.push(k);
+            }
+            k += 1;
+        }
+        let records: Vec<(Vec<u8>, u64, Option<Claim>)> = picked
+            .par_iter()
+            .map(|&k| {
+                let a = &plan.actions[k];
+                let i = a.s as usize;
+                let e = s.entry(i);
+                let mut rec = Vec::with_capacity(e.size as usize + file_batch::RECORD_HEADER);
+                match self.read_whole(i) {
+                    Ok(data) => {
+                        file_batch::encode_record(k as u32, FileStatus::Ok, &data, level, &mut rec);
+                        let root: [u8; 32] = rec[14..46].try_into().unwrap();
+                        let claim = Claim { path: e.path.to_vec(), identity: self.local.identities[i], root };
+                        (rec, data.len() as u64, Some(claim))
+                    }
+                    Err(err) => {
+                        let status = match &err {
+                            CoreError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => FileStatus::Vanished,
+                            _ => FileStatus::Unreadable,
+                        };
+                        file_batch::encode_record(k as u32, status, &[], level, &mut rec);
+                        (rec, 0, None)
+                    }
+                }
+            })
+            .collect();
+        let mut n = 0;
+        let mut raw = 0;
+        let mut claims = self.claims.lock().unwrap();
+        for (rec, len, claim) in records {
+            if n + rec.len() > out.len() {
+                return Err(CoreError::Usage("file batch buffer too small".into()));
+            }
+            out[n..n + rec.len()].copy_from_slice(&rec);
+            n += rec.len();
+            raw += len;
+            claims.extend(claim);
+        }
+        Ok((n, (k < plan.actions.len()).then_some(k), raw))
+    }
+
+    /// A small file's bytes, if it still is what the walk saw (else NotFound: vanished).
+    fn read_whole(&self, i: usize) -> Result<Vec<u8>> {
+        let e = self.local.manifest.entry(i);
+        let p = join(&self.local.root, e.path);
+        let mut f = nofollow(OpenOptions::new().read(true)).open(&p).map_err(|e| CoreError::io(&p, e))?;
+        let m = f.metadata().map_err(|e| CoreError::io(&p, e))?;
+        let changed = || CoreError::io(&p, std::io::Error::new(std::io::ErrorKind::NotFound, "changed during the sync"));
+        if FileIdentity::of(&m) != self.local.identities[i] {
+            return Err(changed());
+        }
+        let mut data = Vec::with_capacity(e.size as usize);
+        (&mut f).take(e.size + 1).read_to_end(&mut data).map_err(|e| CoreError::io(&p, e))?;
+        if data.len() as u64 != e.size {
+            return Err(changed());
+        }
+        Ok(data)
+    }
+
+    /// After a large file was sent: remember its root for the tree index.
+    pub fn claim_root(&self, action: usize, root: [u8; 32]) {
+        let Ok(a) = self.action(action) else { return };
+        let (m, idx) = if self.is_sender { (&self.local.manifest, a.s) } else { (self.s(), a.s) };
+        let rel = m.entry(idx as usize).path.to_vec();
+        let p = join(&self.local.root, &rel);
+        let Ok(meta) = fs::symlink_metadata(&p) else { return };
+        let identity = FileIdentity::of(&meta);
+        if self.is_sender && identity != self.local.identities[idx as usize] {
+            return; // changed since the walk: the root may be of another version
+        }
+        self.claims.lock().unwrap().push(Claim { path: rel, identity, root });
+    }
+
+    // ---- receiver ----
+
+    fn target(&self, a: &Action) -> PathBuf {
+        join(&self.local.root, self.s().entry(a.s as usize).path)
+    }
+
+    /// Directories first (replacing anything of another kind in the way), then renames
+    /// served from our own disk, each verified against the sender's root. Counts the copies.
+    pub fn prepare(&self) -> Result<Outcome> {
+        let mut out = Outcome::default();
+        let plan = self.plan();
+        let mut failed_dirs: Vec<Vec<u8>> = Vec::new();
+        for a in plan.actions.iter().filter(|a| a.op == Op::Mkdir) {
+            let e = self.s().entry(a.s as usize);
+            if failed_dirs.iter().any(|d| super::path::is_under(e.path, d)) {
+                continue;
+            }
+            let p = self.target(a);
+            let r = (|| {
+                if a.flags & action_flags::REPLACE != 0 {
+                    remove_path(&p)?;
+                }
+                match fs::create_dir(&p) {
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && fs::symlink_metadata(&p)?.is_dir() => Ok(()),
+                    r => r,
+                }
+            })();
+            if let Err(err) = r {
+                let err = CoreError::io(&p, err);
+                if is_fatal(&err) {
+                    return Err(err);
+                }
+                out.errors.push(format!("cannot create directory {}: {err}", display(e.path)));
+                failed_dirs.push(e.path.to_vec());
+            }
+        }
+        // Copies go to temp files first and are renamed after all of them are made: a
+        // copy's source may be another copy's destination (two files swapped names).
+        let copies: Vec<(usize, &Action)> = plan.actions.iter().enumerate().filter(|(_, a)| a.op == Op::LocalCopy).collect();
+        let made: Vec<(usize, Result<PathBuf>)> = copies.par_iter().map(|&(k, a)| (k, self.copy_local(a))).collect();
+        for (k, r) in made {
+            let a = &plan.actions[k];
+            let rel = self.s().entry(a.s as usize).path;
+            match r.and_then(|tmp| self.commit(a, &tmp)) {
+                Ok(size) => {
+                    self.done[k].store(true, Ordering::SeqCst);
+                    out.files += 1;
+                    out.bytes += size;
+                }
+                Err(e) if is_fatal(&e) => return Err(e),
+                Err(e) => out.errors.push(format!("cannot copy {} locally: {e}", display(rel))),
+            }
+        }
+        Ok(out)
+    }
+
+    fn copy_local(&self, a: &Action) -> Result<PathBuf> {
+        let root = self.sender_root_of(a).ok_or_else(|| CoreError::Usage("local copy without a root".into()))?;
+        let src = self.open_checked(a.basis as usize)?;
+        let target = self.target(a);
+        let tmp = partial_path(&target, &root);
+        let dst = nofollow(OpenOptions::new().read(true).write(true).create(true).truncate(true))
+            .open(&tmp)
+            .map_err(|e| CoreError::io(&tmp, e))?;
+        let size = src.identity.size;
+        crate::io::copy::copy_range(&src.file, 0, &dst, 0, size).map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            CoreError::io(&tmp, e)
+        })?;
+        let check = MappedFile::open_nofollow(&tmp).map(|m| m.manifest(None).root);
+        if check.as_ref().ok() != Some(&root) {
+            let _ = fs::remove_file(&tmp);
+            return Err(CoreError::io(&target, std::io::Error::other("local copy did not match the sender's root")));
+        }
+        let e = self.s().entry(a.s as usize);
+        apply_metadata(&dst, &tmp, Some(e.mtime_ns), Some(e.mode))?;
+        Ok(tmp)
+    }
+
+    /// Rename a verified temp file into place (clearing another kind in the way first)
+    /// and record its root for the index.
+    fn commit(&self, a: &Action, tmp: &Path) -> Result<u64> {
+        let root = self.sender_root_of(a).unwrap_or([0; 32]);
+        self.commit_with_root(a, tmp, root)
+    }
+
+    fn commit_with_root(&self, a: &Action, tmp: &Path, root: [u8; 32]) -> Result<u64> {
+        let target = self.target(a);
+        if a.flags & action_flags::REPLACE != 0 {
+            remove_path(&target).map_err(|e| CoreError::io(&target, e))?;
+        }
+        fs::rename(tmp, &target).map_err(|e| {
+            let _ = fs::remove_file(tmp);
+            CoreError::io(&target, e)
+        })?;
+        let meta = fs::symlink_metadata(&target).map_err(|e| CoreError::io(&target, e))?;
+        if root != [0; 32] {
+            self.claims.lock().unwrap().push(Claim {
+                path: self.s().entry(a.s as usize).path.to_vec(),
+                identity: FileIdentity::of(&meta),
+                root,
+            });
+        }
+        Ok(meta.len())
+    }
+
+    /// Before a large file's rebuilt temp is renamed over a directory: remove it.
+    pub fn clear_for(&self, action: usize) -> Result<()> {
+        let a = self.action(action)?;
+        if a.flags & action_flags::REPLACE != 0 {
+            let p = self.target(a);
+            remove_path(&p).map_err(|e| CoreError::io(&p, e))?;
+        }
+        Ok(())
+    }
+
+    /// Verify and write one batch of small files (in parallel).
+    pub fn write_small(&self, batch: &[u8]) -> Result<Outcome> {
+        let records = file_batch::decode(batch)?;
+        let s = self.s();
+        for r in &records {
+            let k = r.action as usize;
+            let a = self.action(k)?;
+            if a.op != Op::Transfer || a.flags & action_flags::SMALL == 0 {
+                return Err(CoreError::malformed("file batch", format!("action {k} is not a small-file transfer")));
+            }
+            if r.status == FileStatus::Ok && r.raw_len as u64 != s.entry(a.s as usize).size {
+                return Err(CoreError::malformed("file batch", format!("action {k} has {} bytes, the manifest said {}", r.raw_len, s.entry(a.s as usize).size)));
+            }
+            self.claim_once(k)?;
+        }
+        let results: Vec<Result<Outcome>> = records
+            .par_iter()
+            .map(|r| {
+                let a = &self.plan().actions[r.action as usize];
+                let rel = display(s.entry(a.s as usize).path);
+                let mut o = Outcome::default();
+                match r.status {
+                    FileStatus::Vanished => o.vanished.push(format!("{rel} vanished or changed on the sender")),
+                    FileStatus::Unreadable => o.errors.push(format!("{rel}: the sender could not read it")),
+                    FileStatus::Ok => {
+                        let data = r.content()?;
+                        match self.write_whole(a, &data, &r.root) {
+                            Ok(()) => {
+                                o.files = 1;
+                                o.bytes = data.len() as u64;
+                            }
+                            Err(e) if is_fatal(&e) => return Err(e),
+                            Err(e) => o.errors.push(format!("cannot write {rel}: {e}")),
+                        }
+                    }
+                }
+                Ok(o)
+            })
+            .collect();
+        let mut out = Outcome::default();
+        for r in results {
+            out.merge(r?);
+        }
+        Ok(out)
+    }
+
+    fn write_whole(&self, a: &Action, data: &[u8], root: &[u8; 32]) -> Result<()> {
+        let e = self.s().entry(a.s as usize);
+        let target = self.target(a);
+        let tmp = partial_path(&target, root);
+        let write = || -> std::io::Result<()> {
+            let mut f = nofollow(OpenOptions::new().write(true).create(true).truncate(true)).open(&tmp)?;
+            f.write_all(data)?;
+            #[cfg(not(target_os = "linux"))]
+            f.sync_all()?; // Linux: one syncfs for the whole tree at the end instead
+            apply_metadata(&f, &tmp, Some(e.mtime_ns), Some(e.mode)).map_err(|e| std::io::Error::other(e.to_string()))
+        };
+        write().map_err(|err| {
+            let _ = fs::remove_file(&tmp);
+            CoreError::io(&target, err)
+        })?;
+        self.commit_with_root(a, &tmp, *root).map(|_| ())
+    }
+
+    /// Everything after the data: links, metadata of unchanged files, deletions (only when
+    /// `delete_ok`: every transfer succeeded), directory metadata, durability, index.
+    pub fn finish_receiver(&self, delete_ok: bool) -> Result<Outcome> {
+        let mut out = Outcome::default();
+        let plan = self.plan();
+        let (s, r) = (self.s(), self.r());
+        for (k, a) in plan.actions.iter().enumerate() {
+            let res: std::io::Result<()> = match a.op {
+                Op::Symlink => self.make_link(a, &s.entry(a.s as usize)),
+                Op::FileMeta => {
+                    let e = s.entry(a.s as usize);
+                    let p = self.target(a);
+                    (|| {
+                        let f = nofollow(OpenOptions::new().read(true)).open(&p)?;
+                        apply_metadata(&f, &p, Some(e.mtime_ns), Some(e.mode)).map_err(|e| std::io::Error::other(e.to_string()))?;
+                        if let Some(root) = self.sender_root_of(a) {
+                            let identity = FileIdentity::of(&f.metadata()?);
+                            self.claims.lock().unwrap().push(Claim { path: e.path.to_vec(), identity, root });
+                        }
+                        Ok(())
+                    })()
+                }
+                Op::Delete if delete_ok => {
+                    let p = join(&self.local.root, r.entry(a.r as usize).path);
+                    match fs::symlink_metadata(&p) {
+                        Ok(m) if m.is_dir() => match fs::remove_dir(&p) {
+                            // Something we may not delete is inside (protected or excluded).
+                            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => Ok(()),
+                            r => r,
+                        },
+                        Ok(_) => fs::remove_file(&p),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                }
+                _ => continue,
+            };
+            match res {
+                Ok(()) => {
+                    self.done[k].store(true, Ordering::SeqCst);
+                    out.files += 1;
+                }
+                Err(e) => {
+                    let rel = if a.op == Op::Delete { r.entry(a.r as usize).path } else { s.entry(a.s as usize).path };
+                    out.errors.push(format!("{} {}: {e}", op_verb(a.op), display(rel)));
+                }
+            }
+        }
+        for a in plan.actions.iter().filter(|a| a.op == Op::DirMeta) {
+            let e = s.entry(a.s as usize);
+            if let Err(err) = set_dir_meta(&self.target(a), e.mtime_ns, e.mode) {
+                if err.kind() != std::io::ErrorKind::NotFound {
+                    out.errors.push(format!("cannot set attributes of {}/: {err}", display(e.path)));
+                }
+            }
+        }
+        sync_tree(&self.local.root);
+        self.store_index();
+        Ok(out)
+    }
+
+    fn make_link(&self, a: &Action, e: &EntryRef) -> std::io::Result<()> {
+        let target = self.target(a);
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStrExt;
+            let tmp = partial_path(&target, blake3::hash(e.link).as_bytes());
+            let _ = fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(e.link), &tmp)?;
+            let placed = (|| {
+                if a.flags & action_flags::REPLACE != 0 {
+                    remove_path(&target)?;
+                }
+                fs::rename(&tmp, &target)
+            })();
+            if placed.is_err() {
+                let _ = fs::remove_file(&tmp);
+            }
+            placed
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = (target, e);
+            Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "symlinks are not synced on this platform"))
+        }
+    }
+
+    /// Sender side end: remember what we hashed for next time.
+    pub fn finish_sender(&self) {
+        self.store_index();
+    }
+
+    fn store_index(&self) {
+        let Some(state_dir) = &self.state_dir else { return };
+        let new = std::mem::take(&mut *self.claims.lock().unwrap());
+        let known = self.local.indexed_files;
+        if new.is_empty() && known == 0 {
+            return;
+        }
+        let plan_touches_nothing = self.plan.as_ref().is_some_and(|p| {
+            p.actions.iter().all(|a| matches!(a.op, Op::DirMeta | Op::Skip))
+        });
+        if new.is_empty() && plan_touches_nothing {
+            return; // nothing learned, nothing changed: the stored index is still right
+        }
+        let mut claims = self.local.claims();
+        claims.extend(new);
+        let _ = index::store(state_dir, &self.local.root, claims);
+    }
+
+    /// Human-readable list of what the plan does (for --dry-run and -v).
+    pub fn describe(&self) -> String {
+        let (s, r) = (self.s(), self.r());
+        let mut out = String::new();
+        for a in &self.plan().actions {
+            let sp = |a: &Action| display(s.entry(a.s as usize).path);
+            let line = match a.op {
+                Op::Mkdir => format!("mkdir   {}/", sp(a)),
+                Op::LocalCopy => format!("copy    {} (from {}, no data sent)", sp(a), display(r.entry(a.basis as usize).path)),
+                Op::Transfer => format!("send    {} ({} bytes{})", sp(a), s.entry(a.s as usize).size, if a.flags & action_flags::DELTA != 0 { ", delta" } else { "" }),
+                Op::Symlink => format!("link    {} -> {}", sp(a), display(s.entry(a.s as usize).link)),
+                Op::FileMeta => format!("attrs   {}", sp(a)),
+                Op::Delete => format!("delete  {}{}", display(r.entry(a.r as usize).path), if r.entry(a.r as usize).kind == Kind::Dir { "/" } else { "" }),
+                Op::DirMeta => continue,
+                Op::Skip => format!("skip    {} (unreadable on the sender)", sp(a)),
+            };
+            out.push_str(&line);
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Sender entries flagged unreadable and directories the walk could not list.
+    pub fn problems(&self) -> &[String] {
+        &self.local.problems
+    }
+
+    pub fn unreadable_dirs(&self) -> usize {
+        self.local.manifest.iter().filter(|e| e.is_dir() && e.has(flags::UNREADABLE)).count()
+    }
+}
+
+fn op_verb(op: Op) -> &'static str {
+    match op {
+        Op::Symlink => "cannot create link",
+        Op::FileMeta => "cannot set attributes of",
+        Op::Delete => "cannot delete",
+        _ => "cannot handle",
+    }
+}
+
+/// Make everything written durable before we report success: one syncfs on Linux (files
+/// were not fsync'ed one by one), a directory fsync elsewhere (files were).
+fn sync_tree(root: &Path) {
+    #[cfg(target_os = "linux")]
+    if let Ok(d) = File::open(root) {
+        use std::os::unix::io::AsRawFd;
+        // Safety: valid fd.
+        unsafe { libc::syncfs(d.as_raw_fd()) };
+    }
+    #[cfg(all(unix, not(target_os = "linux")))]
+    if let Ok(d) = File::open(root) {
+        let _ = d.sync_all();
+    }
+    #[cfg(not(unix))]
+    let _ = root;
+}

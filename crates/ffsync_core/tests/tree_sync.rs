@@ -1,0 +1,632 @@
+//! Tree sync end to end without a transport: two `TreeSync` peers (a sender over one temp
+//! tree, a receiver over another, each with its own state dir) driven through the same
+//! sequence the TypeScript shell uses: walk, exchange manifests, supply roots, triage on
+//! both sides (the plans must agree), prepare, small-file batches, large files (emulated
+//! by a direct copy + `claim_root`), finish.
+#![cfg(unix)]
+
+use ffsync_core::reconstruct::system_time_from_ns;
+use ffsync_core::tree::file_batch::{self, FileStatus};
+use ffsync_core::tree::filter::Filter;
+use ffsync_core::tree::manifest::{Kind, NewEntry, TreeBuilder};
+use ffsync_core::tree::path::join;
+use ffsync_core::tree::sync::TreeSync;
+use ffsync_core::tree::triage::{action_flags, Action, Op, TriageOptions};
+use ffsync_core::tree::{index, walk};
+use std::collections::BTreeMap;
+use std::fs::{self, File, FileTimes, Permissions};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// A fixed mtime well in the past (so index entries are never "racily clean").
+const T0: i64 = 1_600_000_000_123_456_789;
+
+fn bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u8
+        })
+        .collect()
+}
+
+/// One peer's directories: `base/tree` (synced) and `base/state` (its tree index).
+struct Side {
+    _tmp: tempfile::TempDir,
+    base: PathBuf,
+    tree: PathBuf,
+    state: PathBuf,
+}
+
+impl Side {
+    fn new() -> Side {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().to_path_buf();
+        let tree = base.join("tree");
+        fs::create_dir(&tree).unwrap();
+        Side { state: base.join("state"), tree, base, _tmp: tmp }
+    }
+    fn p(&self, rel: &str) -> PathBuf {
+        self.tree.join(rel)
+    }
+    fn put(&self, rel: &str, data: &[u8]) {
+        put(&self.tree, rel, data, T0)
+    }
+    fn read(&self, rel: &str) -> Vec<u8> {
+        fs::read(self.p(rel)).unwrap()
+    }
+    /// A fresh state dir: no index from earlier sessions.
+    fn forget_index(&self) {
+        let _ = fs::remove_dir_all(&self.state);
+    }
+}
+
+fn put(root: &Path, rel: &str, data: &[u8], mtime_ns: i64) {
+    let p = root.join(rel);
+    fs::create_dir_all(p.parent().unwrap()).unwrap();
+    fs::write(&p, data).unwrap();
+    set_mtime(&p, mtime_ns);
+}
+
+fn set_mtime(p: &Path, ns: i64) {
+    File::open(p).unwrap().set_times(FileTimes::new().set_modified(system_time_from_ns(ns))).unwrap();
+}
+
+fn chmod(p: &Path, mode: u32) {
+    fs::set_permissions(p, Permissions::from_mode(mode)).unwrap();
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Node {
+    Dir { mode: u32, mtime: i64 },
+    File { hash: String, mode: u32, mtime: i64 },
+    Link(Vec<u8>),
+}
+
+/// Relative path (escaped bytes) -> what is there, never following links.
+fn snapshot(root: &Path) -> BTreeMap<String, Node> {
+    fn visit(root: &Path, rel: Vec<u8>, out: &mut BTreeMap<String, Node>) {
+        let p = join(root, &rel);
+        let m = fs::symlink_metadata(&p).unwrap();
+        let (mode, mtime) = (m.mode() & 0o7777, m.mtime() * 1_000_000_000 + m.mtime_nsec());
+        let node = if m.file_type().is_symlink() {
+            Node::Link(fs::read_link(&p).unwrap().as_os_str().as_bytes().to_vec())
+        } else if m.is_dir() {
+            for e in fs::read_dir(&p).unwrap() {
+                let mut child = rel.clone();
+                if !child.is_empty() {
+                    child.push(b'/');
+                }
+                child.extend_from_slice(e.unwrap().file_name().as_bytes());
+                visit(root, child, out);
+            }
+            Node::Dir { mode, mtime }
+        } else {
+            Node::File { hash: blake3::hash(&fs::read(&p).unwrap()).to_hex().to_string(), mode, mtime }
+        };
+        out.insert(rel.escape_ascii().to_string(), node);
+    }
+    let mut out = BTreeMap::new();
+    visit(root, Vec::new(), &mut out);
+    out
+}
+
+fn assert_same(src: &Side, dst: &Side) {
+    assert_eq!(snapshot(&src.tree), snapshot(&dst.tree));
+}
+
+#[derive(Clone, Copy, Default)]
+struct Opts {
+    checksum: bool,
+    delete: bool,
+    /// Call `finish_receiver(false)` (a transfer failed: no deletions).
+    no_delete_at_finish: bool,
+    filter: &'static [&'static str],
+    protect: &'static [&'static str],
+}
+
+struct Synced {
+    plan: Vec<Action>,
+    s: TreeSync,
+    r: TreeSync,
+    /// Action numbers of the small-file records the sender produced.
+    records: Vec<u32>,
+    errors: Vec<String>,
+}
+
+impl Synced {
+    fn path(&self, a: &Action) -> String {
+        let e = match a.op {
+            Op::Delete => self.r.local.manifest.entry(a.r as usize),
+            _ => self.s.local.manifest.entry(a.s as usize),
+        };
+        e.path.escape_ascii().to_string()
+    }
+    fn ops(&self, op: Op) -> Vec<String> {
+        self.plan.iter().filter(|a| a.op == op).map(|a| self.path(a)).collect()
+    }
+    fn find(&self, op: Op, path: &str) -> (usize, Action) {
+        let k = self.plan.iter().position(|a| a.op == op && self.path(a) == path);
+        let k = k.unwrap_or_else(|| panic!("no {op:?} for {path} in\n{}", self.s.describe()));
+        (k, self.plan[k])
+    }
+    fn has_changes(&self) -> bool {
+        self.plan.iter().any(|a| matches!(a.op, Op::Transfer | Op::LocalCopy | Op::Delete | Op::Mkdir))
+    }
+}
+
+fn small_count(t: &TreeSync) -> usize {
+    t.plan().actions.iter().filter(|a| a.op == Op::Transfer && a.flags & action_flags::SMALL != 0).count()
+}
+
+fn patterns(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+fn open(side: &Side, filter: &Filter, protect: Option<&Filter>, sender: bool) -> TreeSync {
+    let idx = index::load(&side.state, &side.tree);
+    let o = walk::WalkOptions { filter, protect, index: idx.as_ref(), progress: None };
+    TreeSync::new(walk::walk(&side.tree, &o).unwrap(), sender, Some(side.state.clone()))
+}
+
+/// Steps 1-4: walk, exchange manifests, supply roots, triage on both sides.
+fn negotiate(src: &Side, dst: &Side, o: Opts) -> (TreeSync, TreeSync) {
+    let filter = Filter::new(&patterns(o.filter)).unwrap();
+    let wire_filter = Filter::decode(&filter.encode()).unwrap();
+    let protect = Filter::new(&patterns(o.protect)).unwrap();
+    let mut s = open(src, &filter, None, true);
+    let mut r = open(dst, &wire_filter, (!o.protect.is_empty()).then_some(&protect), false);
+    let (sm, rm) = (s.local.manifest.encode_compressed(), r.local.manifest.encode_compressed());
+    s.set_peer_manifest(&rm).unwrap();
+    r.set_peer_manifest(&sm).unwrap();
+    let (si, ri) = (s.roots_to_supply(o.checksum), r.roots_to_supply(o.checksum));
+    let (sb, rb) = (s.hash_entries(&si, None), r.hash_entries(&ri, None));
+    s.set_peer_roots(&rb).unwrap();
+    r.set_peer_roots(&sb).unwrap();
+    let t = TriageOptions { checksum: o.checksum, delete: o.delete };
+    let sp = s.triage(t).actions.clone();
+    assert_eq!(sp, r.triage(t).actions, "both peers must derive the same plan");
+    (s, r)
+}
+
+/// Steps 5-6: prepare, small batches, large files (emulated), finish both sides.
+fn execute(src: &Side, dst: &Side, s: &TreeSync, r: &TreeSync, delete_ok: bool) -> (Vec<u32>, Vec<String>) {
+    let mut errors = r.prepare().unwrap().errors;
+    let small = s.plan().actions.iter().filter(|a| a.op == Op::Transfer && a.flags & action_flags::SMALL != 0);
+    let biggest = small.map(|a| s.local.manifest.entry(a.s as usize).size).max().unwrap_or(0);
+    let mut buf = vec![0u8; (biggest as usize + 4096).max(48 * 1024)];
+    let (mut cursor, mut records) = (Some(0), Vec::new());
+    while let Some(c) = cursor {
+        let (n, next, _) = s.read_small(c, &mut buf, 1).unwrap();
+        records.extend(file_batch::decode(&buf[..n]).unwrap().iter().map(|rec| rec.action));
+        let o = r.write_small(&buf[..n]).unwrap();
+        errors.extend(o.errors.into_iter().chain(o.vanished));
+        cursor = next;
+    }
+    let key = |v: Vec<ffsync_core::tree::sync::LargeTransfer>| v.into_iter().map(|l| (l.action, l.path, l.delta)).collect::<Vec<_>>();
+    assert_eq!(key(s.large_transfers()), key(r.large_transfers()));
+    for lt in r.large_transfers() {
+        let k = lt.action as usize;
+        r.clear_for(k).unwrap();
+        let to = join(&dst.tree, &lt.path);
+        fs::copy(join(&src.tree, &lt.path), &to).unwrap();
+        let f = File::options().write(true).open(&to).unwrap();
+        f.set_times(FileTimes::new().set_modified(system_time_from_ns(lt.mtime_ns))).unwrap();
+        f.set_permissions(Permissions::from_mode(lt.mode)).unwrap();
+        let root = file_batch::root_of_bytes(&fs::read(&to).unwrap());
+        s.claim_root(k, root);
+        r.claim_root(k, root);
+    }
+    errors.extend(r.finish_receiver(delete_ok).unwrap().errors);
+    s.finish_sender();
+    (records, errors)
+}
+
+/// The whole dance; returns the plan (identical on both sides) and both peers.
+fn sync(src: &Side, dst: &Side, o: Opts) -> Synced {
+    let (s, r) = negotiate(src, dst, o);
+    let (records, errors) = execute(src, dst, &s, &r, !o.no_delete_at_finish);
+    Synced { plan: s.plan().actions.clone(), s, r, records, errors }
+}
+
+fn sync_ok(src: &Side, dst: &Side, o: Opts) -> Synced {
+    let out = sync(src, dst, o);
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    out
+}
+
+/// Files, nested and empty dirs, an empty file, links (relative, dangling, to a dir).
+fn populate(src: &Side) {
+    src.put("a.txt", b"hello");
+    src.put("empty", b"");
+    for i in 0..30u64 {
+        src.put(&format!("many/f{i:02}"), &bytes(4000 + i as usize, i));
+    }
+    src.put("deep/er/still/x.bin", &bytes(70_000, 99));
+    fs::create_dir_all(src.p("emptydir/nested")).unwrap();
+    symlink("a.txt", src.p("link")).unwrap();
+    symlink("nowhere/at/all", src.p("dangling")).unwrap();
+    symlink("deep", src.p("dirlink")).unwrap();
+    symlink("../../a.txt", src.p("deep/er/up")).unwrap();
+    chmod(&src.p("a.txt"), 0o600);
+    chmod(&src.p("many/f03"), 0o755);
+    chmod(&src.p("deep/er"), 0o750);
+    set_mtime(&src.p("emptydir/nested"), T0 - 5_000_000_000);
+    set_mtime(&src.p("many"), T0 + 7);
+}
+
+#[test]
+fn fresh_sync_into_an_empty_target_converges() {
+    let (src, dst) = (Side::new(), Side::new());
+    populate(&src);
+    let out = sync_ok(&src, &dst, Opts { delete: true, ..Default::default() });
+    assert_same(&src, &dst);
+    assert_eq!(out.records.len(), 33, "every file travels as a small record");
+    assert_eq!(out.records.len(), small_count(&out.r));
+    assert!(out.r.large_transfers().is_empty());
+    for m in [&out.s.local.manifest, &out.r.local.manifest] {
+        assert!(m.iter().all(|e| !e.path.starts_with(b"dirlink/")), "a link to a dir is not followed");
+    }
+    let link = out.s.local.manifest.find(b"dirlink").unwrap();
+    assert_eq!(out.s.local.manifest.entry(link).kind, Kind::Symlink);
+    assert!(fs::symlink_metadata(dst.p("dirlink")).unwrap().file_type().is_symlink());
+    assert!(fs::symlink_metadata(dst.p("dangling")).unwrap().file_type().is_symlink());
+    assert!(out.ops(Op::Mkdir).contains(&"emptydir/nested".to_string()));
+}
+
+#[test]
+fn mtimes_and_modes_of_files_and_dirs_are_adopted() {
+    let (src, dst) = (Side::new(), Side::new());
+    populate(&src);
+    sync_ok(&src, &dst, Opts::default());
+    chmod(&src.p("a.txt"), 0o644);
+    chmod(&src.p("deep/er/still"), 0o700);
+    set_mtime(&src.p("emptydir"), T0 + 1_000);
+    set_mtime(&src.p("many/f05"), T0 + 2_000); // quick check: another mtime means "changed"
+    let out = sync_ok(&src, &dst, Opts::default());
+    assert_eq!(out.ops(Op::FileMeta), ["a.txt"]);
+    assert_eq!(out.ops(Op::Transfer), ["many/f05"]);
+    let dirmeta = out.ops(Op::DirMeta);
+    for d in ["deep/er/still", "emptydir", "many"] {
+        assert!(dirmeta.contains(&d.to_string()), "{d} in {dirmeta:?}");
+    }
+    assert!(out.ops(Op::Mkdir).is_empty() && out.ops(Op::Delete).is_empty());
+    assert_same(&src, &dst);
+    assert_eq!(fs::metadata(dst.p("deep/er/still")).unwrap().mode() & 0o7777, 0o700);
+}
+
+#[test]
+fn second_sync_is_a_no_op() {
+    let (src, dst) = (Side::new(), Side::new());
+    populate(&src);
+    sync_ok(&src, &dst, Opts { delete: true, ..Default::default() });
+    for checksum in [false, true] {
+        let out = sync_ok(&src, &dst, Opts { delete: true, checksum, ..Default::default() });
+        assert!(out.plan.is_empty(), "checksum={checksum}:\n{}\n{:?}", out.s.describe(), out.plan);
+        assert!(!out.has_changes() && out.records.is_empty());
+        assert_same(&src, &dst);
+    }
+}
+
+#[test]
+fn same_size_same_mtime_change_needs_checksum_or_an_index() {
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("same.txt", b"version one!");
+    src.put("other.txt", b"untouched");
+    sync_ok(&src, &dst, Opts::default());
+    // Documented quick check: no index anywhere, no checksum -> size + mtime say "same".
+    src.put("same.txt", b"version two!");
+    src.forget_index();
+    dst.forget_index();
+    let out = sync_ok(&src, &dst, Opts::default());
+    assert!(!out.has_changes(), "{}", out.s.describe());
+    assert_eq!(dst.read("same.txt"), b"version one!");
+    // --checksum compares roots (and leaves a receiver index behind).
+    let out = sync_ok(&src, &dst, Opts { checksum: true, ..Default::default() });
+    assert_eq!(out.ops(Op::Transfer), ["same.txt"]);
+    assert_eq!(dst.read("same.txt"), b"version two!");
+    assert!(index::load(&dst.state, &dst.tree).is_some());
+    // The receiver's index from that session catches the next such change, sender index-less.
+    src.put("same.txt", b"version 3!!!");
+    src.forget_index();
+    let out = sync_ok(&src, &dst, Opts::default());
+    assert_eq!(out.ops(Op::Transfer), ["same.txt"]);
+    assert_same(&src, &dst);
+}
+
+#[test]
+#[ignore = "BUG: small-file transfers record no root in the receiver's tree index (sync.rs write_whole drops the verified root; written_roots() is a stub returning None)"]
+fn receiver_index_from_a_plain_previous_sync_catches_a_same_size_same_mtime_change() {
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("same.txt", b"version one!");
+    sync_ok(&src, &dst, Opts::default());
+    assert!(index::load(&dst.state, &dst.tree).is_some(), "the receiver stored no index");
+    src.put("same.txt", b"version two!");
+    src.forget_index();
+    let out = sync_ok(&src, &dst, Opts::default());
+    assert_eq!(out.ops(Op::Transfer), ["same.txt"]);
+}
+
+/// A checksum pass after a sync: both sides hash everything, so both get an index.
+fn prime_indexes(src: &Side, dst: &Side) {
+    let out = sync_ok(src, dst, Opts { checksum: true, ..Default::default() });
+    assert!(!out.has_changes());
+    assert!(index::load(&dst.state, &dst.tree).is_some_and(|i| !i.is_empty()));
+}
+
+#[test]
+fn a_moved_file_is_copied_locally_not_sent() {
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("dir/a.bin", &bytes(20_000, 7));
+    src.put("keep.txt", b"keep");
+    sync_ok(&src, &dst, Opts::default());
+    prime_indexes(&src, &dst);
+    fs::create_dir(src.p("other")).unwrap();
+    fs::rename(src.p("dir/a.bin"), src.p("other/moved.bin")).unwrap();
+    let out = sync_ok(&src, &dst, Opts { delete: true, ..Default::default() });
+    let (k, a) = out.find(Op::LocalCopy, "other/moved.bin");
+    assert_eq!(out.r.local.manifest.entry(a.basis as usize).path, b"dir/a.bin");
+    assert!(!out.records.contains(&(k as u32)) && out.records.is_empty(), "no bytes sent");
+    assert_eq!(out.ops(Op::Delete), ["dir/a.bin"]);
+    assert!(out.s.describe().contains("copy    other/moved.bin (from dir/a.bin, no data sent)"));
+    assert_same(&src, &dst);
+}
+
+/// Receiver-only paths next to a small shared tree.
+fn extraneous(src: &Side, dst: &Side) {
+    for s in [src, dst] {
+        s.put("common.txt", b"common");
+    }
+    src.put("sub/x", b"x");
+    for p in ["extra.txt", "extradir/y", "extradir/deeper/z", "sub/extra", "keep.me", "prot/a", "prot/sub/b", "mixed/gone", "mixed/keep.me", "ex/a.log", "ex/b"] {
+        dst.put(p, p.as_bytes());
+    }
+}
+
+#[test]
+fn receiver_only_paths_are_deleted_only_when_allowed_and_unprotected() {
+    let (src, dst) = (Side::new(), Side::new());
+    extraneous(&src, &dst);
+    let all = ["extra.txt", "extradir/deeper/z", "sub/extra", "keep.me", "prot/sub/b", "mixed/gone", "mixed/keep.me", "ex/a.log", "ex/b"];
+    let base = Opts { protect: &["keep.*", "prot/"], filter: &["*.log"], ..Default::default() };
+    // --no-delete: nothing planned, nothing removed.
+    let out = sync_ok(&src, &dst, base);
+    assert!(out.ops(Op::Delete).is_empty());
+    assert!(out.r.plan().kept_extraneous >= all.len() as u64);
+    assert!(all.iter().all(|p| dst.p(p).exists()));
+    // Planned, but finish_receiver(false) (some transfer failed) deletes nothing.
+    let out = sync_ok(&src, &dst, Opts { delete: true, no_delete_at_finish: true, ..base });
+    assert!(!out.ops(Op::Delete).is_empty());
+    assert!(all.iter().all(|p| dst.p(p).exists()));
+    // Deleted, except protected paths, everything below a protected dir, excluded files
+    // (and the directories that still hold them).
+    let out = sync_ok(&src, &dst, Opts { delete: true, ..base });
+    let deletes = out.ops(Op::Delete);
+    assert!(deletes.iter().all(|d| !d.contains("keep") && !d.starts_with("prot") && !d.ends_with(".log")), "{deletes:?}");
+    for gone in ["extra.txt", "extradir", "sub/extra", "mixed/gone", "ex/b"] {
+        assert!(!dst.p(gone).exists(), "{gone} should be deleted");
+    }
+    for kept in ["keep.me", "prot/a", "prot/sub/b", "mixed/keep.me", "ex/a.log"] {
+        assert!(dst.p(kept).exists(), "{kept} should be kept");
+    }
+    assert_eq!(dst.read("sub/x"), b"x");
+}
+
+#[test]
+fn kind_swaps_converge() {
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("f2d", b"file");
+    src.put("d2f/inner/deep", b"deep");
+    symlink("x", src.p("l2f")).unwrap();
+    src.put("f2l", b"file2");
+    symlink("d2f", src.p("l2d")).unwrap();
+    src.put("d2l/q", b"q");
+    sync_ok(&src, &dst, Opts::default());
+    assert_same(&src, &dst);
+    fs::remove_file(src.p("f2d")).unwrap();
+    src.put("f2d/n", b"now a dir");
+    fs::remove_dir_all(src.p("d2f")).unwrap();
+    src.put("d2f", b"now a file");
+    fs::remove_file(src.p("l2f")).unwrap();
+    src.put("l2f", b"was a link");
+    fs::remove_file(src.p("f2l")).unwrap();
+    symlink("f2d", src.p("f2l")).unwrap();
+    fs::remove_file(src.p("l2d")).unwrap();
+    src.put("l2d/z", b"was a link too");
+    fs::remove_dir_all(src.p("d2l")).unwrap();
+    symlink("elsewhere", src.p("d2l")).unwrap();
+    let out = sync_ok(&src, &dst, Opts { delete: true, ..Default::default() });
+    for (op, p) in [(Op::Mkdir, "f2d"), (Op::Mkdir, "l2d"), (Op::Transfer, "d2f"), (Op::Transfer, "l2f"), (Op::Symlink, "f2l"), (Op::Symlink, "d2l")] {
+        assert!(out.find(op, p).1.flags & action_flags::REPLACE != 0, "{op:?} {p} replaces");
+    }
+    assert_same(&src, &dst);
+}
+
+#[test]
+fn excluded_paths_are_invisible_on_both_sides() {
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("a.log", b"sender log, longer");
+    src.put("build/out.o", b"obj");
+    src.put("src/main.rs", b"fn main() {}");
+    src.put("nested/b.log", b"new");
+    dst.put("a.log", b"receiver log");
+    dst.put("build/old.o", b"old");
+    dst.put("other.log", b"mine");
+    dst.put("nested/b.log", b"old");
+    dst.put("gone/x", b"x");
+    dst.put("gone/y.log", b"y");
+    let o = Opts { filter: &["*.log", "build/"], delete: true, ..Default::default() };
+    let out = sync_ok(&src, &dst, o);
+    for m in [&out.s.local.manifest, &out.r.local.manifest] {
+        assert!(m.iter().all(|e| !e.path.ends_with(b".log") && !e.path.starts_with(b"build")));
+    }
+    assert_eq!(dst.read("a.log"), b"receiver log");
+    assert_eq!(dst.read("nested/b.log"), b"old");
+    assert_eq!(dst.read("other.log"), b"mine");
+    assert_eq!(dst.read("build/old.o"), b"old");
+    assert!(!dst.p("build/out.o").exists() && !dst.p("gone/x").exists());
+    assert_eq!(dst.read("gone/y.log"), b"y", "an excluded file keeps its directory");
+    assert_eq!(dst.read("src/main.rs"), b"fn main() {}");
+    assert_eq!(out.ops(Op::Delete), ["gone/x", "gone"]);
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn non_utf8_names_round_trip() {
+    use std::ffi::OsStr;
+    let (src, dst) = (Side::new(), Side::new());
+    let name = |b: &[u8]| src.tree.join(OsStr::from_bytes(b));
+    fs::write(name(b"caf\xe9.txt"), b"latin-1 name").unwrap();
+    fs::create_dir(name(b"\xff\xfe")).unwrap();
+    fs::write(name(b"\xff\xfe/\x80"), b"inner").unwrap();
+    symlink(OsStr::from_bytes(b"caf\xe9.txt"), name(b"l\xff")).unwrap();
+    let out = sync_ok(&src, &dst, Opts::default());
+    assert_eq!(out.records.len(), 2);
+    assert_same(&src, &dst);
+    assert_eq!(fs::read(dst.tree.join(OsStr::from_bytes(b"\xff\xfe/\x80"))).unwrap(), b"inner");
+    assert!(!sync_ok(&src, &dst, Opts::default()).has_changes());
+}
+
+#[test]
+fn a_hostile_peer_cannot_make_the_receiver_write_elsewhere() {
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("dir/one.txt", b"one");
+    src.put("two.txt", b"two");
+    src.put("three.txt", b"three");
+    let (s, mut r) = negotiate(&src, &dst, Opts::default());
+    let plan = s.plan().actions.clone();
+    let path = |a: &Action| s.local.manifest.entry(a.s as usize).path.to_vec();
+    let idx = |op: Op, p: &[u8]| plan.iter().position(|a| a.op == op && path(a) == p).unwrap() as u32;
+    let (mkdir, two, three) = (idx(Op::Mkdir, b"dir"), idx(Op::Transfer, b"two.txt"), idx(Op::Transfer, b"three.txt"));
+    r.prepare().unwrap();
+    let rec = |k: u32, data: &[u8]| {
+        let mut b = Vec::new();
+        file_batch::encode_record(k, FileStatus::Ok, data, 0, &mut b);
+        b
+    };
+    assert!(r.write_small(&rec(mkdir, b"")).is_err(), "a record for a Mkdir");
+    assert!(r.write_small(&rec(plan.len() as u32 + 3, b"two")).is_err(), "no such action");
+    assert!(r.write_small(&rec(two, b"longer than the manifest")).is_err(), "wrong size");
+    let mut wrong_root = rec(three, b"THREE");
+    wrong_root[20] ^= 1;
+    assert!(r.write_small(&wrong_root).is_err(), "root does not match the bytes");
+    assert!(!dst.p("three.txt").exists());
+    assert_eq!(r.write_small(&rec(two, b"two")).unwrap().files, 1);
+    assert!(r.write_small(&rec(two, b"two")).is_err(), "delivered twice");
+    let one = idx(Op::Transfer, b"dir/one.txt");
+    assert!(r.write_small(&[rec(one, b"one"), rec(one, b"one")].concat()).is_err(), "twice in one batch");
+    // Roots for entries the peer does not have.
+    let roots = |i: u32, n: u32| [n.to_le_bytes().to_vec(), i.to_le_bytes().to_vec(), vec![0; 32]].concat();
+    assert!(r.set_peer_roots(&roots(999, 1)).is_err(), "index out of range");
+    assert!(r.set_peer_roots(&roots(0, 1)).is_err(), "the root dir is not a file");
+    assert!(r.set_peer_roots(&roots(1, 2)).is_err(), "count does not fit");
+    // A manifest naming a path outside the tree is refused outright.
+    let mut b = TreeBuilder::new();
+    for (path, kind) in [(&b""[..], Kind::Dir), (b"../escape", Kind::File)] {
+        b.push(&NewEntry { path, kind, flags: 0, mode: 0o644, size: 0, mtime_ns: 0, root: None, link: b"" });
+    }
+    assert!(r.set_peer_manifest(&b.finish().encode_compressed()).is_err());
+    // Nothing outside the target; inside it, only what the plan allowed.
+    let names = |d: &Path| fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect::<Vec<_>>();
+    assert_eq!(names(&dst.base), ["tree"]);
+    let mut inside = names(&dst.tree);
+    inside.sort();
+    assert_eq!(inside, ["dir", "two.txt"]);
+    assert_eq!(names(&dst.p("dir")), Vec::<String>::new());
+}
+
+#[test]
+fn large_files_are_listed_for_the_chunk_conversation() {
+    const MIB: usize = 1 << 20;
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("new_big.bin", &bytes(2 * MIB + 3, 1));
+    src.put("grown.bin", &bytes(MIB + MIB / 2, 2));
+    dst.put("grown.bin", &bytes(100 * 1024, 3));
+    src.put("was_empty.bin", &bytes(MIB + 1, 4));
+    dst.put("was_empty.bin", b"");
+    src.put("new_mid.bin", &bytes(300 * 1024, 5)); // new and <= 1 MiB: still a batch
+    src.put("small.txt", b"small");
+    let (s, r) = negotiate(&src, &dst, Opts::default());
+    let mut large: Vec<(String, bool)> = r.large_transfers().into_iter().map(|l| (String::from_utf8(l.path).unwrap(), l.delta)).collect();
+    large.sort();
+    let expect = [("grown.bin", true), ("new_big.bin", false), ("was_empty.bin", false)];
+    assert_eq!(large, expect.map(|(p, d)| (p.to_string(), d)));
+    assert_eq!(small_count(&r), 2);
+    let (records, errors) = execute(&src, &dst, &s, &r, true);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(records.len(), 2);
+    assert_same(&src, &dst);
+    // claim_root fed the receiver's index: a moved large file is now a local copy.
+    fs::rename(src.p("new_big.bin"), src.p("moved_big.bin")).unwrap();
+    let out = sync_ok(&src, &dst, Opts { delete: true, ..Default::default() });
+    out.find(Op::LocalCopy, "moved_big.bin");
+    assert!(out.r.large_transfers().is_empty());
+    assert_same(&src, &dst);
+}
+
+#[test]
+#[ignore = "BUG: setuid/setgid bits are compared by triage (mode & 0o7777) but never applied (apply_metadata/set_dir_meta mask 0o1777): a FileMeta/DirMeta action on every sync"]
+fn setuid_files_converge_to_a_no_op() {
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("tool", b"#!/bin/sh\n");
+    chmod(&src.p("tool"), 0o4755);
+    sync_ok(&src, &dst, Opts::default());
+    let out = sync_ok(&src, &dst, Opts::default());
+    assert!(out.plan.is_empty(), "{}", out.s.describe());
+}
+
+#[test]
+#[ignore = "BUG: a LocalCopy whose basis is the file a Mkdir REPLACE removes (file `d` moved to `d/f`): prepare() deletes the basis before copying it"]
+fn a_file_moved_into_a_directory_of_its_own_name_converges() {
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("d", &bytes(10_000, 11));
+    sync_ok(&src, &dst, Opts::default());
+    prime_indexes(&src, &dst);
+    fs::rename(src.p("d"), src.p("tmp")).unwrap();
+    fs::create_dir(src.p("d")).unwrap();
+    fs::rename(src.p("tmp"), src.p("d/f")).unwrap();
+    let out = sync(&src, &dst, Opts { delete: true, ..Default::default() });
+    assert_eq!(out.find(Op::LocalCopy, "d/f").1.basis, out.r.local.manifest.find(b"d").unwrap() as u32);
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_same(&src, &dst);
+}
+
+#[test]
+#[ignore = "BUG: replacing a receiver directory by a non-directory removes it recursively, protected and excluded contents included (delete or not)"]
+fn replacing_a_directory_keeps_protected_and_excluded_contents() {
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("cfg", b"now a file");
+    src.put("logs", b"now a file too");
+    dst.put("cfg/local.conf", b"protected");
+    dst.put("logs/today.log", b"excluded");
+    let o = Opts { protect: &["*.conf"], filter: &["*.log"], ..Default::default() };
+    let out = sync(&src, &dst, o);
+    assert_eq!(dst.read("cfg/local.conf"), b"protected");
+    assert_eq!(dst.read("logs/today.log"), b"excluded");
+    assert_eq!(out.errors.len(), 2, "the replacement is refused and reported");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+#[ignore = "BUG: reconstruct::partial_path names temp files with to_string_lossy, so two LocalCopy targets whose non-UTF-8 names map to the same lossy string share one temp file"]
+fn local_copies_to_lossy_equal_names_do_not_collide() {
+    use std::ffi::OsStr;
+    let (src, dst) = (Side::new(), Side::new());
+    let data = bytes(5_000, 21);
+    src.put("orig", &data);
+    sync_ok(&src, &dst, Opts::default());
+    prime_indexes(&src, &dst);
+    fs::create_dir(src.p("dir")).unwrap();
+    for n in [&b"dir/\xff"[..], b"dir/\xfe"] {
+        fs::write(src.tree.join(OsStr::from_bytes(n)), &data).unwrap();
+        set_mtime(&src.tree.join(OsStr::from_bytes(n)), T0);
+    }
+    let out = sync(&src, &dst, Opts::default());
+    assert_eq!(out.ops(Op::LocalCopy).len(), 2);
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_same(&src, &dst);
+}

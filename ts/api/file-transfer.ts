@@ -1,0 +1,270 @@
+// One file's content conversation, shared by single-file and tree sessions:
+//   sender: MANIFEST* -> (receiver) NEED* NEED_END -> DATA* DATA_END -> (receiver) RESULT
+// The receiver rebuilds the file out of place, verifies it against the sender's root and
+// only then renames it over the target (crates/ffsync_core/src/reconstruct.rs).
+
+import fs from 'node:fs/promises';
+import type { BigIntStats } from 'node:fs';
+import { FramedConnection, PeerClosedError } from '../transport/connection.js';
+import { FrameType, protocolError } from '../protocol/frames.js';
+import {
+  decodeDataEnd,
+  decodeNeedEnd,
+  decodeResult,
+  encodeDataEnd,
+  encodeNeedEnd,
+  encodeResult,
+  ManifestAssembler,
+  manifestFrames,
+  maxManifestLength,
+  NeedCollector,
+  needFrames,
+  ResultStatus,
+} from '../protocol/messages.js';
+import {
+  beginReconstruction,
+  call,
+  decodeManifest,
+  markUpToDate,
+  type NativeChunkSource,
+  type NativeReconstruction,
+  openChunkSource,
+  scanFile,
+  type ScanResult,
+} from '../native/binding.js';
+import { batchByBytes, manifestChunkCount, manifestChunkLength, manifestParamsKey } from '../utils/manifest.js';
+import { ExitCode, FfsyncError } from '../utils/errors.js';
+import { BufferPool } from '../utils/buffer-pool.js';
+import { expect } from './session.js';
+import { inPhase, type SyncEvents } from './events.js';
+
+/** Raw bytes per DATA frame: large enough to amortize framing, small enough to pipeline and
+ * to keep both peers' resident memory low (recycled buffers, see BufferPool). */
+export const BATCH_BYTES = 2 * 1024 * 1024;
+/** Room for a batch plus its record headers. */
+export const BATCH_BUFFER = BATCH_BYTES + 64 * 1024;
+/** Batches being read/compressed natively ahead of the socket. */
+export const READ_AHEAD = 2;
+/** At most this many DATA batches are being verified/written natively at once. */
+export const WRITES_IN_FLIGHT = 2;
+
+export interface SendContentOptions {
+  path: string | Buffer;
+  /** What the file was when the session looked at it (a change later is exit 24). */
+  st: BigIntStats;
+  /** The manifest, if already known (index); otherwise the file is scanned now. */
+  scan: ScanResult | null;
+  stateDir?: string;
+  checksum?: boolean;
+  /** zstd level (0 = raw). */
+  level: number;
+  bwlimitKiBps?: number;
+  events?: SyncEvents;
+  /** How to name the file in messages. */
+  label: string;
+}
+
+export interface ContentResult {
+  root: string;
+  upToDate: boolean;
+  literalBytes: number;
+  matchedBytes: number;
+}
+
+export function identityChanged(a: BigIntStats | undefined, b: BigIntStats): boolean {
+  return !a || a.size !== b.size || a.mtimeNs !== b.mtimeNs || a.ctimeNs !== b.ctimeNs || a.ino !== b.ino;
+}
+
+/** Sender half. `holder.source` is set once the chunk source is open (callers check
+ * `unchanged()` on it to tell a file that changed mid-send). */
+export async function sendFileContent(conn: FramedConnection, o: SendContentOptions, holder: { source?: NativeChunkSource } = {}): Promise<ContentResult> {
+  let scan = o.scan;
+  if (!scan) {
+    scan = await conn.keepAlive(
+      inPhase(o.events, 'hashing', Number(o.st.size), (progress) => scanFile(o.path, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress })),
+    );
+  }
+  if (BigInt(scan.size) !== o.st.size) {
+    throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.label} changed size while it was being scanned; rerun to send the new version`);
+  }
+  for (const part of manifestFrames(scan.manifest)) await conn.send(FrameType.MANIFEST, part);
+
+  const needs = new NeedCollector(manifestChunkCount(scan.manifest));
+  let end;
+  for (;;) {
+    const f = await expect(conn, FrameType.NEED, FrameType.NEED_END);
+    if (f.type === FrameType.NEED) needs.push(f.payload);
+    else {
+      end = decodeNeedEnd(f.payload);
+      break;
+    }
+  }
+  const needed = needs.finish(end.wireChunks);
+  // The chunk source must read the version that was scanned: the file is re-checked
+  // against the identity it had before the scan (a change during or after it is exit 24).
+  const now = await fs.stat(o.path, { bigint: true }).catch(() => undefined);
+  if (identityChanged(now, o.st)) {
+    throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.label} changed or vanished during the sync; rerun to send the new version`);
+  }
+  const src = await openChunkSource(o.path, scan.manifest, o.level);
+  holder.source = src;
+  const batches = batchByBytes(scan.manifest, needed, BATCH_BYTES);
+  const total = needed.reduce((a, i) => a + manifestChunkLength(scan!.manifest, i), 0);
+  let raw = 0;
+  await inPhase(o.events, 'sending', total, async (progress) => {
+    // Batches are encoded natively into recycled buffers, READ_AHEAD at a time, while
+    // earlier ones are being written to the socket.
+    const pool = new BufferPool(BATCH_BUFFER, READ_AHEAD + 2);
+    const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : async () => undefined;
+    const read = async (k: number) => {
+      const buf = await pool.acquire();
+      const res = await call(src.readBatch(batches[k], buf));
+      return { buf, res };
+    };
+    const ahead: Promise<{ buf: Buffer; res: { length: number; rawBytes: number } }>[] = [];
+    for (let k = 0; k < Math.min(READ_AHEAD, batches.length); k++) ahead.push(read(k));
+    ahead.forEach((p) => p.catch(() => undefined));
+    for (let k = 0; k < batches.length; k++) {
+      const { buf, res } = await ahead[k];
+      if (k + READ_AHEAD < batches.length) {
+        const p = read(k + READ_AHEAD);
+        p.catch(() => undefined);
+        ahead.push(p);
+      }
+      await conn.send(FrameType.DATA, buf.subarray(0, res.length), () => pool.release(buf));
+      raw += res.rawBytes;
+      progress(raw);
+      if (o.bwlimitKiBps) await limiter(res.length);
+    }
+  });
+  await conn.send(FrameType.DATA_END, encodeDataEnd({ chunks: needed.length, rawBytes: BigInt(raw) }));
+  const result = decodeResult((await expect(conn, FrameType.RESULT)).payload);
+  return {
+    root: scan.root,
+    upToDate: result.status === ResultStatus.UP_TO_DATE,
+    literalBytes: Number(result.literalBytes),
+    matchedBytes: Number(result.matchedBytes),
+  };
+}
+
+/** Sleeps as needed so the average rate since the first call stays under `bytesPerSec`. */
+export function rateLimiter(bytesPerSec: number): (n: number) => Promise<void> {
+  const t0 = Date.now();
+  let sent = 0;
+  return async (n) => {
+    sent += n;
+    const ahead = (sent / bytesPerSec) * 1000 - (Date.now() - t0);
+    if (ahead > 0) await new Promise((r) => setTimeout(r, ahead));
+  };
+}
+
+export interface ReceiveContentOptions {
+  target: string | Buffer;
+  size: bigint;
+  mtimeNs: bigint;
+  mode: number;
+  /** Local files whose chunks may be reused (the old target first, if any). */
+  localPaths: (string | Buffer)[];
+  /** Their manifests, being computed while the sender streams its own. */
+  locals: Promise<ScanResult[]>;
+  /** The old target is a regular file (not a link): "identical" can be kept in place. */
+  targetReusable: boolean;
+  stateDir?: string;
+  events?: SyncEvents;
+  /** Runs right before the rebuilt file is renamed over the target. */
+  beforeCommit?: () => void;
+}
+
+/** Receiver half. A dropped connection keeps the verified partial for a resume. */
+export async function receiveFileContent(conn: FramedConnection, o: ReceiveContentOptions): Promise<ContentResult> {
+  const assembler = new ManifestAssembler(maxManifestLength(o.size));
+  let manifest: Buffer | undefined;
+  while (!manifest) manifest = assembler.push((await expect(conn, FrameType.MANIFEST)).payload);
+  const info = await decodeManifest(manifest);
+  if (BigInt(info.size) !== o.size) throw protocolError(`manifest describes ${info.size} bytes, offer said ${o.size}`);
+  const scanned = await o.locals;
+  // A file that crossed the 16 MiB parameter threshold between versions is chunked
+  // differently on each side: rechunk our copies with the sender's parameters.
+  for (let i = 0; i < scanned.length; i++) {
+    if (scanned[i].size > 0 && manifestParamsKey(scanned[i].manifest) !== manifestParamsKey(manifest)) {
+      scanned[i] = await conn.keepAlive(
+        inPhase(o.events, 'hashing', scanned[i].size, (progress) => scanFile(o.localPaths[i], { paramsForSize: info.size, onProgress: progress })),
+      );
+    }
+  }
+
+  if (o.targetReusable && scanned[0]?.root === info.root) {
+    await markUpToDate(o.target as string, manifest, o.mtimeNs, o.mode, o.stateDir);
+    await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: 0, identical: true }));
+    decodeDataEnd((await expect(conn, FrameType.DATA_END)).payload);
+    await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.UP_TO_DATE, matchedBytes: o.size, literalBytes: 0n }));
+    return { root: info.root, upToDate: true, literalBytes: 0, matchedBytes: Number(o.size) };
+  }
+
+  // Plan, request what is missing, rebuild, verify, replace.
+  let rec: NativeReconstruction | undefined;
+  try {
+    const r = await conn.keepAlive(
+      inPhase(o.events, 'diffing', info.size, () =>
+        beginReconstruction(
+          o.target as string,
+          manifest!,
+          o.localPaths.map((p, i) => ({ path: p as string, manifest: scanned[i].manifest })),
+          (n) => o.events?.progress?.('receiving', n),
+        ),
+      ),
+    );
+    rec = r;
+    const plan = r.summary();
+    const needed = r.needed();
+    for (const part of needFrames(needed, info.chunks)) await conn.send(FrameType.NEED, part);
+    await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: needed.length, identical: false }));
+
+    const copying = call(r.copyLocal());
+    copying.catch(() => undefined);
+    let received = 0;
+    await inPhase(o.events, 'receiving', plan.wireBytes, async (progress) => {
+      const inflight = new Set<Promise<number>>();
+      for (;;) {
+        const f = await expect(conn, FrameType.DATA, FrameType.DATA_END);
+        if (f.type === FrameType.DATA_END) {
+          const end = decodeDataEnd(f.payload);
+          await Promise.all(inflight);
+          if (end.chunks !== needed.length) throw protocolError(`sender ended after ${end.chunks} of ${needed.length} chunks`);
+          if (end.rawBytes !== BigInt(received)) throw protocolError(`sender claims ${end.rawBytes} bytes, ${received} arrived`);
+          break;
+        }
+        const w = call(r.writeBatch(f.payload)).then((n) => {
+          f.release?.();
+          received += n;
+          progress(received);
+          return n;
+        });
+        inflight.add(w);
+        w.then(
+          () => inflight.delete(w),
+          () => undefined,
+        );
+        if (inflight.size >= WRITES_IN_FLIGHT) await Promise.race(inflight);
+      }
+    });
+    await conn.keepAlive(copying);
+    o.beforeCommit?.();
+    await conn.keepAlive(inPhase(o.events, 'verifying', info.size, () => call(r.finish(o.mtimeNs, o.mode, o.stateDir))));
+    rec = undefined;
+    await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.SYNCED, matchedBytes: BigInt(info.size - received), literalBytes: BigInt(received) }));
+    return { root: info.root, upToDate: false, literalBytes: received, matchedBytes: info.size - received };
+  } catch (e) {
+    if (rec) {
+      const err = e instanceof FfsyncError ? e : undefined;
+      const connectionLost = e instanceof PeerClosedError || err?.exitCode === ExitCode.SOCKET_IO || err?.exitCode === ExitCode.TIMEOUT;
+      // A dropped connection keeps the verified-so-far partial for the next run;
+      // anything else (bad data, full disk, failed verification) removes it.
+      rec.abort(connectionLost);
+      if (connectionLost && err) {
+        throw new FfsyncError(err.code, err.exitCode, `${err.message}; partial file kept, rerun the same command to resume`, { cause: err });
+      }
+    }
+    throw e;
+  }
+}

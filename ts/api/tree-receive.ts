@@ -1,0 +1,200 @@
+// The receiving side of a directory tree sync (see tree-send.ts for the frame sequence).
+// Everything is rebuilt out of place and verified before it replaces anything; deletions
+// wait until every transfer succeeded and are skipped (as rsync does) after any error.
+
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { FramedConnection } from '../transport/connection.js';
+import { FrameType, protocolError } from '../protocol/frames.js';
+import {
+  decodeFileBegin,
+  decodeFilter,
+  decodeTreeEnd,
+  encodeTreeResult,
+  FileBeginStatus,
+  type Offer,
+  OfferFlag,
+} from '../protocol/messages.js';
+import { call, type LargeTransferInfo, scanFile, type StepOutcome, walkTree } from '../native/binding.js';
+import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
+import { joinTreePath, showTreePath } from '../utils/tree-path.js';
+import { expect } from './session.js';
+import { inPhase, type SyncSummary } from './events.js';
+import type { ReceiveOptions } from './receive.js';
+import { receiveFileContent, WRITES_IN_FLIGHT } from './file-transfer.js';
+import { exchangeManifestsAndRoots, treeSummary } from './tree-common.js';
+
+export interface TreeReceiveOptions {
+  /** The receiver's own patterns: matching paths are never deleted. */
+  protect?: string[];
+  /** Keep files only the receiver has, whatever the sender asks. */
+  noDelete?: boolean;
+}
+
+interface Context extends ReceiveOptions {
+  target: string;
+  stateDir: string;
+  offer: Offer;
+  summary: SyncSummary;
+}
+
+/** Problems listed in TREE_RESULT (the full list is in the receiver's own output). */
+const MAX_REPORTED = 20;
+
+export async function receiveTree(conn: FramedConnection, o: Context): Promise<void> {
+  const checksum = Boolean(o.checksum) || (o.offer.flags & OfferFlag.CHECKSUM) !== 0;
+  const dryRun = (o.offer.flags & OfferFlag.DRY_RUN) !== 0;
+  const deleteExtraneous = (o.offer.flags & OfferFlag.NO_DELETE) === 0 && !o.tree?.noDelete;
+  const excludes = decodeFilter((await expect(conn, FrameType.FILTER)).payload);
+
+  // The tree's root: a directory, created if missing (its parent was checked at start).
+  let root = o.target;
+  let scratch: string | undefined;
+  const st = await fs.lstat(o.target).catch((e: NodeJS.ErrnoException) => {
+    if (e.code === 'ENOENT') return undefined;
+    throw fromSystemError(e, `cannot inspect target ${o.target}`);
+  });
+  if (st && !st.isDirectory()) {
+    throw new FfsyncError('ENOTDIR', ExitCode.FILE_IO, `target ${o.target} exists and is not a directory, but the sender offers a directory tree; nothing written`);
+  }
+  if (!st) {
+    if (dryRun) root = scratch = await fs.mkdtemp(path.join(os.tmpdir(), 'ffsync-dry-'));
+    else await fs.mkdir(o.target).catch((e) => { throw fromSystemError(e, `cannot create target directory ${o.target}`); });
+  }
+  try {
+    const tree = await conn.keepAlive(
+      inPhase(o.events, 'scanning', 0, (progress) =>
+        walkTree(root, { excludes, protect: o.tree?.protect, stateDir: scratch ? undefined : o.stateDir, ignoreIndex: checksum, isSender: false }, progress),
+      ),
+    );
+    const stats = tree.stats();
+    await exchangeManifestsAndRoots(conn, tree, checksum, o.events);
+    const counts = tree.triage(checksum, deleteExtraneous);
+    const summary = treeSummary(stats, counts);
+    o.summary.tree = summary;
+    o.summary.size = counts.sourceBytes;
+
+    if (dryRun) {
+      for (const line of tree.describe().split('\n').filter(Boolean)) o.events?.info?.(`would ${line}`);
+      decodeTreeEnd((await expect(conn, FrameType.TREE_END)).payload);
+      await conn.send(FrameType.TREE_RESULT, encodeTreeResult({ exitCode: 0, filesWritten: 0n, literalBytes: 0n, matchedBytes: 0n, deleted: 0n, errorCount: 0, message: '' }));
+      o.summary.upToDate = counts.smallTransfers + counts.largeTransfers + counts.localCopies + counts.deletes + counts.mkdirs + counts.symlinks + counts.attrsOnly === 0;
+      return;
+    }
+
+    const errors: string[] = [];
+    const vanished: string[] = [];
+    let written = 0;
+    let literal = 0;
+    let matched = 0;
+    const absorb = (r: StepOutcome) => {
+      errors.push(...r.errors);
+      vanished.push(...r.vanished);
+      written += r.files;
+    };
+    const prep = await conn.keepAlive(call(tree.prepare()));
+    errors.push(...prep.errors);
+    // Local copies (renames) count as written files with matched bytes.
+    matched += prep.bytes;
+
+    const large = new Map<number, LargeTransferInfo>(tree.largeTransfers().map((l) => [l.action, l]));
+    const done = new Set<number>();
+    let smallDone = 0;
+    await inPhase(o.events, 'receiving', counts.transferBytes, async (progress) => {
+      const inflight = new Set<Promise<void>>();
+      const drain = () => Promise.all(inflight);
+      for (;;) {
+        const f = await expect(conn, FrameType.FILE_BATCH, FrameType.FILE_BEGIN, FrameType.TREE_END);
+        if (f.type === FrameType.FILE_BATCH) {
+          const w = call(tree.writeSmall(f.payload)).then((r) => {
+            f.release?.();
+            absorb(r);
+            smallDone += r.files + r.errors.length + r.vanished.length;
+            literal += r.bytes;
+            progress(literal + matched);
+          });
+          inflight.add(w);
+          w.then(() => inflight.delete(w), () => undefined);
+          if (inflight.size >= WRITES_IN_FLIGHT) await Promise.race(inflight);
+          continue;
+        }
+        await drain();
+        if (f.type === FrameType.TREE_END) {
+          const end = decodeTreeEnd(f.payload);
+          if (end.largeFiles !== large.size || done.size !== large.size) throw protocolError(`sender ended after ${done.size} of ${large.size} large files`);
+          if (smallDone !== summary.smallTransfers || end.smallFiles !== summary.smallTransfers) throw protocolError(`sender ended after ${smallDone} of ${summary.smallTransfers} small files`);
+          if (end.senderProblems > 0) errors.push(`${end.senderProblems} source path(s) could not be read on the sender (see its output)`);
+          break;
+        }
+        const begin = decodeFileBegin(f.payload);
+        const lt = large.get(begin.action);
+        if (!lt || done.has(begin.action)) throw protocolError(`FILE_BEGIN for action ${begin.action}, which is not an outstanding large transfer`);
+        done.add(begin.action);
+        const rel = showTreePath(lt.path);
+        if (begin.status === FileBeginStatus.VANISHED) {
+          vanished.push(`${rel} vanished or changed on the sender`);
+          continue;
+        }
+        if (begin.status === FileBeginStatus.UNREADABLE) {
+          errors.push(`${rel}: the sender could not read it`);
+          continue;
+        }
+        const abs = joinTreePath(root, lt.path);
+        const basis = lt.delta ? [abs] : [];
+        const locals = basis.length ? conn.keepAlive(scanFile(abs, { stateDir: o.stateDir, ignoreIndex: checksum })).then((r) => [r]) : Promise.resolve([]);
+        locals.catch(() => undefined);
+        const r = await receiveFileContent(conn, {
+          target: abs,
+          size: BigInt(lt.size),
+          mtimeNs: lt.mtimeNs,
+          mode: lt.mode,
+          localPaths: basis,
+          locals,
+          targetReusable: lt.delta,
+          stateDir: o.stateDir,
+          events: o.events,
+          beforeCommit: () => tree.clearFor(lt.action),
+        });
+        tree.claimRoot(lt.action, r.root);
+        written++;
+        literal += r.literalBytes;
+        matched += r.matchedBytes;
+        progress(literal + matched);
+      }
+    });
+
+    const deleteOk = errors.length === 0 && vanished.length === 0;
+    if (!deleteOk && counts.deletes > 0) o.events?.info?.(`warning: ${counts.deletes} deletion(s) skipped because of the errors above (as rsync does after an I/O error)`);
+    const fin = await conn.keepAlive(call(tree.finishReceiver(deleteOk)));
+    errors.push(...fin.errors);
+    const deleted = deleteOk ? counts.deletes - fin.errors.filter((e) => e.startsWith('cannot delete')).length : 0;
+    for (const e of [...errors, ...vanished]) o.events?.info?.(`error: ${e}`);
+    const exitCode = errors.length > 0 ? ExitCode.PARTIAL : vanished.length > 0 ? ExitCode.VANISHED : ExitCode.OK;
+    summary.written = written + prep.files;
+    summary.deleted = deleted;
+    summary.errors = [...errors, ...vanished];
+    o.summary.literalBytes = literal;
+    o.summary.matchedBytes = matched;
+    o.summary.upToDate = summary.written === 0 && deleted === 0 && counts.attrsOnly === 0 && counts.mkdirs === 0 && counts.symlinks === 0;
+    const message = summary.errors.slice(0, MAX_REPORTED).join('\n') + (summary.errors.length > MAX_REPORTED ? `\n… and ${summary.errors.length - MAX_REPORTED} more` : '');
+    await conn.send(
+      FrameType.TREE_RESULT,
+      encodeTreeResult({
+        exitCode,
+        filesWritten: BigInt(summary.written),
+        literalBytes: BigInt(literal),
+        matchedBytes: BigInt(matched),
+        deleted: BigInt(deleted),
+        errorCount: summary.errors.length,
+        message,
+      }),
+    );
+    if (exitCode !== ExitCode.OK) {
+      conn.errorSent = true;
+      throw new FfsyncError(exitCode === ExitCode.VANISHED ? 'EVANISHED' : 'EPARTIAL', exitCode, `partial transfer: ${summary.errors.length} path(s) not synced\n${message}`);
+    }
+  } finally {
+    if (scratch) await fs.rm(scratch, { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,144 @@
+// The sending side of a directory tree sync (docs/protocol.md, "Tree sessions"):
+// OFFER(tree) FILTER TREE_MANIFEST* -> peer TREE_MANIFEST* -> ROOTS <-> ROOTS -> both
+// triage identically -> FILE_BATCH* (small files, streamed) -> per large file FILE_BEGIN
+// + the single-file conversation -> TREE_END -> peer TREE_RESULT.
+
+import fs from 'node:fs/promises';
+import type { BigIntStats } from 'node:fs';
+import { FramedConnection } from '../transport/connection.js';
+import { FrameType } from '../protocol/frames.js';
+import {
+  Capability,
+  decodeTreeResult,
+  encodeFileBegin,
+  encodeFilter,
+  encodeOffer,
+  encodeTreeEnd,
+  FileBeginStatus,
+  OfferFlag,
+  OfferKind,
+} from '../protocol/messages.js';
+import { call, type NativeTreeSync, type SmallBatch, walkTree } from '../native/binding.js';
+import { ExitCode, FfsyncError } from '../utils/errors.js';
+import { BufferPool } from '../utils/buffer-pool.js';
+import { joinTreePath, showTreePath } from '../utils/tree-path.js';
+import { expect } from './session.js';
+import type { Negotiated } from './session.js';
+import { inPhase, type SyncSummary } from './events.js';
+import type { SendOptions } from './send.js';
+import { BATCH_BUFFER, identityChanged, rateLimiter, sendFileContent } from './file-transfer.js';
+import { exchangeManifestsAndRoots, treeSummary } from './tree-common.js';
+
+export interface TreeSendOptions {
+  /** Exclude patterns (rsync-like; see README). They travel to the receiver. */
+  excludes?: string[];
+  /** Keep files only the receiver has. */
+  noDelete?: boolean;
+  /** Report what would change on both sides; write nothing. */
+  dryRun?: boolean;
+}
+
+interface Context extends SendOptions {
+  stateDir: string;
+  negotiated: Negotiated;
+  summary: SyncSummary;
+  st: BigIntStats;
+}
+
+export async function sendTree(conn: FramedConnection, o: Context): Promise<void> {
+  const t = o.tree ?? {};
+  const flags = (o.checksum ? OfferFlag.CHECKSUM : 0) | (t.noDelete ? OfferFlag.NO_DELETE : 0) | (t.dryRun ? OfferFlag.DRY_RUN : 0);
+  await conn.send(FrameType.OFFER, encodeOffer({ kind: OfferKind.TREE, size: 0n, mtimeNs: o.st.mtimeNs, mode: Number(o.st.mode & 0o7777n), flags }));
+  await conn.send(FrameType.FILTER, encodeFilter(t.excludes ?? []));
+  const tree = await conn.keepAlive(
+    inPhase(o.events, 'scanning', 0, (progress) => walkTree(o.path, { excludes: t.excludes ?? [], stateDir: o.stateDir, ignoreIndex: o.checksum, isSender: true }, progress)),
+  );
+  const stats = tree.stats();
+  for (const p of stats.problems) o.events?.info?.(`warning: ${p}`);
+  await exchangeManifestsAndRoots(conn, tree, Boolean(o.checksum), o.events);
+  const counts = tree.triage(Boolean(o.checksum), !t.noDelete);
+  o.summary.size = counts.sourceBytes;
+  o.summary.tree = treeSummary(stats, counts);
+  if (t.dryRun) {
+    for (const line of tree.describe().split('\n').filter(Boolean)) o.events?.info?.(`would ${line}`);
+    await conn.send(FrameType.TREE_END, encodeTreeEnd({ smallFiles: 0, largeFiles: 0, senderProblems: stats.problems.length }));
+  } else {
+    const level = o.negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
+    const smallFiles = await sendSmallFiles(conn, tree, level, o);
+    const large = tree.largeTransfers();
+    let problems = stats.problems.length + counts.skipped;
+    for (const lt of large) {
+      const abs = joinTreePath(o.path, lt.path);
+      const st = await fs.lstat(abs, { bigint: true }).catch(() => undefined);
+      if (!st?.isFile() || st.size !== BigInt(lt.size) || st.mtimeNs !== lt.mtimeNs) {
+        o.events?.info?.(`warning: ${showTreePath(lt.path)} vanished or changed before it was sent`);
+        await conn.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.VANISHED));
+        continue;
+      }
+      const readable = await fs.access(abs, fs.constants.R_OK).then(() => true, () => false);
+      if (!readable) {
+        problems++;
+        o.events?.info?.(`warning: cannot read ${showTreePath(lt.path)} (permission denied); skipped`);
+        await conn.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.UNREADABLE));
+        continue;
+      }
+      await conn.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.SENDING));
+      const r = await sendFileContent(conn, {
+        path: abs,
+        st,
+        scan: null,
+        stateDir: o.stateDir,
+        checksum: o.checksum,
+        level,
+        bwlimitKiBps: o.bwlimitKiBps,
+        events: o.events,
+        label: showTreePath(lt.path),
+      });
+      if (!identityChanged(await fs.lstat(abs, { bigint: true }).catch(() => undefined), st)) tree.claimRoot(lt.action, r.root);
+    }
+    await conn.send(FrameType.TREE_END, encodeTreeEnd({ smallFiles, largeFiles: large.length, senderProblems: problems }));
+  }
+  const result = decodeTreeResult((await expect(conn, FrameType.TREE_RESULT)).payload);
+  await call(tree.finishSender());
+  const s = o.summary.tree!;
+  s.deleted = Number(result.deleted);
+  s.written = Number(result.filesWritten);
+  o.summary.literalBytes = Number(result.literalBytes);
+  o.summary.matchedBytes = Number(result.matchedBytes);
+  o.summary.upToDate = result.filesWritten === 0n && result.deleted === 0n && counts.attrsOnly === 0;
+  if (result.exitCode !== 0) {
+    conn.errorSent = true; // the receiver reported it; nothing to tell it
+    const what = result.exitCode === ExitCode.VANISHED ? 'some source files vanished' : `${result.errorCount} path(s) could not be synced`;
+    throw new FfsyncError(result.exitCode === ExitCode.VANISHED ? 'EVANISHED' : 'EPARTIAL', result.exitCode as ExitCode, `partial transfer: ${what}\n${result.message}`.trimEnd());
+  }
+}
+
+/** Stream every small file in FILE_BATCH frames: the next batch is read (in parallel,
+ * natively) while the previous one is being written to the socket. Returns the count. */
+async function sendSmallFiles(conn: FramedConnection, tree: NativeTreeSync, level: number, o: Context): Promise<number> {
+  const counts = o.summary.tree!;
+  if (counts.smallTransfers === 0) return 0;
+  const pool = new BufferPool(BATCH_BUFFER, 3);
+  const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : undefined;
+  await inPhase(o.events, 'sending', counts.transferBytes, async (progress) => {
+    let raw = 0;
+    const read = async (cursor: number): Promise<{ buf: Buffer; res: SmallBatch }> => {
+      const buf = await pool.acquire();
+      return { buf, res: await call(tree.readSmall(cursor, buf, level)) };
+    };
+    let next: Promise<{ buf: Buffer; res: SmallBatch }> | undefined = read(0);
+    while (next) {
+      const got: { buf: Buffer; res: SmallBatch } = await next;
+      const { buf, res } = got;
+      next = res.next >= 0 ? read(res.next) : undefined;
+      next?.catch(() => undefined);
+      if (res.length > 0) {
+        await conn.send(FrameType.FILE_BATCH, buf.subarray(0, res.length), () => pool.release(buf));
+        if (limiter) await limiter(res.length);
+      } else pool.release(buf);
+      raw += res.rawBytes;
+      progress(raw);
+    }
+  });
+  return counts.smallTransfers;
+}
