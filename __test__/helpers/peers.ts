@@ -142,3 +142,57 @@ export function snapshot(dir: string): Record<string, string> {
 export function canMount(): boolean {
   return process.platform === 'linux' && process.getuid?.() === 0;
 }
+
+export interface TreeEntry {
+  kind: 'file' | 'dir' | 'symlink' | 'other';
+  /** sha256 of a file's content. */
+  sha256?: string;
+  size?: number;
+  /** Permission bits (files and directories). */
+  mode?: number;
+  /** Modification time in ns (files and directories), as a decimal string. */
+  mtimeNs?: string;
+  /** A symlink's target. */
+  link?: string;
+}
+
+/** Shows a path given as bytes: UTF-8 as is, other bytes escaped as `\xNN`. */
+export function showBytesPath(b: Buffer): string {
+  const s = b.toString('utf8');
+  if (Buffer.from(s, 'utf8').equals(b)) return s;
+  return [...b].map((c) => (c >= 0x20 && c < 0x7f && c !== 0x5c ? String.fromCharCode(c) : `\\x${c.toString(16).padStart(2, '0')}`)).join('');
+}
+
+/**
+ * Every entry under `dir` (not following symlinks; names read as bytes, so non-UTF-8
+ * names work), keyed by relative path ('.' is `dir` itself): kind, content hash, mode,
+ * mtime (ns) and symlink target. Two trees are equal iff their snapshots are deepEqual.
+ */
+export function snapshotTree(dir: string, o: { root?: boolean } = {}): Record<string, TreeEntry> {
+  const out: Record<string, TreeEntry> = {};
+  const sep = Buffer.from(path.sep);
+  const base = Buffer.from(dir);
+  const entry = (abs: Buffer): TreeEntry => {
+    const st = fs.lstatSync(abs, { bigint: true });
+    const mode = Number(st.mode & 0o7777n);
+    if (st.isSymbolicLink()) return { kind: 'symlink', link: showBytesPath(fs.readlinkSync(abs, { encoding: 'buffer' })) };
+    if (st.isDirectory()) return { kind: 'dir', mode, mtimeNs: String(st.mtimeNs) };
+    if (st.isFile()) {
+      const sha = crypto.createHash('sha256').update(fs.readFileSync(abs)).digest('hex');
+      return { kind: 'file', sha256: sha, size: Number(st.size), mode, mtimeNs: String(st.mtimeNs) };
+    }
+    return { kind: 'other', mode };
+  };
+  const walk = (abs: Buffer, rel: Buffer | null) => {
+    for (const name of fs.readdirSync(abs, { encoding: 'buffer' })) {
+      const a = Buffer.concat([abs, sep, name]);
+      const r = rel ? Buffer.concat([rel, Buffer.from('/'), name]) : name;
+      const e = entry(a);
+      out[showBytesPath(r)] = e;
+      if (e.kind === 'dir') walk(a, r);
+    }
+  };
+  if (o.root !== false) out['.'] = entry(base);
+  walk(base, null);
+  return out;
+}

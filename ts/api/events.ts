@@ -60,6 +60,8 @@ export interface TreeSummary {
   toDelete: number;
   keptExtraneous: number;
   skipped: number;
+  /** Connections that carried large files (1 + extra lanes; sender's view). */
+  lanes: number;
   /** What happened (receiver's count). */
   written: number;
   deleted: number;

@@ -106,8 +106,9 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     }
     await handshake(conn, Role.RECEIVER);
     const offer = decodeOffer((await expect(conn, FrameType.OFFER)).payload);
+    if (offer.kind !== OfferKind.TREE || !(offer.flags & OfferFlag.PARALLEL)) listener.close();
     if (offer.kind === OfferKind.TREE) {
-      await receiveTree(conn, { ...o, target, stateDir, offer, summary });
+      await receiveTree(conn, { ...o, target, stateDir, offer, summary, listener, peerFingerprint: summary.peerFingerprint });
       summary.ok = true;
       return summary;
     }
@@ -182,6 +183,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     err.summary = summary;
     throw err;
   } finally {
+    listener.close();
     o.signal?.removeEventListener('abort', onAbort);
     await endSession(conn, summary, t0);
   }

@@ -72,7 +72,7 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
     }
     const negotiated = await handshake(conn, Role.SENDER);
     if (st.isDirectory()) {
-      await sendTree(conn, { ...o, stateDir, negotiated, summary, st });
+      await sendTree(conn, { ...o, stateDir, negotiated, summary, st, identity });
       summary.ok = true;
       return summary;
     }

@@ -125,8 +125,19 @@ export async function authenticatePeer(
 }
 
 /** Common end of a session: final wire counters and duration, then close the connection. */
+/** Bytes moved over a session's extra lanes (parallel trees), added to its summary. */
+const laneBytes = new WeakMap<object, { sent: number; received: number }>();
+
+export function countLaneBytes(summary: object, lane: FramedConnection): void {
+  const b = laneBytes.get(summary) ?? { sent: 0, received: 0 };
+  b.sent += lane.bytesSent;
+  b.received += lane.bytesReceived;
+  laneBytes.set(summary, b);
+}
+
 export async function endSession(conn: FramedConnection, summary: import('./events.js').SyncSummary, startedAt: number): Promise<void> {
-  summary.bytesOnWire = { sent: conn.bytesSent, received: conn.bytesReceived };
+  const lanes = laneBytes.get(summary) ?? { sent: 0, received: 0 };
+  summary.bytesOnWire = { sent: conn.bytesSent + lanes.sent, received: conn.bytesReceived + lanes.received };
   summary.durationMs = Date.now() - startedAt;
   await conn.close();
 }

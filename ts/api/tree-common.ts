@@ -60,6 +60,7 @@ export function treeSummary(stats: TreeStats, c: PlanCounts): TreeSummary {
     toDelete: c.deletes,
     keptExtraneous: c.keptExtraneous,
     skipped: c.skipped,
+    lanes: 1,
     written: 0,
     deleted: 0,
     errors: [],

@@ -2,6 +2,7 @@
 // Everything is rebuilt out of place and verified before it replaces anything; deletions
 // wait until every transfer succeeded and are skipped (as rsync does) after any error.
 
+import crypto from 'node:crypto';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -11,15 +12,19 @@ import {
   decodeFileBegin,
   decodeFilter,
   decodeTreeEnd,
+  encodeLanes,
   encodeTreeResult,
   FileBeginStatus,
+  MAX_LANES,
   type Offer,
   OfferFlag,
 } from '../protocol/messages.js';
 import { call, type LargeTransferInfo, scanFile, type StepOutcome, walkTree } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { joinTreePath, showTreePath } from '../utils/tree-path.js';
-import { expect } from './session.js';
+import { countLaneBytes, expect } from './session.js';
+import type { Listener } from '../transport/tcp.js';
+import { acceptLanes, LANE_TOKEN_BYTES } from './lanes.js';
 import { inPhase, type SyncSummary } from './events.js';
 import type { ReceiveOptions } from './receive.js';
 import { receiveFileContent, WRITES_IN_FLIGHT } from './file-transfer.js';
@@ -37,15 +42,49 @@ interface Context extends ReceiveOptions {
   stateDir: string;
   offer: Offer;
   summary: SyncSummary;
+  /** Still accepting: extra lanes of a parallel session join through it. */
+  listener: Listener;
+  peerFingerprint?: string;
 }
 
 /** Problems listed in TREE_RESULT (the full list is in the receiver's own output). */
 const MAX_REPORTED = 20;
 
 export async function receiveTree(conn: FramedConnection, o: Context): Promise<void> {
+  const errors: string[] = [];
+  const vanished: string[] = [];
+  let written = 0;
+  let literal = 0;
+  let matched = 0;
   const checksum = Boolean(o.checksum) || (o.offer.flags & OfferFlag.CHECKSUM) !== 0;
   const dryRun = (o.offer.flags & OfferFlag.DRY_RUN) !== 0;
   const deleteExtraneous = (o.offer.flags & OfferFlag.NO_DELETE) === 0 && !o.tree?.noDelete;
+  // Parallel sessions: grant lanes and start accepting them right away (they join once
+  // the sender has triaged, by which time the plan below exists).
+  const lanes: FramedConnection[] = [];
+  const laneWork: Promise<void>[] = [];
+  let laneFailure: FfsyncError | undefined;
+  let failLanes: (e: FfsyncError) => void = () => undefined;
+  const laneFailed = new Promise<never>((_, reject) => (failLanes = reject));
+  laneFailed.catch(() => undefined);
+  let startLane: (c: FramedConnection) => void = () => undefined;
+  let accepting: Promise<void> | undefined;
+  if (o.offer.flags & OfferFlag.PARALLEL) {
+    const granted = Math.min(Number(o.offer.size), MAX_LANES);
+    const token = crypto.randomBytes(LANE_TOKEN_BYTES);
+    await conn.send(FrameType.LANES, encodeLanes(granted, token));
+    accepting = acceptLanes(o.listener, {
+      token,
+      peerFingerprint: o.peerFingerprint,
+      timeoutMs: o.timeoutMs ?? 60_000,
+      maxLanes: granted - 1,
+      onLane: (c) => {
+        lanes.push(c);
+        startLane(c);
+      },
+      onRefused: (why) => o.events?.info?.(`warning: refused a lane: ${why}`),
+    });
+  }
   const excludes = decodeFilter((await expect(conn, FrameType.FILTER)).payload);
 
   // The tree's root: a directory, created if missing (its parent was checked at start).
@@ -83,11 +122,6 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
       return;
     }
 
-    const errors: string[] = [];
-    const vanished: string[] = [];
-    let written = 0;
-    let literal = 0;
-    let matched = 0;
     const absorb = (r: StepOutcome) => {
       errors.push(...r.errors);
       vanished.push(...r.vanished);
@@ -101,11 +135,65 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     const large = new Map<number, LargeTransferInfo>(tree.largeTransfers().map((l) => [l.action, l]));
     const done = new Set<number>();
     let smallDone = 0;
+    let progressNow: (n: number) => void = () => undefined;
+    /** One large file's conversation on connection `c`, after its FILE_BEGIN. */
+    const receiveLarge = async (c: FramedConnection, payload: Buffer) => {
+      const begin = decodeFileBegin(payload);
+      const lt = large.get(begin.action);
+      if (!lt || done.has(begin.action)) throw protocolError(`FILE_BEGIN for action ${begin.action}, which is not an outstanding large transfer`);
+      done.add(begin.action);
+      const rel = showTreePath(lt.path);
+      if (begin.status === FileBeginStatus.VANISHED) {
+        vanished.push(`${rel} vanished or changed on the sender`);
+        return;
+      }
+      if (begin.status === FileBeginStatus.UNREADABLE) {
+        errors.push(`${rel}: the sender could not read it`);
+        return;
+      }
+      const abs = joinTreePath(root, lt.path);
+      const basis = lt.delta ? [abs] : [];
+      const locals = basis.length ? c.keepAlive(scanFile(abs, { stateDir: o.stateDir, ignoreIndex: checksum })).then((r) => [r]) : Promise.resolve([]);
+      locals.catch(() => undefined);
+      const r = await receiveFileContent(c, {
+        target: abs,
+        size: BigInt(lt.size),
+        mtimeNs: lt.mtimeNs,
+        mode: lt.mode,
+        localPaths: basis,
+        locals,
+        targetReusable: lt.delta,
+        stateDir: o.stateDir,
+        events: o.events,
+        beforeCommit: () => tree.clearFor(lt.action),
+      });
+      tree.claimRoot(lt.action, r.root);
+      written++;
+      literal += r.literalBytes;
+      matched += r.matchedBytes;
+      progressNow(literal + matched);
+    };
+    startLane = (c) => {
+      const w = (async () => {
+        for (;;) {
+          const f = await expect(c, FrameType.FILE_BEGIN, FrameType.LANE_END);
+          if (f.type === FrameType.LANE_END) return;
+          await receiveLarge(c, f.payload);
+        }
+      })();
+      w.catch((e) => {
+        laneFailure ??= e instanceof FfsyncError ? e : fromSystemError(e, 'lane failed');
+        failLanes(laneFailure);
+      });
+      laneWork.push(w);
+    };
+    for (const c of lanes) startLane(c); // lanes that joined before the plan existed
     await inPhase(o.events, 'receiving', counts.transferBytes, async (progress) => {
+      progressNow = progress;
       const inflight = new Set<Promise<void>>();
       const drain = () => Promise.all(inflight);
       for (;;) {
-        const f = await expect(conn, FrameType.FILE_BATCH, FrameType.FILE_BEGIN, FrameType.TREE_END);
+        const f = await Promise.race([expect(conn, FrameType.FILE_BATCH, FrameType.FILE_BEGIN, FrameType.TREE_END), laneFailed]);
         if (f.type === FrameType.FILE_BATCH) {
           const w = call(tree.writeSmall(f.payload)).then((r) => {
             f.release?.();
@@ -122,45 +210,16 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
         await drain();
         if (f.type === FrameType.TREE_END) {
           const end = decodeTreeEnd(f.payload);
+          // Every lane has sent LANE_END by now; no more may join.
+          o.listener.close();
+          await accepting;
+          await Promise.race([Promise.all(laneWork), laneFailed]);
           if (end.largeFiles !== large.size || done.size !== large.size) throw protocolError(`sender ended after ${done.size} of ${large.size} large files`);
           if (smallDone !== summary.smallTransfers || end.smallFiles !== summary.smallTransfers) throw protocolError(`sender ended after ${smallDone} of ${summary.smallTransfers} small files`);
           if (end.senderProblems > 0) errors.push(`${end.senderProblems} source path(s) could not be read on the sender (see its output)`);
           break;
         }
-        const begin = decodeFileBegin(f.payload);
-        const lt = large.get(begin.action);
-        if (!lt || done.has(begin.action)) throw protocolError(`FILE_BEGIN for action ${begin.action}, which is not an outstanding large transfer`);
-        done.add(begin.action);
-        const rel = showTreePath(lt.path);
-        if (begin.status === FileBeginStatus.VANISHED) {
-          vanished.push(`${rel} vanished or changed on the sender`);
-          continue;
-        }
-        if (begin.status === FileBeginStatus.UNREADABLE) {
-          errors.push(`${rel}: the sender could not read it`);
-          continue;
-        }
-        const abs = joinTreePath(root, lt.path);
-        const basis = lt.delta ? [abs] : [];
-        const locals = basis.length ? conn.keepAlive(scanFile(abs, { stateDir: o.stateDir, ignoreIndex: checksum })).then((r) => [r]) : Promise.resolve([]);
-        locals.catch(() => undefined);
-        const r = await receiveFileContent(conn, {
-          target: abs,
-          size: BigInt(lt.size),
-          mtimeNs: lt.mtimeNs,
-          mode: lt.mode,
-          localPaths: basis,
-          locals,
-          targetReusable: lt.delta,
-          stateDir: o.stateDir,
-          events: o.events,
-          beforeCommit: () => tree.clearFor(lt.action),
-        });
-        tree.claimRoot(lt.action, r.root);
-        written++;
-        literal += r.literalBytes;
-        matched += r.matchedBytes;
-        progress(literal + matched);
+        await receiveLarge(conn, f.payload);
       }
     });
 
@@ -195,6 +254,11 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
       throw new FfsyncError(exitCode === ExitCode.VANISHED ? 'EVANISHED' : 'EPARTIAL', exitCode, `partial transfer: ${summary.errors.length} path(s) not synced\n${message}`);
     }
   } finally {
+    o.listener.close();
+    for (const l of lanes) {
+      countLaneBytes(o.summary, l);
+      l.destroy();
+    }
     if (scratch) await fs.rm(scratch, { recursive: true, force: true });
   }
 }

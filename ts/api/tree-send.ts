@@ -9,20 +9,24 @@ import { FramedConnection } from '../transport/connection.js';
 import { FrameType } from '../protocol/frames.js';
 import {
   Capability,
+  decodeLanes,
   decodeTreeResult,
   encodeFileBegin,
   encodeFilter,
   encodeOffer,
   encodeTreeEnd,
   FileBeginStatus,
+  MAX_LANES,
   OfferFlag,
   OfferKind,
 } from '../protocol/messages.js';
-import { call, type NativeTreeSync, type SmallBatch, walkTree } from '../native/binding.js';
+import { call, type LargeTransferInfo, type NativeTreeSync, type SmallBatch, walkTree } from '../native/binding.js';
+import type { Identity } from '../security/identity.js';
+import { openLane } from './lanes.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { BufferPool } from '../utils/buffer-pool.js';
 import { joinTreePath, showTreePath } from '../utils/tree-path.js';
-import { expect } from './session.js';
+import { countLaneBytes, expect } from './session.js';
 import type { Negotiated } from './session.js';
 import { inPhase, type SyncSummary } from './events.js';
 import type { SendOptions } from './send.js';
@@ -36,6 +40,8 @@ export interface TreeSendOptions {
   noDelete?: boolean;
   /** Report what would change on both sides; write nothing. */
   dryRun?: boolean;
+  /** Spread large-file conversations over this many connections (1..16). */
+  parallel?: number;
 }
 
 interface Context extends SendOptions {
@@ -43,18 +49,23 @@ interface Context extends SendOptions {
   negotiated: Negotiated;
   summary: SyncSummary;
   st: BigIntStats;
+  identity?: Identity;
 }
 
 export async function sendTree(conn: FramedConnection, o: Context): Promise<void> {
   const t = o.tree ?? {};
-  const flags = (o.checksum ? OfferFlag.CHECKSUM : 0) | (t.noDelete ? OfferFlag.NO_DELETE : 0) | (t.dryRun ? OfferFlag.DRY_RUN : 0);
-  await conn.send(FrameType.OFFER, encodeOffer({ kind: OfferKind.TREE, size: 0n, mtimeNs: o.st.mtimeNs, mode: Number(o.st.mode & 0o7777n), flags }));
+  const lanesWanted = t.dryRun ? 1 : Math.max(1, Math.min(MAX_LANES, t.parallel ?? 1));
+  const flags =
+    (o.checksum ? OfferFlag.CHECKSUM : 0) | (t.noDelete ? OfferFlag.NO_DELETE : 0) | (t.dryRun ? OfferFlag.DRY_RUN : 0) | (lanesWanted > 1 ? OfferFlag.PARALLEL : 0);
+  const size = lanesWanted > 1 ? BigInt(lanesWanted) : 0n;
+  await conn.send(FrameType.OFFER, encodeOffer({ kind: OfferKind.TREE, size, mtimeNs: o.st.mtimeNs, mode: Number(o.st.mode & 0o7777n), flags }));
   await conn.send(FrameType.FILTER, encodeFilter(t.excludes ?? []));
   const tree = await conn.keepAlive(
     inPhase(o.events, 'scanning', 0, (progress) => walkTree(o.path, { excludes: t.excludes ?? [], stateDir: o.stateDir, ignoreIndex: o.checksum, isSender: true }, progress)),
   );
   const stats = tree.stats();
   for (const p of stats.problems) o.events?.info?.(`warning: ${p}`);
+  const lanes = lanesWanted > 1 ? decodeLanes((await expect(conn, FrameType.LANES)).payload) : undefined;
   await exchangeManifestsAndRoots(conn, tree, Boolean(o.checksum), o.events);
   const counts = tree.triage(Boolean(o.checksum), !t.noDelete);
   o.summary.size = counts.sourceBytes;
@@ -66,37 +77,29 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
     const level = o.negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
     const smallFiles = await sendSmallFiles(conn, tree, level, o);
     const large = tree.largeTransfers();
-    let problems = stats.problems.length + counts.skipped;
-    for (const lt of large) {
-      const abs = joinTreePath(o.path, lt.path);
-      const st = await fs.lstat(abs, { bigint: true }).catch(() => undefined);
-      if (!st?.isFile() || st.size !== BigInt(lt.size) || st.mtimeNs !== lt.mtimeNs) {
-        o.events?.info?.(`warning: ${showTreePath(lt.path)} vanished or changed before it was sent`);
-        await conn.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.VANISHED));
-        continue;
+    const problems = { n: stats.problems.length + counts.skipped };
+    const queue = [...large];
+    const worker = async (c: FramedConnection) => {
+      for (let lt = queue.shift(); lt; lt = queue.shift()) await sendLarge(c, tree, lt, level, problems, o);
+    };
+    // Lanes only pay off with more than one large file to spread.
+    const extra = lanes ? Math.min(lanes.granted, large.length) - 1 : 0;
+    const laneConns: FramedConnection[] = [];
+    try {
+      for (let i = 0; i < extra; i++) {
+        laneConns.push(await openLane({ host: o.host, port: o.port, identity: o.identity, peerFingerprint: o.summary.peerFingerprint, token: lanes!.token, timeoutMs: o.timeoutMs ?? 60_000 }));
       }
-      const readable = await fs.access(abs, fs.constants.R_OK).then(() => true, () => false);
-      if (!readable) {
-        problems++;
-        o.events?.info?.(`warning: cannot read ${showTreePath(lt.path)} (permission denied); skipped`);
-        await conn.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.UNREADABLE));
-        continue;
+      o.summary.tree!.lanes = 1 + laneConns.length;
+      // The first connection works too, and keeps the session alive while lanes finish.
+      await conn.keepAlive(Promise.all([worker(conn), ...laneConns.map(worker)]));
+      for (const l of laneConns) await l.send(FrameType.LANE_END);
+    } finally {
+      for (const l of laneConns) {
+        countLaneBytes(o.summary, l);
+        await l.close();
       }
-      await conn.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.SENDING));
-      const r = await sendFileContent(conn, {
-        path: abs,
-        st,
-        scan: null,
-        stateDir: o.stateDir,
-        checksum: o.checksum,
-        level,
-        bwlimitKiBps: o.bwlimitKiBps,
-        events: o.events,
-        label: showTreePath(lt.path),
-      });
-      if (!identityChanged(await fs.lstat(abs, { bigint: true }).catch(() => undefined), st)) tree.claimRoot(lt.action, r.root);
     }
-    await conn.send(FrameType.TREE_END, encodeTreeEnd({ smallFiles, largeFiles: large.length, senderProblems: problems }));
+    await conn.send(FrameType.TREE_END, encodeTreeEnd({ smallFiles, largeFiles: large.length, senderProblems: problems.n }));
   }
   const result = decodeTreeResult((await expect(conn, FrameType.TREE_RESULT)).payload);
   await call(tree.finishSender());
@@ -111,6 +114,41 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
     const what = result.exitCode === ExitCode.VANISHED ? 'some source files vanished' : `${result.errorCount} path(s) could not be synced`;
     throw new FfsyncError(result.exitCode === ExitCode.VANISHED ? 'EVANISHED' : 'EPARTIAL', result.exitCode as ExitCode, `partial transfer: ${what}\n${result.message}`.trimEnd());
   }
+}
+
+/** One large file's conversation on connection `c` (FILE_BEGIN, then the single-file
+ * exchange); a file that vanished or cannot be read is announced and skipped. */
+async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTransferInfo, level: number, problems: { n: number }, o: Context): Promise<void> {
+  const abs = joinTreePath(o.path, lt.path);
+  const st = await fs.lstat(abs, { bigint: true }).catch(() => undefined);
+  if (!st?.isFile() || st.size !== BigInt(lt.size) || st.mtimeNs !== lt.mtimeNs) {
+    o.events?.info?.(`warning: ${showTreePath(lt.path)} vanished or changed before it was sent`);
+    await c.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.VANISHED));
+    return;
+  }
+  const readable = await fs.access(abs, fs.constants.R_OK).then(
+    () => true,
+    () => false,
+  );
+  if (!readable) {
+    problems.n++;
+    o.events?.info?.(`warning: cannot read ${showTreePath(lt.path)} (permission denied); skipped`);
+    await c.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.UNREADABLE));
+    return;
+  }
+  await c.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.SENDING));
+  const r = await sendFileContent(c, {
+    path: abs,
+    st,
+    scan: null,
+    stateDir: o.stateDir,
+    checksum: o.checksum,
+    level,
+    bwlimitKiBps: o.bwlimitKiBps,
+    events: o.events,
+    label: showTreePath(lt.path),
+  });
+  if (!identityChanged(await fs.lstat(abs, { bigint: true }).catch(() => undefined), st)) tree.claimRoot(lt.action, r.root);
 }
 
 /** Stream every small file in FILE_BATCH frames: the next batch is read (in parallel,

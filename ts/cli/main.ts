@@ -145,7 +145,8 @@ export function buildProgram(): Command {
     .option('--exclude-from <file>', 'trees: read exclude patterns from a file (one per line, # comments)')
     .option('--no-delete', 'trees: keep files only the receiver has')
     .option('-n, --dry-run', 'trees: both sides report what would change; nothing is written')
-    .action(async (source: string, addr: string, o: CommonOptions & TreeCli & { compressLevel: number; compress: boolean; bwlimit?: number; dryRun?: boolean }) => {
+    .addOption(new Option('--parallel <K>', 'trees: spread large files over K connections').argParser(intArg(1, 16)).default(1))
+    .action(async (source: string, addr: string, o: CommonOptions & TreeCli & { compressLevel: number; compress: boolean; bwlimit?: number; dryRun?: boolean; parallel: number }) => {
       await run(o, async (events, signal) => {
         const { host, port } = parseHostPort(addr);
         if (o.trust) parseFingerprint(o.trust);
@@ -159,7 +160,7 @@ export function buildProgram(): Command {
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
           bwlimitKiBps: o.bwlimit,
-          tree: { excludes, noDelete: o.delete === false, dryRun: o.dryRun },
+          tree: { excludes, noDelete: o.delete === false, dryRun: o.dryRun, parallel: o.parallel },
           plaintext: o.plaintext,
           trust: o.trust,
           interactive: true,

@@ -23,6 +23,9 @@ export const FrameType = {
   FILE_BEGIN: 0x0f,
   TREE_END: 0x10,
   TREE_RESULT: 0x11,
+  LANES: 0x12,
+  JOIN: 0x13,
+  LANE_END: 0x14,
   ERROR: 0x7f,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];

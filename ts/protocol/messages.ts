@@ -70,8 +70,10 @@ export function negotiateVersion(ours: { min: number; max: number }, peer: Hello
 }
 
 export const OfferKind = { FILE: 1, TREE: 2 } as const;
-export const OfferFlag = { CHECKSUM: 1 << 0, HAS_ROOT: 1 << 1, NO_DELETE: 1 << 2, DRY_RUN: 1 << 3 } as const;
-const KNOWN_OFFER_FLAGS = OfferFlag.CHECKSUM | OfferFlag.HAS_ROOT | OfferFlag.NO_DELETE | OfferFlag.DRY_RUN;
+/** For tree offers with PARALLEL, the OFFER's size field carries the lanes wanted (2..16). */
+export const OfferFlag = { CHECKSUM: 1 << 0, HAS_ROOT: 1 << 1, NO_DELETE: 1 << 2, DRY_RUN: 1 << 3, PARALLEL: 1 << 4 } as const;
+const KNOWN_OFFER_FLAGS = OfferFlag.CHECKSUM | OfferFlag.HAS_ROOT | OfferFlag.NO_DELETE | OfferFlag.DRY_RUN | OfferFlag.PARALLEL;
+export const MAX_LANES = 16;
 
 export interface Offer {
   kind: number;
@@ -101,7 +103,9 @@ export function decodeOffer(p: Buffer): Offer {
   const kind = p.readUInt8(0);
   if (kind !== OfferKind.FILE && kind !== OfferKind.TREE) throw protocolError(`OFFER of unknown kind ${kind}`);
   if (kind === OfferKind.TREE && flags & OfferFlag.HAS_ROOT) throw protocolError('tree OFFER with a root');
-  if (kind === OfferKind.FILE && flags & (OfferFlag.NO_DELETE | OfferFlag.DRY_RUN)) throw protocolError('file OFFER with tree flags');
+  if (kind === OfferKind.FILE && flags & (OfferFlag.NO_DELETE | OfferFlag.DRY_RUN | OfferFlag.PARALLEL)) throw protocolError('file OFFER with tree flags');
+  const size = p.readBigUInt64LE(1);
+  if (kind === OfferKind.TREE && (flags & OfferFlag.PARALLEL ? size < 2n || size > BigInt(MAX_LANES) : size !== 0n)) throw protocolError(`tree OFFER with a bad lane count ${size}`);
   return {
     kind,
     size: p.readBigUInt64LE(1),
@@ -376,6 +380,16 @@ export function decodeTreeResult(p: Buffer): TreeResult {
     errorCount: p.readUInt32LE(33),
     message: p.subarray(37).toString('utf8'),
   };
+}
+
+/** LANES (receiver, parallel tree sessions): lanes granted u8 + a 16-byte join token. */
+export function encodeLanes(granted: number, token: Buffer): Buffer {
+  return Buffer.concat([Buffer.from([granted]), token]);
+}
+
+export function decodeLanes(p: Buffer): { granted: number; token: Buffer } {
+  if (p.length !== 17 || p[0] < 1 || p[0] > MAX_LANES) throw protocolError('bad LANES');
+  return { granted: p[0], token: Buffer.from(p.subarray(1)) };
 }
 
 export const MAX_ERROR_MESSAGE = 4096;

@@ -7,42 +7,59 @@ import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 export interface Listener {
   host: string;
   port: number;
-  /** Resolves with the first connection; the listener then stops accepting. */
+  /** Resolves with the next connection, in arrival order. The first one is the session;
+   * later ones are only taken for a tree session's extra lanes (`--parallel`). */
   accept(): Promise<net.Socket>;
+  /** Stop accepting; connections not taken yet are closed. */
   close(): void;
+}
+
+/** Hands out sockets in arrival order to whoever asks; drops the rest on close. */
+export class SocketQueue<S extends net.Socket> {
+  private readonly ready: S[] = [];
+  private readonly waiters: { resolve: (s: S) => void; reject: (e: Error) => void }[] = [];
+  private closedWith?: Error;
+
+  push(s: S): void {
+    const w = this.waiters.shift();
+    if (w) w.resolve(s);
+    else if (this.closedWith || this.ready.length >= 16) s.destroy();
+    else this.ready.push(s);
+  }
+
+  fail(e: Error): void {
+    const w = this.waiters.shift();
+    if (w) w.reject(e);
+    else this.closedWith ??= e;
+  }
+
+  next(): Promise<S> {
+    const s = this.ready.shift();
+    if (s) return Promise.resolve(s);
+    if (this.closedWith) return Promise.reject(this.closedWith);
+    return new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
+  }
+
+  close(): void {
+    this.closedWith ??= new FfsyncError('ECLOSED', ExitCode.SOCKET_IO, 'listener closed');
+    for (const s of this.ready.splice(0)) s.destroy();
+    for (const w of this.waiters.splice(0)) w.reject(this.closedWith);
+  }
 }
 
 export async function listenOnce(host: string, port: number): Promise<Listener> {
   const server = net.createServer({ pauseOnConnect: true });
-  let pending: net.Socket | undefined;
-  let waiter: ((s: net.Socket) => void) | undefined;
-  server.on('connection', (sock) => {
-    if (pending || !waiter) {
-      if (!pending) pending = sock;
-      else sock.destroy();
-      return;
-    }
-    waiter(sock);
-    waiter = undefined;
-    pending = sock;
-  });
+  const queue = new SocketQueue<net.Socket>();
+  server.on('connection', (sock) => queue.push(sock));
   const addr = await bind(server, host, port);
   return {
     host: addr.address,
     port: addr.port,
-    accept: () =>
-      new Promise((resolve) => {
-        if (pending) {
-          server.close();
-          resolve(tune(pending));
-          return;
-        }
-        waiter = (s) => {
-          server.close();
-          resolve(tune(s));
-        };
-      }),
-    close: () => server.close(),
+    accept: async () => tune(await queue.next()),
+    close: () => {
+      server.close();
+      queue.close();
+    },
   };
 }
 

@@ -6,7 +6,7 @@ import tls from 'node:tls';
 import type { Identity } from '../security/identity.js';
 import { fingerprintOfDer } from '../security/fingerprint.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
-import { bind, type Listener } from './tcp.js';
+import { bind, type Listener, SocketQueue } from './tcp.js';
 
 const BASE: tls.SecureContextOptions & tls.CommonConnectionOptions = {
   minVersion: 'TLSv1.3',
@@ -46,49 +46,28 @@ export function peerFingerprint(sock: tls.TLSSocket): string {
 
 export async function tlsListenOnce(host: string, port: number, id: Identity): Promise<Listener> {
   const server = tls.createServer({ ...BASE, key: id.keyPem, cert: id.certPem, requestCert: true });
-  let accepted: tls.TLSSocket | undefined;
-  let failure: FfsyncError | undefined;
-  let waiter: { resolve: (s: net.Socket) => void; reject: (e: Error) => void } | undefined;
-  const settle = () => {
-    if (!waiter) return;
-    const w = waiter;
-    if (accepted) {
-      waiter = undefined;
-      server.close();
-      w.resolve(accepted);
-    } else if (failure) {
-      waiter = undefined;
-      server.close();
-      w.reject(failure);
-    }
-  };
+  const queue = new SocketQueue<tls.TLSSocket>();
+  let first = true;
   server.on('secureConnection', (sock) => {
-    if (accepted || failure) {
-      sock.destroy();
-      return;
-    }
+    first = false;
     sock.setNoDelay(true);
     capture(sock);
-    accepted = sock;
-    settle();
+    queue.push(sock);
   });
-  // One session per receive: a peer that fails the TLS handshake (e.g. --plaintext on
-  // its side) ends it with a clear error instead of leaving us waiting.
+  // A peer that fails the TLS handshake before any session started (e.g. --plaintext on
+  // its side) ends the receive with a clear error instead of leaving us waiting.
   server.on('tlsClientError', (e) => {
-    if (accepted || failure) return;
-    failure = handshakeError(e, 'incoming connection');
-    settle();
+    if (first) queue.fail(handshakeError(e, 'incoming connection'));
   });
   const addr = await bind(server, host, port);
   return {
     host: addr.address,
     port: addr.port,
-    accept: () =>
-      new Promise((resolve, reject) => {
-        waiter = { resolve, reject };
-        settle();
-      }),
-    close: () => server.close(),
+    accept: () => queue.next(),
+    close: () => {
+      server.close();
+      queue.close();
+    },
   };
 }
 

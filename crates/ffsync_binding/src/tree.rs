@@ -125,7 +125,10 @@ impl Task for WalkTask {
         };
         let counter = Arc::new(AtomicU64::new(0));
         let c = counter.clone();
-        let mut ticker = Ticker::start(move || c.load(std::sync::atomic::Ordering::Relaxed), self.progress.take());
+        let mut ticker = Ticker::start(
+            move || c.load(std::sync::atomic::Ordering::Relaxed),
+            self.progress.take(),
+        );
         let local = walk(
             &self.root,
             &WalkOptions {
@@ -158,7 +161,10 @@ impl Task for HashTask {
     fn compute(&mut self) -> Result<Vec<u8>> {
         let counter = Arc::new(AtomicU64::new(0));
         let c = counter.clone();
-        let mut ticker = Ticker::start(move || c.load(std::sync::atomic::Ordering::Relaxed), self.progress.take());
+        let mut ticker = Ticker::start(
+            move || c.load(std::sync::atomic::Ordering::Relaxed),
+            self.progress.take(),
+        );
         let out = self.t.write().unwrap().hash_entries(&self.indices, Some(&counter));
         ticker.stop();
         Ok(out)
@@ -181,7 +187,11 @@ impl Task for ReadSmallTask {
     fn compute(&mut self) -> Result<Self::Output> {
         // Safety: the caller does not touch `out` until the promise settles (documented).
         let out = unsafe { std::slice::from_raw_parts_mut(self.out.as_ptr() as *mut u8, self.out.len()) };
-        self.t.read().unwrap().read_small(self.cursor, out, self.level).map_err(to_napi)
+        self.t
+            .read()
+            .unwrap()
+            .read_small(self.cursor, out, self.level)
+            .map_err(to_napi)
     }
     fn resolve(&mut self, _env: Env, (n, next, raw): Self::Output) -> Result<SmallBatch> {
         Ok(SmallBatch {

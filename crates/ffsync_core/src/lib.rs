@@ -21,8 +21,8 @@ pub mod manifest;
 pub mod params;
 pub mod reconstruct;
 pub mod scan;
-pub mod tree;
 #[cfg(test)]
 mod testutil;
+pub mod tree;
 
 pub use error::{CoreError, Result};

@@ -88,12 +88,12 @@ pub struct Reconstruction {
 }
 
 pub fn partial_path(target: &Path, root: &Hash) -> PathBuf {
-    let name = target
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let hex = crate::manifest::hex(&root[..8]);
-    target.with_file_name(format!(".{name}.{hex}{PARTIAL_SUFFIX}"))
+    // Built from the name's own bytes: two names that differ only in bytes that are not
+    // UTF-8 must not share a temp file.
+    let mut name = std::ffi::OsString::from(".");
+    name.push(target.file_name().unwrap_or_default());
+    name.push(format!(".{}{PARTIAL_SUFFIX}", crate::manifest::hex(&root[..8])));
+    target.with_file_name(name)
 }
 
 fn parent_of(p: &Path) -> PathBuf {
@@ -462,16 +462,24 @@ impl Drop for Reconstruction {
 
 fn remove_stale_partials(target: &Path, keep: &Path) {
     let dir = parent_of(target);
-    let Some(name) = target.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+    let Some(name) = target.file_name() else {
         return;
     };
-    let prefix = format!(".{name}.");
+    let prefix = crate::tree::path::name_bytes(&{
+        let mut p = std::ffi::OsString::from(".");
+        p.push(name);
+        p.push(".");
+        p
+    });
     let Ok(rd) = fs::read_dir(&dir) else { return };
     for e in rd.flatten() {
-        let n = e.file_name().to_string_lossy().into_owned();
-        // Exactly our pattern: ".<name>.<16 hex>.ffsync-part"
-        if let Some(mid) = n.strip_prefix(&prefix).and_then(|r| r.strip_suffix(PARTIAL_SUFFIX)) {
-            if mid.len() == 16 && mid.bytes().all(|b| b.is_ascii_hexdigit()) && e.path() != keep {
+        let n = crate::tree::path::name_bytes(&e.file_name());
+        // Exactly our pattern: ".<name>.<16 hex>.ffsync-part", compared as bytes.
+        if let Some(mid) = n
+            .strip_prefix(&prefix[..])
+            .and_then(|r| r.strip_suffix(PARTIAL_SUFFIX.as_bytes()))
+        {
+            if mid.len() == 16 && mid.iter().all(|b| b.is_ascii_hexdigit()) && e.path() != keep {
                 let _ = fs::remove_file(e.path());
             }
         }

@@ -40,7 +40,11 @@ pub fn root_of_bytes(data: &[u8]) -> [u8; 32] {
 
 /// Encoded record of one file's bytes (compressed when it pays).
 pub fn encode_record(action: u32, status: FileStatus, data: &[u8], level: i32, out: &mut Vec<u8>) {
-    let root = if status == FileStatus::Ok { root_of_bytes(data) } else { [0; 32] };
+    let root = if status == FileStatus::Ok {
+        root_of_bytes(data)
+    } else {
+        [0; 32]
+    };
     let compressed = if level > 0 && data.len() >= 64 && status == FileStatus::Ok {
         zstd::bulk::compress(data, level).ok().filter(|c| c.len() < data.len())
     } else {

@@ -24,7 +24,9 @@ const RACY_WINDOW_NS: i64 = 20_000_000;
 
 pub fn tree_index_path(state_dir: &Path, tree: &Path) -> PathBuf {
     let key = blake3::hash(tree.to_string_lossy().as_bytes());
-    state_dir.join("trees").join(format!("{}.tidx", &hex(key.as_bytes())[..32]))
+    state_dir
+        .join("trees")
+        .join(format!("{}.tidx", &hex(key.as_bytes())[..32]))
 }
 
 /// A content root someone established for a file in its current state.
@@ -218,10 +220,26 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let tree = Path::new("/some/tree");
         let claims = vec![
-            Claim { path: b"b".to_vec(), identity: id(1, 10), root: [1; 32] },
-            Claim { path: b"a/x".to_vec(), identity: id(2, 10), root: [2; 32] },
-            Claim { path: b"a-b".to_vec(), identity: id(3, 10), root: [3; 32] },
-            Claim { path: b"b".to_vec(), identity: id(9, 10), root: [9; 32] },
+            Claim {
+                path: b"b".to_vec(),
+                identity: id(1, 10),
+                root: [1; 32],
+            },
+            Claim {
+                path: b"a/x".to_vec(),
+                identity: id(2, 10),
+                root: [2; 32],
+            },
+            Claim {
+                path: b"a-b".to_vec(),
+                identity: id(3, 10),
+                root: [3; 32],
+            },
+            Claim {
+                path: b"b".to_vec(),
+                identity: id(9, 10),
+                root: [9; 32],
+            },
         ];
         store(dir.path(), tree, claims).unwrap();
         let idx = load(dir.path(), tree).unwrap();
@@ -239,8 +257,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let tree = Path::new("/t");
         let fresh = now_ns();
-        store(dir.path(), tree, vec![Claim { path: b"f".to_vec(), identity: id(1, fresh), root: [1; 32] }]).unwrap();
-        assert_eq!(load(dir.path(), tree).unwrap().cursor().root_for(b"f", &id(1, fresh)), None);
+        store(
+            dir.path(),
+            tree,
+            vec![Claim {
+                path: b"f".to_vec(),
+                identity: id(1, fresh),
+                root: [1; 32],
+            }],
+        )
+        .unwrap();
+        assert_eq!(
+            load(dir.path(), tree).unwrap().cursor().root_for(b"f", &id(1, fresh)),
+            None
+        );
         let p = tree_index_path(dir.path(), tree);
         let mut b = fs::read(&p).unwrap();
         let n = b.len();

@@ -110,7 +110,10 @@ impl TreeBuilder {
         buf.extend_from_slice(MAGIC);
         buf.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]);
         TreeBuilder {
-            m: TreeManifest { buf, offsets: Vec::new() },
+            m: TreeManifest {
+                buf,
+                offsets: Vec::new(),
+            },
         }
     }
 
@@ -162,7 +165,9 @@ impl TreeManifest {
     }
 
     pub fn entry(&self, i: usize) -> EntryRef<'_> {
-        parse_entry(&self.buf, self.offsets[i] as usize).expect("validated entry").0
+        parse_entry(&self.buf, self.offsets[i] as usize)
+            .expect("validated entry")
+            .0
     }
 
     pub fn iter(&self) -> impl Iterator<Item = EntryRef<'_>> + '_ {
@@ -208,7 +213,10 @@ impl TreeManifest {
                 }
             } else {
                 if !is_valid_rel(e.path) {
-                    return Err(bad(format!("entry {i} has an unsafe path {:?}", super::path::display(e.path))));
+                    return Err(bad(format!(
+                        "entry {i} has an unsafe path {:?}",
+                        super::path::display(e.path)
+                    )));
                 }
                 if let Some((po, pl)) = prev {
                     if cmp_tree_path(&buf[po..po + pl], e.path) != Ordering::Less {
@@ -372,11 +380,23 @@ mod tests {
     #[test]
     fn rejects_disorder_orphans_escapes_and_garbage() {
         let bad_sets: Vec<Vec<NewEntry>> = vec![
-            vec![entry(b"", Kind::Dir, 0), entry(b"b", Kind::File, 1), entry(b"a", Kind::File, 1)],
+            vec![
+                entry(b"", Kind::Dir, 0),
+                entry(b"b", Kind::File, 1),
+                entry(b"a", Kind::File, 1),
+            ],
             vec![entry(b"", Kind::Dir, 0), entry(b"x/y", Kind::File, 1)],
-            vec![entry(b"", Kind::Dir, 0), entry(b"f", Kind::File, 1), entry(b"f/y", Kind::File, 1)],
+            vec![
+                entry(b"", Kind::Dir, 0),
+                entry(b"f", Kind::File, 1),
+                entry(b"f/y", Kind::File, 1),
+            ],
             vec![entry(b"", Kind::Dir, 0), entry(b"..", Kind::Dir, 0)],
-            vec![entry(b"", Kind::Dir, 0), entry(b"a", Kind::File, 1), entry(b"a", Kind::File, 1)],
+            vec![
+                entry(b"", Kind::Dir, 0),
+                entry(b"a", Kind::File, 1),
+                entry(b"a", Kind::File, 1),
+            ],
             vec![entry(b"x", Kind::Dir, 0)],
         ];
         for set in bad_sets {

@@ -31,7 +31,11 @@ pub fn is_valid_rel(p: &[u8]) -> bool {
         return false;
     }
     p.split(|c| *c == b'/').all(|c| {
-        !c.is_empty() && c != b"." && c != b".." && !c.contains(&0) && (cfg!(unix) || !c.iter().any(|b| b"\\:".contains(b)))
+        !c.is_empty()
+            && c != b"."
+            && c != b".."
+            && !c.contains(&0)
+            && (cfg!(unix) || !c.iter().any(|b| b"\\:".contains(b)))
     })
 }
 

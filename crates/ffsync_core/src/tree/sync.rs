@@ -65,12 +65,17 @@ pub struct TreeSync {
     done: Vec<AtomicBool>,
     /// Roots learned during this session, for the tree index.
     claims: Mutex<Vec<Claim>>,
+    /// The plan may delete (no --no-delete): also governs emptying a replaced directory.
+    delete_allowed: AtomicBool,
 }
 
 fn is_fatal(e: &CoreError) -> bool {
     matches!(
         e,
-        CoreError::DiskFull { .. } | CoreError::VerifyFailed(_) | CoreError::Malformed { .. } | CoreError::ChunkCorrupt { .. }
+        CoreError::DiskFull { .. }
+            | CoreError::VerifyFailed(_)
+            | CoreError::Malformed { .. }
+            | CoreError::ChunkCorrupt { .. }
     )
 }
 
@@ -83,16 +88,6 @@ fn nofollow(o: &mut OpenOptions) -> &mut OpenOptions {
 #[cfg(not(unix))]
 fn nofollow(o: &mut OpenOptions) -> &mut OpenOptions {
     o
-}
-
-/// Remove whatever is at `p` (a directory with its contents; never following a link).
-pub fn remove_path(p: &Path) -> std::io::Result<()> {
-    match fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => fs::remove_dir_all(p),
-        Ok(_) => fs::remove_file(p),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
 }
 
 fn set_dir_meta(p: &Path, mtime_ns: i64, mode: u32) -> std::io::Result<()> {
@@ -125,6 +120,7 @@ impl TreeSync {
             plan: None,
             done: Vec::new(),
             claims: Mutex::new(Vec::new()),
+            delete_allowed: AtomicBool::new(false),
         }
     }
 
@@ -172,7 +168,10 @@ impl TreeSync {
         let p = join(&self.local.root, e.path);
         let f = MappedFile::open_nofollow(&p)?;
         if f.identity != self.local.identities[i] {
-            return Err(CoreError::io(&p, std::io::Error::new(std::io::ErrorKind::NotFound, "changed during the sync")));
+            return Err(CoreError::io(
+                &p,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "changed during the sync"),
+            ));
         }
         Ok(f)
     }
@@ -237,6 +236,7 @@ impl TreeSync {
             (&self.peer_extra, &self.my_extra)
         };
         let plan = triage::triage(self.s(), self.r(), s_extra, r_extra, o);
+        self.delete_allowed.store(o.delete, Ordering::Relaxed);
         self.done = (0..plan.actions.len()).map(|_| AtomicBool::new(false)).collect();
         self.plan = Some(plan);
         self.plan()
@@ -251,14 +251,21 @@ impl TreeSync {
 
     fn claim_once(&self, k: usize) -> Result<()> {
         if self.done[k].swap(true, Ordering::SeqCst) {
-            return Err(CoreError::malformed("file batch", format!("action {k} delivered twice")));
+            return Err(CoreError::malformed(
+                "file batch",
+                format!("action {k} delivered twice"),
+            ));
         }
         Ok(())
     }
 
     fn sender_root_of(&self, a: &Action) -> Option<[u8; 32]> {
         let e = self.s().entry(a.s as usize);
-        let extra = if self.is_sender { &self.my_extra } else { &self.peer_extra };
+        let extra = if self.is_sender {
+            &self.my_extra
+        } else {
+            &self.peer_extra
+        };
         e.root.copied().or_else(|| extra.get(&a.s).copied())
     }
 
@@ -285,7 +292,10 @@ impl TreeSync {
 
     /// Files and bytes in the sender's tree.
     pub fn source_totals(&self) -> (u64, u64) {
-        self.s().iter().filter(|e| e.is_file()).fold((0, 0), |(n, b), e| (n + 1, b + e.size))
+        self.s()
+            .iter()
+            .filter(|e| e.is_file())
+            .fold((0, 0), |(n, b), e| (n + 1, b + e.size))
     }
 
     /// Bytes of the files that travel whole in batches.
@@ -332,12 +342,18 @@ impl TreeSync {
                     Ok(data) => {
                         file_batch::encode_record(k as u32, FileStatus::Ok, &data, level, &mut rec);
                         let root: [u8; 32] = rec[14..46].try_into().unwrap();
-                        let claim = Claim { path: e.path.to_vec(), identity: self.local.identities[i], root };
+                        let claim = Claim {
+                            path: e.path.to_vec(),
+                            identity: self.local.identities[i],
+                            root,
+                        };
                         (rec, data.len() as u64, Some(claim))
                     }
                     Err(err) => {
                         let status = match &err {
-                            CoreError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => FileStatus::Vanished,
+                            CoreError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                                FileStatus::Vanished
+                            }
                             _ => FileStatus::Unreadable,
                         };
                         file_batch::encode_record(k as u32, status, &[], level, &mut rec);
@@ -365,14 +381,24 @@ impl TreeSync {
     fn read_whole(&self, i: usize) -> Result<Vec<u8>> {
         let e = self.local.manifest.entry(i);
         let p = join(&self.local.root, e.path);
-        let mut f = nofollow(OpenOptions::new().read(true)).open(&p).map_err(|e| CoreError::io(&p, e))?;
+        let mut f = nofollow(OpenOptions::new().read(true))
+            .open(&p)
+            .map_err(|e| CoreError::io(&p, e))?;
         let m = f.metadata().map_err(|e| CoreError::io(&p, e))?;
-        let changed = || CoreError::io(&p, std::io::Error::new(std::io::ErrorKind::NotFound, "changed during the sync"));
+        let changed = || {
+            CoreError::io(
+                &p,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "changed during the sync"),
+            )
+        };
         if FileIdentity::of(&m) != self.local.identities[i] {
             return Err(changed());
         }
         let mut data = Vec::with_capacity(e.size as usize);
-        (&mut f).take(e.size + 1).read_to_end(&mut data).map_err(|e| CoreError::io(&p, e))?;
+        (&mut f)
+            .take(e.size + 1)
+            .read_to_end(&mut data)
+            .map_err(|e| CoreError::io(&p, e))?;
         if data.len() as u64 != e.size {
             return Err(changed());
         }
@@ -382,7 +408,11 @@ impl TreeSync {
     /// After a large file was sent: remember its root for the tree index.
     pub fn claim_root(&self, action: usize, root: [u8; 32]) {
         let Ok(a) = self.action(action) else { return };
-        let (m, idx) = if self.is_sender { (&self.local.manifest, a.s) } else { (self.s(), a.s) };
+        let (m, idx) = if self.is_sender {
+            (&self.local.manifest, a.s)
+        } else {
+            (self.s(), a.s)
+        };
         let rel = m.entry(idx as usize).path.to_vec();
         let p = join(&self.local.root, &rel);
         let Ok(meta) = fs::symlink_metadata(&p) else { return };
@@ -390,10 +420,72 @@ impl TreeSync {
         if self.is_sender && identity != self.local.identities[idx as usize] {
             return; // changed since the walk: the root may be of another version
         }
-        self.claims.lock().unwrap().push(Claim { path: rel, identity, root });
+        self.claims.lock().unwrap().push(Claim {
+            path: rel,
+            identity,
+            root,
+        });
     }
 
     // ---- receiver ----
+
+    /// Clear the receiver's entry at an action's path so something of another kind can take
+    /// its place. A directory goes only with what our walk listed inside it, deepest first,
+    /// never its protected entries; whatever remains (protected, excluded, appeared since)
+    /// makes the final rmdir fail, and the replacement is reported instead (exit 23).
+    /// Emptying a non-empty directory is a deletion: refused under --no-delete.
+    fn clear_receiver_entry(&self, a: &Action) -> std::io::Result<()> {
+        if a.r == triage::NONE {
+            return Ok(());
+        }
+        let r = self.r();
+        let j = a.r as usize;
+        let e = r.entry(j);
+        let p = join(&self.local.root, e.path);
+        if !e.is_dir() {
+            return match fs::remove_file(&p) {
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                res => res,
+            };
+        }
+        let inside: Vec<usize> = (j + 1..r.len())
+            .take_while(|&k| super::path::is_under(r.entry(k).path, e.path))
+            .collect();
+        if !inside.is_empty() && !self.delete_allowed.load(Ordering::Relaxed) {
+            return Err(std::io::Error::other(
+                "replacing a non-empty directory is a deletion (refused with --no-delete)",
+            ));
+        }
+        if inside.iter().any(|&k| r.entry(k).has(flags::PROTECTED)) {
+            return Err(std::io::Error::other(
+                "the directory in the way holds protected entries; not replaced",
+            ));
+        }
+        for &k in inside.iter().rev() {
+            let c = r.entry(k);
+            let cp = join(&self.local.root, c.path);
+            let res = if c.is_dir() {
+                fs::remove_dir(&cp)
+            } else {
+                fs::remove_file(&cp)
+            };
+            match res {
+                Err(err)
+                    if matches!(
+                        err.kind(),
+                        std::io::ErrorKind::NotFound | std::io::ErrorKind::DirectoryNotEmpty
+                    ) => {}
+                other => other?,
+            }
+        }
+        fs::remove_dir(&p).map_err(|err| {
+            if err.kind() == std::io::ErrorKind::DirectoryNotEmpty {
+                std::io::Error::other("the directory in the way holds protected or excluded entries; not replaced")
+            } else {
+                err
+            }
+        })
+    }
 
     fn target(&self, a: &Action) -> PathBuf {
         join(&self.local.root, self.s().entry(a.s as usize).path)
@@ -413,10 +505,12 @@ impl TreeSync {
             let p = self.target(a);
             let r = (|| {
                 if a.flags & action_flags::REPLACE != 0 {
-                    remove_path(&p)?;
+                    self.clear_receiver_entry(a)?;
                 }
                 match fs::create_dir(&p) {
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && fs::symlink_metadata(&p)?.is_dir() => Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && fs::symlink_metadata(&p)?.is_dir() => {
+                        Ok(())
+                    }
                     r => r,
                 }
             })();
@@ -425,13 +519,19 @@ impl TreeSync {
                 if is_fatal(&err) {
                     return Err(err);
                 }
-                out.errors.push(format!("cannot create directory {}: {err}", display(e.path)));
+                out.errors
+                    .push(format!("cannot create directory {}: {err}", display(e.path)));
                 failed_dirs.push(e.path.to_vec());
             }
         }
         // Copies go to temp files first and are renamed after all of them are made: a
         // copy's source may be another copy's destination (two files swapped names).
-        let copies: Vec<(usize, &Action)> = plan.actions.iter().enumerate().filter(|(_, a)| a.op == Op::LocalCopy).collect();
+        let copies: Vec<(usize, &Action)> = plan
+            .actions
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.op == Op::LocalCopy)
+            .collect();
         let made: Vec<(usize, Result<PathBuf>)> = copies.par_iter().map(|&(k, a)| (k, self.copy_local(a))).collect();
         for (k, r) in made {
             let a = &plan.actions[k];
@@ -450,7 +550,9 @@ impl TreeSync {
     }
 
     fn copy_local(&self, a: &Action) -> Result<PathBuf> {
-        let root = self.sender_root_of(a).ok_or_else(|| CoreError::Usage("local copy without a root".into()))?;
+        let root = self
+            .sender_root_of(a)
+            .ok_or_else(|| CoreError::Usage("local copy without a root".into()))?;
         let src = self.open_checked(a.basis as usize)?;
         let target = self.target(a);
         let tmp = partial_path(&target, &root);
@@ -465,7 +567,10 @@ impl TreeSync {
         let check = MappedFile::open_nofollow(&tmp).map(|m| m.manifest(None).root);
         if check.as_ref().ok() != Some(&root) {
             let _ = fs::remove_file(&tmp);
-            return Err(CoreError::io(&target, std::io::Error::other("local copy did not match the sender's root")));
+            return Err(CoreError::io(
+                &target,
+                std::io::Error::other("local copy did not match the sender's root"),
+            ));
         }
         let e = self.s().entry(a.s as usize);
         apply_metadata(&dst, &tmp, Some(e.mtime_ns), Some(e.mode))?;
@@ -482,7 +587,10 @@ impl TreeSync {
     fn commit_with_root(&self, a: &Action, tmp: &Path, root: [u8; 32]) -> Result<u64> {
         let target = self.target(a);
         if a.flags & action_flags::REPLACE != 0 {
-            remove_path(&target).map_err(|e| CoreError::io(&target, e))?;
+            if let Err(e) = self.clear_receiver_entry(a) {
+                let _ = fs::remove_file(tmp);
+                return Err(CoreError::io(&target, e));
+            }
         }
         fs::rename(tmp, &target).map_err(|e| {
             let _ = fs::remove_file(tmp);
@@ -504,7 +612,7 @@ impl TreeSync {
         let a = self.action(action)?;
         if a.flags & action_flags::REPLACE != 0 {
             let p = self.target(a);
-            remove_path(&p).map_err(|e| CoreError::io(&p, e))?;
+            self.clear_receiver_entry(a).map_err(|e| CoreError::io(&p, e))?;
         }
         Ok(())
     }
@@ -517,10 +625,20 @@ impl TreeSync {
             let k = r.action as usize;
             let a = self.action(k)?;
             if a.op != Op::Transfer || a.flags & action_flags::SMALL == 0 {
-                return Err(CoreError::malformed("file batch", format!("action {k} is not a small-file transfer")));
+                return Err(CoreError::malformed(
+                    "file batch",
+                    format!("action {k} is not a small-file transfer"),
+                ));
             }
             if r.status == FileStatus::Ok && r.raw_len as u64 != s.entry(a.s as usize).size {
-                return Err(CoreError::malformed("file batch", format!("action {k} has {} bytes, the manifest said {}", r.raw_len, s.entry(a.s as usize).size)));
+                return Err(CoreError::malformed(
+                    "file batch",
+                    format!(
+                        "action {k} has {} bytes, the manifest said {}",
+                        r.raw_len,
+                        s.entry(a.s as usize).size
+                    ),
+                ));
             }
             self.claim_once(k)?;
         }
@@ -587,10 +705,15 @@ impl TreeSync {
                     let p = self.target(a);
                     (|| {
                         let f = nofollow(OpenOptions::new().read(true)).open(&p)?;
-                        apply_metadata(&f, &p, Some(e.mtime_ns), Some(e.mode)).map_err(|e| std::io::Error::other(e.to_string()))?;
+                        apply_metadata(&f, &p, Some(e.mtime_ns), Some(e.mode))
+                            .map_err(|e| std::io::Error::other(e.to_string()))?;
                         if let Some(root) = self.sender_root_of(a) {
                             let identity = FileIdentity::of(&f.metadata()?);
-                            self.claims.lock().unwrap().push(Claim { path: e.path.to_vec(), identity, root });
+                            self.claims.lock().unwrap().push(Claim {
+                                path: e.path.to_vec(),
+                                identity,
+                                root,
+                            });
                         }
                         Ok(())
                     })()
@@ -616,7 +739,11 @@ impl TreeSync {
                     out.files += 1;
                 }
                 Err(e) => {
-                    let rel = if a.op == Op::Delete { r.entry(a.r as usize).path } else { s.entry(a.s as usize).path };
+                    let rel = if a.op == Op::Delete {
+                        r.entry(a.r as usize).path
+                    } else {
+                        s.entry(a.s as usize).path
+                    };
                     out.errors.push(format!("{} {}: {e}", op_verb(a.op), display(rel)));
                 }
             }
@@ -625,7 +752,8 @@ impl TreeSync {
             let e = s.entry(a.s as usize);
             if let Err(err) = set_dir_meta(&self.target(a), e.mtime_ns, e.mode) {
                 if err.kind() != std::io::ErrorKind::NotFound {
-                    out.errors.push(format!("cannot set attributes of {}/: {err}", display(e.path)));
+                    out.errors
+                        .push(format!("cannot set attributes of {}/: {err}", display(e.path)));
                 }
             }
         }
@@ -644,7 +772,7 @@ impl TreeSync {
             std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(e.link), &tmp)?;
             let placed = (|| {
                 if a.flags & action_flags::REPLACE != 0 {
-                    remove_path(&target)?;
+                    self.clear_receiver_entry(a)?;
                 }
                 fs::rename(&tmp, &target)
             })();
@@ -656,7 +784,10 @@ impl TreeSync {
         #[cfg(not(unix))]
         {
             let _ = (target, e);
-            Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "symlinks are not synced on this platform"))
+            Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "symlinks are not synced on this platform",
+            ))
         }
     }
 
@@ -672,9 +803,10 @@ impl TreeSync {
         if new.is_empty() && known == 0 {
             return;
         }
-        let plan_touches_nothing = self.plan.as_ref().is_some_and(|p| {
-            p.actions.iter().all(|a| matches!(a.op, Op::DirMeta | Op::Skip))
-        });
+        let plan_touches_nothing = self
+            .plan
+            .as_ref()
+            .is_some_and(|p| p.actions.iter().all(|a| matches!(a.op, Op::DirMeta | Op::Skip)));
         if new.is_empty() && plan_touches_nothing {
             return; // nothing learned, nothing changed: the stored index is still right
         }
@@ -691,11 +823,32 @@ impl TreeSync {
             let sp = |a: &Action| display(s.entry(a.s as usize).path);
             let line = match a.op {
                 Op::Mkdir => format!("mkdir   {}/", sp(a)),
-                Op::LocalCopy => format!("copy    {} (from {}, no data sent)", sp(a), display(r.entry(a.basis as usize).path)),
-                Op::Transfer => format!("send    {} ({} bytes{})", sp(a), s.entry(a.s as usize).size, if a.flags & action_flags::DELTA != 0 { ", delta" } else { "" }),
+                Op::LocalCopy => format!(
+                    "copy    {} (from {}, no data sent)",
+                    sp(a),
+                    display(r.entry(a.basis as usize).path)
+                ),
+                Op::Transfer => format!(
+                    "send    {} ({} bytes{})",
+                    sp(a),
+                    s.entry(a.s as usize).size,
+                    if a.flags & action_flags::DELTA != 0 {
+                        ", delta"
+                    } else {
+                        ""
+                    }
+                ),
                 Op::Symlink => format!("link    {} -> {}", sp(a), display(s.entry(a.s as usize).link)),
                 Op::FileMeta => format!("attrs   {}", sp(a)),
-                Op::Delete => format!("delete  {}{}", display(r.entry(a.r as usize).path), if r.entry(a.r as usize).kind == Kind::Dir { "/" } else { "" }),
+                Op::Delete => format!(
+                    "delete  {}{}",
+                    display(r.entry(a.r as usize).path),
+                    if r.entry(a.r as usize).kind == Kind::Dir {
+                        "/"
+                    } else {
+                        ""
+                    }
+                ),
                 Op::DirMeta => continue,
                 Op::Skip => format!("skip    {} (unreadable on the sender)", sp(a)),
             };
@@ -711,7 +864,11 @@ impl TreeSync {
     }
 
     pub fn unreadable_dirs(&self) -> usize {
-        self.local.manifest.iter().filter(|e| e.is_dir() && e.has(flags::UNREADABLE)).count()
+        self.local
+            .manifest
+            .iter()
+            .filter(|e| e.is_dir() && e.has(flags::UNREADABLE))
+            .count()
     }
 }
 

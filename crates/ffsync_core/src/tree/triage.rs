@@ -115,7 +115,10 @@ fn merge(s: &TreeManifest, r: &TreeManifest, mut f: impl FnMut(Option<usize>, Op
 }
 
 fn sized_rooted_files(r: &TreeManifest) -> HashSet<u64> {
-    r.iter().filter(|e| e.is_file() && e.root.is_some()).map(|e| e.size).collect()
+    r.iter()
+        .filter(|e| e.is_file() && e.root.is_some())
+        .map(|e| e.size)
+        .collect()
 }
 
 /// Which entries each peer must hash before triage, as (sender indices, receiver indices):
@@ -167,7 +170,13 @@ pub fn roots_to_supply(s: &TreeManifest, r: &TreeManifest, checksum: bool) -> (V
 }
 
 /// The plan. `s_extra`/`r_extra` are the roots each side supplied after the exchange.
-pub fn triage(s: &TreeManifest, r: &TreeManifest, s_extra: &ExtraRoots, r_extra: &ExtraRoots, o: TriageOptions) -> Plan {
+pub fn triage(
+    s: &TreeManifest,
+    r: &TreeManifest,
+    s_extra: &ExtraRoots,
+    r_extra: &ExtraRoots,
+    o: TriageOptions,
+) -> Plan {
     let mut plan = Plan::default();
     let mut mkdir = Vec::new();
     let mut copies = Vec::new();
@@ -271,7 +280,7 @@ pub fn triage(s: &TreeManifest, r: &TreeManifest, s_extra: &ExtraRoots, r_extra:
                             };
                             if same {
                                 plan.unchanged_files += 1;
-                                if se.mtime_ns != re.mtime_ns || se.mode != re.mode {
+                                if se.mtime_ns != re.mtime_ns || applied(se.mode) != applied(re.mode) {
                                     metas.push(act(Op::FileMeta, 0, i, b, NONE));
                                 }
                                 return;
@@ -288,7 +297,12 @@ pub fn triage(s: &TreeManifest, r: &TreeManifest, s_extra: &ExtraRoots, r_extra:
                             let c = census.get_or_insert_with(|| {
                                 let mut m = HashMap::new();
                                 for (j, e) in r.iter().enumerate() {
+                                    // Not a file the plan replaces by a directory first.
+                                    let replaced = || s.find(e.path).is_some_and(|i| s.entry(i).is_dir());
                                     if e.is_file() {
+                                        if replaced() {
+                                            continue;
+                                        }
                                         if let Some(rt) = root_of(&e, j, r_extra) {
                                             m.entry((e.size, *rt)).or_insert(j as u32);
                                         }
@@ -326,7 +340,7 @@ pub fn triage(s: &TreeManifest, r: &TreeManifest, s_extra: &ExtraRoots, r_extra:
                 return;
             }
             let differs = match b.map(|j| r.entry(j)) {
-                Some(re) if re.is_dir() => re.mode != se.mode || re.mtime_ns != se.mtime_ns,
+                Some(re) if re.is_dir() => applied(re.mode) != applied(se.mode) || re.mtime_ns != se.mtime_ns,
                 _ => true,
             };
             if differs || touched.contains(se.path) {
@@ -337,6 +351,12 @@ pub fn triage(s: &TreeManifest, r: &TreeManifest, s_extra: &ExtraRoots, r_extra:
     deletes.reverse(); // contents before their directory
     plan.actions = [mkdir, copies, small, large, links, metas, deletes, dirmeta, skips].concat();
     plan
+}
+
+/// The permission bits a receiver applies (setuid/setgid are never applied, so they must
+/// not make a file look different forever).
+fn applied(mode: u32) -> u32 {
+    mode & 0o1777
 }
 
 fn small_or_large(small: &mut Vec<Action>, large: &mut Vec<Action>, mut a: Action, size: u64) {

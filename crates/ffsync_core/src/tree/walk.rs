@@ -179,7 +179,10 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
         let mut fl = 0;
         if entry.read_children_error.is_some() {
             fl |= flags::UNREADABLE;
-            problems.push(format!("cannot read directory {}: permission denied or vanished", entry.path().display()));
+            problems.push(format!(
+                "cannot read directory {}: permission denied or vanished",
+                entry.path().display()
+            ));
         }
         if entry.depth == 0 {
             let id = FileIdentity::of(&meta);
@@ -235,7 +238,11 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
             root,
             link: &st.link,
         });
-        identities.push(if st.kind == Kind::File { st.identity } else { FileIdentity::default() });
+        identities.push(if st.kind == Kind::File {
+            st.identity
+        } else {
+            FileIdentity::default()
+        });
         if let Some(p) = o.progress {
             p.fetch_add(1, Ordering::Relaxed);
         }
@@ -294,7 +301,11 @@ mod tests {
             },
         )
         .unwrap();
-        let paths: Vec<String> = t.manifest.iter().map(|e| String::from_utf8_lossy(e.path).into_owned()).collect();
+        let paths: Vec<String> = t
+            .manifest
+            .iter()
+            .map(|e| String::from_utf8_lossy(e.path).into_owned())
+            .collect();
         #[cfg(unix)]
         assert_eq!(paths, vec!["", "a", "a/x", "a/x/f", "a-b", "link"]);
         let f = t.manifest.entry(3);
