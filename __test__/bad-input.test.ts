@@ -47,10 +47,12 @@ describe('sender-side bad input', () => {
     assert.match(oneErrorLine(r.stderr), /does not exist/);
   });
 
-  it('a directory where a file is expected: exit 3', async () => {
-    const r = await run(['send', tmpdir(), '127.0.0.1:9', '--plaintext']).done;
+  it('a source that is neither a file nor a directory (a fifo): exit 3', async () => {
+    const fifo = path.join(tmpdir(), 'fifo');
+    execFileSync('mkfifo', [fifo]);
+    const r = await run(['send', fifo, '127.0.0.1:9', '--plaintext']).done;
     assert.equal(r.code, 3);
-    assert.match(oneErrorLine(r.stderr), /is a directory/);
+    assert.match(oneErrorLine(r.stderr), /neither a regular file nor a directory/);
   });
 
   it('nobody listening: exit 10', async () => {
@@ -93,13 +95,21 @@ describe('sender-side bad input', () => {
 });
 
 describe('receiver-side bad input', () => {
-  it('target is a directory: exit 11 before listening', async () => {
+  it('target is a directory but the sender offers a single file: exit 11, nothing written', async () => {
     const dir = tmpdir();
-    const before = snapshot(dir);
-    const r = await run(['receive', dir, '0', '--plaintext']).done;
+    const target = path.join(dir, 'target');
+    fs.mkdirSync(target);
+    fs.writeFileSync(path.join(target, 'keep'), 'x');
+    const src = path.join(dir, 'file.bin');
+    fs.writeFileSync(src, 'payload');
+    const before = snapshot(target);
+    const { peer, port } = await startReceiver(target);
+    const s = await sender(src, port).done;
+    const r = await peer.done;
     assert.equal(r.code, 11);
-    assert.match(oneErrorLine(r.stderr), /is a directory/);
-    assert.deepEqual(snapshot(dir), before);
+    assert.match(oneErrorLine(r.stderr), /is a directory, but the sender offers a single file/);
+    assert.equal(s.code, 11);
+    assert.deepEqual(snapshot(target), before);
   });
 
   it('target directory missing: exit 11', async () => {

@@ -7,7 +7,7 @@
 // See bench/README.md for what each scenario does and what each column means.
 // Node built-ins only: no npm dependencies beyond tsx to run it.
 
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
@@ -15,15 +15,39 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
+import {
+  CLI,
+  KiB,
+  MiB,
+  Proc,
+  REPO,
+  RSYNC_BIN,
+  UsageError,
+  XorShift128,
+  commandLine,
+  describeExit,
+  flushWorkFs,
+  fmtBytes,
+  fmtRatio,
+  fmtRss,
+  fmtS,
+  killAll,
+  machineInfo,
+  markdown,
+  maxOf,
+  median,
+  parseJsonLine,
+  parseRsyncStats,
+  rmf,
+  sh,
+  tail,
+  textTable,
+  withTimeout,
+  type Machine,
+} from './common.js';
 
-const KiB = 1024;
-const MiB = 1024 * KiB;
 const BLOCK = MiB; // fixture I/O granularity: never hold a whole file in memory
 
-const REPO = path.resolve(path.dirname(process.argv[1] ?? path.join(process.cwd(), 'bench', 'run.ts')), '..');
-const CLI = path.join(REPO, 'dist', 'cli', 'main.js');
-const TIME_BIN = '/usr/bin/time';
-const RSYNC_BIN = fs.existsSync('/usr/bin/rsync') ? '/usr/bin/rsync' : 'rsync';
 const SSH_OPTS = ['-o', 'BatchMode=yes', '-o', 'StrictHostKeyChecking=no', '-o', 'ConnectTimeout=5'];
 
 // Edits applied to produce the "modified" file (all at seeded positions in the old file).
@@ -166,75 +190,6 @@ function parseOptions(argv: string[]): Options {
     ssh: !values['no-ssh'],
     rsyncFsync: !values['no-rsync-fsync'],
   };
-}
-
-class UsageError extends Error {}
-
-// ---------------------------------------------------------------------------------------------
-// Deterministic data: xorshift128 (Marsaglia), seeded through a splitmix-style mixer per stream.
-
-class XorShift128 {
-  private x: number;
-  private y: number;
-  private z: number;
-  private w: number;
-
-  constructor(seed: number, stream: number) {
-    let st = (seed ^ Math.imul(stream + 1, 0x632be5ab)) | 0;
-    const mix = (): number => {
-      st = (st + 0x9e3779b9) | 0;
-      let z = st;
-      z = Math.imul(z ^ (z >>> 16), 0x85ebca6b);
-      z = Math.imul(z ^ (z >>> 13), 0xc2b2ae35);
-      return (z ^ (z >>> 16)) >>> 0;
-    };
-    this.x = mix();
-    this.y = mix();
-    this.z = mix();
-    this.w = mix();
-    if ((this.x | this.y | this.z | this.w) === 0) this.w = 1;
-  }
-
-  next(): number {
-    const t = this.x ^ (this.x << 11);
-    this.x = this.y;
-    this.y = this.z;
-    this.z = this.w;
-    this.w = (this.w ^ (this.w >>> 19) ^ (t ^ (t >>> 8))) >>> 0;
-    return this.w;
-  }
-
-  /** Uniform-ish integer in [0, n) for n <= 2^32 (modulo bias is irrelevant here). */
-  below(n: number): number {
-    if (n <= 0) return 0;
-    if (n <= 0x100000000) return this.next() % n;
-    return (this.next() * 0x100000000 + this.next()) % n;
-  }
-
-  /** Fills buf with the stream's next bytes (little-endian words, on every platform). */
-  fill(buf: Buffer): void {
-    const words = buf.length >>> 2;
-    if ((buf.byteOffset & 3) === 0) {
-      const u = new Uint32Array(buf.buffer, buf.byteOffset, words);
-      let x = this.x, y = this.y, z = this.z, w = this.w;
-      for (let i = 0; i < words; i++) {
-        const t = x ^ (x << 11);
-        x = y;
-        y = z;
-        z = w;
-        w = (w ^ (w >>> 19) ^ (t ^ (t >>> 8))) >>> 0;
-        u[i] = w;
-      }
-      this.x = x;
-      this.y = y;
-      this.z = z;
-      this.w = w;
-      if (os.endianness() === 'BE') buf.subarray(0, words * 4).swap32();
-    } else {
-      for (let i = 0; i < words; i++) buf.writeUInt32LE(this.next(), i * 4);
-    }
-    for (let i = words * 4; i < buf.length; i++) buf[i] = this.next() & 0xff;
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -389,178 +344,6 @@ async function sha256File(file: string): Promise<string> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Child processes: each in its own process group so a failure can kill the whole tree.
-
-interface Exit {
-  code: number | null;
-  signal: NodeJS.Signals | null;
-  /** performance.now() at the 'exit' event. */
-  at: number;
-}
-
-const live = new Set<Proc>();
-const haveTime = fs.existsSync(TIME_BIN);
-
-class Proc {
-  readonly child: ChildProcess;
-  readonly lines: string[] = [];
-  stderr = '';
-  readonly exited: Promise<Exit>;
-  exit: Exit | undefined;
-  private partial = '';
-  private readonly lineListeners = new Set<(line: string) => void>();
-  private readonly rssFile: string | undefined;
-  private pollPeakKb = 0;
-  private readonly poller: NodeJS.Timeout | undefined;
-
-  constructor(
-    readonly label: string,
-    argv: string[],
-    opts: { rssFile?: string; cwd?: string } = {},
-  ) {
-    const [cmd, ...args] = opts.rssFile && haveTime ? [TIME_BIN, '-f', '%M', '-o', opts.rssFile, ...argv] : argv;
-    this.rssFile = opts.rssFile && haveTime ? opts.rssFile : undefined;
-    const env = { ...process.env };
-    delete env.FFSYNC_STATE_DIR;
-    this.child = spawn(cmd!, args, { cwd: opts.cwd ?? REPO, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
-    live.add(this);
-    this.child.stdout!.setEncoding('utf8').on('data', (d: string) => {
-      const parts = (this.partial + d).split('\n');
-      this.partial = parts.pop() ?? '';
-      for (const l of parts) this.pushLine(l);
-    });
-    this.child.stderr!.setEncoding('utf8').on('data', (d: string) => {
-      this.stderr += d;
-      if (this.stderr.length > 1 << 20) this.stderr = this.stderr.slice(-(1 << 19));
-    });
-    if (opts.rssFile && !haveTime) {
-      // Fallback: poll VmHWM of the direct child (misses descendants and the last few ms).
-      this.poller = setInterval(() => {
-        const kb = readVmHwmKb(this.child.pid);
-        if (kb > this.pollPeakKb) this.pollPeakKb = kb;
-      }, 20);
-    }
-    let exitAt = 0;
-    this.child.once('exit', () => {
-      exitAt = performance.now();
-    });
-    this.exited = new Promise<Exit>((resolve) => {
-      this.child.once('error', (err) => {
-        this.stderr += `\nspawn error: ${err.message}`;
-        this.finish({ code: null, signal: null, at: performance.now() }, resolve);
-      });
-      this.child.once('close', (code, signal) => {
-        if (this.partial) this.pushLine(this.partial);
-        this.partial = '';
-        this.finish({ code, signal, at: exitAt || performance.now() }, resolve);
-      });
-    });
-  }
-
-  private finish(e: Exit, resolve: (e: Exit) => void): void {
-    if (this.poller) clearInterval(this.poller);
-    live.delete(this);
-    this.exit = e;
-    resolve(e);
-  }
-
-  private pushLine(l: string): void {
-    this.lines.push(l);
-    for (const f of this.lineListeners) f(l);
-  }
-
-  waitForLine(pred: (line: string) => boolean, timeoutMs: number): Promise<string> {
-    return new Promise<string>((resolve, reject) => {
-      const found = this.lines.find(pred);
-      if (found !== undefined) return resolve(found);
-      const done = (err: Error | undefined, line?: string) => {
-        clearTimeout(timer);
-        this.lineListeners.delete(listener);
-        if (err) reject(err);
-        else resolve(line!);
-      };
-      const listener = (l: string) => {
-        if (pred(l)) done(undefined, l);
-      };
-      const timer = setTimeout(() => done(new Error(`${this.label}: no expected output within ${timeoutMs} ms; stderr: ${tail(this.stderr)}`)), timeoutMs);
-      this.lineListeners.add(listener);
-      void this.exited.then((e) => done(new Error(`${this.label}: exited (${describeExit(e)}) before the expected output; stderr: ${tail(this.stderr)}`)));
-    });
-  }
-
-  /** Peak RSS in KiB: GNU time's %M (ru_maxrss of the child and its waited-for descendants), else polled VmHWM. */
-  async peakRssKb(): Promise<number | undefined> {
-    if (this.rssFile) {
-      try {
-        const txt = await fsp.readFile(this.rssFile, 'utf8');
-        const nums = txt.split('\n').map((s) => s.trim()).filter((s) => /^\d+$/.test(s));
-        return nums.length ? Number(nums[nums.length - 1]) : undefined;
-      } catch {
-        return undefined;
-      }
-    }
-    return this.pollPeakKb || undefined;
-  }
-
-  kill(): void {
-    const pid = this.child.pid;
-    if (pid === undefined) return;
-    try {
-      process.kill(-pid, 'SIGKILL');
-    } catch {
-      try {
-        this.child.kill('SIGKILL');
-      } catch {
-        /* already gone */
-      }
-    }
-  }
-}
-
-function readVmHwmKb(pid: number | undefined): number {
-  if (pid === undefined) return 0;
-  try {
-    const m = /VmHWM:\s+(\d+)\s+kB/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
-    return m ? Number(m[1]) : 0;
-  } catch {
-    return 0;
-  }
-}
-
-function killAll(): void {
-  for (const p of [...live]) p.kill();
-}
-
-function tail(s: string, n = 1500): string {
-  const t = s.trim();
-  return t.length > n ? '…' + t.slice(-n) : t || '(empty)';
-}
-
-function describeExit(e: Exit): string {
-  return e.signal ? `signal ${e.signal}` : `exit code ${e.code}`;
-}
-
-/** Runs body with a deadline; on expiry kills every live child and rejects. */
-async function withTimeout<T>(ms: number, label: string, body: () => Promise<T>): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const p = body();
-  p.catch(() => undefined); // may reject after the deadline already fired
-  try {
-    return await Promise.race([
-      p,
-      new Promise<never>((_, reject) => {
-        timer = setTimeout(() => {
-          killAll();
-          reject(new Error(`${label}: timed out after ${ms / 1000} s (children killed)`));
-        }, ms);
-      }),
-    ]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
 // One sync with each tool
 
 type ToolName = 'ffsync' | 'rsync' | 'rsync-fsync' | 'rsync-ssh';
@@ -590,17 +373,6 @@ interface Summary {
   decidedBy?: string;
   upToDate?: boolean;
   error?: string;
-}
-
-function parseJsonLine(l: string): Record<string, unknown> | undefined {
-  const t = l.trim();
-  if (!t.startsWith('{')) return undefined;
-  try {
-    const v: unknown = JSON.parse(t);
-    return v && typeof v === 'object' ? (v as Record<string, unknown>) : undefined;
-  } catch {
-    return undefined;
-  }
 }
 
 function lastSummary(lines: string[]): Summary | undefined {
@@ -675,17 +447,6 @@ async function ffsyncSync(ctx: RunCtx, src: string, dst: string, sr: string, ss:
   }
 }
 
-function parseRsyncStats(out: string): { sent: number; received: number; literal?: number; matched?: number } {
-  const num = (re: RegExp): number | undefined => {
-    const m = re.exec(out);
-    return m ? Number(m[1]!.replace(/[,.]/g, '')) : undefined;
-  };
-  const sent = num(/Total bytes sent:\s*([\d,.]+)/);
-  const received = num(/Total bytes received:\s*([\d,.]+)/);
-  if (sent === undefined || received === undefined) throw new Error(`could not parse rsync --stats output: ${tail(out)}`);
-  return { sent, received, literal: num(/Literal data:\s*([\d,.]+)/), matched: num(/Matched data:\s*([\d,.]+)/) };
-}
-
 async function rsyncSync(ctx: RunCtx, tool: Exclude<ToolName, 'ffsync'>, src: string, dst: string, label: string): Promise<Sample> {
   const argv = [RSYNC_BIN, '--no-whole-file', '--stats'];
   if (tool === 'rsync-fsync') argv.push('--fsync');
@@ -744,21 +505,11 @@ interface ScenarioResult {
 
 const MTIME_SHIFT_S = 86_400;
 
-async function rmf(p: string): Promise<void> {
-  await fsp.rm(p, { recursive: true, force: true });
-}
-
 /** Copies from -> to as a new file (new inode), optionally with a given mtime. */
 async function placeCopy(from: string, to: string, mtime?: Date): Promise<void> {
   await rmf(to);
   await fsp.copyFile(from, to);
   if (mtime) await fsp.utimes(to, mtime, mtime);
-}
-
-/** Flush dirty pages of the work filesystem so a previous step's writeback does not land in the next timing. */
-function flushWorkFs(dir: string): void {
-  const r = spawnSync('sync', ['-f', dir], { stdio: 'ignore', timeout: 120_000 });
-  if (r.status !== 0) spawnSync('sync', [], { stdio: 'ignore', timeout: 120_000 });
 }
 
 async function freshStateDirs(ctx: RunCtx, label: string): Promise<{ sr: string; ss: string }> {
@@ -848,47 +599,6 @@ async function runScenario(ctx: RunCtx, scn: ScenarioDef, sizeMib: number): Prom
 // ---------------------------------------------------------------------------------------------
 // Environment
 
-function sh(cmd: string, args: string[], timeoutMs = 10_000, env?: NodeJS.ProcessEnv): string {
-  const r = spawnSync(cmd, args, { encoding: 'utf8', timeout: timeoutMs, env: env ?? process.env });
-  return r.status === 0 ? r.stdout.trim() : '';
-}
-
-interface Machine {
-  date: string;
-  nproc: string;
-  cpu: string;
-  memory: string;
-  kernel: string;
-  fs: string;
-  load: string;
-  rsync: string;
-  node: string;
-  ffsync: string;
-  commit: string;
-  rssMethod: string;
-}
-
-function machineInfo(workDir: string): Machine {
-  const df = sh('df', ['-T', workDir]).split('\n')[1]?.split(/\s+/) ?? [];
-  const commit = sh('git', ['-C', REPO, 'rev-parse', '--short', 'HEAD']);
-  // Read-only status (GIT_OPTIONAL_LOCKS=0: do not take the index lock while others work in the tree).
-  const dirty = sh('git', ['-C', REPO, 'status', '--porcelain', '--untracked-files=no'], 10_000, { ...process.env, GIT_OPTIONAL_LOCKS: '0' });
-  return {
-    date: new Date().toISOString(),
-    nproc: sh('nproc', []) || String(os.availableParallelism()),
-    cpu: os.cpus()[0]?.model ?? 'unknown',
-    memory: `${(os.totalmem() / 1024 ** 3).toFixed(1)} GiB`,
-    kernel: sh('uname', ['-srm']) || `${os.type()} ${os.release()}`,
-    fs: df.length >= 2 ? `${df[1]} (${df[0]}, mounted on ${df[6] ?? '?'})` : 'unknown',
-    load: os.loadavg().map((x) => x.toFixed(2)).join(' '),
-    rsync: sh(RSYNC_BIN, ['--version']).split('\n')[0] ?? 'unknown',
-    node: process.version,
-    ffsync: sh(process.execPath, [CLI, '--version']) || 'unknown',
-    commit: commit ? `${commit}${dirty ? ' (working tree has uncommitted changes)' : ''}` : 'unknown',
-    rssMethod: haveTime ? `${TIME_BIN} -f %M (ru_maxrss, KiB)` : '/proc/PID/status VmHWM polled every 20 ms (no /usr/bin/time)',
-  };
-}
-
 function sshStatus(enabled: boolean): { ok: boolean; note: string } {
   if (!enabled) return { ok: false, note: 'ssh: skipped (--no-ssh)' };
   const r = spawnSync('ssh', [...SSH_OPTS, 'localhost', 'true'], { encoding: 'utf8', timeout: 10_000 });
@@ -917,39 +627,6 @@ async function runScan(file: string, timeoutMs: number): Promise<string> {
 
 // ---------------------------------------------------------------------------------------------
 // Formatting
-
-function fmtS(ms: number | undefined): string {
-  return ms === undefined ? '—' : (ms / 1000).toFixed(3);
-}
-
-function fmtBytes(n: number | undefined): string {
-  if (n === undefined) return '—';
-  if (n < 10 * KiB) return `${n} B`;
-  if (n < 10 * MiB) return `${(n / KiB).toFixed(1)} KiB`;
-  if (n < 10 * 1024 * MiB) return `${(n / MiB).toFixed(2)} MiB`;
-  return `${(n / 1024 / MiB).toFixed(2)} GiB`;
-}
-
-function fmtRss(kb: number | undefined): string {
-  return kb === undefined ? '—' : (kb / 1024).toFixed(1);
-}
-
-function fmtRatio(num: number | undefined, den: number | undefined): string {
-  if (num === undefined || den === undefined || den <= 0) return '—';
-  return `${(num / den).toFixed(2)}x`;
-}
-
-function median(xs: number[]): number | undefined {
-  if (xs.length === 0) return undefined;
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m] : (s[m - 1]! + s[m]!) / 2;
-}
-
-function maxOf(xs: (number | undefined)[]): number | undefined {
-  const v = xs.filter((x): x is number => x !== undefined);
-  return v.length ? Math.max(...v) : undefined;
-}
 
 interface Agg {
   ok: boolean;
@@ -1073,28 +750,6 @@ function rssTable(results: ScenarioResult[]): { head: string[]; rows: string[][]
     ];
   });
   return { head, rows };
-}
-
-function markdown(t: { head: string[]; rows: string[][] }): string {
-  const esc = (s: string) => s.replace(/\|/g, '\\|').replace(/\s*\n\s*/g, ' ');
-  return [
-    `| ${t.head.map(esc).join(' | ')} |`,
-    `|${t.head.map((_, i) => (i === 0 ? '---' : '---:')).join('|')}|`,
-    ...t.rows.map((r) => `| ${r.map(esc).join(' | ')} |`),
-  ].join('\n');
-}
-
-function textTable(t: { head: string[]; rows: string[][] }): string {
-  const all = [t.head, ...t.rows];
-  const w = t.head.map((_, i) => Math.max(...all.map((r) => (r[i] ?? '').length)));
-  const line = (r: string[]) => r.map((c, i) => (i === 0 ? c.padEnd(w[i]!) : c.padStart(w[i]!))).join('  ');
-  return [line(t.head), w.map((n) => '-'.repeat(n)).join('  '), ...t.rows.map(line)].join('\n');
-}
-
-function commandLine(): string {
-  const q = (s: string) => (/^[\w@%+=:,./-]+$/.test(s) ? s : `'${s.replace(/'/g, `'\\''`)}'`);
-  const script = path.relative(process.cwd(), process.argv[1] ?? 'bench/run.ts') || 'bench/run.ts';
-  return ['node', ...process.execArgv, script, ...process.argv.slice(2)].map(q).join(' ');
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -69,6 +69,8 @@ export interface ContentResult {
   upToDate: boolean;
   literalBytes: number;
   matchedBytes: number;
+  /** Tree sessions: the receiver could not write this file (its reason, receiver side). */
+  refused?: string;
 }
 
 export function identityChanged(a: BigIntStats | undefined, b: BigIntStats): boolean {
@@ -99,6 +101,7 @@ export async function sendFileContent(conn: FramedConnection, o: SendContentOpti
       break;
     }
   }
+  if (end.refused) return { root: scan.root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused: 'refused by the receiver' };
   const needed = needs.finish(end.wireChunks);
   // The chunk source must read the version that was scanned: the file is re-checked
   // against the identity it had before the scan (a change during or after it is exit 24).
@@ -173,6 +176,9 @@ export interface ReceiveContentOptions {
   events?: SyncEvents;
   /** Runs right before the rebuilt file is renamed over the target. */
   beforeCommit?: () => void;
+  /** Tree sessions: a file we cannot start writing (permission, a name the filesystem
+   * cannot hold) is refused in NEED_END and reported, instead of failing the session. */
+  refusable?: boolean;
 }
 
 /** Receiver half. A dropped connection keeps the verified partial for a resume. */
@@ -194,7 +200,7 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
   }
 
   if (o.targetReusable && scanned[0]?.root === info.root) {
-    await markUpToDate(o.target as string, manifest, o.mtimeNs, o.mode, o.stateDir);
+    await markUpToDate(o.target, manifest, o.mtimeNs, o.mode, o.stateDir);
     await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: 0, identical: true }));
     decodeDataEnd((await expect(conn, FrameType.DATA_END)).payload);
     await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.UP_TO_DATE, matchedBytes: o.size, literalBytes: 0n }));
@@ -204,16 +210,24 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
   // Plan, request what is missing, rebuild, verify, replace.
   let rec: NativeReconstruction | undefined;
   try {
-    const r = await conn.keepAlive(
-      inPhase(o.events, 'diffing', info.size, () =>
-        beginReconstruction(
-          o.target as string,
-          manifest!,
-          o.localPaths.map((p, i) => ({ path: p as string, manifest: scanned[i].manifest })),
-          (n) => o.events?.progress?.('receiving', n),
+    let r: NativeReconstruction;
+    try {
+      r = await conn.keepAlive(
+        inPhase(o.events, 'diffing', info.size, () =>
+          beginReconstruction(
+            o.target,
+            manifest!,
+            o.localPaths.map((p, i) => ({ path: p, manifest: scanned[i].manifest })),
+            (n) => o.events?.progress?.('receiving', n),
+          ),
         ),
-      ),
-    );
+      );
+    } catch (e) {
+      const err = e instanceof FfsyncError ? e : undefined;
+      if (!o.refusable || err?.exitCode !== ExitCode.FILE_IO || err.code === 'ENOSPC') throw e;
+      await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: 0, identical: false, refused: true }));
+      return { root: info.root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused: err.message };
+    }
     rec = r;
     const plan = r.summary();
     const needed = r.needed();

@@ -44,7 +44,6 @@ export interface ReceiveOptions {
 
 /** Fail before listening if the target can never be written. */
 export async function checkTarget(target: string): Promise<import('node:fs').BigIntStats | undefined> {
-  const dir = path.dirname(target);
   let dst: import('node:fs').BigIntStats | undefined;
   try {
     dst = await fs.stat(target, { bigint: true });
@@ -52,6 +51,8 @@ export async function checkTarget(target: string): Promise<import('node:fs').Big
     if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw fromSystemError(e, `cannot inspect target ${target}`);
   }
   if (dst && !dst.isFile() && !dst.isDirectory()) throw new FfsyncError('ENOTFILE', ExitCode.FILE_IO, `target ${target} is neither a regular file nor a directory`);
+  // A file is replaced by a rename in its directory; a tree is written inside itself.
+  const dir = dst?.isDirectory() ? target : path.dirname(target);
   try {
     const d = await fs.stat(dir);
     if (!d.isDirectory()) throw new FfsyncError('ENOTDIR', ExitCode.FILE_IO, `${dir} is not a directory`);

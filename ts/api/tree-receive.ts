@@ -166,7 +166,12 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
         stateDir: o.stateDir,
         events: o.events,
         beforeCommit: () => tree.clearFor(lt.action),
+        refusable: true,
       });
+      if (r.refused) {
+        errors.push(`cannot write ${rel}: ${r.refused}`);
+        return;
+      }
       tree.claimRoot(lt.action, r.root);
       written++;
       literal += r.literalBytes;

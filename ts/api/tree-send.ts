@@ -148,6 +148,7 @@ async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTra
     events: o.events,
     label: showTreePath(lt.path),
   });
+  if (r.refused) return; // the receiver reports it (TREE_RESULT)
   if (!identityChanged(await fs.lstat(abs, { bigint: true }).catch(() => undefined), st)) tree.claimRoot(lt.action, r.root);
 }
 

@@ -236,19 +236,21 @@ export class NeedCollector {
 export interface NeedEnd {
   wireChunks: number;
   identical: boolean;
+  /** Tree sessions: the receiver cannot write this file (reported, exit 23); no DATA follows. */
+  refused?: boolean;
 }
 
 export function encodeNeedEnd(n: NeedEnd): Buffer {
   const b = Buffer.alloc(5);
   b.writeUInt32LE(n.wireChunks, 0);
-  b.writeUInt8(n.identical ? 1 : 0, 4);
+  b.writeUInt8(n.identical ? 1 : n.refused ? 2 : 0, 4);
   return b;
 }
 
 export function decodeNeedEnd(p: Buffer): NeedEnd {
-  if (p.length !== 5 || p[4] > 1) throw protocolError('bad NEED_END');
-  const n = { wireChunks: p.readUInt32LE(0), identical: p[4] === 1 };
-  if (n.identical && n.wireChunks !== 0) throw protocolError('NEED_END says identical but asks for chunks');
+  if (p.length !== 5 || p[4] > 2) throw protocolError('bad NEED_END');
+  const n = { wireChunks: p.readUInt32LE(0), identical: p[4] === 1, refused: p[4] === 2 };
+  if ((n.identical || n.refused) && n.wireChunks !== 0) throw protocolError('NEED_END says identical or refused but asks for chunks');
   return n;
 }
 

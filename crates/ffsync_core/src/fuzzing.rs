@@ -46,6 +46,40 @@ pub fn chunk_batch_decode(data: &[u8]) {
     });
 }
 
+/// Tree manifests from a peer: decode never panics; what decodes is in tree order with
+/// safe paths and re-encodes to the same bytes; the compressed form is bounded.
+pub fn tree_manifest_decode(data: &[u8]) {
+    use crate::tree::manifest::TreeManifest;
+    use crate::tree::path::{cmp_tree_path, is_valid_rel};
+    if let Ok(m) = TreeManifest::decode(data.to_vec()) {
+        assert_eq!(m.encoded(), data);
+        for i in 1..m.len() {
+            assert!(is_valid_rel(m.entry(i).path));
+            assert_eq!(
+                cmp_tree_path(m.entry(i - 1).path, m.entry(i).path),
+                std::cmp::Ordering::Less
+            );
+        }
+        let _ = m.find(b"a/b");
+    }
+    let _ = TreeManifest::decode_compressed(data, 1 << 20);
+}
+
+/// FILE_BATCH payloads and FILTER frames from a peer: never a panic, never content that
+/// fails its root.
+pub fn tree_frames_decode(data: &[u8]) {
+    if let Ok(records) = crate::tree::file_batch::decode(data) {
+        for r in records {
+            if let Ok(bytes) = r.content() {
+                assert_eq!(crate::tree::file_batch::root_of_bytes(&bytes), r.root);
+            }
+        }
+    }
+    if let Ok(f) = crate::tree::filter::Filter::decode(data) {
+        let _ = f.excluded(b"a/b.log", false);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! A bounded, seeded mutation run of each fuzz body over valid seeds (the long,
@@ -126,6 +160,40 @@ mod tests {
             5_000,
             index_decode,
         );
+    }
+
+    #[test]
+    fn tree_decoders_survive_mutations() {
+        use crate::tree::manifest::{Kind, NewEntry, TreeBuilder};
+        let mut b = TreeBuilder::new();
+        let e = |path: &'static [u8], kind, root: Option<[u8; 32]>| NewEntry {
+            path,
+            kind,
+            flags: 0,
+            mode: 0o644,
+            size: if kind == Kind::File { 9 } else { 0 },
+            mtime_ns: 1,
+            root,
+            link: b"",
+        };
+        b.push(&e(b"", Kind::Dir, None));
+        b.push(&e(b"a", Kind::Dir, None));
+        b.push(&e(b"a/b", Kind::File, Some([7; 32])));
+        b.push(&e(b"c", Kind::File, None));
+        let m = b.finish();
+        mutate_all(m.encoded(), 20_000, tree_manifest_decode);
+        mutate_all(&m.encode_compressed(), 5_000, tree_manifest_decode);
+        let mut batch = Vec::new();
+        crate::tree::file_batch::encode_record(
+            1,
+            crate::tree::file_batch::FileStatus::Ok,
+            &pseudo_random(5000, 3),
+            1,
+            &mut batch,
+        );
+        crate::tree::file_batch::encode_record(2, crate::tree::file_batch::FileStatus::Ok, b"small", 1, &mut batch);
+        mutate_all(&batch, 5_000, tree_frames_decode);
+        mutate_all(b"*.log\n!keep.log\n/build/\n**/gen/**", 5_000, tree_frames_decode);
     }
 
     #[test]

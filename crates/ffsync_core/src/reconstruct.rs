@@ -125,14 +125,9 @@ fn hash_range(file: &File, offset: u64, len: usize) -> std::io::Result<Hash> {
 }
 
 impl Reconstruction {
+    /// Whatever is at `target` now (nothing, a file, or — in a tree session — a directory
+    /// or link that the commit will replace) is not touched until `finish`.
     pub fn begin(target: &Path, manifest: Manifest, local: Vec<LocalSource>) -> Result<Reconstruction> {
-        if let Ok(m) = fs::metadata(target) {
-            if m.is_dir() {
-                return Err(CoreError::NotAFile {
-                    path: target.to_path_buf(),
-                });
-            }
-        }
         let dir = parent_of(target);
         let dmeta = fs::metadata(&dir).map_err(|e| CoreError::io(&dir, e))?;
         if !dmeta.is_dir() {

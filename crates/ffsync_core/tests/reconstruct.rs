@@ -147,13 +147,20 @@ fn old_file_changed_during_sync_fails_verification() {
 }
 
 #[test]
-fn target_directory_is_rejected() {
+fn a_directory_at_the_target_is_never_overwritten_by_the_commit() {
+    // Tree sessions begin a rebuild where a directory still stands (it is cleared only
+    // right before the commit, by the caller); if nobody cleared it, the commit fails and
+    // the directory and its contents stay as they were.
     let d = tempfile::tempdir().unwrap();
     let src = d.path().join("src");
-    fs::write(&src, b"x").unwrap();
+    fs::write(&src, b"").unwrap();
+    let target = d.path().join("t");
+    fs::create_dir(&target).unwrap();
+    fs::write(target.join("inner"), b"keep").unwrap();
     let s = scan_file(&src, &ScanOptions::default()).unwrap();
-    let err = Reconstruction::begin(d.path(), s.manifest, vec![]).err().unwrap();
-    assert_eq!(err.code(), "ENOTFILE");
+    let r = Reconstruction::begin(&target, s.manifest, vec![]).unwrap();
+    assert!(r.finish(None, None, None).is_err());
+    assert_eq!(fs::read(target.join("inner")).unwrap(), b"keep");
 }
 
 #[test]
