@@ -331,8 +331,6 @@ describe('tree sync', () => {
 
     async function scenario(lockedFiles: Record<string, string | Buffer>) {
       const dir = tmpdir();
-      // The receiver insists on a writable parent of the target even when the target
-      // directory exists (checkTarget), so the test's scratch dir belongs to nobody too.
       fs.chownSync(dir, 65534, 65534);
       const src = path.join(dir, 'src');
       const dst = path.join(dir, 'dst');
@@ -672,5 +670,81 @@ describe('tree sync', () => {
     assert.ok(ms < 20_000, `took ${ms} ms`);
     assertSameTree(dst, src);
     fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  describe('problems on the sender side', () => {
+    function canDropPrivileges(): string {
+      if (process.platform !== 'linux') return 'needs Linux';
+      if (process.getuid?.() !== 0) return 'needs root (to run the sender as nobody next to root-only files)';
+      try {
+        execFileSync('which', ['setpriv']);
+      } catch {
+        return 'needs setpriv';
+      }
+      return '';
+    }
+
+    it('an unreadable file and an unlistable directory: reported, skipped, exit 23, the rest synced, nothing deleted', async (t) => {
+      const why = canDropPrivileges();
+      if (why) return t.skip(why);
+      const dir = tmpdir();
+      fs.chmodSync(dir, 0o755);
+      const src = path.join(dir, 'src');
+      const dst = path.join(dir, 'dst');
+      write(src, 'ok.txt', 'fine\n');
+      write(src, 'secret.txt', 'root only\n');
+      write(src, 'big-secret.bin', seeded(2 * MiB, 71));
+      write(src, 'closed/inside.txt', 'cannot be listed\n');
+      fs.chmodSync(path.join(src, 'secret.txt'), 0o000);
+      fs.chmodSync(path.join(src, 'big-secret.bin'), 0o000);
+      fs.chmodSync(path.join(src, 'closed'), 0o000);
+      write(dst, 'closed/old.txt', 'receiver copy\n');
+      write(dst, 'extra.txt', 'receiver only\n');
+      const stateS = path.join(dir, 'state-s');
+      fs.mkdirSync(stateS);
+      fs.chownSync(stateS, 65534, 65534);
+      const { peer, port } = await startReceiver(dst, ['--state-dir', path.join(dir, 'state-r')]);
+      const child = spawn('setpriv', ['--reuid=nobody', '--regid=nogroup', '--clear-groups', process.execPath, CLI, 'send', src, `127.0.0.1:${port}`, '--plaintext', '--timeout', '20', '--state-dir', stateS], {
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let err = '';
+      child.stderr.on('data', (d) => (err += d));
+      const code = await new Promise<number | null>((resolve) => child.on('close', resolve));
+      const r = await peer.done;
+      assert.equal(code, 23, `sender exit ${code}: ${err}`);
+      assert.equal(r.code, 23, `receiver exit ${r.code}: ${r.stderr}`);
+      assert.match(err, /cannot read directory .*closed/);
+      assert.match(r.stderr, /secret\.txt/);
+      assert.match(r.stderr, /big-secret\.bin/);
+      assert.equal(fs.readFileSync(path.join(dst, 'ok.txt'), 'utf8'), 'fine\n');
+      assert.equal(fs.readFileSync(path.join(dst, 'closed/old.txt'), 'utf8'), 'receiver copy\n', 'contents of an unlistable source dir are not deleted');
+      assert.equal(fs.readFileSync(path.join(dst, 'extra.txt'), 'utf8'), 'receiver only\n', 'no deletions after an error');
+      assert.ok(!fs.existsSync(path.join(dst, 'secret.txt')));
+      assert.equal(r.summary?.tree?.deleted, 0);
+    });
+
+    it('a large file that vanishes before it is sent: exit 24, the rest synced, nothing deleted', async () => {
+      const dir = tmpdir();
+      const src = path.join(dir, 'src');
+      const dst = path.join(dir, 'dst');
+      // Large files go one after the other in path order: a.bin (slowed by --bwlimit)
+      // is on the wire when z.bin is removed.
+      write(src, 'a.bin', seeded(4 * MiB, 81));
+      write(src, 'z.bin', seeded(2 * MiB, 82));
+      write(src, 'small.txt', 'small\n');
+      write(dst, 'extra.txt', 'receiver only\n');
+      const { peer, port } = await startReceiver(dst, ['--state-dir', path.join(dir, 'state-r')]);
+      const s = sender(src, port, ['--state-dir', path.join(dir, 'state-s'), '--bwlimit', '2048']);
+      await peer.waitFor((e) => e.event === 'progress' && e.phase === 'receiving' && e.doneBytes > 0);
+      fs.rmSync(path.join(src, 'z.bin'));
+      const [sr, rr] = await Promise.all([s.done, peer.done]);
+      assert.equal(rr.code, 24, `receiver exit ${rr.code}: ${rr.stderr}`);
+      assert.equal(sr.code, 24, `sender exit ${sr.code}: ${sr.stderr}`);
+      assert.match(rr.stderr, /z\.bin vanished/);
+      assert.equal(sha256(path.join(dst, 'a.bin')), sha256(path.join(src, 'a.bin')));
+      assert.equal(fs.readFileSync(path.join(dst, 'small.txt'), 'utf8'), 'small\n');
+      assert.ok(fs.existsSync(path.join(dst, 'extra.txt')), 'no deletions in a session with a vanished file');
+      assert.ok(!fs.existsSync(path.join(dst, 'z.bin')));
+    });
   });
 });

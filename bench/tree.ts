@@ -484,6 +484,7 @@ interface Sample {
   rsync?: { transferred?: number; literal?: number; matched?: number };
   /** npm-trees, rsync: files left with v1 content (same size, same mtime). */
   stale?: number;
+  stalePaths?: string[];
   note?: string;
 }
 
@@ -793,9 +794,6 @@ interface Row {
   /** Row label: scenario plus step. */
   name: string;
   cells: Map<ToolName, Cell>;
-  /** npm-trees v1→v2: rsync staleness is expected and reported, not a failure. */
-  staleAllowed?: boolean;
-  note?: string;
 }
 
 class VerifyError extends Error {
@@ -825,13 +823,15 @@ interface Ctx {
   rows: Row[];
   /** The row the step in progress belongs to (a failure is reported there). */
   current?: Row;
+  /** Set when the run in progress timed out: no further step of it may start. */
+  abort?: { aborted: boolean };
   extraLines: string[];
   /** noop-100k: entries of the tree and the RSS of a 1-file ffsync sync (node + ffsync baseline). */
   memory?: { entries: number; baseline?: { sender?: number; receiver?: number } };
 }
 
-function newRow(ctx: Ctx, scenario: ScenarioName, step: string, tools: ToolName[], staleAllowed = false): Row {
-  const row: Row = { scenario, name: step ? `${scenario} ${step}` : scenario, cells: new Map(tools.map((t) => [t, { tool: t, samples: [] }])), staleAllowed };
+function newRow(ctx: Ctx, scenario: ScenarioName, step: string, tools: ToolName[]): Row {
+  const row: Row = { scenario, name: step ? `${scenario} ${step}` : scenario, cells: new Map(tools.map((t) => [t, { tool: t, samples: [] }])) };
   ctx.rows.push(row);
   return row;
 }
@@ -852,10 +852,13 @@ async function step(
   io: { src: string; dst: string; state: StateDirs; expect: Manifest; del?: boolean },
   stale?: { v1: Manifest },
 ): Promise<Sample> {
+  if (ctx.abort?.aborted || stopping) throw new Error(`${label}: not started, the run was abandoned`);
   ctx.current = row;
   const before = await walk(io.src, { hash: false });
   flushWorkFs(ctx.dirs.root);
+  if (ctx.abort?.aborted) throw new Error(`${label}: not started, the run was abandoned`);
   const s = await syncWith(ctx, tool, io.src, io.dst, io.state, label, io.del ?? false);
+  if (ctx.abort?.aborted) throw new Error(`${label}: abandoned`);
   const [got, after] = await Promise.all([walk(io.dst, { hash: true }), walk(io.src, { hash: false })]);
   const changed = sourceChanged(before, after);
   if (changed) throw new VerifyError(`${label}: SOURCE CHANGED during the run: ${changed}`);
@@ -879,6 +882,7 @@ async function step(
       staleN = d.content.filter((rel) => got.get(rel)?.sha256 === stale.v1.get(rel)?.sha256).length;
       if (onlyStale && tool.startsWith('rsync')) {
         s.stale = d.content.length;
+        s.stalePaths = d.content;
         return s;
       }
     }
@@ -890,6 +894,7 @@ async function step(
 
 function record(row: Row, tool: ToolName, s: Sample, label: string): void {
   const c = row.cells.get(tool)!;
+  if (c.error) return;
   c.samples.push(s);
   if (c.verified === undefined) c.verified = true;
   const extra = s.stale ? `  ${s.stale} STALE files (expected for rsync -a)` : '';
@@ -928,17 +933,47 @@ async function emptyDir(p: string): Promise<string> {
  * Runs every tool `repeat` times (reps outer, tools inner, so the tools interleave), each run under the
  * per-run timeout. A tool that fails once is not run again in this scenario.
  */
-async function eachRun(ctx: Ctx, scenario: string, tools: ToolName[], rows: Row[], body: (tool: ToolName, rep: number, label: string) => Promise<void>): Promise<void> {
+async function eachRun(
+  ctx: Ctx,
+  scenario: string,
+  tools: ToolName[],
+  rows: Row[],
+  body: (tool: ToolName, rep: number, label: string, dir: string) => Promise<void>,
+): Promise<void> {
   for (let rep = 0; rep < ctx.opts.repeat; rep++) {
     for (const tool of tools) {
+      if (stopping) return;
       if (rows.some((r) => r.cells.get(tool)?.error)) continue;
       const label = `${scenario}/${tool}#${rep + 1}`;
       ctx.current = undefined;
+      // Each run gets its own dir for source copies and targets: after a timeout, what is left of the
+      // abandoned run cannot touch the next one's files.
+      const dir = await fsp.mkdtemp(path.join(ctx.dirs.work, `${label.replace(/[^a-z0-9-]+/gi, '_')}-`));
+      const abort = { aborted: false };
+      ctx.abort = abort;
+      const p = body(tool, rep, label, dir);
+      let timer: NodeJS.Timeout | undefined;
       try {
-        await withTimeout(ctx.opts.timeoutMs, label, () => body(tool, rep, label));
+        await Promise.race([
+          p,
+          new Promise<never>((_, reject) => {
+            timer = setTimeout(() => {
+              abort.aborted = true;
+              killAll();
+              reject(new Error(`${label}: timed out after ${ctx.opts.timeoutMs / 1000} s (children killed)`));
+            }, ctx.opts.timeoutMs);
+          }),
+        ]);
       } catch (e) {
+        // On a timeout, wait for the abandoned run to unwind (its children are dead and it may start no
+        // further step) so that nothing of it overlaps the next run.
+        abort.aborted = true;
         killAll();
         fail(rows, ctx.current, tool, e, label);
+        await p.catch(() => undefined);
+      } finally {
+        clearTimeout(timer);
+        await rmf(dir);
       }
     }
   }
@@ -954,13 +989,12 @@ async function cold10k(ctx: Ctx): Promise<void> {
   ctx.extraLines.push(`- cold-10k: ${k.files} files × 4 KiB in ${k.dirs} dirs (${fmtBytes(k.bytes)}), empty target`);
   const tools = toolsFor(ctx, ['ffsync']);
   const row = newRow(ctx, 'cold-10k', '', tools);
-  await eachRun(ctx, 'cold-10k', tools, [row], async (tool, _rep, label) => {
-    const dst = await emptyDir(path.join(ctx.dirs.work, 'dst'));
+  await eachRun(ctx, 'cold-10k', tools, [row], async (tool, _rep, label, dir) => {
+    const dst = await emptyDir(path.join(dir, 'dst'));
     const state = await freshState(ctx, label);
     record(row, tool, await step(ctx, row, tool, label, { src: fx.root, dst, state, expect: fx.manifest }), label);
     await rmf(path.dirname(state.sr));
   });
-  await rmf(path.join(ctx.dirs.work, 'dst'));
   await rmf(fx.root);
 }
 
@@ -1025,10 +1059,10 @@ async function changed1pct(ctx: Ctx): Promise<void> {
   );
   const tools = toolsFor(ctx, ['ffsync']);
   const row = newRow(ctx, 'changed-1pct', '', tools);
-  await eachRun(ctx, 'changed-1pct', tools, [row], async (tool, _rep, label) => {
-    const src = path.join(ctx.dirs.work, 'src');
+  await eachRun(ctx, 'changed-1pct', tools, [row], async (tool, _rep, label, dir) => {
+    const src = path.join(dir, 'src');
     await copyTree(fx.root, src);
-    const dst = await emptyDir(path.join(ctx.dirs.work, 'dst'));
+    const dst = await emptyDir(path.join(dir, 'dst'));
     const state = await freshState(ctx, label);
     await step(ctx, row, tool, `${label} prep`, { src, dst, state, expect: fx.manifest });
     // The edit: the same content for every tool and run.
@@ -1051,8 +1085,6 @@ async function changed1pct(ctx: Ctx): Promise<void> {
     record(row, tool, await step(ctx, row, tool, label, { src, dst, state, expect }), label);
     await rmf(path.dirname(state.sr));
   });
-  await rmf(path.join(ctx.dirs.work, 'src'));
-  await rmf(path.join(ctx.dirs.work, 'dst'));
   await rmf(fx.root);
 }
 
@@ -1061,18 +1093,20 @@ async function big(ctx: Ctx): Promise<void> {
   const rels = layout(sc.bigFiles, sc.bigDirs);
   const fx = await genTree(ctx, 'big', rels, Array<number>(sc.bigFiles).fill(sc.bigSize));
   const edited = pick(rels.length, sc.bigEdited, new XorShift128(ctx.opts.seed, STREAM_PICK)).map((i) => rels[i]!);
+  const k = countKinds(fx.manifest);
   ctx.extraLines.push(
-    `- big-100x16M: ${rels.length} files × ${fmtBytes(sc.bigSize)} in ${sc.bigDirs} dirs (${fmtBytes(rels.length * sc.bigSize)}); cold = a fresh copy of it into an empty target; modified = then ${edited.length} of the files get ${BIG_EDITS} overwrites of 64 KiB each in place (seeded offsets, same size, new mtime) and the same source is re-synced`,
+    `- big-100x16M: ${k.files} files × ${fmtBytes(sc.bigSize)} in ${k.dirs} dirs (${fmtBytes(k.bytes)}); cold = a fresh copy of it into an empty target; modified = then ${edited.length} of the files get ${BIG_EDITS} overwrites of 64 KiB each in place (seeded offsets, same size, new mtime) and the same source is re-synced`,
   );
   const tools = toolsFor(ctx, ['ffsync-p1', 'ffsync-p4']);
   const cold = newRow(ctx, 'big-100x16M', 'cold', tools);
   const mod = newRow(ctx, 'big-100x16M', 'modified', tools);
-  await eachRun(ctx, 'big-100x16M', tools, [cold, mod], async (tool, _rep, label) => {
-    const src = path.join(ctx.dirs.work, 'src');
+  await eachRun(ctx, 'big-100x16M', tools, [cold, mod], async (tool, _rep, label, dir) => {
+    const src = path.join(dir, 'src');
     await copyTree(fx.root, src);
-    const dst = await emptyDir(path.join(ctx.dirs.work, 'dst'));
+    const dst = await emptyDir(path.join(dir, 'dst'));
     const state = await freshState(ctx, label);
     record(cold, tool, await step(ctx, cold, tool, `${label} cold`, { src, dst, state, expect: fx.manifest }), `${label} cold`);
+    ctx.current = mod;
     const rng = new XorShift128(ctx.opts.seed, STREAM_EDIT);
     const buf = Buffer.allocUnsafe(BIG_EDIT_LEN);
     const third = Math.floor(sc.bigSize / BIG_EDITS);
@@ -1092,8 +1126,6 @@ async function big(ctx: Ctx): Promise<void> {
     record(mod, tool, await step(ctx, mod, tool, `${label} modified`, { src, dst, state, expect }), `${label} modified`);
     await rmf(path.dirname(state.sr));
   });
-  await rmf(path.join(ctx.dirs.work, 'src'));
-  await rmf(path.join(ctx.dirs.work, 'dst'));
   await rmf(fx.root);
 }
 
@@ -1151,21 +1183,19 @@ async function npmTrees(ctx: Ctx): Promise<void> {
   ctx.extraLines.push(desc);
   const tools = toolsFor(ctx, ['ffsync']);
   const r1 = newRow(ctx, 'npm-trees', `v1 (cold)`, tools);
-  const r2 = newRow(ctx, 'npm-trees', `v1→v2`, tools, true);
-  r2.note = `${trap} of the ${changed} changed files have v1's size and mtime`;
-  await eachRun(ctx, 'npm-trees', tools, [r1, r2], async (tool, _rep, label) => {
-    const src = path.join(ctx.dirs.work, 'src');
+  const r2 = newRow(ctx, 'npm-trees', `v1→v2`, tools);
+  await eachRun(ctx, 'npm-trees', tools, [r1, r2], async (tool, _rep, label, dir) => {
+    const src = path.join(dir, 'src');
     await extract(tarballs[0]!, src);
-    const dst = await emptyDir(path.join(ctx.dirs.work, 'dst'));
+    const dst = await emptyDir(path.join(dir, 'dst'));
     const state = await freshState(ctx, label);
     const io = { src, dst, state, del: true };
     record(r1, tool, await step(ctx, r1, tool, `${label} v1`, { ...io, expect: v1 }), `${label} v1`);
+    ctx.current = r2;
     await extract(tarballs[1]!, src);
     record(r2, tool, await step(ctx, r2, tool, `${label} v1→v2`, { ...io, expect: v2 }, { v1 }), `${label} v1→v2`);
     await rmf(path.dirname(state.sr));
   });
-  await rmf(path.join(ctx.dirs.work, 'src'));
-  await rmf(path.join(ctx.dirs.work, 'dst'));
   await rmf(npmDir);
 }
 
@@ -1299,7 +1329,7 @@ function targetsTable(ctx: Ctx): { head: string[]; rows: string[][] } | undefine
   const noop = ctx.rows.find((r) => r.scenario === 'noop-100k');
   if (!cold && !noop) return undefined;
   const c1 = ratio(cold, 'rsync-ssh');
-  rows.push([`cold-10k: ≥ 5x faster than rsync over ssh${scaleNote}`, c1 === undefined ? (cold?.cells.has('rsync-ssh') ? '—' : 'n/a (no sshd)') : `${c1.toFixed(2)}x`, status(cold, 'rsync-ssh', c1, (x) => x >= 5)]);
+  rows.push([`cold-10k: ≥ 5x faster than rsync over ssh${scaleNote}`, c1 !== undefined ? `${c1.toFixed(2)}x` : cold && !cold.cells.has('rsync-ssh') ? 'n/a (no sshd)' : '—', status(cold, 'rsync-ssh', c1, (x) => x >= 5)]);
   const c2 = ratio(cold, 'rsync');
   rows.push([`cold-10k: no slower than rsync locally (≥ 1x)${scaleNote}`, c2 === undefined ? '—' : `${c2.toFixed(2)}x`, status(cold, 'rsync', c2, (x) => x >= 1)]);
   const n1 = ratio(noop, 'rsync');
@@ -1339,7 +1369,7 @@ function detailTable(ctx: Ctx): { head: string[]; rows: string[][] } {
         : s?.rsync
           ? `${s.rsync.transferred ?? '?'} files transferred, literal ${s.rsync.literal ?? '?'}, matched ${s.rsync.matched ?? '?'}`
           : '—';
-      const notes = [c.error ? `**${c.verified === false ? 'MISMATCH' : 'FAILED'}**: ${c.error}` : '', s?.stale ? `${plural(s.stale, 'stale file')} (v1 content, same size and mtime)` : '', s?.note ?? '']
+      const notes = [c.error ? `**${c.verified === false ? 'MISMATCH' : 'FAILED'}**: ${c.error}` : '', s?.stale ? `${plural(s.stale, 'stale file')} (v1 content, same size and mtime): ${listSome(s.stalePaths ?? [], 5)}` : '', s?.note ?? '']
         .filter(Boolean)
         .join('; ');
       rows.push([
@@ -1380,7 +1410,7 @@ function section(ctx: Ctx, m: Machine): string {
   const lines = [
     BEGIN_MARK,
     '',
-    '# ffsync-native vs rsync -a — directory trees',
+    '## ffsync-native vs rsync -a — directory trees',
     '',
     `Command: \`${treeCommandLine()}\`  (cwd ${process.cwd()})`,
     '',
@@ -1401,10 +1431,10 @@ function section(ctx: Ctx, m: Machine): string {
     markdown(t),
     '',
   ];
-  if (targets) lines.push('## Targets', '', markdown(targets), '');
+  if (targets) lines.push('### Targets (issue)', '', markdown(targets), '');
   if (mem) {
     lines.push(
-      '## Memory per path (noop-100k)',
+      '### Memory per path (noop-100k)',
       '',
       'Peak RSS of the timed no-op re-sync divided by the number of entries (files + dirs) of the tree. The baseline is an ffsync peer syncing a 1-file tree (node + addon).',
       '',
@@ -1412,7 +1442,7 @@ function section(ctx: Ctx, m: Machine): string {
       '',
     );
   }
-  lines.push('## Details', '', markdown(detailTable(ctx)), '', END_MARK);
+  lines.push('### Details', '', markdown(detailTable(ctx)), '', END_MARK);
   return lines.join('\n');
 }
 
@@ -1437,12 +1467,16 @@ async function writeSection(file: string, text: string): Promise<void> {
 // Main
 
 let cleanupCtx: { root?: string; keep: boolean; ssh?: SshState } = { keep: false };
+/** Set on SIGINT/SIGTERM: no further run or step starts. */
+let stopping = false;
 
 async function cleanup(): Promise<void> {
   killAll();
   if (cleanupCtx.ssh) await stopSshd(cleanupCtx.ssh);
   if (cleanupCtx.root && !cleanupCtx.keep) {
-    await rmf(cleanupCtx.root);
+    // A second try: on a signal, the interrupted run may still be unwinding while the first one runs.
+    await rmf(cleanupCtx.root).catch(() => new Promise((res) => setTimeout(res, 500)));
+    await rmf(cleanupCtx.root).catch((e: unknown) => process.stderr.write(`could not remove ${cleanupCtx.root}: ${String(e)}\n`));
     cleanupCtx.root = undefined;
   }
 }
@@ -1474,6 +1508,7 @@ async function main(): Promise<number> {
   const ctx: Ctx = { opts, dirs, ssh, tools, pinned, rows: [], extraLines: [] };
 
   for (const name of opts.only) {
+    if (stopping) break;
     process.stderr.write(`${name}:\n`);
     try {
       const need = spaceFor(name, opts.scale, tools.length) + 64 * MiB;
@@ -1488,10 +1523,12 @@ async function main(): Promise<number> {
       const row = ctx.rows.find((r) => r.scenario === name) ?? newRow(ctx, name, '(setup)', toolsFor(ctx, ['ffsync']));
       for (const c of row.cells.values()) if (!c.error && c.samples.length === 0) c.error = `setup failed: ${msg}`;
     }
-    await rmf(path.join(dirs.work));
+    if (stopping) break;
+    await rmf(dirs.work);
     await fsp.mkdir(dirs.work, { recursive: true });
   }
   await stopSshd(ssh);
+  if (stopping) return 130; // interrupted: leave the results file as it was
 
   const t = mainTable(ctx);
   process.stdout.write(`\n${textTable(t)}\n`);
@@ -1514,6 +1551,7 @@ async function main(): Promise<number> {
 
 for (const sig of ['SIGINT', 'SIGTERM'] as const) {
   process.once(sig, () => {
+    stopping = true;
     process.stderr.write(`\n${sig}: killing children and cleaning up\n`);
     void cleanup().finally(() => process.exit(130));
   });
