@@ -48,8 +48,10 @@ export declare class NativeTreeSync {
   /** Our manifest in wire form (zstd-compressed). */
   manifest(): Buffer
   stats(): TreeStats
-  /** Decode and validate the peer's manifest (from its wire form). */
-  setPeerManifest(wire: Buffer): void
+  /** Feed one part of the peer's manifest (wire form) as it arrives. */
+  pushPeerManifestPart(part: Buffer): void
+  /** All parts pushed: decode and validate the peer's manifest. */
+  finishPeerManifest(): void
   /** Indices of our entries the protocol needs us to hash. */
   rootsToSupply(checksum: boolean): Uint32Array
   /** Hash those entries on every core; resolves to the ROOTS payload. */

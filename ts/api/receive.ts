@@ -16,7 +16,7 @@ import { tlsListenOnce } from '../transport/tls.js';
 import { loadOrCreateIdentity } from '../security/identity.js';
 import { inPhase, newSummary, type SyncEvents, type SyncSummary } from './events.js';
 import { receiveFileContent } from './file-transfer.js';
-import { receiveTree, type TreeReceiveOptions } from './tree-receive.js';
+import { receiveTree, startPrewalk, type TreeReceiveOptions } from './tree-receive.js';
 
 export interface ReceiveOptions {
   /** The file to converge toward the sender's. */
@@ -94,6 +94,9 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
       ? inPhase(o.events, 'hashing', Number(initial.size), (progress) => scanFile(target, { stateDir, ignoreIndex: o.checksum, onProgress: progress }))
       : undefined;
   prescan?.catch(() => undefined);
+  // A tree target is walked while we wait (used if the sender asks for no excludes and
+  // arrives soon after; otherwise the session walks again, see tree-receive.ts).
+  const prewalk = initial?.isDirectory() ? startPrewalk(target, o, stateDir) : undefined;
   const sock = await abortable(listener.accept(), o.signal, () => listener.close());
   const conn = new FramedConnection(sock, o.timeoutMs ?? 60_000);
   const onAbort = () => conn.destroy();
@@ -109,7 +112,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     const offer = decodeOffer((await expect(conn, FrameType.OFFER)).payload);
     if (offer.kind !== OfferKind.TREE || !(offer.flags & OfferFlag.PARALLEL)) listener.close();
     if (offer.kind === OfferKind.TREE) {
-      await receiveTree(conn, { ...o, target, stateDir, offer, summary, listener, peerFingerprint: summary.peerFingerprint });
+      await receiveTree(conn, { ...o, target, stateDir, offer, summary, listener, peerFingerprint: summary.peerFingerprint, prewalk });
       summary.ok = true;
       return summary;
     }

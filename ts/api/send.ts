@@ -14,7 +14,8 @@ import { tlsConnect } from '../transport/tls.js';
 import { loadOrCreateIdentity } from '../security/identity.js';
 import { newSummary, type SyncEvents, type SyncSummary } from './events.js';
 import { sendFileContent } from './file-transfer.js';
-import { sendTree, type TreeSendOptions } from './tree-send.js';
+import { sendTree, startWalk, type TreeSendOptions } from './tree-send.js';
+import path from 'node:path';
 
 export interface SendOptions {
   path: string;
@@ -59,6 +60,9 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   const t0 = Date.now();
   const stateDir = resolveStateDir(o.stateDir);
   const st = await statSource(o.path);
+  // A tree is walked while we connect and shake hands.
+  const walking = st.isDirectory() ? startWalk(path.resolve(o.path), o, stateDir) : undefined;
+  walking?.catch(() => undefined);
   const identity = o.plaintext ? undefined : loadOrCreateIdentity(stateDir);
   const sock = identity ? await tlsConnect(o.host, o.port, identity) : await connect(o.host, o.port);
   const conn = new FramedConnection(sock, o.timeoutMs ?? 60_000);
@@ -72,7 +76,7 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
     }
     const negotiated = await handshake(conn, Role.SENDER);
     if (st.isDirectory()) {
-      await sendTree(conn, { ...o, stateDir, negotiated, summary, st, identity });
+      await sendTree(conn, { ...o, path: path.resolve(o.path), stateDir, negotiated, summary, st, identity, walking: walking! });
       summary.ok = true;
       return summary;
     }

@@ -2,7 +2,7 @@
 // content roots the other side's index calls for, and count the plan for the summary.
 
 import { FramedConnection } from '../transport/connection.js';
-import { FrameType } from '../protocol/frames.js';
+import { FrameType, protocolError } from '../protocol/frames.js';
 import { ManifestAssembler, manifestFrames, MAX_TREE_WIRE_BYTES } from '../protocol/messages.js';
 import { call, type NativeTreeSync, type PlanCounts, type TreeStats } from '../native/binding.js';
 import { expect } from './session.js';
@@ -20,6 +20,26 @@ async function recvParts(conn: FramedConnection, type: FrameType, minLength: num
   }
 }
 
+/** The peer's TREE_MANIFEST parts go straight into the native decoder as they arrive
+ * (framed like MANIFEST: `total u32 | part`), never assembled here. */
+async function recvManifest(conn: FramedConnection, tree: NativeTreeSync): Promise<void> {
+  let total = -1;
+  let filled = 0;
+  for (;;) {
+    const f = await expect(conn, FrameType.TREE_MANIFEST);
+    const p = f.payload;
+    if (p.length < 5) throw protocolError('TREE_MANIFEST frame too short');
+    const t = p.readUInt32LE(0);
+    if (total < 0) total = t;
+    if (t !== total || total < 12 || total > MAX_TREE_WIRE_BYTES) throw protocolError(`TREE_MANIFEST total ${t} impossible or inconsistent`);
+    if (filled + p.length - 4 > total) throw protocolError('TREE_MANIFEST frames exceed the total length');
+    await call(() => tree.pushPeerManifestPart(p.subarray(4)));
+    filled += p.length - 4;
+    f.release?.();
+    if (filled === total) return call(() => tree.finishPeerManifest());
+  }
+}
+
 /**
  * Both peers send their manifest without waiting for the other's, then each hashes the
  * files triage needs a root for (same-size files the other side's index covers, rename
@@ -28,9 +48,8 @@ async function recvParts(conn: FramedConnection, type: FrameType, minLength: num
 export async function exchangeManifestsAndRoots(conn: FramedConnection, tree: NativeTreeSync, checksum: boolean, events?: SyncEvents): Promise<void> {
   const sent = sendParts(conn, FrameType.TREE_MANIFEST, tree.manifest());
   sent.catch(() => undefined);
-  const peer = await conn.keepAlive(recvParts(conn, FrameType.TREE_MANIFEST, 8));
+  await conn.keepAlive(recvManifest(conn, tree));
   await sent;
-  await call(() => tree.setPeerManifest(peer));
   const mine = tree.rootsToSupply(checksum);
   const roots = await conn.keepAlive(inPhase(events, 'hashing', 0, (progress) => call(tree.hashEntries(mine, progress))));
   const rootsSent = sendParts(conn, FrameType.ROOTS, roots);

@@ -19,7 +19,7 @@ import {
   type Offer,
   OfferFlag,
 } from '../protocol/messages.js';
-import { call, type LargeTransferInfo, scanFile, type StepOutcome, walkTree } from '../native/binding.js';
+import { call, type LargeTransferInfo, type NativeTreeSync, scanFile, type StepOutcome, walkTree } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { joinTreePath, showTreePath } from '../utils/tree-path.js';
 import { countLaneBytes, expect } from './session.js';
@@ -45,6 +45,28 @@ interface Context extends ReceiveOptions {
   /** Still accepting: extra lanes of a parallel session join through it. */
   listener: Listener;
   peerFingerprint?: string;
+  prewalk?: Prewalk;
+}
+
+/** A walk of the target made while waiting for the sender (no excludes, index used). */
+export interface Prewalk {
+  tree: Promise<NativeTreeSync>;
+  /** When it finished (0 while running). */
+  doneAt: number;
+}
+
+/** How old a finished prewalk may be when the sender's FILTER arrives: older, the tree
+ * is walked again (it may have changed while we waited; a walk is cheap next to waiting). */
+const PREWALK_FRESH_MS = 2000;
+
+export function startPrewalk(target: string, o: ReceiveOptions, stateDir: string): Prewalk {
+  const p: Prewalk = { tree: Promise.resolve(undefined as unknown as NativeTreeSync), doneAt: 0 };
+  p.tree = walkTree(target, { excludes: [], protect: o.tree?.protect, stateDir, ignoreIndex: o.checksum, isSender: false }).then((t) => {
+    p.doneAt = Date.now();
+    return t;
+  });
+  p.tree.catch(() => undefined);
+  return p;
 }
 
 /** Problems listed in TREE_RESULT (the full list is in the receiver's own output). */
@@ -102,10 +124,16 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     else await fs.mkdir(o.target).catch((e) => { throw fromSystemError(e, `cannot create target directory ${o.target}`); });
   }
   try {
+    // The prewalk fits if the sender excludes nothing, it did not ask for --checksum (the
+    // prewalk used the index), and it finished moments ago (or is still running).
+    const pre = o.prewalk;
+    const usable = pre && !scratch && excludes.length === 0 && (!checksum || o.checksum) && (pre.doneAt === 0 || Date.now() - pre.doneAt < PREWALK_FRESH_MS);
     const tree = await conn.keepAlive(
-      inPhase(o.events, 'scanning', 0, (progress) =>
-        walkTree(root, { excludes, protect: o.tree?.protect, stateDir: scratch ? undefined : o.stateDir, ignoreIndex: checksum, isSender: false }, progress),
-      ),
+      usable
+        ? pre.tree
+        : inPhase(o.events, 'scanning', 0, (progress) =>
+            walkTree(root, { excludes, protect: o.tree?.protect, stateDir: scratch ? undefined : o.stateDir, ignoreIndex: checksum, isSender: false }, progress),
+          ),
     );
     const stats = tree.stats();
     await exchangeManifestsAndRoots(conn, tree, checksum, o.events);

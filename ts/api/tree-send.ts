@@ -50,6 +50,14 @@ interface Context extends SendOptions {
   summary: SyncSummary;
   st: BigIntStats;
   identity?: Identity;
+  /** The walk, started before connecting (`startWalk`). */
+  walking: Promise<NativeTreeSync>;
+}
+
+/** Walk the source tree (in parallel, natively); progress counts entries. */
+export function startWalk(root: string, o: SendOptions, stateDir: string): Promise<NativeTreeSync> {
+  const excludes = o.tree?.excludes ?? [];
+  return inPhase(o.events, 'scanning', 0, (progress) => walkTree(root, { excludes, stateDir, ignoreIndex: o.checksum, isSender: true }, progress));
 }
 
 export async function sendTree(conn: FramedConnection, o: Context): Promise<void> {
@@ -60,9 +68,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   const size = lanesWanted > 1 ? BigInt(lanesWanted) : 0n;
   await conn.send(FrameType.OFFER, encodeOffer({ kind: OfferKind.TREE, size, mtimeNs: o.st.mtimeNs, mode: Number(o.st.mode & 0o7777n), flags }));
   await conn.send(FrameType.FILTER, encodeFilter(t.excludes ?? []));
-  const tree = await conn.keepAlive(
-    inPhase(o.events, 'scanning', 0, (progress) => walkTree(o.path, { excludes: t.excludes ?? [], stateDir: o.stateDir, ignoreIndex: o.checksum, isSender: true }, progress)),
-  );
+  const tree = await conn.keepAlive(o.walking);
   const stats = tree.stats();
   for (const p of stats.problems) o.events?.info?.(`warning: ${p}`);
   const lanes = lanesWanted > 1 ? decodeLanes((await expect(conn, FrameType.LANES)).payload) : undefined;

@@ -280,10 +280,20 @@ impl NativeTreeSync {
         }
     }
 
-    /// Decode and validate the peer's manifest (from its wire form).
+    /// Feed one part of the peer's manifest (wire form) as it arrives.
     #[napi]
-    pub fn set_peer_manifest(&self, wire: Buffer) -> Result<()> {
-        self.inner.write().unwrap().set_peer_manifest(&wire).map_err(to_napi)
+    pub fn push_peer_manifest_part(&self, part: Buffer) -> Result<()> {
+        self.inner
+            .write()
+            .unwrap()
+            .push_peer_manifest_part(&part)
+            .map_err(to_napi)
+    }
+
+    /// All parts pushed: decode and validate the peer's manifest.
+    #[napi]
+    pub fn finish_peer_manifest(&self) -> Result<()> {
+        self.inner.write().unwrap().finish_peer_manifest().map_err(to_napi)
     }
 
     /// Indices of our entries the protocol needs us to hash.

@@ -53,11 +53,19 @@ pub struct LargeTransfer {
     pub delta: bool,
 }
 
+#[derive(Default)]
+struct PeerManifestIn {
+    header: Vec<u8>,
+    raw_len: usize,
+    decoder: Option<zstd::stream::write::Decoder<'static, Vec<u8>>>,
+}
+
 pub struct TreeSync {
     pub local: LocalTree,
     pub is_sender: bool,
     state_dir: Option<PathBuf>,
     peer: Option<TreeManifest>,
+    peer_in: Option<PeerManifestIn>,
     my_extra: ExtraRoots,
     peer_extra: ExtraRoots,
     plan: Option<Plan>,
@@ -115,6 +123,7 @@ impl TreeSync {
             is_sender,
             state_dir,
             peer: None,
+            peer_in: None,
             my_extra: ExtraRoots::new(),
             peer_extra: ExtraRoots::new(),
             plan: None,
@@ -126,6 +135,54 @@ impl TreeSync {
 
     pub fn set_peer_manifest(&mut self, wire: &[u8]) -> Result<()> {
         self.peer = Some(TreeManifest::decode_compressed(wire, MAX_TREE_MANIFEST)?);
+        Ok(())
+    }
+
+    /// Feed the peer's manifest (wire form) part by part as frames arrive: it is
+    /// decompressed as it comes, so the compressed form is never held whole.
+    pub fn push_peer_manifest_part(&mut self, part: &[u8]) -> Result<()> {
+        let bad = |r: String| CoreError::malformed("tree manifest", r);
+        let st = self.peer_in.get_or_insert_with(PeerManifestIn::default);
+        let mut part = part;
+        if st.header.len() < 8 {
+            let n = (8 - st.header.len()).min(part.len());
+            st.header.extend_from_slice(&part[..n]);
+            part = &part[n..];
+            if st.header.len() == 8 {
+                let raw = u64::from_le_bytes(st.header[..8].try_into().unwrap());
+                if raw as usize > MAX_TREE_MANIFEST || raw < 12 {
+                    return Err(bad(format!("declared size {raw} out of range")));
+                }
+                st.raw_len = raw as usize;
+                let mut out = Vec::new();
+                out.reserve_exact(st.raw_len);
+                st.decoder = Some(zstd::stream::write::Decoder::new(out).map_err(|e| bad(e.to_string()))?);
+            }
+        }
+        if let Some(d) = st.decoder.as_mut() {
+            d.write_all(part).map_err(|e| bad(e.to_string()))?;
+            if d.get_ref().len() > st.raw_len {
+                return Err(bad("decompresses beyond its declared size".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The last part was pushed: validate and keep the peer's manifest.
+    pub fn finish_peer_manifest(&mut self) -> Result<()> {
+        let bad = |r: String| CoreError::malformed("tree manifest", r);
+        let st = self.peer_in.take().ok_or_else(|| bad("no parts".into()))?;
+        let mut d = st.decoder.ok_or_else(|| bad("too short".into()))?;
+        d.flush().map_err(|e| bad(e.to_string()))?;
+        let out = d.into_inner();
+        if out.len() != st.raw_len {
+            return Err(bad(format!(
+                "decompressed to {} bytes, declared {}",
+                out.len(),
+                st.raw_len
+            )));
+        }
+        self.peer = Some(TreeManifest::decode(out)?);
         Ok(())
     }
 
@@ -167,7 +224,7 @@ impl TreeSync {
         let e = self.local.manifest.entry(i);
         let p = join(&self.local.root, e.path);
         let f = MappedFile::open_nofollow(&p)?;
-        if f.identity != self.local.identities[i] {
+        if f.identity != self.local.identity(i) {
             return Err(CoreError::io(
                 &p,
                 std::io::Error::new(std::io::ErrorKind::NotFound, "changed during the sync"),
@@ -197,7 +254,7 @@ impl TreeSync {
             out.extend_from_slice(&root);
             claims.push(Claim {
                 path: self.local.manifest.entry(i as usize).path.to_vec(),
-                identity: self.local.identities[i as usize],
+                identity: self.local.identity(i as usize),
                 root,
             });
             self.my_extra.insert(i, root);
@@ -344,7 +401,7 @@ impl TreeSync {
                         let root: [u8; 32] = rec[14..46].try_into().unwrap();
                         let claim = Claim {
                             path: e.path.to_vec(),
-                            identity: self.local.identities[i],
+                            identity: self.local.identity(i),
                             root,
                         };
                         (rec, data.len() as u64, Some(claim))
@@ -391,7 +448,7 @@ impl TreeSync {
                 std::io::Error::new(std::io::ErrorKind::NotFound, "changed during the sync"),
             )
         };
-        if FileIdentity::of(&m) != self.local.identities[i] {
+        if FileIdentity::of(&m) != self.local.identity(i) {
             return Err(changed());
         }
         let mut data = Vec::with_capacity(e.size as usize);
@@ -417,7 +474,7 @@ impl TreeSync {
         let p = join(&self.local.root, &rel);
         let Ok(meta) = fs::symlink_metadata(&p) else { return };
         let identity = FileIdentity::of(&meta);
-        if self.is_sender && identity != self.local.identities[idx as usize] {
+        if self.is_sender && identity != self.local.identity(idx as usize) {
             return; // changed since the walk: the root may be of another version
         }
         self.claims.lock().unwrap().push(Claim {

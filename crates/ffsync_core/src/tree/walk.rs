@@ -32,8 +32,9 @@ pub struct WalkOptions<'a> {
 pub struct LocalTree {
     pub root: PathBuf,
     pub manifest: TreeManifest,
-    /// Stat identity per manifest entry (files only; default elsewhere).
-    pub identities: Vec<FileIdentity>,
+    /// The part of each entry's stat identity the manifest does not hold (size and mtime
+    /// are in the entry): 24 bytes per path instead of 40.
+    stat_rest: Vec<StatRest>,
     /// Directories that could not be read and special files skipped, for the report.
     pub problems: Vec<String>,
     /// Files whose root came from the index.
@@ -42,6 +43,23 @@ pub struct LocalTree {
 
 #[derive(Debug, Default)]
 struct Walk;
+
+#[derive(Clone, Copy, Debug, Default)]
+struct StatRest {
+    ctime_ns: i64,
+    inode: u64,
+    dev: u64,
+}
+
+impl StatRest {
+    fn of(id: &FileIdentity) -> StatRest {
+        StatRest {
+            ctime_ns: id.ctime_ns,
+            inode: id.inode,
+            dev: id.dev,
+        }
+    }
+}
 
 /// Per child, computed on the worker thread that read its directory.
 #[derive(Debug, Default)]
@@ -106,6 +124,86 @@ fn mode_of(m: &Metadata) -> u32 {
     }
 }
 
+/// lstat of a directory's children. On Unix relative to an open handle of the directory
+/// (`fstatat`): the kernel resolves one name instead of the whole path, which is most of
+/// the cost of a walk over many small files.
+struct StatAt {
+    #[cfg(unix)]
+    dir: Option<std::fs::File>,
+}
+
+impl StatAt {
+    fn open(dir: &Path) -> StatAt {
+        #[cfg(unix)]
+        {
+            StatAt {
+                dir: std::fs::File::open(dir).ok(),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = dir;
+            StatAt {}
+        }
+    }
+
+    fn stat(&self, dir: &Path, name: &std::ffi::OsStr) -> Option<StatInfo> {
+        #[cfg(unix)]
+        if let Some(d) = &self.dir {
+            use std::os::unix::ffi::OsStrExt;
+            use std::os::unix::io::AsRawFd;
+            let c = std::ffi::CString::new(name.as_bytes()).ok()?;
+            let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+            // Safety: valid dir fd, NUL-terminated name, `st` written by the call on success.
+            let rc = unsafe { libc::fstatat(d.as_raw_fd(), c.as_ptr(), st.as_mut_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
+            if rc != 0 {
+                return None;
+            }
+            // Safety: fstatat succeeded.
+            let st = unsafe { st.assume_init() };
+            return stat_info_raw(&st, dir, name);
+        }
+        let full = dir.join(name);
+        std::fs::symlink_metadata(&full).ok().and_then(|m| stat_info(&m, &full))
+    }
+}
+
+#[cfg(unix)]
+#[allow(clippy::unnecessary_cast)] // mode_t is u16 on macOS, u32 on Linux
+fn stat_info_raw(st: &libc::stat, dir: &Path, name: &std::ffi::OsStr) -> Option<StatInfo> {
+    let fmt = st.st_mode as u32 & libc::S_IFMT as u32;
+    let kind = if fmt == libc::S_IFLNK as u32 {
+        Kind::Symlink
+    } else if fmt == libc::S_IFDIR as u32 {
+        Kind::Dir
+    } else if fmt == libc::S_IFREG as u32 {
+        Kind::File
+    } else {
+        return None;
+    };
+    let identity = FileIdentity {
+        size: st.st_size as u64,
+        mtime_ns: st.st_mtime as i64 * 1_000_000_000 + st.st_mtime_nsec as i64,
+        ctime_ns: st.st_ctime as i64 * 1_000_000_000 + st.st_ctime_nsec as i64,
+        inode: st.st_ino as u64,
+        dev: st.st_dev as u64,
+    };
+    let link = if kind == Kind::Symlink {
+        std::fs::read_link(dir.join(name))
+            .ok()
+            .map(|t| name_bytes(t.as_os_str()))?
+    } else {
+        Vec::new()
+    };
+    Some(StatInfo {
+        kind,
+        mode: st.st_mode as u32 & 0o7777,
+        mtime_ns: identity.mtime_ns,
+        identity,
+        link,
+    })
+}
+
 fn rel_bytes(root: &Path, p: &Path) -> Vec<u8> {
     let rel = p.strip_prefix(root).unwrap_or(Path::new(""));
     let mut out = Vec::new();
@@ -116,6 +214,19 @@ fn rel_bytes(root: &Path, p: &Path) -> Vec<u8> {
         out.extend_from_slice(&name_bytes(c.as_os_str()));
     }
     out
+}
+
+fn walk_parallelism() -> Parallelism {
+    match std::env::var("FFSYNC_WALK_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        Some(0) | Some(1) => Parallelism::Serial,
+        Some(n) => Parallelism::RayonNewPool(n),
+        None => Parallelism::RayonDefaultPool {
+            busy_timeout: Duration::from_secs(30),
+        },
+    }
 }
 
 /// Walk `root` (a directory; a symlink to one is followed for the root only, since the
@@ -131,14 +242,13 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
         .skip_hidden(false)
         .follow_links(false)
         .sort(true)
-        .parallelism(Parallelism::RayonDefaultPool {
-            busy_timeout: Duration::from_secs(30),
-        })
+        .parallelism(walk_parallelism())
         .process_read_dir({
             let root = root_buf.clone();
             let filter = filter.clone();
             move |_depth, dir, _state, children| {
                 let rel_dir = rel_bytes(&root, dir);
+                let stat_at = StatAt::open(dir);
                 for child in children.iter_mut().flatten() {
                     let mut rel = rel_dir.clone();
                     if !rel.is_empty() {
@@ -151,8 +261,7 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
                         child.read_children_path = None;
                         continue;
                     }
-                    let full = dir.join(&child.file_name);
-                    child.client_state.stat = std::fs::symlink_metadata(&full).ok().and_then(|m| stat_info(&m, &full));
+                    child.client_state.stat = stat_at.stat(dir, &child.file_name);
                     if !child.client_state.stat.as_ref().is_some_and(|s| s.kind == Kind::Dir) {
                         child.read_children_path = None;
                     }
@@ -163,7 +272,7 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
         });
 
     let mut b = TreeBuilder::new();
-    let mut identities = Vec::new();
+    let mut stat_rest = Vec::new();
     let mut problems = Vec::new();
     let mut cursor = o.index.map(|i| i.cursor());
     let mut indexed_files = 0;
@@ -196,7 +305,7 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
                 root: None,
                 link: b"",
             });
-            identities.push(FileIdentity::default());
+            stat_rest.push(StatRest::default());
             continue;
         }
         let info = entry.client_state;
@@ -238,11 +347,7 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
             root,
             link: &st.link,
         });
-        identities.push(if st.kind == Kind::File {
-            st.identity
-        } else {
-            FileIdentity::default()
-        });
+        stat_rest.push(StatRest::of(&st.identity));
         if let Some(p) = o.progress {
             p.fetch_add(1, Ordering::Relaxed);
         }
@@ -250,13 +355,26 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
     Ok(LocalTree {
         root: root_buf,
         manifest: b.finish(),
-        identities,
+        stat_rest,
         problems,
         indexed_files,
     })
 }
 
 impl LocalTree {
+    /// The stat identity entry `i` had when it was walked.
+    pub fn identity(&self, i: usize) -> FileIdentity {
+        let e = self.manifest.entry(i);
+        let r = self.stat_rest[i];
+        FileIdentity {
+            size: e.size,
+            mtime_ns: e.mtime_ns,
+            ctime_ns: r.ctime_ns,
+            inode: r.inode,
+            dev: r.dev,
+        }
+    }
+
     /// Index claims for every file whose root is known from the walk.
     pub fn claims(&self) -> Vec<Claim> {
         self.manifest
@@ -265,7 +383,7 @@ impl LocalTree {
             .filter_map(|(i, e)| {
                 e.root.map(|r| Claim {
                     path: e.path.to_vec(),
-                    identity: self.identities[i],
+                    identity: self.identity(i),
                     root: *r,
                 })
             })
