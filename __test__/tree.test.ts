@@ -747,4 +747,23 @@ describe('tree sync', () => {
       assert.ok(!fs.existsSync(path.join(dst, 'z.bin')));
     });
   });
+
+  it('deep trees, long paths and 255-byte names sync', async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'src');
+    const dst = path.join(dir, 'dst');
+    // 60 levels of 40-byte names: a 2,460-byte relative path (Linux allows 4,096 per path).
+    let rel = '';
+    for (let i = 0; i < 60; i++) rel = path.join(rel, `level-${String(i).padStart(2, '0')}-${'x'.repeat(31)}`);
+    write(src, path.join(rel, 'deep.txt'), 'at the bottom\n');
+    write(src, path.join(rel, 'big.bin'), seeded(2 * MiB, 91));
+    write(src, 'n'.repeat(255), 'a name of the longest length ext4 allows\n');
+    const res = await sync(src, dst, states(dir));
+    assertOk(res);
+    assertSameTree(dst, src);
+    const again = await sync(src, dst, states(dir));
+    assertOk(again, 'resync');
+    assert.equal(again.recv.summary!.tree.written, 0);
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
 });

@@ -196,6 +196,7 @@ export interface StepOutcome {
   bytes: number
   errors: Array<string>
   vanished: Array<string>
+  warnings: Array<string>
 }
 
 export interface TreeStats {

@@ -260,6 +260,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     if (!deleteOk && counts.deletes > 0) o.events?.info?.(`warning: ${counts.deletes} deletion(s) skipped because of the errors above (as rsync does after an I/O error)`);
     const fin = await conn.keepAlive(call(tree.finishReceiver(deleteOk)));
     errors.push(...fin.errors);
+    for (const w of fin.warnings) o.events?.info?.(`warning: ${w}`);
     const deleted = deleteOk ? counts.deletes - fin.errors.filter((e) => e.startsWith('cannot delete')).length : 0;
     for (const e of [...errors, ...vanished]) o.events?.info?.(`error: ${e}`);
     const exitCode = errors.length > 0 ? ExitCode.PARTIAL : vanished.length > 0 ? ExitCode.VANISHED : ExitCode.OK;

@@ -75,6 +75,7 @@ pub struct StepOutcome {
     pub bytes: f64,
     pub errors: Vec<String>,
     pub vanished: Vec<String>,
+    pub warnings: Vec<String>,
 }
 
 impl From<Outcome> for StepOutcome {
@@ -84,6 +85,7 @@ impl From<Outcome> for StepOutcome {
             bytes: o.bytes as f64,
             errors: o.errors,
             vanished: o.vanished,
+            warnings: o.warnings,
         }
     }
 }

@@ -87,13 +87,48 @@ pub struct Reconstruction {
     in_flight: std::sync::atomic::AtomicUsize,
 }
 
+/// Longest file name most filesystems accept (ext4, xfs, btrfs, APFS: 255 bytes).
+const NAME_MAX: usize = 255;
+
+/// `.<name>` — or, for a name too long to carry our suffix within NAME_MAX, a prefix of it
+/// plus a hash of the whole name (still unique per target name).
+fn partial_stem(target: &Path) -> Vec<u8> {
+    let name = crate::tree::path::name_bytes(target.file_name().unwrap_or_default());
+    let room = NAME_MAX - 1 - 1 - 16 - PARTIAL_SUFFIX.len();
+    let mut stem = vec![b'.'];
+    if name.len() <= room {
+        stem.extend_from_slice(&name);
+    } else {
+        let mut cut = room - 17;
+        // Keep the prefix valid UTF-8 where the name is, so it stays printable.
+        while cut > 0 && std::str::from_utf8(&name[..cut]).is_err() && std::str::from_utf8(&name).is_ok() {
+            cut -= 1;
+        }
+        stem.extend_from_slice(&name[..cut]);
+        stem.push(b'~');
+        stem.extend_from_slice(crate::manifest::hex(&blake3::hash(&name).as_bytes()[..8]).as_bytes());
+    }
+    stem
+}
+
+fn os_name(bytes: &[u8]) -> std::ffi::OsString {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        std::ffi::OsStr::from_bytes(bytes).to_os_string()
+    }
+    #[cfg(not(unix))]
+    {
+        String::from_utf8_lossy(bytes).into_owned().into()
+    }
+}
+
 pub fn partial_path(target: &Path, root: &Hash) -> PathBuf {
     // Built from the name's own bytes: two names that differ only in bytes that are not
     // UTF-8 must not share a temp file.
-    let mut name = std::ffi::OsString::from(".");
-    name.push(target.file_name().unwrap_or_default());
-    name.push(format!(".{}{PARTIAL_SUFFIX}", crate::manifest::hex(&root[..8])));
-    target.with_file_name(name)
+    let mut name = partial_stem(target);
+    name.extend_from_slice(format!(".{}{PARTIAL_SUFFIX}", crate::manifest::hex(&root[..8])).as_bytes());
+    target.with_file_name(os_name(&name))
 }
 
 fn parent_of(p: &Path) -> PathBuf {
@@ -457,15 +492,11 @@ impl Drop for Reconstruction {
 
 fn remove_stale_partials(target: &Path, keep: &Path) {
     let dir = parent_of(target);
-    let Some(name) = target.file_name() else {
+    if target.file_name().is_none() {
         return;
-    };
-    let prefix = crate::tree::path::name_bytes(&{
-        let mut p = std::ffi::OsString::from(".");
-        p.push(name);
-        p.push(".");
-        p
-    });
+    }
+    let mut prefix = partial_stem(target);
+    prefix.push(b'.');
     let Ok(rd) = fs::read_dir(&dir) else { return };
     for e in rd.flatten() {
         let n = crate::tree::path::name_bytes(&e.file_name());

@@ -209,3 +209,20 @@ fn a_failed_batch_poisons_the_reconstruction() {
     r.abort(false);
     assert_eq!(fs::read(&dst).unwrap(), b"old");
 }
+
+#[test]
+fn temp_names_fit_name_max_even_for_the_longest_names() {
+    let d = tempfile::tempdir().unwrap();
+    let long_a = d.path().join("a".repeat(255));
+    let long_b = d.path().join(format!("{}b", "a".repeat(254)));
+    let root = [7u8; 32];
+    let (pa, pb) = (
+        ffsync_core::reconstruct::partial_path(&long_a, &root),
+        ffsync_core::reconstruct::partial_path(&long_b, &root),
+    );
+    for p in [&pa, &pb] {
+        assert!(p.file_name().unwrap().len() <= 255, "{}", p.display());
+        fs::write(p, b"x").unwrap();
+    }
+    assert_ne!(pa, pb, "names sharing a long prefix must not share a temp file");
+}

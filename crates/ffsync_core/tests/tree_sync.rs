@@ -840,3 +840,40 @@ fn local_copies_to_lossy_equal_names_do_not_collide() {
     assert!(out.errors.is_empty(), "{:?}", out.errors);
     assert_same(&src, &dst);
 }
+
+#[test]
+fn names_differing_only_in_case_are_detected_for_the_receivers_warning() {
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("Readme.md", b"1");
+    src.put("readme.md", b"2");
+    src.put("dir/Makefile", b"3");
+    src.put("dir/MAKEFILE", b"4");
+    src.put("dir/other", b"5");
+    src.put("other/readme.md", b"6");
+    let out = sync_ok(&src, &dst, Opts::default());
+    let m = &out.s.local.manifest;
+    let mut pairs: Vec<(String, String)> = out
+        .r
+        .case_collisions()
+        .into_iter()
+        .map(|(a, b)| {
+            let n = |i: usize| String::from_utf8_lossy(m.entry(i).path).into_owned();
+            let (x, y) = (n(a), n(b));
+            if x < y {
+                (x, y)
+            } else {
+                (y, x)
+            }
+        })
+        .collect();
+    pairs.sort();
+    assert_eq!(
+        pairs,
+        vec![
+            ("Readme.md".to_string(), "readme.md".to_string()),
+            ("dir/MAKEFILE".to_string(), "dir/Makefile".to_string())
+        ]
+    );
+    // On this (case-sensitive) filesystem both are kept and nothing is reported.
+    assert_same(&src, &dst);
+}

@@ -31,6 +31,9 @@ pub struct Outcome {
     pub bytes: u64,
     pub errors: Vec<String>,
     pub vanished: Vec<String>,
+    /// Not failures (exit 0), but worth telling: names that differ only in case on a
+    /// filesystem that folds case.
+    pub warnings: Vec<String>,
 }
 
 impl Outcome {
@@ -39,6 +42,7 @@ impl Outcome {
         self.bytes += o.bytes;
         self.errors.extend(o.errors);
         self.vanished.extend(o.vanished);
+        self.warnings.extend(o.warnings);
     }
 }
 
@@ -814,6 +818,22 @@ impl TreeSync {
                 }
             }
         }
+        for (a, b) in self.case_collisions() {
+            let (pa, pb) = (
+                join(&self.local.root, s.entry(a).path),
+                join(&self.local.root, s.entry(b).path),
+            );
+            if let (Ok(ma), Ok(mb)) = (fs::symlink_metadata(&pa), fs::symlink_metadata(&pb)) {
+                let (ia, ib) = (FileIdentity::of(&ma), FileIdentity::of(&mb));
+                if ia.inode == ib.inode && ia.dev == ib.dev && ia.inode != 0 {
+                    out.warnings.push(format!(
+                        "{} and {} differ only in case; this filesystem folds case, so they are one entry here (the last one written won)",
+                        display(s.entry(a).path),
+                        display(s.entry(b).path)
+                    ));
+                }
+            }
+        }
         sync_tree(&self.local.root);
         self.store_index();
         Ok(out)
@@ -911,6 +931,45 @@ impl TreeSync {
             };
             out.push_str(&line);
             out.push('\n');
+        }
+        out
+    }
+
+    /// Pairs of sender entries (same directory) whose names differ only in case. Two
+    /// passes keep memory small: only names that have an upper-case letter are remembered.
+    pub fn case_collisions(&self) -> Vec<(usize, usize)> {
+        let s = self.s();
+        let key = |i: usize| {
+            let p = s.entry(i).path;
+            (
+                super::path::parent_of(p).to_vec(),
+                String::from_utf8_lossy(super::path::name_of(p)).to_lowercase(),
+            )
+        };
+        let mut folded: std::collections::HashMap<(Vec<u8>, String), Vec<usize>> = std::collections::HashMap::new();
+        for i in 1..s.len() {
+            let name = String::from_utf8_lossy(super::path::name_of(s.entry(i).path));
+            if name.chars().any(|c| c.is_uppercase()) {
+                folded.entry(key(i)).or_default().push(i);
+            }
+        }
+        if folded.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for i in 1..s.len() {
+            let name = String::from_utf8_lossy(super::path::name_of(s.entry(i).path));
+            if name.chars().any(|c| c.is_uppercase()) {
+                continue; // pairs among upper-case names are found below
+            }
+            if let Some(others) = folded.get(&key(i)) {
+                out.extend(others.iter().map(|&j| (i, j)));
+            }
+        }
+        for others in folded.values() {
+            for w in others.windows(2) {
+                out.push((w[0], w[1]));
+            }
         }
         out
     }
