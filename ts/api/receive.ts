@@ -16,7 +16,8 @@ import { tlsListenOnce } from '../transport/tls.js';
 import { loadOrCreateIdentity } from '../security/identity.js';
 import { inPhase, newSummary, type SyncEvents, type SyncSummary } from './events.js';
 import { receiveFileContent } from './file-transfer.js';
-import { receiveTree, startPrewalk, type TreeReceiveOptions } from './tree-receive.js';
+import { type Prewalk, receiveTree, startPrewalk, type TreeReceiveOptions } from './tree-receive.js';
+import type { Listener } from '../transport/tcp.js';
 
 export interface ReceiveOptions {
   /** The file to converge toward the sender's. */
@@ -99,18 +100,49 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
   const prewalk = initial?.isDirectory() ? startPrewalk(target, o, stateDir) : undefined;
   const sock = await abortable(listener.accept(), o.signal, () => listener.close());
   const conn = new FramedConnection(sock, o.timeoutMs ?? 60_000);
+  try {
+    return await runReceiver(conn, { ...o, target, stateDir, initial, initialIndex, prescan, prewalk, listener, tls: identity ? (sock as TLSSocket) : undefined });
+  } finally {
+    listener.close();
+  }
+}
+
+export interface ReceiverContext extends ReceiveOptions {
+  target: string;
+  stateDir: string;
+  /** What the target was before the session (decisions use only this; see receive()). */
+  initial?: import('node:fs').BigIntStats;
+  initialIndex?: ScanResult | null;
+  prescan?: Promise<ScanResult>;
+  prewalk?: Prewalk;
+  /** Lanes of a parallel tree session join through it; absent: no lanes (ssh, local). */
+  listener?: Listener;
+  tls?: TLSSocket;
+  /** Where the sender's offer lands, once its kind is known (`sync`'s rsync rules). */
+  resolveTarget?: (kind: 'file' | 'tree') => Promise<string>;
+}
+
+/** Everything after the transport is up: over TCP/TLS (`receive`), an ssh channel or an
+ * in-process pipe (`sync`). Closes `conn` at the end. */
+export async function runReceiver(conn: FramedConnection, o: ReceiverContext): Promise<SyncSummary> {
+  const { stateDir, initial, initialIndex, prescan, prewalk, listener } = o;
+  let target = o.target;
   const onAbort = () => conn.destroy();
   o.signal?.addEventListener('abort', onAbort, { once: true });
   const t0 = Date.now();
   const summary = newSummary('receiver', o.path, 0);
   try {
-    if (identity) {
-      const peerLabel = `${sock.remoteAddress}:${sock.remotePort}`;
-      summary.peerFingerprint = await authenticatePeer(conn, sock as TLSSocket, { stateDir, trust: o.trust, interactive: o.interactive, peerLabel, events: o.events });
+    if (o.tls) {
+      const peerLabel = `${o.tls.remoteAddress}:${o.tls.remotePort}`;
+      summary.peerFingerprint = await authenticatePeer(conn, o.tls, { stateDir, trust: o.trust, interactive: o.interactive, peerLabel, events: o.events });
     }
     await handshake(conn, Role.RECEIVER);
     const offer = decodeOffer((await expect(conn, FrameType.OFFER)).payload);
-    if (offer.kind !== OfferKind.TREE || !(offer.flags & OfferFlag.PARALLEL)) listener.close();
+    if (offer.kind !== OfferKind.TREE || !(offer.flags & OfferFlag.PARALLEL)) listener?.close();
+    if (o.resolveTarget) {
+      target = await o.resolveTarget(offer.kind === OfferKind.TREE ? 'tree' : 'file');
+      summary.path = target;
+    }
     if (offer.kind === OfferKind.TREE) {
       await receiveTree(conn, { ...o, target, stateDir, offer, summary, listener, peerFingerprint: summary.peerFingerprint, prewalk });
       summary.ok = true;
@@ -187,7 +219,6 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     err.summary = summary;
     throw err;
   } finally {
-    listener.close();
     o.signal?.removeEventListener('abort', onAbort);
     await endSession(conn, summary, t0);
   }

@@ -5,7 +5,8 @@ import { FramedConnection } from '../transport/connection.js';
 import { connect } from '../transport/tcp.js';
 import { FrameType } from '../protocol/frames.js';
 import { Capability, Decision, DecisionReason, decodeDecision, decodeError, encodeOffer, OfferFlag, OfferKind, Role } from '../protocol/messages.js';
-import { loadIndex, type NativeChunkSource, type ScanResult } from '../native/binding.js';
+import { loadIndex, type NativeChunkSource, type NativeTreeSync, type ScanResult } from '../native/binding.js';
+import type { Identity } from '../security/identity.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { authenticatePeer, endSession, expect, handshake, reportError } from './session.js';
@@ -66,17 +67,27 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   const identity = o.plaintext ? undefined : loadOrCreateIdentity(stateDir);
   const sock = identity ? await tlsConnect(o.host, o.port, identity) : await connect(o.host, o.port);
   const conn = new FramedConnection(sock, o.timeoutMs ?? 60_000);
+  return runSender(conn, { ...o, stateDir, st, walking, identity, tls: identity ? (sock as TLSSocket) : undefined, t0 });
+}
+
+/** Everything after the transport is up: over TCP/TLS (`send`), an ssh channel or an
+ * in-process pipe (`sync`). Closes `conn` at the end. */
+export async function runSender(
+  conn: FramedConnection,
+  o: SendOptions & { stateDir: string; st: import('node:fs').BigIntStats; walking?: Promise<NativeTreeSync>; identity?: Identity; tls?: TLSSocket; t0: number },
+): Promise<SyncSummary> {
+  const { stateDir, st, walking, identity, t0 } = o;
   const onAbort = () => conn.destroy();
   o.signal?.addEventListener('abort', onAbort, { once: true });
   const summary = newSummary('sender', o.path, st.isDirectory() ? 0 : Number(st.size));
   let sourceHolder: { source?: NativeChunkSource } = {};
   try {
-    if (identity) {
-      summary.peerFingerprint = await authenticatePeer(conn, sock as TLSSocket, { stateDir, trust: o.trust, interactive: o.interactive, peerLabel: `${o.host}:${o.port}`, events: o.events });
+    if (o.tls) {
+      summary.peerFingerprint = await authenticatePeer(conn, o.tls, { stateDir, trust: o.trust, interactive: o.interactive, peerLabel: `${o.host}:${o.port}`, events: o.events });
     }
     const negotiated = await handshake(conn, Role.SENDER);
     if (st.isDirectory()) {
-      await sendTree(conn, { ...o, path: path.resolve(o.path), stateDir, negotiated, summary, st, identity, walking: walking! });
+      await sendTree(conn, { ...o, path: path.resolve(o.path), stateDir, negotiated, summary, st, identity, walking: walking ?? startWalk(path.resolve(o.path), o, stateDir) });
       summary.ok = true;
       return summary;
     }

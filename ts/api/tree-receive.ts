@@ -42,8 +42,9 @@ interface Context extends ReceiveOptions {
   stateDir: string;
   offer: Offer;
   summary: SyncSummary;
-  /** Still accepting: extra lanes of a parallel session join through it. */
-  listener: Listener;
+  /** Still accepting: extra lanes of a parallel session join through it (absent over
+   * ssh or in-process: then one lane is granted, i.e. none extra). */
+  listener?: Listener;
   peerFingerprint?: string;
   prewalk?: Prewalk;
 }
@@ -92,10 +93,10 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
   let startLane: (c: FramedConnection) => void = () => undefined;
   let accepting: Promise<void> | undefined;
   if (o.offer.flags & OfferFlag.PARALLEL) {
-    const granted = Math.min(Number(o.offer.size), MAX_LANES);
+    const granted = o.listener ? Math.min(Number(o.offer.size), MAX_LANES) : 1;
     const token = crypto.randomBytes(LANE_TOKEN_BYTES);
     await conn.send(FrameType.LANES, encodeLanes(granted, token));
-    accepting = acceptLanes(o.listener, {
+    if (o.listener) accepting = acceptLanes(o.listener, {
       token,
       peerFingerprint: o.peerFingerprint,
       timeoutMs: o.timeoutMs ?? 60_000,
@@ -244,7 +245,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
         if (f.type === FrameType.TREE_END) {
           const end = decodeTreeEnd(f.payload);
           // Every lane has sent LANE_END by now; no more may join.
-          o.listener.close();
+          o.listener?.close();
           await accepting;
           await Promise.race([Promise.all(laneWork), laneFailed]);
           if (end.largeFiles !== large.size || done.size !== large.size) throw protocolError(`sender ended after ${done.size} of ${large.size} large files`);
@@ -288,7 +289,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
       throw new FfsyncError(exitCode === ExitCode.VANISHED ? 'EVANISHED' : 'EPARTIAL', exitCode, `partial transfer: ${summary.errors.length} path(s) not synced\n${message}`);
     }
   } finally {
-    o.listener.close();
+    o.listener?.close();
     for (const l of lanes) {
       countLaneBytes(o.summary, l);
       l.destroy();

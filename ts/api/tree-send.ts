@@ -42,6 +42,8 @@ export interface TreeSendOptions {
   dryRun?: boolean;
   /** Spread large-file conversations over this many connections (1..16). */
   parallel?: number;
+  /** List each change as it is planned (rsync's -v). */
+  verbose?: boolean;
 }
 
 interface Context extends SendOptions {
@@ -80,6 +82,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
     for (const line of tree.describe().split('\n').filter(Boolean)) o.events?.info?.(`would ${line}`);
     await conn.send(FrameType.TREE_END, encodeTreeEnd({ smallFiles: 0, largeFiles: 0, senderProblems: stats.problems.length }));
   } else {
+    if (t.verbose) for (const line of tree.describe().split('\n').filter(Boolean)) o.events?.info?.(line);
     const level = o.negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
     const smallFiles = await sendSmallFiles(conn, tree, level, o);
     const large = tree.largeTransfers();

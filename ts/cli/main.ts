@@ -15,6 +15,8 @@ import { parseFingerprint } from '../security/fingerprint.js';
 import { addPin, readPins, removePin } from '../security/pins.js';
 import { createReporter, type Reporter } from './reporter.js';
 import { loadExcludes } from './excludes.js';
+import { serveStdio, sync } from '../api/sync.js';
+import { formatBytes } from '../utils/format.js';
 
 interface CommonOptions {
   trust?: string;
@@ -55,7 +57,7 @@ function common(cmd: Command): Command {
     .addOption(new Option('--timeout <seconds>', 'give up when the peer is silent this long (exit 30)').argParser(intArg(1, 86400)).default(60));
 }
 
-async function run(reporterOpts: CommonOptions, body: (r: Reporter, signal: AbortSignal) => Promise<SyncSummary>): Promise<never> {
+async function run(reporterOpts: CommonOptions, body: (r: Reporter, signal: AbortSignal) => Promise<SyncSummary>, after?: (s: SyncSummary) => void): Promise<never> {
   const reporter = await createReporter({ json: Boolean(reporterOpts.json), quiet: Boolean(reporterOpts.quiet) });
   // If the event loop ever drains with the session unfinished, that is a bug: never
   // let it look like success.
@@ -72,6 +74,7 @@ async function run(reporterOpts: CommonOptions, body: (r: Reporter, signal: Abor
   try {
     const summary = await body(reporter, ac.signal);
     reporter.summary(summary);
+    after?.(summary);
     return exit(ExitCode.OK);
   } catch (e) {
     const err = e instanceof FfsyncError ? e : new FfsyncError('EINTERNAL', ExitCode.FILE_IO, String((e as Error)?.stack ?? e));
@@ -169,6 +172,116 @@ export function buildProgram(): Command {
         });
       });
     });
+  // rsync's front door. Options rsync users type that we do not implement are refused
+  // loudly (exit 1), never silently accepted.
+  const rules: string[] = [];
+  const notSupported: [string, string][] = [
+    ['-u, --update', 'update'],
+    ['-W, --whole-file', 'wholeFile'],
+    ['-x, --one-file-system', 'oneFileSystem'],
+    ['--max-size <size>', 'maxSize'],
+    ['--jobs <n>', 'jobs'],
+    ['-o, --owner', 'owner'],
+    ['-g, --group', 'group'],
+    ['-X, --xattrs', 'xattrs'],
+    ['--quic', 'quic'],
+  ];
+  const syncCmd = program
+    .command('sync')
+    .description('rsync-style: SRC and DEST are local paths or [user@]host:path (ssh); `src/` copies the contents, `src` the directory itself')
+    .argument('<SRC>')
+    .argument('<DEST>')
+    .option('-a, --archive', 'archive mode: recursive, symlinks, permissions, times (owner/group are not carried yet)')
+    .option('-r, --recursive', 'recurse into directories')
+    .option('-v, --verbose', 'list what changes')
+    .option('-q, --quiet', 'print errors only')
+    .option('-n, --dry-run', 'show what would change; write nothing')
+    .option('-z, --compress', 'compress data (always on: zstd where it pays)')
+    .addOption(new Option('--compress-level <n>', 'zstd level for data').argParser(intArg(0, 19)))
+    .option('-c, --checksum', 'compare content, not size and mtime')
+    .option('--delete', 'delete files only DEST has')
+    .option('--exclude <pattern>', 'exclude matching paths (repeatable; rules as in README)', (v: string) => (rules.push(v), rules))
+    .option('--include <pattern>', 're-include matching paths (first matching rule wins)', (v: string) => (rules.push(`!${v}`), rules))
+    .option('--exclude-from <file>', 'read exclude patterns from a file')
+    .addOption(new Option('--bwlimit <KiBps>', 'limit data to this many KiB per second').argParser(intArg(1, 2 ** 31)))
+    .option('--progress', 'show progress (the default on a terminal)')
+    .option('--partial', 'keep partially transferred files (always on: a rerun resumes them)')
+    .option('-P', 'same as --partial --progress')
+    .option('--stats', 'print transfer statistics at the end')
+    .option('-e, --rsh <command>', 'remote shell to use (default ssh)')
+    .option('--remote-cmd <command>', 'program to run on the remote side (default ffsync-native on its PATH)')
+    .option('--json', 'newline-delimited JSON events on stdout')
+    .option('--state-dir <dir>', 'state directory (indexes)')
+    .addOption(new Option('--timeout <seconds>', 'give up when the peer is silent this long (exit 30)').argParser(intArg(1, 86400)).default(60));
+  for (const [flags] of notSupported) syncCmd.option(flags, 'not supported (refused with exit 1)');
+  syncCmd.action(async (src: string, dest: string, o: Record<string, any>) => {
+    for (const [flags, key] of notSupported) {
+      if (o[key] !== undefined) {
+        process.stderr.write(`ffsync-native: error: ${flags.split(' <')[0]} is not supported by this version of ffsync-native\n`);
+        process.exit(ExitCode.USAGE);
+      }
+    }
+    await run(
+      { json: o.json, quiet: o.quiet, timeout: o.timeout } as CommonOptions,
+      async (events, signal) => {
+        const excludes = await loadExcludes(rules, o.excludeFrom);
+        return sync({
+          src,
+          dest,
+          recursive: Boolean(o.archive || o.recursive),
+          delete: Boolean(o.delete),
+          excludes,
+          dryRun: o.dryRun,
+          checksum: o.checksum,
+          compressLevel: o.compressLevel,
+          bwlimitKiBps: o.bwlimit,
+          verbose: o.verbose,
+          rsh: o.rsh,
+          remoteCmd: o.remoteCmd,
+          stateDir: o.stateDir,
+          timeoutMs: o.timeout * 1000,
+          events,
+          signal,
+        });
+      },
+      o.stats ? (s) => process.stdout.write(rsyncStats(s)) : undefined,
+    );
+  });
+
+  // The remote end of `sync` over ssh (not for direct use): one session on stdin/stdout.
+  program
+    .command('server', { hidden: true })
+    .option('--sender <path>')
+    .option('--receiver <path>')
+    .option('--name <name>')
+    .option('--src-slash')
+    .option('--dest-slash')
+    .option('-c, --checksum')
+    .option('-n, --dry-run')
+    .addOption(new Option('--compress-level <n>').argParser(intArg(0, 19)))
+    .addOption(new Option('--bwlimit <KiBps>').argParser(intArg(1, 2 ** 31)))
+    .option('--exclude <pattern>', '', collect, [])
+    .option('--state-dir <dir>')
+    .action(async (o: Record<string, any>) => {
+      await run({ quiet: true, timeout: 60 } as CommonOptions, async (events) => {
+        if (Boolean(o.sender) === Boolean(o.receiver)) throw new FfsyncError('EUSAGE', ExitCode.USAGE, 'server needs exactly one of --sender PATH or --receiver PATH');
+        return serveStdio({
+          role: o.sender ? 'sender' : 'receiver',
+          path: o.sender ?? o.receiver,
+          name: o.name,
+          srcSlash: o.srcSlash,
+          destSlash: o.destSlash,
+          checksum: o.checksum,
+          dryRun: o.dryRun,
+          compressLevel: o.compressLevel,
+          bwlimitKiBps: o.bwlimit,
+          excludes: o.exclude,
+          stateDir: o.stateDir,
+          events,
+        });
+      });
+    });
+
   program
     .command('id')
     .description("print this peer's certificate fingerprint (creates the identity on first use)")
@@ -218,6 +331,24 @@ export function buildProgram(): Command {
       }),
     );
   return program;
+}
+
+/** `--stats`: rsync-like totals. */
+function rsyncStats(s: SyncSummary): string {
+  const t = s.tree;
+  const lines = [
+    '',
+    `Number of files: ${t ? t.files : 1}`,
+    `Number of regular files transferred: ${t ? t.written : s.upToDate ? 0 : 1}`,
+    `Number of deleted files: ${t ? t.deleted : 0}`,
+    `Total file size: ${s.size} bytes (${formatBytes(s.size)})`,
+    `Literal data: ${s.literalBytes} bytes`,
+    `Matched data: ${s.matchedBytes} bytes`,
+    `Total bytes sent: ${s.bytesOnWire.sent}`,
+    `Total bytes received: ${s.bytesOnWire.received}`,
+    '',
+  ];
+  return lines.join('\n');
 }
 
 /** Small synchronous commands: one error line and the documented exit code. */

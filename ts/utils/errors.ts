@@ -15,6 +15,10 @@ export const ExitCode = {
   PARTIAL: 23,
   VANISHED: 24,
   TIMEOUT: 30,
+  /** `sync` over ssh: the remote program is not on the remote PATH (the shell's 127). */
+  REMOTE_COMMAND_MISSING: 127,
+  /** `sync` over ssh: ssh itself failed (unreachable host, refused key), as rsync reports it. */
+  SSH: 255,
 } as const;
 export type ExitCode = (typeof ExitCode)[keyof typeof ExitCode];
 

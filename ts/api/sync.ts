@@ -1,0 +1,270 @@
+// `ffsync-native sync SRC DEST`: the rsync-style front door. SRC and DEST are local paths
+// or [user@]host:path. Local to local runs both peers in this process over an in-memory
+// pipe; push and pull start the remote peer with the system's ssh (so ~/.ssh/config, the
+// agent and ControlMaster apply) and speak the same protocol over its stdin/stdout — the
+// ssh channel is the security boundary, no TLS inside it.
+
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { Duplex, PassThrough } from 'node:stream';
+import { FramedConnection } from '../transport/connection.js';
+import { ExitCode, FfsyncError } from '../utils/errors.js';
+import { resolveStateDir } from '../utils/state-dir.js';
+import { runReceiver, checkTarget } from './receive.js';
+import { runSender, statSource, type SendOptions } from './send.js';
+import type { SyncEvents, SyncSummary } from './events.js';
+import type { TreeSendOptions } from './tree-send.js';
+
+export interface Location {
+  /** `[user@]host` for a remote location. */
+  host?: string;
+  path: string;
+  /** Written with a trailing '/' (rsync: "the contents of"). */
+  slash: boolean;
+}
+
+/** rsync's rule: `host:path` when a ':' comes before any '/'; `C:\\…` stays local on Windows. */
+export function parseLocation(spec: string): Location {
+  const colon = spec.indexOf(':');
+  const slash = spec.indexOf('/');
+  const drive = process.platform === 'win32' && /^[a-zA-Z]:[\\/]/.test(spec);
+  if (colon > 0 && (slash < 0 || colon < slash) && !drive) {
+    const p = spec.slice(colon + 1);
+    return { host: spec.slice(0, colon), path: p === '' ? '.' : p, slash: p.endsWith('/') };
+  }
+  return { path: spec, slash: spec.endsWith('/') || spec.endsWith(path.sep) };
+}
+
+export interface SyncOptions {
+  src: string;
+  dest: string;
+  /** Directories need -r (or -a), as in rsync. */
+  recursive?: boolean;
+  /** Delete receiver-only files (rsync's --delete; off by default here, as in rsync). */
+  delete?: boolean;
+  excludes?: string[];
+  dryRun?: boolean;
+  checksum?: boolean;
+  compressLevel?: number;
+  bwlimitKiBps?: number;
+  verbose?: boolean;
+  /** ssh command (`-e`), split on whitespace; default `ssh`. */
+  rsh?: string;
+  /** The program to run on the remote side; default `ffsync-native`. */
+  remoteCmd?: string;
+  stateDir?: string;
+  timeoutMs?: number;
+  events?: SyncEvents;
+  signal?: AbortSignal;
+}
+
+/** Where a transfer lands, by rsync's rules: a tree written `src/` fills DEST, `src` goes
+ * to DEST/src; a file goes into DEST when DEST is a directory or written `dest/`. */
+export async function syncTarget(dest: string, destSlash: boolean, srcName: string, kind: 'file' | 'tree', srcSlash: boolean): Promise<string> {
+  const destDir = await fs.stat(dest).then((s) => s.isDirectory(), () => false);
+  let target: string;
+  if (kind === 'tree') target = srcSlash ? dest : path.join(dest, srcName);
+  else target = destSlash || destDir ? path.join(dest, srcName) : dest;
+  // rsync creates DEST itself (not its parents) when the source goes inside it.
+  if (target !== dest && !destDir) {
+    await fs.mkdir(dest).catch((e: NodeJS.ErrnoException) => {
+      if (e.code === 'ENOENT') throw new FfsyncError('ENOENT', ExitCode.FILE_SELECTION, `destination's parent ${path.dirname(path.resolve(dest))} does not exist`);
+      if (e.code !== 'EEXIST') throw new FfsyncError(e.code ?? 'EIO', ExitCode.FILE_IO, `cannot create ${dest}: ${e.message}`);
+    });
+  }
+  if (kind === 'file') await checkTarget(path.resolve(target));
+  else await checkTreeTarget(path.resolve(target));
+  return path.resolve(target);
+}
+
+async function checkTreeTarget(target: string): Promise<void> {
+  const st = await fs.lstat(target).catch(() => undefined);
+  if (st && !st.isDirectory()) throw new FfsyncError('ENOTDIR', ExitCode.FILE_IO, `${target} exists and is not a directory`);
+  if (!st) {
+    const parent = await fs.stat(path.dirname(target)).catch(() => undefined);
+    if (!parent?.isDirectory()) throw new FfsyncError('ENOENT', ExitCode.FILE_SELECTION, `destination's parent ${path.dirname(target)} does not exist`);
+  }
+}
+
+/** The last component of a path as written (`a/b/` -> `b`). */
+function baseName(p: string): string {
+  return path.basename(p.replace(/[/\\]+$/, '')) || p;
+}
+
+function engineOptions(o: SyncOptions): Pick<SendOptions, 'checksum' | 'compressLevel' | 'bwlimitKiBps' | 'stateDir' | 'timeoutMs' | 'events' | 'signal'> & { tree: TreeSendOptions } {
+  return {
+    checksum: o.checksum,
+    compressLevel: o.compressLevel,
+    bwlimitKiBps: o.bwlimitKiBps,
+    stateDir: o.stateDir,
+    timeoutMs: o.timeoutMs ?? 60_000,
+    events: o.events,
+    signal: o.signal,
+    tree: { excludes: o.excludes ?? [], noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose },
+  };
+}
+
+/** An in-memory, socket-free connection pair for local-to-local syncs. */
+function pipePair(): [Duplex, Duplex] {
+  const ab = new PassThrough({ highWaterMark: 4 * 1024 * 1024 });
+  const ba = new PassThrough({ highWaterMark: 4 * 1024 * 1024 });
+  return [Duplex.from({ readable: ba, writable: ab }), Duplex.from({ readable: ab, writable: ba })];
+}
+
+export async function sync(o: SyncOptions): Promise<SyncSummary> {
+  const src = parseLocation(o.src);
+  const dest = parseLocation(o.dest);
+  if (src.host && dest.host) throw new FfsyncError('EUSAGE', ExitCode.USAGE, 'SRC and DEST are both remote; one side must be local');
+  const stateDir = resolveStateDir(o.stateDir);
+  const eng = engineOptions(o);
+  const t0 = Date.now();
+
+  if (!src.host) {
+    const st = await statSource(src.path);
+    if (st.isDirectory() && !o.recursive) throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, `${src.path} is a directory: use -r or -a`);
+    const srcName = baseName(src.path);
+    const kind = st.isDirectory() ? 'tree' : 'file';
+    if (!dest.host) {
+      // Local to local: both peers here, over a pipe.
+      const target = await syncTarget(dest.path, dest.slash, srcName, kind, src.slash);
+      if (path.resolve(src.path) === target) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `SRC and DEST are the same path (${target})`);
+      const [a, b] = pipePair();
+      const recvConn = new FramedConnection(b, eng.timeoutMs!);
+      const sendConn = new FramedConnection(a, eng.timeoutMs!);
+      const receiving = runReceiver(recvConn, { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete } });
+      receiving.catch(() => undefined);
+      try {
+        return await runSender(sendConn, { ...eng, path: src.path, host: 'local', port: 0, stateDir, st, t0 });
+      } finally {
+        await receiving.catch(() => undefined);
+      }
+    }
+    // Push: the remote side receives.
+    const remote = startRemote(o, dest.host, ['--receiver', dest.path, '--name', srcName, ...(src.slash ? ['--src-slash'] : []), ...(dest.slash ? ['--dest-slash'] : []), ...(o.checksum ? ['-c'] : [])]);
+    return remote.run((conn) => runSender(conn, { ...eng, path: src.path, host: dest.host!, port: 0, stateDir, st, t0 }));
+  }
+
+  // Pull: the remote side sends; we receive by rsync's placement rules.
+  const senderArgs = [
+    '--sender',
+    src.path,
+    ...(o.checksum ? ['-c'] : []),
+    ...(o.dryRun ? ['-n'] : []),
+    ...(o.compressLevel !== undefined ? ['--compress-level', String(o.compressLevel)] : []),
+    ...(o.bwlimitKiBps ? ['--bwlimit', String(o.bwlimitKiBps)] : []),
+    ...(o.excludes ?? []).flatMap((p) => ['--exclude', p]),
+  ];
+  const remote = startRemote(o, src.host, senderArgs);
+  const srcName = baseName(src.path);
+  return remote.run((conn) =>
+    runReceiver(conn, {
+      path: dest.path,
+      port: 0,
+      target: path.resolve(dest.path),
+      stateDir,
+      checksum: o.checksum,
+      timeoutMs: eng.timeoutMs,
+      signal: o.signal,
+      tree: { noDelete: !o.delete },
+      resolveTarget: (kind) => {
+        if (kind === 'tree' && !o.recursive) throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, `${o.src} is a directory: use -r or -a`);
+        return syncTarget(dest.path, dest.slash, srcName, kind, src.slash);
+      },
+    }),
+  );
+}
+
+/** The remote peer over ssh: `ssh HOST REMOTE_CMD server …` on stdin/stdout. */
+function startRemote(o: SyncOptions, host: string, serverArgs: string[]): { run: (body: (conn: FramedConnection) => Promise<SyncSummary>) => Promise<SyncSummary> } {
+  const rsh = (o.rsh ?? 'ssh').trim().split(/\s+/);
+  const remoteCmd = o.remoteCmd ?? 'ffsync-native';
+  // The remote command line goes through the remote shell: quote every argument.
+  const quote = (a: string) => `'${a.replace(/'/g, `'\\''`)}'`;
+  const remoteLine = [remoteCmd, 'server', ...serverArgs.map(quote)].join(' ');
+  return {
+    async run(body) {
+      let child: ChildProcess;
+      try {
+        child = spawn(rsh[0], [...rsh.slice(1), host, remoteLine], { stdio: ['pipe', 'pipe', 'inherit'] });
+      } catch (e) {
+        throw new FfsyncError('ESSH', ExitCode.SSH, `cannot start ${rsh[0]}: ${(e as Error).message}`);
+      }
+      const exited = new Promise<{ code: number | null; error?: Error }>((resolve) => {
+        child.once('exit', (code) => resolve({ code }));
+        child.once('error', (error) => resolve({ code: null, error }));
+      });
+      const conn = new FramedConnection(Duplex.from({ readable: child.stdout!, writable: child.stdin! }), o.timeoutMs ?? 60_000);
+      try {
+        return await body(conn);
+      } catch (e) {
+        // Did ssh or the remote command fail to start? Their own message is already on
+        // our stderr (inherited); give the exit code rsync users expect.
+        const ex = await Promise.race([exited, new Promise<undefined>((r) => setTimeout(r, 1500))]);
+        if (ex?.error) throw new FfsyncError('ESSH', ExitCode.SSH, `cannot run ${rsh[0]}: ${ex.error.message}`);
+        if (ex?.code === 255) throw new FfsyncError('ESSH', ExitCode.SSH, `ssh to ${host} failed (see ssh's message above)`);
+        if (ex?.code === 127) {
+          throw new FfsyncError('EREMOTECMD', ExitCode.REMOTE_COMMAND_MISSING, `'${remoteCmd}' was not found on ${host}'s PATH; install it there or name it with --remote-cmd`);
+        }
+        throw e;
+      } finally {
+        // The remote peer ends when its stdin closes; make sure ssh does not outlive us.
+        child.stdin?.end();
+        const done = await Promise.race([exited, new Promise<undefined>((r) => setTimeout(r, 3000))]);
+        if (!done) child.kill('SIGTERM');
+      }
+    },
+  };
+}
+
+/**
+ * The remote end (`ffsync-native server`, started by `sync` through ssh): one session on
+ * stdin/stdout. Human messages go to stderr, which ssh carries back.
+ */
+export async function serveStdio(o: {
+  role: 'sender' | 'receiver';
+  path: string;
+  name?: string;
+  srcSlash?: boolean;
+  destSlash?: boolean;
+  checksum?: boolean;
+  excludes?: string[];
+  dryRun?: boolean;
+  compressLevel?: number;
+  bwlimitKiBps?: number;
+  stateDir?: string;
+  timeoutMs?: number;
+  events?: SyncEvents;
+}): Promise<SyncSummary> {
+  const stateDir = resolveStateDir(o.stateDir);
+  const conn = new FramedConnection(Duplex.from({ readable: process.stdin, writable: process.stdout }), o.timeoutMs ?? 60_000);
+  if (o.role === 'sender') {
+    const st = await statSource(o.path).catch(async (e) => {
+      await conn.close(100);
+      throw e;
+    });
+    return runSender(conn, {
+      path: o.path,
+      host: 'ssh',
+      port: 0,
+      stateDir,
+      st,
+      t0: Date.now(),
+      checksum: o.checksum,
+      compressLevel: o.compressLevel,
+      bwlimitKiBps: o.bwlimitKiBps,
+      events: o.events,
+      tree: { excludes: o.excludes ?? [], dryRun: o.dryRun },
+    });
+  }
+  return runReceiver(conn, {
+    path: o.path,
+    port: 0,
+    target: path.resolve(o.path),
+    stateDir,
+    checksum: o.checksum,
+    events: o.events,
+    tree: {},
+    resolveTarget: (kind) => syncTarget(o.path, Boolean(o.destSlash), o.name ?? baseName(o.path), kind, Boolean(o.srcSlash)),
+  });
+}
