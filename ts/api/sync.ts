@@ -9,7 +9,9 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import { Duplex, PassThrough } from 'node:stream';
 import { FramedConnection } from '../transport/connection.js';
-import { ExitCode, FfsyncError } from '../utils/errors.js';
+import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
+import { Role } from '../protocol/messages.js';
+import { handshake, reportError } from './session.js';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { runReceiver, checkTarget } from './receive.js';
 import { runSender, statSource, type SendOptions } from './send.js';
@@ -61,18 +63,21 @@ export interface SyncOptions {
 
 /** Where a transfer lands, by rsync's rules: a tree written `src/` fills DEST, `src` goes
  * to DEST/src; a file goes into DEST when DEST is a directory or written `dest/`. */
-export async function syncTarget(dest: string, destSlash: boolean, srcName: string, kind: 'file' | 'tree', srcSlash: boolean): Promise<string> {
+export async function syncTarget(dest: string, destSlash: boolean, srcName: string, kind: 'file' | 'tree', srcSlash: boolean, dryRun = false): Promise<string> {
   const destDir = await fs.stat(dest).then((s) => s.isDirectory(), () => false);
   let target: string;
   if (kind === 'tree') target = srcSlash ? dest : path.join(dest, srcName);
   else target = destSlash || destDir ? path.join(dest, srcName) : dest;
   // rsync creates DEST itself (not its parents) when the source goes inside it.
-  if (target !== dest && !destDir) {
+  if (target !== dest && !destDir && !dryRun) {
     await fs.mkdir(dest).catch((e: NodeJS.ErrnoException) => {
       if (e.code === 'ENOENT') throw new FfsyncError('ENOENT', ExitCode.FILE_SELECTION, `destination's parent ${path.dirname(path.resolve(dest))} does not exist`);
       if (e.code !== 'EEXIST') throw new FfsyncError(e.code ?? 'EIO', ExitCode.FILE_IO, `cannot create ${dest}: ${e.message}`);
     });
   }
+  if (dryRun && !destDir && target !== dest) return path.resolve(target); // nothing is created in a dry run
+  const parent = await fs.stat(path.dirname(path.resolve(target))).catch(() => undefined);
+  if (!parent?.isDirectory()) throw new FfsyncError('ENOENT', ExitCode.FILE_SELECTION, `destination's parent ${path.dirname(path.resolve(target))} does not exist`);
   if (kind === 'file') await checkTarget(path.resolve(target));
   else await checkTreeTarget(path.resolve(target));
   return path.resolve(target);
@@ -85,6 +90,10 @@ async function checkTreeTarget(target: string): Promise<void> {
     const parent = await fs.stat(path.dirname(target)).catch(() => undefined);
     if (!parent?.isDirectory()) throw new FfsyncError('ENOENT', ExitCode.FILE_SELECTION, `destination's parent ${path.dirname(target)} does not exist`);
   }
+}
+
+function dryRunFile(): FfsyncError {
+  return new FfsyncError('EUSAGE', ExitCode.USAGE, '-n/--dry-run applies to directory trees in this version, not to a single file');
 }
 
 /** The last component of a path as written (`a/b/` -> `b`). */
@@ -125,9 +134,10 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     if (st.isDirectory() && !o.recursive) throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, `${src.path} is a directory: use -r or -a`);
     const srcName = baseName(src.path);
     const kind = st.isDirectory() ? 'tree' : 'file';
+    if (kind === 'file' && o.dryRun) throw dryRunFile();
     if (!dest.host) {
       // Local to local: both peers here, over a pipe.
-      const target = await syncTarget(dest.path, dest.slash, srcName, kind, src.slash);
+      const target = await syncTarget(dest.path, dest.slash, srcName, kind, src.slash, o.dryRun);
       if (path.resolve(src.path) === target) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `SRC and DEST are the same path (${target})`);
       const [a, b] = pipePair();
       const recvConn = new FramedConnection(b, eng.timeoutMs!);
@@ -141,7 +151,16 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       }
     }
     // Push: the remote side receives.
-    const remote = startRemote(o, dest.host, ['--receiver', dest.path, '--name', srcName, ...(src.slash ? ['--src-slash'] : []), ...(dest.slash ? ['--dest-slash'] : []), ...(o.checksum ? ['-c'] : [])]);
+    const remote = startRemote(o, dest.host, [
+      '--receiver',
+      dest.path,
+      '--name',
+      srcName,
+      ...(src.slash ? ['--src-slash'] : []),
+      ...(dest.slash ? ['--dest-slash'] : []),
+      ...(o.checksum ? ['-c'] : []),
+      ...(o.dryRun ? ['-n'] : []),
+    ]);
     return remote.run((conn) => runSender(conn, { ...eng, path: src.path, host: dest.host!, port: 0, stateDir, st, t0 }));
   }
 
@@ -169,7 +188,8 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       tree: { noDelete: !o.delete },
       resolveTarget: (kind) => {
         if (kind === 'tree' && !o.recursive) throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, `${o.src} is a directory: use -r or -a`);
-        return syncTarget(dest.path, dest.slash, srcName, kind, src.slash);
+        if (kind === 'file' && o.dryRun) throw dryRunFile();
+        return syncTarget(dest.path, dest.slash, srcName, kind, src.slash, o.dryRun);
       },
     }),
   );
@@ -240,8 +260,12 @@ export async function serveStdio(o: {
   const conn = new FramedConnection(Duplex.from({ readable: process.stdin, writable: process.stdout }), o.timeoutMs ?? 60_000);
   if (o.role === 'sender') {
     const st = await statSource(o.path).catch(async (e) => {
-      await conn.close(100);
-      throw e;
+      // Tell the local side why, in the protocol (it is waiting for our HELLO and OFFER).
+      const err = e instanceof FfsyncError ? e : fromSystemError(e, `cannot read ${o.path}`);
+      await handshake(conn, Role.SENDER).catch(() => undefined);
+      await reportError(conn, err);
+      await conn.close(500);
+      throw err;
     });
     return runSender(conn, {
       path: o.path,
@@ -265,6 +289,6 @@ export async function serveStdio(o: {
     checksum: o.checksum,
     events: o.events,
     tree: {},
-    resolveTarget: (kind) => syncTarget(o.path, Boolean(o.destSlash), o.name ?? baseName(o.path), kind, Boolean(o.srcSlash)),
+    resolveTarget: (kind) => syncTarget(o.path, Boolean(o.destSlash), o.name ?? baseName(o.path), kind, Boolean(o.srcSlash), o.dryRun),
   });
 }
