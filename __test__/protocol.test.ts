@@ -129,8 +129,16 @@ describe('strict decoding of small frames', () => {
     hello[14] = 9;
     assert.throws(() => decodeHello(hello), /unknown role/);
     const offer = encodeOffer({ kind: OfferKind.FILE, size: 1n, mtimeNs: 0n, mode: 0, flags: 0 });
+    // Every flag bit is assigned now; tree-only flags on a file offer are refused.
     offer[21] |= 0x80;
-    assert.throws(() => decodeOffer(offer), /unknown flags/);
+    assert.throws(() => decodeOffer(offer), /tree flags/);
+    const tree = encodeOffer({ kind: OfferKind.TREE, size: 0n, mtimeNs: 0n, mode: 0o755, flags: 0 });
+    assert.equal(decodeOffer(tree).kind, OfferKind.TREE);
+    tree.writeBigUInt64LE(3n, 1); // lanes without PARALLEL
+    assert.throws(() => decodeOffer(tree), /lane count/);
+    const badKind = Buffer.from(tree);
+    badKind[0] = 9;
+    assert.throws(() => decodeOffer(badKind), /unknown kind/);
     assert.deepEqual(decodeDecision(encodeDecision(Decision.UP_TO_DATE, DecisionReason.INDEX_ROOT)), { decision: 0, reason: 2 });
     assert.throws(() => decodeDecision(encodeDecision(Decision.UP_TO_DATE)), /reason/);
     assert.throws(() => decodeDecision(Buffer.from([1])), /bad DECISION/);

@@ -3,6 +3,7 @@
 // loopback port. Results are compared entry by entry with snapshotTree (kinds, contents,
 // modes, mtimes, link targets).
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -243,6 +244,63 @@ describe('sync: local to local', () => {
   });
 });
 
+describe('sync: -u, -W, -x', () => {
+  it('-u leaves files that are newer on the receiver; without it they are replaced', async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'src');
+    const dst = path.join(dir, 'dst');
+    write(src, 'a.txt', 'sender version\n', 0o644, T0);
+    write(src, 'b.txt', 'sender b\n', 0o644, T0 + 100);
+    write(dst, 'a.txt', 'receiver edited later\n', 0o644, T0 + 1000);
+    write(dst, 'b.txt', 'old receiver b\n', 0o644, T0);
+    const st = path.join(dir, 'state');
+    assertOk(await syncCmd(st, ['-a', '-u', src + '/', dst]), 'sync -u');
+    assert.equal(fs.readFileSync(path.join(dst, 'a.txt'), 'utf8'), 'receiver edited later\n', 'newer receiver file kept');
+    assert.equal(fs.readFileSync(path.join(dst, 'b.txt'), 'utf8'), 'sender b\n', 'older receiver file replaced');
+    assertOk(await syncCmd(st, ['-a', src + '/', dst]), 'sync');
+    assert.equal(fs.readFileSync(path.join(dst, 'a.txt'), 'utf8'), 'sender version\n');
+  });
+
+  it('-W sends a changed large file whole; the result is the same', async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'src');
+    const dst = path.join(dir, 'dst');
+    const data = seeded(4 * MiB, 5);
+    write(src, 'big.bin', data);
+    const st = path.join(dir, 'state');
+    assertOk(await syncCmd(st, ['-a', src + '/', dst]), 'first');
+    data[100] ^= 1;
+    write(src, 'big.bin', data, 0o644, T0 + 5);
+    const delta = await syncCmd(st, ['-a', '--checksum', src + '/', dst]);
+    assertOk(delta, 'delta');
+    assert.ok(delta.summary!.literalBytes < 1 * MiB, `delta literal ${delta.summary!.literalBytes}`);
+    data[200] ^= 1;
+    write(src, 'big.bin', data, 0o644, T0 + 6);
+    const whole = await syncCmd(st, ['-a', '-W', src + '/', dst]);
+    assertOk(whole, 'whole');
+    assert.equal(whole.summary!.literalBytes, 4 * MiB, 'with -W the whole file travels');
+    assertSameTree(dst, src);
+  });
+
+  it('-x does not enter a filesystem mounted inside the source', { skip: !(process.platform === 'linux' && process.getuid?.() === 0) && 'needs root to mount a tmpfs' }, async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'src');
+    const dst = path.join(dir, 'dst');
+    write(src, 'top.txt', 'top\n');
+    fs.mkdirSync(path.join(src, 'mnt'));
+    execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=1m', 'tmpfs', path.join(src, 'mnt')]);
+    try {
+      write(src, 'mnt/inside.txt', 'on another filesystem\n');
+      assertOk(await syncCmd(path.join(dir, 'state'), ['-a', '-x', src + '/', dst]), 'sync -x');
+      assert.equal(fs.readFileSync(path.join(dst, 'top.txt'), 'utf8'), 'top\n');
+      assert.ok(fs.statSync(path.join(dst, 'mnt')).isDirectory(), 'the mount point itself is listed');
+      assert.deepEqual(fs.readdirSync(path.join(dst, 'mnt')), [], 'its contents are not');
+    } finally {
+      execFileSync('umount', [path.join(src, 'mnt')]);
+    }
+  });
+});
+
 describe('sync: bad input', () => {
   /** Runs `sync ARGS` and checks the exit code (and stderr against `re`, when given). */
   async function refused(args: string[], code: number, re?: RegExp, cwd?: string): Promise<PeerResult> {
@@ -285,7 +343,7 @@ describe('sync: bad input', () => {
 
   it('unsupported rsync options are refused with exit 1 and "not supported"', async () => {
     const { dir, state, d } = fixture();
-    for (const opt of [['-u'], ['-W'], ['-x'], ['-o'], ['-g'], ['-X'], ['--jobs', '2'], ['--max-size', '1M'], ['--quic']]) {
+    for (const opt of [['-o'], ['-g'], ['-X'], ['--jobs', '2'], ['--max-size', '1M'], ['--quic']]) {
       await refused(['-a', '--state-dir', state, ...opt, d + '/', path.join(dir, 'out')], 1, /not supported/, dir);
     }
   });

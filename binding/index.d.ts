@@ -58,7 +58,7 @@ export declare class NativeTreeSync {
   hashEntries(indices: Uint32Array, onProgress?: ProgressFn | undefined | null): Promise<Buffer>
   setPeerRoots(roots: Buffer): void
   /** Run triage (identical on both peers) and count what the plan does. */
-  triage(checksum: boolean, deleteExtraneous: boolean): PlanCounts
+  triage(checksum: boolean, deleteExtraneous: boolean, update?: boolean | undefined | null, wholeFile?: boolean | undefined | null): PlanCounts
   largeTransfers(): Array<LargeTransferInfo>
   /** What the plan does, one line per action (dry-run and verbose output). */
   describe(): string
@@ -146,6 +146,8 @@ export interface PlanCounts {
   unchangedFiles: number
   decidedByRoot: number
   keptExtraneous: number
+  /** Files left alone because the receiver's copy is newer (-u). */
+  keptNewer: number
   /** Files and bytes of the sender's tree (after excludes). */
   sourceFiles: number
   sourceBytes: number
@@ -222,4 +224,6 @@ export interface WalkTreeOptions {
   /** Ignore the index (`--checksum`); a fresh one is still written. */
   ignoreIndex?: boolean
   isSender: boolean
+  /** Do not enter directories on other filesystems (rsync's -x). */
+  oneFileSystem?: boolean
 }

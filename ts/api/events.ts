@@ -22,7 +22,7 @@ export interface SyncSummary {
   /** The target already had this content (nothing was rewritten). */
   upToDate: boolean;
   /** How the receiver decided: size+mtime, content root, or a full transfer. */
-  decidedBy: 'size-mtime' | 'index-root' | 'scan-root' | 'transfer';
+  decidedBy: 'size-mtime' | 'index-root' | 'scan-root' | 'transfer' | 'receiver-newer';
   /** Uncompressed bytes that crossed the wire as chunk data. */
   literalBytes: number;
   /** Bytes reused from files the receiver already had. */
@@ -59,6 +59,8 @@ export interface TreeSummary {
   mkdirs: number;
   toDelete: number;
   keptExtraneous: number;
+  /** Files left alone because the receiver's copy is newer (-u). */
+  keptNewer: number;
   skipped: number;
   /** Connections that carried large files (1 + extra lanes; sender's view). */
   lanes: number;

@@ -166,6 +166,10 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
     // it is never "up to date" in place: times and mode would land on the link's target.
     const targetIsLink = Boolean((await fs.lstat(target).catch(() => undefined))?.isSymbolicLink());
     const local = !checksum && dst ? (unchangedSinceStart ? initialIndex : await loadIndex(target, stateDir)) : null;
+    if (offer.flags & OfferFlag.UPDATE && dst && !targetIsLink && dst.mtimeNs > offer.mtimeNs) {
+      await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.RECEIVER_NEWER));
+      return done('receiver-newer');
+    }
     if (!targetIsLink && local && offer.root && local.root === offer.root.toString('hex')) {
       await markUpToDate(target, local.manifest, offer.mtimeNs, mode, stateDir);
       await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.INDEX_ROOT));
@@ -180,7 +184,9 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
     await conn.send(FrameType.DECISION, encodeDecision(Decision.SEND_MANIFEST));
 
     // 3. Scan what we have while the sender scans and streams its manifest.
-    const localPaths = [...(dst ? [target] : []), ...(o.from ?? [])];
+    // -W: no delta, so no local basis (a resumed partial of this version still counts).
+    const wholeFile = (offer.flags & OfferFlag.WHOLE_FILE) !== 0;
+    const localPaths = wholeFile ? [] : [...(dst ? [target] : []), ...(o.from ?? [])];
     const localTotal = (dst ? Number(dst.size) : 0) + (await Promise.all((o.from ?? []).map((f) => fs.stat(f)))).reduce((a, s) => a + s.size, 0);
     const locals: Promise<ScanResult[]> = conn.keepAlive(inPhase(o.events, 'hashing', localTotal, async (progress) => {
       const out: ScanResult[] = [];

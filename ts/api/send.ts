@@ -42,6 +42,10 @@ export interface SendOptions {
   interactive?: boolean;
   /** Directory trees (ignored for a single file). */
   tree?: TreeSendOptions;
+  /** rsync's -u: leave files whose receiver copy is newer. */
+  update?: boolean;
+  /** rsync's -W: send changed files whole, no delta against the receiver's old version. */
+  wholeFile?: boolean;
 }
 
 export async function statSource(p: string): Promise<import('node:fs').BigIntStats> {
@@ -100,14 +104,14 @@ export async function runSender(
         size: st.size,
         mtimeNs: st.mtimeNs,
         mode: Number(st.mode & 0o7777n),
-        flags: o.checksum ? OfferFlag.CHECKSUM : 0,
+        flags: (o.checksum ? OfferFlag.CHECKSUM : 0) | (o.update ? OfferFlag.UPDATE : 0) | (o.wholeFile ? OfferFlag.WHOLE_FILE : 0),
         root: scan ? Buffer.from(scan.root, 'hex') : undefined,
       }),
     );
     const { decision, reason } = decodeDecision((await expect(conn, FrameType.DECISION)).payload);
     if (decision === Decision.UP_TO_DATE) {
       summary.upToDate = true;
-      summary.decidedBy = reason === DecisionReason.INDEX_ROOT ? 'index-root' : 'size-mtime';
+      summary.decidedBy = reason === DecisionReason.INDEX_ROOT ? 'index-root' : reason === DecisionReason.RECEIVER_NEWER ? 'receiver-newer' : 'size-mtime';
       summary.matchedBytes = summary.size;
       summary.root = scan?.root;
     } else {

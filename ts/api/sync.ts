@@ -51,6 +51,10 @@ export interface SyncOptions {
   compressLevel?: number;
   bwlimitKiBps?: number;
   verbose?: boolean;
+  /** rsync's -u, -W, -x. */
+  update?: boolean;
+  wholeFile?: boolean;
+  oneFileSystem?: boolean;
   /** ssh command (`-e`), split on whitespace; default `ssh`. */
   rsh?: string;
   /** The program to run on the remote side; default `ffsync-native`. */
@@ -101,16 +105,20 @@ function baseName(p: string): string {
   return path.basename(p.replace(/[/\\]+$/, '')) || p;
 }
 
-function engineOptions(o: SyncOptions): Pick<SendOptions, 'checksum' | 'compressLevel' | 'bwlimitKiBps' | 'stateDir' | 'timeoutMs' | 'events' | 'signal'> & { tree: TreeSendOptions } {
+function engineOptions(
+  o: SyncOptions,
+): Pick<SendOptions, 'checksum' | 'compressLevel' | 'bwlimitKiBps' | 'stateDir' | 'timeoutMs' | 'events' | 'signal' | 'update' | 'wholeFile'> & { tree: TreeSendOptions } {
   return {
     checksum: o.checksum,
+    update: o.update,
+    wholeFile: o.wholeFile,
     compressLevel: o.compressLevel,
     bwlimitKiBps: o.bwlimitKiBps,
     stateDir: o.stateDir,
     timeoutMs: o.timeoutMs ?? 60_000,
     events: o.events,
     signal: o.signal,
-    tree: { excludes: o.excludes ?? [], noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose },
+    tree: { excludes: o.excludes ?? [], noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem },
   };
 }
 
@@ -170,6 +178,9 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     src.path,
     ...(o.checksum ? ['-c'] : []),
     ...(o.dryRun ? ['-n'] : []),
+    ...(o.update ? ['-u'] : []),
+    ...(o.wholeFile ? ['-W'] : []),
+    ...(o.oneFileSystem ? ['-x'] : []),
     ...(o.compressLevel !== undefined ? ['--compress-level', String(o.compressLevel)] : []),
     ...(o.bwlimitKiBps ? ['--bwlimit', String(o.bwlimitKiBps)] : []),
     ...(o.excludes ?? []).flatMap((p) => ['--exclude', p]),
@@ -250,6 +261,9 @@ export async function serveStdio(o: {
   checksum?: boolean;
   excludes?: string[];
   dryRun?: boolean;
+  update?: boolean;
+  wholeFile?: boolean;
+  oneFileSystem?: boolean;
   compressLevel?: number;
   bwlimitKiBps?: number;
   stateDir?: string;
@@ -275,10 +289,12 @@ export async function serveStdio(o: {
       st,
       t0: Date.now(),
       checksum: o.checksum,
+      update: o.update,
+      wholeFile: o.wholeFile,
       compressLevel: o.compressLevel,
       bwlimitKiBps: o.bwlimitKiBps,
       events: o.events,
-      tree: { excludes: o.excludes ?? [], dryRun: o.dryRun },
+      tree: { excludes: o.excludes ?? [], dryRun: o.dryRun, oneFileSystem: o.oneFileSystem },
     });
   }
   return runReceiver(conn, {

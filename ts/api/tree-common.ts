@@ -78,6 +78,7 @@ export function treeSummary(stats: TreeStats, c: PlanCounts): TreeSummary {
     mkdirs: c.mkdirs,
     toDelete: c.deletes,
     keptExtraneous: c.keptExtraneous,
+    keptNewer: c.keptNewer,
     skipped: c.skipped,
     lanes: 1,
     written: 0,

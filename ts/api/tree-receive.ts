@@ -128,17 +128,18 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     // The prewalk fits if the sender excludes nothing, it did not ask for --checksum (the
     // prewalk used the index), and it finished moments ago (or is still running).
     const pre = o.prewalk;
-    const usable = pre && !scratch && excludes.length === 0 && (!checksum || o.checksum) && (pre.doneAt === 0 || Date.now() - pre.doneAt < PREWALK_FRESH_MS);
+    const oneFileSystem = (o.offer.flags & OfferFlag.ONE_FILE_SYSTEM) !== 0;
+    const usable = pre && !scratch && !oneFileSystem && excludes.length === 0 && (!checksum || o.checksum) && (pre.doneAt === 0 || Date.now() - pre.doneAt < PREWALK_FRESH_MS);
     const tree = await conn.keepAlive(
       usable
         ? pre.tree
         : inPhase(o.events, 'scanning', 0, (progress) =>
-            walkTree(root, { excludes, protect: o.tree?.protect, stateDir: scratch ? undefined : o.stateDir, ignoreIndex: checksum, isSender: false }, progress),
+            walkTree(root, { excludes, protect: o.tree?.protect, stateDir: scratch ? undefined : o.stateDir, ignoreIndex: checksum, isSender: false, oneFileSystem }, progress),
           ),
     );
     const stats = tree.stats();
     await exchangeManifestsAndRoots(conn, tree, checksum, o.events);
-    const counts = tree.triage(checksum, deleteExtraneous);
+    const counts = tree.triage(checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0);
     const summary = treeSummary(stats, counts);
     o.summary.tree = summary;
     o.summary.size = counts.sourceBytes;

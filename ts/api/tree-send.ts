@@ -44,6 +44,8 @@ export interface TreeSendOptions {
   parallel?: number;
   /** List each change as it is planned (rsync's -v). */
   verbose?: boolean;
+  /** Do not enter directories on other filesystems (rsync's -x). */
+  oneFileSystem?: boolean;
 }
 
 interface Context extends SendOptions {
@@ -59,14 +61,17 @@ interface Context extends SendOptions {
 /** Walk the source tree (in parallel, natively); progress counts entries. */
 export function startWalk(root: string, o: SendOptions, stateDir: string): Promise<NativeTreeSync> {
   const excludes = o.tree?.excludes ?? [];
-  return inPhase(o.events, 'scanning', 0, (progress) => walkTree(root, { excludes, stateDir, ignoreIndex: o.checksum, isSender: true }, progress));
+  return inPhase(o.events, 'scanning', 0, (progress) => walkTree(root, { excludes, stateDir, ignoreIndex: o.checksum, isSender: true, oneFileSystem: o.tree?.oneFileSystem }, progress));
 }
 
 export async function sendTree(conn: FramedConnection, o: Context): Promise<void> {
   const t = o.tree ?? {};
   const lanesWanted = t.dryRun ? 1 : Math.max(1, Math.min(MAX_LANES, t.parallel ?? 1));
   const flags =
-    (o.checksum ? OfferFlag.CHECKSUM : 0) | (t.noDelete ? OfferFlag.NO_DELETE : 0) | (t.dryRun ? OfferFlag.DRY_RUN : 0) | (lanesWanted > 1 ? OfferFlag.PARALLEL : 0);
+    (o.checksum ? OfferFlag.CHECKSUM : 0) | (t.noDelete ? OfferFlag.NO_DELETE : 0) | (t.dryRun ? OfferFlag.DRY_RUN : 0) | (lanesWanted > 1 ? OfferFlag.PARALLEL : 0) |
+    (o.update ? OfferFlag.UPDATE : 0) |
+    (o.wholeFile ? OfferFlag.WHOLE_FILE : 0) |
+    (t.oneFileSystem ? OfferFlag.ONE_FILE_SYSTEM : 0);
   const size = lanesWanted > 1 ? BigInt(lanesWanted) : 0n;
   await conn.send(FrameType.OFFER, encodeOffer({ kind: OfferKind.TREE, size, mtimeNs: o.st.mtimeNs, mode: Number(o.st.mode & 0o7777n), flags }));
   await conn.send(FrameType.FILTER, encodeFilter(t.excludes ?? []));
@@ -75,7 +80,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   for (const p of stats.problems) o.events?.info?.(`warning: ${p}`);
   const lanes = lanesWanted > 1 ? decodeLanes((await expect(conn, FrameType.LANES)).payload) : undefined;
   await exchangeManifestsAndRoots(conn, tree, Boolean(o.checksum), o.events);
-  const counts = tree.triage(Boolean(o.checksum), !t.noDelete);
+  const counts = tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile));
   o.summary.size = counts.sourceBytes;
   o.summary.tree = treeSummary(stats, counts);
   if (t.dryRun) {

@@ -176,9 +176,6 @@ export function buildProgram(): Command {
   // loudly (exit 1), never silently accepted.
   const rules: string[] = [];
   const notSupported: [string, string][] = [
-    ['-u, --update', 'update'],
-    ['-W, --whole-file', 'wholeFile'],
-    ['-x, --one-file-system', 'oneFileSystem'],
     ['--max-size <size>', 'maxSize'],
     ['--jobs <n>', 'jobs'],
     ['-o, --owner', 'owner'],
@@ -199,6 +196,9 @@ export function buildProgram(): Command {
     .option('-z, --compress', 'compress data (always on: zstd where it pays)')
     .addOption(new Option('--compress-level <n>', 'zstd level for data').argParser(intArg(0, 19)))
     .option('-c, --checksum', 'compare content, not size and mtime')
+    .option('-u, --update', 'skip files that are newer on the receiver')
+    .option('-W, --whole-file', 'send changed files whole (no delta against the old version)')
+    .option('-x, --one-file-system', "don't cross filesystem boundaries")
     .option('--delete', 'delete files only DEST has')
     .option('--exclude <pattern>', 'exclude matching paths (repeatable; rules as in README)', (v: string) => (rules.push(v), rules))
     .option('--include <pattern>', 're-include matching paths (first matching rule wins)', (v: string) => (rules.push(`!${v}`), rules))
@@ -236,6 +236,9 @@ export function buildProgram(): Command {
           compressLevel: o.compressLevel,
           bwlimitKiBps: o.bwlimit,
           verbose: o.verbose,
+          update: o.update,
+          wholeFile: o.wholeFile,
+          oneFileSystem: o.oneFileSystem,
           rsh: o.rsh,
           remoteCmd: o.remoteCmd,
           stateDir: o.stateDir,
@@ -258,6 +261,9 @@ export function buildProgram(): Command {
     .option('--dest-slash')
     .option('-c, --checksum')
     .option('-n, --dry-run')
+    .option('-u, --update')
+    .option('-W, --whole-file')
+    .option('-x, --one-file-system')
     .addOption(new Option('--compress-level <n>').argParser(intArg(0, 19)))
     .addOption(new Option('--bwlimit <KiBps>').argParser(intArg(1, 2 ** 31)))
     .option('--exclude <pattern>', '', collect, [])
@@ -273,6 +279,9 @@ export function buildProgram(): Command {
           destSlash: o.destSlash,
           checksum: o.checksum,
           dryRun: o.dryRun,
+          update: o.update,
+          wholeFile: o.wholeFile,
+          oneFileSystem: o.oneFileSystem,
           compressLevel: o.compressLevel,
           bwlimitKiBps: o.bwlimit,
           excludes: o.exclude,

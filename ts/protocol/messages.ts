@@ -71,8 +71,20 @@ export function negotiateVersion(ours: { min: number; max: number }, peer: Hello
 
 export const OfferKind = { FILE: 1, TREE: 2 } as const;
 /** For tree offers with PARALLEL, the OFFER's size field carries the lanes wanted (2..16). */
-export const OfferFlag = { CHECKSUM: 1 << 0, HAS_ROOT: 1 << 1, NO_DELETE: 1 << 2, DRY_RUN: 1 << 3, PARALLEL: 1 << 4 } as const;
-const KNOWN_OFFER_FLAGS = OfferFlag.CHECKSUM | OfferFlag.HAS_ROOT | OfferFlag.NO_DELETE | OfferFlag.DRY_RUN | OfferFlag.PARALLEL;
+export const OfferFlag = {
+  CHECKSUM: 1 << 0,
+  HAS_ROOT: 1 << 1,
+  NO_DELETE: 1 << 2,
+  DRY_RUN: 1 << 3,
+  PARALLEL: 1 << 4,
+  /** rsync's -u: leave files whose receiver copy is newer. */
+  UPDATE: 1 << 5,
+  /** rsync's -W: no delta against the receiver's old version. */
+  WHOLE_FILE: 1 << 6,
+  /** rsync's -x (trees): do not enter directories on other filesystems. */
+  ONE_FILE_SYSTEM: 1 << 7,
+} as const;
+const KNOWN_OFFER_FLAGS = 0xff;
 export const MAX_LANES = 16;
 
 export interface Offer {
@@ -103,7 +115,7 @@ export function decodeOffer(p: Buffer): Offer {
   const kind = p.readUInt8(0);
   if (kind !== OfferKind.FILE && kind !== OfferKind.TREE) throw protocolError(`OFFER of unknown kind ${kind}`);
   if (kind === OfferKind.TREE && flags & OfferFlag.HAS_ROOT) throw protocolError('tree OFFER with a root');
-  if (kind === OfferKind.FILE && flags & (OfferFlag.NO_DELETE | OfferFlag.DRY_RUN | OfferFlag.PARALLEL)) throw protocolError('file OFFER with tree flags');
+  if (kind === OfferKind.FILE && flags & (OfferFlag.NO_DELETE | OfferFlag.DRY_RUN | OfferFlag.PARALLEL | OfferFlag.ONE_FILE_SYSTEM)) throw protocolError('file OFFER with tree flags');
   const size = p.readBigUInt64LE(1);
   if (kind === OfferKind.TREE && (flags & OfferFlag.PARALLEL ? size < 2n || size > BigInt(MAX_LANES) : size !== 0n)) throw protocolError(`tree OFFER with a bad lane count ${size}`);
   return {
@@ -118,14 +130,14 @@ export function decodeOffer(p: Buffer): Offer {
 
 export const Decision = { UP_TO_DATE: 0, SEND_MANIFEST: 1 } as const;
 /** Why the receiver decided: lets both sides report the same `decidedBy`. */
-export const DecisionReason = { NONE: 0, SIZE_MTIME: 1, INDEX_ROOT: 2 } as const;
+export const DecisionReason = { NONE: 0, SIZE_MTIME: 1, INDEX_ROOT: 2, RECEIVER_NEWER: 3 } as const;
 
 export function encodeDecision(d: number, reason: number = DecisionReason.NONE): Buffer {
   return Buffer.from([d, reason]);
 }
 
 export function decodeDecision(p: Buffer): { decision: number; reason: number } {
-  if (p.length !== 2 || p[0] > Decision.SEND_MANIFEST || p[1] > DecisionReason.INDEX_ROOT) throw protocolError('bad DECISION');
+  if (p.length !== 2 || p[0] > Decision.SEND_MANIFEST || p[1] > DecisionReason.RECEIVER_NEWER) throw protocolError('bad DECISION');
   if ((p[0] === Decision.UP_TO_DATE) !== (p[1] !== DecisionReason.NONE)) throw protocolError('DECISION reason does not fit the decision');
   return { decision: p[0], reason: p[1] };
 }

@@ -26,6 +26,8 @@ pub struct WalkTreeOptions {
     /// Ignore the index (`--checksum`); a fresh one is still written.
     pub ignore_index: Option<bool>,
     pub is_sender: bool,
+    /// Do not enter directories on other filesystems (rsync's -x).
+    pub one_file_system: Option<bool>,
 }
 
 #[napi(object)]
@@ -53,6 +55,8 @@ pub struct PlanCounts {
     pub unchanged_files: f64,
     pub decided_by_root: f64,
     pub kept_extraneous: f64,
+    /// Files left alone because the receiver's copy is newer (-u).
+    pub kept_newer: f64,
     /// Files and bytes of the sender's tree (after excludes).
     pub source_files: f64,
     pub source_bytes: f64,
@@ -138,6 +142,7 @@ impl Task for WalkTask {
                 protect: protect.as_ref(),
                 index: idx.as_ref(),
                 progress: Some(&counter),
+                one_file_system: self.o.one_file_system.unwrap_or(false),
             },
         );
         ticker.stop();
@@ -321,11 +326,19 @@ impl NativeTreeSync {
 
     /// Run triage (identical on both peers) and count what the plan does.
     #[napi]
-    pub fn triage(&self, checksum: bool, delete_extraneous: bool) -> PlanCounts {
+    pub fn triage(
+        &self,
+        checksum: bool,
+        delete_extraneous: bool,
+        update: Option<bool>,
+        whole_file: Option<bool>,
+    ) -> PlanCounts {
         let mut t = self.inner.write().unwrap();
         let plan = t.triage(TriageOptions {
             checksum,
             delete: delete_extraneous,
+            update: update.unwrap_or(false),
+            whole_file: whole_file.unwrap_or(false),
         });
         let mut c = PlanCounts {
             mkdirs: 0,
@@ -340,6 +353,7 @@ impl NativeTreeSync {
             unchanged_files: plan.unchanged_files as f64,
             decided_by_root: plan.decided_by_root as f64,
             kept_extraneous: plan.kept_extraneous as f64,
+            kept_newer: plan.kept_newer as f64,
             source_files: 0.0,
             source_bytes: 0.0,
         };

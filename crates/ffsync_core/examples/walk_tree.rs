@@ -17,6 +17,7 @@ fn main() {
                 protect: None,
                 index: idx.as_ref(),
                 progress: None,
+                one_file_system: false,
             },
         )
         .unwrap();

@@ -192,6 +192,7 @@ fn open(side: &Side, filter: &Filter, protect: Option<&Filter>, sender: bool) ->
         protect,
         index: idx.as_ref(),
         progress: None,
+        one_file_system: false,
     };
     TreeSync::new(walk::walk(&side.tree, &o).unwrap(), sender, Some(side.state.clone()))
 }
@@ -216,6 +217,7 @@ fn negotiate(src: &Side, dst: &Side, o: Opts) -> (TreeSync, TreeSync) {
     let t = TriageOptions {
         checksum: o.checksum,
         delete: o.delete,
+        ..Default::default()
     };
     let sp = s.triage(t).actions.clone();
     assert_eq!(sp, r.triage(t).actions, "both peers must derive the same plan");

@@ -65,6 +65,10 @@ pub struct Action {
 pub struct TriageOptions {
     pub checksum: bool,
     pub delete: bool,
+    /// rsync's -u: a file whose receiver copy is newer than the sender's is left alone.
+    pub update: bool,
+    /// rsync's -W: changed files travel whole (no delta against the old version).
+    pub whole_file: bool,
 }
 
 /// Content roots supplied after the manifests were exchanged, by manifest index.
@@ -81,6 +85,8 @@ pub struct Plan {
     /// Receiver-only paths kept because of --no-delete, a protect rule, or an unreadable
     /// sender directory above them.
     pub kept_extraneous: u64,
+    /// Files left alone because the receiver's copy is newer (-u).
+    pub kept_newer: u64,
 }
 
 fn root_of<'a>(e: &EntryRef<'a>, i: usize, extra: &'a ExtraRoots) -> Option<&'a [u8; 32]> {
@@ -278,6 +284,10 @@ pub fn triage(
                                     _ => false,
                                 }
                             };
+                            if !same && o.update && re.mtime_ns > se.mtime_ns {
+                                plan.kept_newer += 1;
+                                return;
+                            }
                             if same {
                                 plan.unchanged_files += 1;
                                 if se.mtime_ns != re.mtime_ns || applied(se.mode) != applied(re.mode) {
@@ -285,7 +295,7 @@ pub fn triage(
                                 }
                                 return;
                             }
-                            if se.size <= SMALL_FILE_MAX || re.size == 0 {
+                            if se.size <= SMALL_FILE_MAX || re.size == 0 || o.whole_file {
                                 small_or_large(&mut small, &mut large, act(Op::Transfer, 0, i, b, NONE), se.size);
                             } else {
                                 large.push(act(Op::Transfer, action_flags::DELTA, i, b, NONE));

@@ -26,6 +26,8 @@ pub struct WalkOptions<'a> {
     pub index: Option<&'a TreeIndex>,
     /// Incremented per entry listed.
     pub progress: Option<&'a AtomicU64>,
+    /// rsync's -x: a directory on another filesystem than the root is listed but not entered.
+    pub one_file_system: bool,
 }
 
 /// A walked local tree: its manifest plus what only this machine needs.
@@ -238,6 +240,7 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
     }
     let root_buf = root.to_path_buf();
     let filter = Arc::new(o.filter.clone());
+    let root_dev = o.one_file_system.then(|| FileIdentity::of(&meta).dev);
     let walker = WalkDirGeneric::<Walk>::new(root)
         .skip_hidden(false)
         .follow_links(false)
@@ -262,7 +265,12 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
                         continue;
                     }
                     child.client_state.stat = stat_at.stat(dir, &child.file_name);
-                    if !child.client_state.stat.as_ref().is_some_and(|s| s.kind == Kind::Dir) {
+                    let enter = child
+                        .client_state
+                        .stat
+                        .as_ref()
+                        .is_some_and(|s| s.kind == Kind::Dir && root_dev.is_none_or(|d| s.identity.dev == d));
+                    if !enter {
                         child.read_children_path = None;
                     }
                     child.client_state.rel = rel;
@@ -416,6 +424,7 @@ mod tests {
                 protect: None,
                 index: None,
                 progress: None,
+                one_file_system: false,
             },
         )
         .unwrap();
@@ -449,6 +458,7 @@ mod tests {
                 protect: Some(&protect),
                 index: None,
                 progress: None,
+                one_file_system: false,
             },
         )
         .unwrap();
