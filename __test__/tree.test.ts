@@ -766,4 +766,23 @@ describe('tree sync', () => {
     assert.equal(again.recv.summary!.tree.written, 0);
     fs.rmSync(dir, { recursive: true, force: true });
   });
+
+  it('--parallel: a lane that fails fails the session, and nothing is deleted', async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'src');
+    const dst = path.join(dir, 'dst');
+    for (let i = 0; i < 4; i++) write(src, `big${i}.bin`, seeded(6 * MiB, 700 + i));
+    write(dst, 'extra.txt', 'receiver only\n');
+    const { peer, port } = await startReceiver(dst, ['--state-dir', path.join(dir, 'state-r')]);
+    const s = sender(src, port, ['--state-dir', path.join(dir, 'state-s'), '--parallel', '4', '--bwlimit', '4096']);
+    await peer.waitFor((e) => e.event === 'progress' && e.phase === 'receiving' && e.doneBytes > 0);
+    // Killing the sender mid-transfer breaks the first connection and every lane at once.
+    s.child.kill('SIGKILL');
+    const r = await peer.done;
+    assert.notEqual(r.code, 0, 'the session failed');
+    assert.equal(fs.readFileSync(path.join(dst, 'extra.txt'), 'utf8'), 'receiver only\n', 'nothing deleted');
+    const again = await sync(src, dst, states(dir));
+    assertOk(again, 'rerun');
+    assertSameTree(dst, src);
+  });
 });
