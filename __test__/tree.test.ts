@@ -86,7 +86,9 @@ function paths(dir: string): string[] {
   return Object.keys(snapshotTree(dir, { root: false })).sort();
 }
 
-describe('tree sync', () => {
+const POSIX_ONLY = process.platform === 'win32' && 'POSIX modes and symlinks: tree semantics are tested on Linux and macOS (the engine builds on Windows)';
+
+describe('tree sync', { skip: POSIX_ONLY }, () => {
   it('fresh tree converges; `dir` and `dir/` mean the same; modes and mtimes adopted (directories too)', async () => {
     const dir = tmpdir();
     const src = path.join(dir, 'src');
