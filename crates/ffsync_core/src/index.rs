@@ -17,7 +17,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 const MAGIC: &[u8; 4] = b"FFX1";
 /// A file whose mtime is this close to the moment it was indexed may have been written
 /// again within the same timestamp tick ("racily clean", as git calls it): don't trust it.
-const RACY_WINDOW_NS: i64 = 20_000_000;
+/// Shared by the tree index (tree/index.rs).
+pub(crate) const RACY_WINDOW_NS: i64 = 20_000_000;
 
 pub fn index_path(state_dir: &Path, file: &Path) -> PathBuf {
     let key = blake3::hash(file.to_string_lossy().as_bytes());
@@ -26,7 +27,7 @@ pub fn index_path(state_dir: &Path, file: &Path) -> PathBuf {
         .join(format!("{}.idx", &hex(key.as_bytes())[..32]))
 }
 
-fn now_ns() -> i64 {
+pub(crate) fn now_ns() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)
@@ -113,19 +114,23 @@ pub fn load(state_dir: &Path, file: &Path, current: &FileIdentity) -> Option<Man
 
 /// Store atomically (temp file + rename) so a crash never leaves a torn entry.
 pub fn store(state_dir: &Path, file: &Path, id: &FileIdentity, manifest: &Manifest) -> Result<()> {
-    let p = index_path(state_dir, file);
+    write_atomically(&index_path(state_dir, file), &encode(file, id, manifest, now_ns()))
+}
+
+/// Write `bytes` to `p` through a temp file and a rename (creating its directory), so a
+/// crash never leaves a torn index. Shared by the per-file and the tree index.
+pub(crate) fn write_atomically(p: &Path, bytes: &[u8]) -> Result<()> {
     let dir = p.parent().unwrap();
     fs::create_dir_all(dir).map_err(|e| CoreError::io(dir, e))?;
     let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-    let bytes = encode(file, id, manifest, now_ns());
     let write = || -> std::io::Result<()> {
         let mut f = fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        fs::rename(&tmp, &p)
+        f.write_all(bytes)?;
+        fs::rename(&tmp, p)
     };
     write().map_err(|e| {
         let _ = fs::remove_file(&tmp);
-        CoreError::io(&p, e)
+        CoreError::io(p, e)
     })
 }
 

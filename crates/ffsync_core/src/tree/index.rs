@@ -8,19 +8,16 @@
 //! bytes), root [32] }, BLAKE3 of all of it. A torn or foreign file is ignored and removed.
 
 use super::path::cmp_tree_path;
-use crate::error::{CoreError, Result};
+use crate::error::Result;
 use crate::file_identity::FileIdentity;
+use crate::index::{now_ns, write_atomically, RACY_WINDOW_NS};
 use crate::manifest::hex;
 use std::cmp::Ordering;
 use std::fs;
-use std::io::{BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 const MAGIC: &[u8; 4] = b"FFTX";
-/// Same rule as the per-file index: a file modified within this window of being indexed
-/// may change again inside one timestamp tick, so its entry is not trusted.
-const RACY_WINDOW_NS: i64 = 20_000_000;
 
 pub fn tree_index_path(state_dir: &Path, tree: &Path) -> PathBuf {
     let key = blake3::hash(tree.to_string_lossy().as_bytes());
@@ -139,13 +136,6 @@ impl IndexCursor<'_> {
     }
 }
 
-fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
-}
-
 /// Check the header and the checksum (streaming), and locate the entries.
 fn open_verified(p: &Path, tree: &Path) -> Option<TreeIndex> {
     let f = fs::File::open(p).ok()?;
@@ -230,19 +220,7 @@ pub fn store(state_dir: &Path, tree: &Path, mut claims: Vec<Claim>) -> Result<()
     }
     let sum = blake3::hash(&out);
     out.extend_from_slice(sum.as_bytes());
-    let p = tree_index_path(state_dir, tree);
-    let dir = p.parent().unwrap();
-    fs::create_dir_all(dir).map_err(|e| CoreError::io(dir, e))?;
-    let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-    let write = || -> std::io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(&out)?;
-        fs::rename(&tmp, &p)
-    };
-    write().map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        CoreError::io(&p, e)
-    })
+    write_atomically(&tree_index_path(state_dir, tree), &out)
 }
 
 #[cfg(test)]

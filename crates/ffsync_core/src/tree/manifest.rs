@@ -256,17 +256,73 @@ impl TreeManifest {
 
     /// Inverse of [`encode_compressed`], refusing to inflate beyond `max_len` bytes.
     pub fn decode_compressed(wire: &[u8], max_len: usize) -> Result<TreeManifest> {
+        let mut r = CompressedManifestReader::new(max_len);
+        r.push(wire)?;
+        r.finish()
+    }
+}
+
+/// Decodes the wire form ([`TreeManifest::encode_compressed`]) from parts as they arrive,
+/// decompressing as it goes: the compressed form is never assembled whole. Refuses a
+/// declared size above `max_len` and any output beyond the declared size.
+pub struct CompressedManifestReader {
+    max_len: usize,
+    header: Vec<u8>,
+    raw_len: usize,
+    decoder: Option<zstd::stream::write::Decoder<'static, Vec<u8>>>,
+}
+
+impl CompressedManifestReader {
+    pub fn new(max_len: usize) -> Self {
+        CompressedManifestReader {
+            max_len,
+            header: Vec::with_capacity(8),
+            raw_len: 0,
+            decoder: None,
+        }
+    }
+
+    pub fn push(&mut self, mut part: &[u8]) -> Result<()> {
+        use std::io::Write;
         let bad = |r: String| CoreError::malformed("tree manifest", r);
-        if wire.len() < 8 {
-            return Err(bad("too short".into()));
+        if self.header.len() < 8 {
+            let n = (8 - self.header.len()).min(part.len());
+            self.header.extend_from_slice(&part[..n]);
+            part = &part[n..];
+            if self.header.len() == 8 {
+                let raw = u64::from_le_bytes(self.header[..8].try_into().unwrap());
+                if raw > self.max_len as u64 || raw < HEADER_LEN as u64 {
+                    return Err(bad(format!("declared size {raw} out of range")));
+                }
+                self.raw_len = raw as usize;
+                let mut out = Vec::new();
+                out.reserve_exact(self.raw_len);
+                self.decoder = Some(zstd::stream::write::Decoder::new(out).map_err(|e| bad(e.to_string()))?);
+            }
         }
-        let raw_len = u64::from_le_bytes(wire[0..8].try_into().unwrap());
-        if raw_len as usize > max_len || raw_len < HEADER_LEN as u64 {
-            return Err(bad(format!("declared size {raw_len} out of range")));
+        if let Some(d) = self.decoder.as_mut() {
+            d.write_all(part).map_err(|e| bad(e.to_string()))?;
+            if d.get_ref().len() > self.raw_len {
+                return Err(bad("decompresses beyond its declared size".into()));
+            }
         }
-        let mut buf = vec![0u8; raw_len as usize];
-        crate::chunk_batch::decompress_exact(&wire[8..], &mut buf).map_err(bad)?;
-        TreeManifest::decode(buf)
+        Ok(())
+    }
+
+    pub fn finish(self) -> Result<TreeManifest> {
+        use std::io::Write;
+        let bad = |r: String| CoreError::malformed("tree manifest", r);
+        let mut d = self.decoder.ok_or_else(|| bad("too short".into()))?;
+        d.flush().map_err(|e| bad(e.to_string()))?;
+        let out = d.into_inner();
+        if out.len() != self.raw_len {
+            return Err(bad(format!(
+                "decompressed to {} bytes, declared {}",
+                out.len(),
+                self.raw_len
+            )));
+        }
+        TreeManifest::decode(out)
     }
 }
 

@@ -5,7 +5,7 @@
 
 use super::file_batch::{self, FileStatus};
 use super::index::{self, Claim};
-use super::manifest::{flags, EntryRef, Kind, TreeManifest};
+use super::manifest::{flags, CompressedManifestReader, EntryRef, Kind, TreeManifest};
 use super::path::{display, join};
 use super::triage::{self, action_flags, Action, ExtraRoots, Op, Plan, TriageOptions};
 use super::walk::LocalTree;
@@ -57,19 +57,12 @@ pub struct LargeTransfer {
     pub delta: bool,
 }
 
-#[derive(Default)]
-struct PeerManifestIn {
-    header: Vec<u8>,
-    raw_len: usize,
-    decoder: Option<zstd::stream::write::Decoder<'static, Vec<u8>>>,
-}
-
 pub struct TreeSync {
     pub local: LocalTree,
     pub is_sender: bool,
     state_dir: Option<PathBuf>,
     peer: Option<TreeManifest>,
-    peer_in: Option<PeerManifestIn>,
+    peer_in: Option<CompressedManifestReader>,
     my_extra: ExtraRoots,
     peer_extra: ExtraRoots,
     plan: Option<Plan>,
@@ -145,48 +138,18 @@ impl TreeSync {
     /// Feed the peer's manifest (wire form) part by part as frames arrive: it is
     /// decompressed as it comes, so the compressed form is never held whole.
     pub fn push_peer_manifest_part(&mut self, part: &[u8]) -> Result<()> {
-        let bad = |r: String| CoreError::malformed("tree manifest", r);
-        let st = self.peer_in.get_or_insert_with(PeerManifestIn::default);
-        let mut part = part;
-        if st.header.len() < 8 {
-            let n = (8 - st.header.len()).min(part.len());
-            st.header.extend_from_slice(&part[..n]);
-            part = &part[n..];
-            if st.header.len() == 8 {
-                let raw = u64::from_le_bytes(st.header[..8].try_into().unwrap());
-                if raw as usize > MAX_TREE_MANIFEST || raw < 12 {
-                    return Err(bad(format!("declared size {raw} out of range")));
-                }
-                st.raw_len = raw as usize;
-                let mut out = Vec::new();
-                out.reserve_exact(st.raw_len);
-                st.decoder = Some(zstd::stream::write::Decoder::new(out).map_err(|e| bad(e.to_string()))?);
-            }
-        }
-        if let Some(d) = st.decoder.as_mut() {
-            d.write_all(part).map_err(|e| bad(e.to_string()))?;
-            if d.get_ref().len() > st.raw_len {
-                return Err(bad("decompresses beyond its declared size".into()));
-            }
-        }
-        Ok(())
+        self.peer_in
+            .get_or_insert_with(|| CompressedManifestReader::new(MAX_TREE_MANIFEST))
+            .push(part)
     }
 
     /// The last part was pushed: validate and keep the peer's manifest.
     pub fn finish_peer_manifest(&mut self) -> Result<()> {
-        let bad = |r: String| CoreError::malformed("tree manifest", r);
-        let st = self.peer_in.take().ok_or_else(|| bad("no parts".into()))?;
-        let mut d = st.decoder.ok_or_else(|| bad("too short".into()))?;
-        d.flush().map_err(|e| bad(e.to_string()))?;
-        let out = d.into_inner();
-        if out.len() != st.raw_len {
-            return Err(bad(format!(
-                "decompressed to {} bytes, declared {}",
-                out.len(),
-                st.raw_len
-            )));
-        }
-        self.peer = Some(TreeManifest::decode(out)?);
+        let reader = self
+            .peer_in
+            .take()
+            .ok_or_else(|| CoreError::malformed("tree manifest", "no parts"))?;
+        self.peer = Some(reader.finish()?);
         Ok(())
     }
 
@@ -818,7 +781,12 @@ impl TreeSync {
                 }
             }
         }
-        for (a, b) in self.case_collisions() {
+        // Names differing only in case can only have collided if this session created entries.
+        let created = plan
+            .actions
+            .iter()
+            .any(|a| matches!(a.op, Op::Mkdir | Op::LocalCopy | Op::Transfer | Op::Symlink));
+        for (a, b) in if created { self.case_collisions() } else { Vec::new() } {
             let (pa, pb) = (
                 join(&self.local.root, s.entry(a).path),
                 join(&self.local.root, s.entry(b).path),
@@ -977,14 +945,6 @@ impl TreeSync {
     /// Sender entries flagged unreadable and directories the walk could not list.
     pub fn problems(&self) -> &[String] {
         &self.local.problems
-    }
-
-    pub fn unreadable_dirs(&self) -> usize {
-        self.local
-            .manifest
-            .iter()
-            .filter(|e| e.is_dir() && e.has(flags::UNREADABLE))
-            .count()
     }
 }
 
