@@ -45,6 +45,8 @@ export declare class NativeReconstruction {
 export declare class NativeTreeSync {
   /** Walk `root` (in parallel) and load its tree index; progress counts entries listed. */
   static walk(root: string, options: WalkTreeOptions, onProgress?: ProgressFn | undefined | null): Promise<NativeTreeSync>
+  /** Entries of our walk (cheap; `stats()` counts by kind). */
+  entryCount(): number
   /** Our manifest in wire form (zstd-compressed). */
   manifest(): Buffer
   stats(): TreeStats

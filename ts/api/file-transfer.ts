@@ -73,8 +73,9 @@ export interface ContentResult {
   refused?: string;
 }
 
+/** True unless `a` is the same file in the same state as `b` (size, mtime, ctime, inode, device). */
 export function identityChanged(a: BigIntStats | undefined, b: BigIntStats): boolean {
-  return !a || a.size !== b.size || a.mtimeNs !== b.mtimeNs || a.ctimeNs !== b.ctimeNs || a.ino !== b.ino;
+  return !a || a.size !== b.size || a.mtimeNs !== b.mtimeNs || a.ctimeNs !== b.ctimeNs || a.ino !== b.ino || a.dev !== b.dev;
 }
 
 /** Sender half. `holder.source` is set once the chunk source is open (callers check

@@ -15,7 +15,7 @@ import type { TLSSocket } from 'node:tls';
 import { tlsListenOnce } from '../transport/tls.js';
 import { loadOrCreateIdentity } from '../security/identity.js';
 import { inPhase, newSummary, type SyncEvents, type SyncSummary } from './events.js';
-import { receiveFileContent } from './file-transfer.js';
+import { identityChanged, receiveFileContent } from './file-transfer.js';
 import { type Prewalk, receiveTree, startPrewalk, type TreeReceiveOptions } from './tree-receive.js';
 import type { Listener } from '../transport/tcp.js';
 
@@ -66,10 +66,6 @@ export async function checkTarget(target: string): Promise<import('node:fs').Big
     throw fromSystemError(e, `cannot use target directory ${dir}`);
   }
   return dst;
-}
-
-function sameFile(a: import('node:fs').BigIntStats, b: import('node:fs').BigIntStats): boolean {
-  return a.size === b.size && a.mtimeNs === b.mtimeNs && a.ctimeNs === b.ctimeNs && a.ino === b.ino && a.dev === b.dev;
 }
 
 export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
@@ -161,7 +157,7 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
     //    the offer when its index covers the source; otherwise it must scan (and send its
     //    manifest), because size and mtime can match while content differs.
     // 2. No index: size + mtime, rsync's quick check. 3. --checksum: always compare content.
-    const unchangedSinceStart = Boolean(initial && dst && sameFile(initial, dst));
+    const unchangedSinceStart = Boolean(dst && !identityChanged(initial, dst));
     // A target that is a symlink is replaced by a regular file (never written through), so
     // it is never "up to date" in place: times and mode would land on the link's target.
     const targetIsLink = Boolean((await fs.lstat(target).catch(() => undefined))?.isSymbolicLink());

@@ -134,10 +134,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
       usable
         ? pre.tree
         : inPhase(o.events, 'scanning', 0, (progress) =>
-            walkTree(root, { excludes, protect: o.tree?.protect, stateDir: scratch ? undefined : o.stateDir, ignoreIndex: checksum, isSender: false, oneFileSystem }, progress).then((t) => {
-              progress(t.stats().entries);
-              return t;
-            }),
+            walkTree(root, { excludes, protect: o.tree?.protect, stateDir: scratch ? undefined : o.stateDir, ignoreIndex: checksum, isSender: false, oneFileSystem }, progress),
           ),
     );
     const stats = tree.stats();

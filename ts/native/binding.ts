@@ -56,8 +56,11 @@ export function markUpToDate(target: string | Buffer, manifest: Buffer, mtimeNs:
 }
 
 /** Walk a directory tree on every core (entries counted through `onProgress`). */
-export function walkTree(root: string, options: Binding.WalkTreeOptions, onProgress?: (entries: number) => void): Promise<Binding.NativeTreeSync> {
-  return call(native.NativeTreeSync.walk(root, options, progressCallback(onProgress)));
+export async function walkTree(root: string, options: Binding.WalkTreeOptions, onProgress?: (entries: number) => void): Promise<Binding.NativeTreeSync> {
+  const tree = await call(native.NativeTreeSync.walk(root, options, progressCallback(onProgress)));
+  // The ticker's last value may reach us after the walk resolved: report the total here.
+  onProgress?.(tree.entryCount());
+  return tree;
 }
 
 /** Throws a usage error naming the first invalid exclude pattern. */

@@ -255,6 +255,12 @@ impl NativeTreeSync {
         })
     }
 
+    /// Entries of our walk (cheap; `stats()` counts by kind).
+    #[napi]
+    pub fn entry_count(&self) -> u32 {
+        self.inner.read().unwrap().local.manifest.len() as u32
+    }
+
     /// Our manifest in wire form (zstd-compressed).
     #[napi]
     pub fn manifest(&self) -> Buffer {
