@@ -7,14 +7,11 @@ import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { CLI, type PeerResult, run, seeded, sha256, snapshotTree, tmpdir } from './helpers/peers';
+import { CLI, type PeerResult, run, seeded, sha256, snapshotTree, tmpdir, T0, assertSameTree, writeAt } from './helpers/peers';
 import { type Sshd, startSshd, sshdUnavailable } from './helpers/sshd';
 
 const KiB = 1024;
 const MiB = 1024 * KiB;
-/** Seconds since the epoch with a sub-second part, in the past. */
-const T0 = 1_700_000_000.25;
-
 /** One `ffsync-native …` run to completion. */
 function cli(args: string[]): Promise<PeerResult> {
   return run(args).done;
@@ -30,17 +27,7 @@ function assertOk(r: PeerResult, what: string) {
   if (r.summary) assert.equal(r.summary.ok, true, `${what}: summary not ok`);
 }
 
-function assertSameTree(actual: string, expected: string, msg = 'trees differ') {
-  assert.deepEqual(snapshotTree(actual), snapshotTree(expected), msg);
-}
-
-function write(root: string, rel: string, data: string | Buffer, mode?: number, mtime?: number) {
-  const p = path.join(root, rel);
-  fs.mkdirSync(path.dirname(p), { recursive: true });
-  fs.writeFileSync(p, data);
-  if (mode !== undefined) fs.chmodSync(p, mode);
-  if (mtime !== undefined) fs.utimesSync(p, mtime, mtime);
-}
+const write = writeAt;
 
 /** Nested dirs, an empty dir, an empty file, a symlink to a file, a dangling symlink,
  * modes 0600/0755/0750/0700, explicit mtimes everywhere (directories last). */

@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { CLI, seeded, sender, sha256, snapshotTree, startReceiver, sync, tmpdir } from './helpers/peers';
+import { CLI, seeded, sender, sha256, snapshotTree, startReceiver, sync, tmpdir, T0, assertSameTree, writeAt } from './helpers/peers';
 
 const KiB = 1024;
 const MiB = 1024 * KiB;
@@ -21,27 +21,12 @@ function assertOk(res: SyncRes, what = 'sync') {
   assert.equal(res.recv.summary?.ok, true);
 }
 
-/** The two trees are equal: same entries, kinds, contents, modes, mtimes (files and
- * directories, the root included) and symlink targets. */
-function assertSameTree(actual: string, expected: string, msg = 'trees differ') {
-  assert.deepEqual(snapshotTree(actual), snapshotTree(expected), msg);
-}
-
 /** Fresh state directories for both peers. */
 function states(dir: string, tag = '') {
   return { stateS: path.join(dir, `state-s${tag}`), stateR: path.join(dir, `state-r${tag}`) };
 }
 
-function write(root: string, rel: string, data: string | Buffer, mode?: number, mtime?: number) {
-  const p = path.join(root, rel);
-  fs.mkdirSync(path.dirname(p), { recursive: true });
-  fs.writeFileSync(p, data);
-  if (mode !== undefined) fs.chmodSync(p, mode);
-  if (mtime !== undefined) fs.utimesSync(p, mtime, mtime);
-}
-
-/** Seconds since the epoch with a sub-second part, in the past. */
-const T0 = 1_700_000_000.25;
+const write = writeAt;
 
 /** Nested dirs, empty files and dirs, symlinks (to a file, dangling, to a directory),
  * a file > 1 MiB (the large-file path), modes 0600/0755, explicit mtimes everywhere. */

@@ -13,11 +13,11 @@ import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
-import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
+import { type Sshd, SSHD, sshdUnavailable, startSshd as startTestSshd } from '../__test__/helpers/sshd';
 import {
   CLI,
   KiB,
@@ -51,7 +51,6 @@ import {
 
 const BEGIN_MARK = '<!-- tree-bench:begin -->';
 const END_MARK = '<!-- tree-bench:end -->';
-const SSHD_BIN = '/usr/sbin/sshd';
 /** Fixture mtimes are pinned this far back, so an edit made during the run always changes the mtime (rsync compares seconds). */
 const MTIME_PIN_S = 2 * 86_400;
 const NPM_PKG = 'typescript';
@@ -143,7 +142,7 @@ const HELP = `usage: npx tsx bench/tree.ts [options]      (or: npm run bench:tre
   --only a,b           subset of: ${SCENARIO_NAMES.join(', ')} (default: all)
   --repeat N           timed runs per tool and step; the median is reported (default 3, 1 with --quick)
   --no-ssh             do not try rsync over ssh to localhost
-  --install-sshd       if ${SSHD_BIN} is missing: apt-get install -y openssh-server (Debian)
+  --install-sshd       if ${SSHD} is missing: apt-get install -y openssh-server (Debian)
   --dir DIR            parent of the temporary work dir (default ${os.tmpdir()}); fixtures, targets and state dirs
                        all live in one directory, so they are on the same filesystem
   --out FILE           results file (default bench/RESULTS.md); only the tree-bench section is replaced
@@ -651,131 +650,46 @@ function syncWith(ctx: Ctx, tool: ToolName, src: string, dst: string, state: Sta
 // ---------------------------------------------------------------------------------------------
 // sshd on a free loopback port, as the current user, with throwaway keys (never the machine's own config)
 
-interface SshServer {
-  proc: Proc;
-  port: number;
-  /** The -e argument for rsync. */
-  rsh: string;
-  createdPrivsepDir: boolean;
-}
-
 interface SshState {
-  server?: SshServer;
+  server?: Sshd;
   note: string;
 }
 
-async function freePort(): Promise<number> {
-  return new Promise<number>((resolve, reject) => {
-    const srv = net.createServer();
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const a = srv.address();
-      const port = typeof a === 'object' && a ? a.port : 0;
-      srv.close(() => resolve(port));
-    });
-  });
-}
-
-async function startSshd(opts: Options, dir: string): Promise<SshState> {
+/** The tests' throwaway sshd (__test__/helpers/sshd.ts), plus the bench's own needs: an
+ * optional apt-get install, and a remote that can run rsync. */
+async function startSshd(opts: Options): Promise<SshState> {
   if (!opts.ssh) return { note: 'ssh: skipped (--no-ssh)' };
-  if (!fs.existsSync(SSHD_BIN)) {
-    if (!opts.installSshd) return { note: `ssh: n/a (${SSHD_BIN} not installed; pass --install-sshd to apt-get install openssh-server)` };
-    process.stderr.write(`${SSHD_BIN} missing: apt-get install -y openssh-server …\n`);
+  if (!fs.existsSync(SSHD) && opts.installSshd) {
+    process.stderr.write(`${SSHD} missing: apt-get install -y openssh-server …\n`);
     const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
     const r = spawnSync('apt-get', ['install', '-y', 'openssh-server'], { stdio: ['ignore', 2, 2], env, timeout: 600_000 });
-    if (r.status !== 0 || !fs.existsSync(SSHD_BIN)) {
+    if (r.status !== 0 || !fs.existsSync(SSHD)) {
       return { note: `ssh: n/a (apt-get install -y openssh-server failed: ${r.error?.message ?? `exit ${r.status}`}; try apt-get update first)` };
     }
   }
-  const client = spawnSync('ssh', ['-V'], { encoding: 'utf8', timeout: 10_000 });
-  if (client.status !== 0) return { note: `ssh: n/a (no ssh client: ${client.error?.message ?? client.stderr})` };
-  const version = (client.stderr ?? '').trim().split('\n')[0] ?? '';
-  await fsp.mkdir(dir, { recursive: true, mode: 0o700 });
-  const hostKey = path.join(dir, 'host_ed25519');
-  const clientKey = path.join(dir, 'client_ed25519');
-  const authorized = path.join(dir, 'authorized_keys');
+  const why = sshdUnavailable();
+  if (why) return { note: `ssh: n/a (${why}${fs.existsSync(SSHD) ? '' : '; pass --install-sshd'})` };
+  let server: Sshd;
   try {
-    for (const k of [hostKey, clientKey]) run('ssh-keygen', ['-q', '-t', 'ed25519', '-N', '', '-C', 'ffsync-tree-bench', '-f', k], 'ssh-keygen', 30_000);
-    await fsp.copyFile(`${clientKey}.pub`, authorized);
-    await fsp.chmod(authorized, 0o600);
+    server = await startTestSshd();
   } catch (e) {
     return { note: `ssh: n/a (${e instanceof Error ? e.message : String(e)})` };
   }
-  const port = await freePort();
-  const config = path.join(dir, 'sshd_config');
-  await fsp.writeFile(
-    config,
-    [
-      `Port ${port}`,
-      'ListenAddress 127.0.0.1',
-      `HostKey ${hostKey}`,
-      `AuthorizedKeysFile ${authorized}`,
-      `PidFile ${path.join(dir, 'sshd.pid')}`,
-      'UsePAM no',
-      'StrictModes no',
-      'PermitRootLogin yes',
-      'PubkeyAuthentication yes',
-      'PasswordAuthentication no',
-      'KbdInteractiveAuthentication no',
-      'UseDNS no',
-      'PrintMotd no',
-      'LogLevel ERROR',
-      '',
-    ].join('\n'),
-  );
-  // sshd refuses to start without its privilege separation directory (compiled in: /run/sshd); the
-  // Debian service creates it at start. Create it if missing and remove it again at the end.
-  let createdPrivsepDir = false;
-  if (process.getuid?.() === 0 && !fs.existsSync('/run/sshd')) {
-    try {
-      await fsp.mkdir('/run/sshd', { mode: 0o755 });
-      createdPrivsepDir = true;
-    } catch {
-      /* sshd -t reports the problem */
-    }
+  const version = (spawnSync('ssh', ['-V'], { encoding: 'utf8', timeout: 10_000 }).stderr ?? '').trim().split('\n')[0] ?? '';
+  const r = spawnSync('ssh', [...server.rsh.split(' ').slice(1), '127.0.0.1', 'rsync --version'], { encoding: 'utf8', timeout: 15_000 });
+  if (r.status !== 0) {
+    await server.stop();
+    return { note: `ssh: n/a (the remote cannot run rsync: ${tail(r.stderr || r.error?.message || `exit ${r.status}`, 300)})` };
   }
-  const removePrivsep = async () => {
-    if (createdPrivsepDir) await fsp.rmdir('/run/sshd').catch(() => undefined);
-  };
-  const test = spawnSync(SSHD_BIN, ['-t', '-f', config], { encoding: 'utf8', timeout: 30_000 });
-  if (test.status !== 0) {
-    await removePrivsep();
-    return { note: `ssh: n/a (sshd -t rejected the config: ${tail(test.stderr ?? '', 300)})` };
-  }
-  const proc = new Proc('sshd', [SSHD_BIN, '-D', '-e', '-f', config]);
-  const sshArgs = ['-p', String(port), '-i', clientKey, '-o', 'StrictHostKeyChecking=no', '-o', 'UserKnownHostsFile=/dev/null', '-o', 'BatchMode=yes'];
-  const server: SshServer = { proc, port, rsh: ['ssh', ...sshArgs].join(' '), createdPrivsepDir };
-  // Wait until it accepts a login and the remote side can run rsync.
-  let why = '';
-  for (let i = 0; i < 50; i++) {
-    if (proc.exit) {
-      why = `sshd exited (${describeExit(proc.exit)}): ${tail(proc.stderr, 300)}`;
-      break;
-    }
-    const r = spawnSync('ssh', [...sshArgs, '-o', 'ConnectTimeout=5', '-o', 'LogLevel=ERROR', '127.0.0.1', 'rsync --version'], {
-      encoding: 'utf8',
-      timeout: 15_000,
-    });
-    if (r.status === 0) {
-      const remote = (r.stdout.split('\n')[0] ?? '').trim();
-      return { server, note: `ssh: rsync -a -e "${server.rsh}" to a throwaway sshd on 127.0.0.1:${port} (${version}; ed25519 keys generated in the work dir; remote: ${remote})` };
-    }
-    why = (r.stderr || r.error?.message || `exit ${r.status}`).trim().split('\n').pop() ?? '';
-    await new Promise((res) => setTimeout(res, 200));
-  }
-  proc.kill();
-  await proc.exited;
-  await removePrivsep();
-  return { note: `ssh: n/a (sshd on 127.0.0.1:${port} did not accept a login: ${why})` };
+  const remote = (r.stdout.split('\n')[0] ?? '').trim();
+  return { server, note: `ssh: rsync -a -e "${server.rsh}" to a throwaway sshd on 127.0.0.1:${server.port} (${version}; ed25519 keys generated for the run; remote: ${remote})` };
 }
 
 async function stopSshd(s: SshState): Promise<void> {
   const srv = s.server;
   if (!srv) return;
   s.server = undefined;
-  srv.proc.kill();
-  await Promise.race([srv.proc.exited, new Promise((res) => setTimeout(res, 5000))]);
-  if (srv.createdPrivsepDir) await fsp.rmdir('/run/sshd').catch(() => undefined);
+  await srv.stop();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1499,7 +1413,7 @@ async function main(): Promise<number> {
   const m = machineInfo(root);
   process.stderr.write(`work dir ${root} (${m.fs})\n`);
 
-  const ssh = await startSshd(opts, path.join(root, 'ssh'));
+  const ssh = await startSshd(opts);
   cleanupCtx.ssh = ssh;
   process.stderr.write(`${ssh.note}\n`);
   const tools: ToolName[] = ['ffsync', 'rsync'];

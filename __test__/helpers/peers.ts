@@ -1,5 +1,6 @@
 // Runs real ffsync-native processes (the compiled CLI) over loopback and collects their
 // exit codes, JSON events and output.
+import assert from 'node:assert/strict';
 import { type ChildProcess, spawn } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
@@ -195,4 +196,23 @@ export function snapshotTree(dir: string, o: { root?: boolean } = {}): Record<st
   if (o.root !== false) out['.'] = entry(base);
   walk(base, null);
   return out;
+}
+
+
+/** Seconds since the epoch with a sub-second part, in the past (fixture mtimes). */
+export const T0 = 1_700_000_000.25;
+
+/** Write `data` at `root/rel` (creating parents), optionally with a mode and an mtime (s). */
+export function writeAt(root: string, rel: string, data: string | Buffer, mode?: number, mtime?: number): void {
+  const p = path.join(root, rel);
+  fs.mkdirSync(path.dirname(p), { recursive: true });
+  fs.writeFileSync(p, data);
+  if (mode !== undefined) fs.chmodSync(p, mode);
+  if (mtime !== undefined) fs.utimesSync(p, mtime, mtime);
+}
+
+/** The two trees are equal: same entries, kinds, contents, modes, mtimes (files and
+ * directories, the root included) and symlink targets. */
+export function assertSameTree(actual: string, expected: string, msg = 'trees differ'): void {
+  assert.deepEqual(snapshotTree(actual), snapshotTree(expected), msg);
 }
