@@ -7,7 +7,7 @@ import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { CLI, type PeerResult, run, seeded, sha256, snapshotTree, tmpdir, T0, assertSameTree, writeAt } from './helpers/peers';
+import { CLI, type PeerResult, run, seeded, sha256, snapshotTree, tmpdir, T0, assertSameTree, writeAt, partials, blocksPresent } from './helpers/peers';
 import { type Sshd, startSshd, sshdUnavailable } from './helpers/sshd';
 
 const KiB = 1024;
@@ -221,6 +221,36 @@ describe('sync: local to local', { skip: POSIX_ONLY }, () => {
     assert.deepEqual(snapshotTree(dst), before, 'a dry run must leave DEST exactly as it was');
   });
 
+  it('large files are copied in parallel over in-process lanes (--jobs, default 4)', async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'src');
+    for (let i = 0; i < 6; i++) write(src, `big/b${i}.bin`, seeded(2 * MiB, 40 + i), 0o644, T0 + i);
+    write(src, 'small.txt', 'small\n', 0o644, T0);
+    const state = path.join(dir, 'state');
+    const four = await syncCmd(state, ['-a', src + '/', path.join(dir, 'dst4')]);
+    assertOk(four, 'default jobs');
+    assert.equal(four.summary!.tree.lanes, 4, 'four lanes by default');
+    assertSameTree(path.join(dir, 'dst4'), src, 'default jobs');
+    const one = await syncCmd(state, ['-a', '--jobs', '1', src + '/', path.join(dir, 'dst1')]);
+    assertOk(one, '--jobs 1');
+    assert.equal(one.summary!.tree.lanes, 1);
+    assertSameTree(path.join(dir, 'dst1'), src, '--jobs 1');
+  });
+
+  it('3,000 small files and six large ones in one local sync (regression: the in-process pipe shared batch buffers with the reader)', async () => {
+    // The sender reuses a batch buffer once its write completes; an in-memory pipe handed
+    // the very buffer to the receiver, which could still be writing from it (a stall or a
+    // failed verification, depending on timing). The pipe now copies, as a socket does.
+    const dir = tmpdir();
+    const src = path.join(dir, 'src');
+    for (let i = 0; i < 3000; i++) write(src, `s/d${i % 30}/f${i}.bin`, seeded(4 * KiB, 1000 + i), 0o644, T0);
+    for (let i = 0; i < 6; i++) write(src, `big/b${i}.bin`, seeded(MiB, 90 + i), 0o644, T0);
+    const r = await syncCmd(path.join(dir, 'state'), ['-a', src + '/', path.join(dir, 'dst')]);
+    assertOk(r, 'many small files');
+    assertSameTree(path.join(dir, 'dst'), src, 'many small files');
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
   it('--stats prints rsync-style totals', async () => {
     const dir = tmpdir();
     const src = path.join(dir, 'src');
@@ -332,9 +362,15 @@ describe('sync: bad input', () => {
 
   it('unsupported rsync options are refused with exit 1 and "not supported"', async () => {
     const { dir, state, d } = fixture();
-    for (const opt of [['-o'], ['-g'], ['-X'], ['--jobs', '2'], ['--max-size', '1M'], ['--quic']]) {
+    for (const opt of [['-o'], ['-g'], ['-X'], ['--max-size', '1M']]) {
       await refused(['-a', '--state-dir', state, ...opt, d + '/', path.join(dir, 'out')], 1, /not supported/, dir);
     }
+  });
+
+  it('--quic on a local sync, and --jobs over ssh without --quic: usage errors (exit 1)', async () => {
+    const { dir, state, d } = fixture();
+    await refused(['-a', '--state-dir', state, '--quic', d + '/', path.join(dir, 'out')], 1, /--quic needs a remote side/, dir);
+    await refused(['-a', '--state-dir', state, '--jobs', '2', d + '/', `127.0.0.1:${path.join(dir, 'out')}`], 1, /--jobs over ssh needs --quic/, dir);
   });
 });
 
@@ -354,41 +390,6 @@ function processesMatching(...needles: string[]): string[] {
   return out;
 }
 
-/** The `.ffsync-part` files under `dir`. */
-function partials(dir: string): string[] {
-  const out: string[] = [];
-  const walk = (d: string) => {
-    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
-      const p = path.join(d, e.name);
-      if (e.isDirectory()) walk(p);
-      else if (e.name.endsWith('.ffsync-part')) out.push(p);
-    }
-  };
-  if (fs.existsSync(dir)) walk(dir);
-  return out;
-}
-
-/** How many 1 MiB blocks of `data` are already in `part` (each block's last 4 KiB compared;
- * the part file is pre-sized, so its size says nothing about progress). */
-function blocksPresent(part: string, data: Buffer): number {
-  let fd: number;
-  try {
-    fd = fs.openSync(part, 'r');
-  } catch {
-    return 0;
-  }
-  try {
-    const buf = Buffer.alloc(4 * KiB);
-    let n = 0;
-    for (let end = MiB; end <= data.length; end += MiB) {
-      const got = fs.readSync(fd, buf, 0, buf.length, end - buf.length);
-      if (got === buf.length && buf.equals(data.subarray(end - buf.length, end))) n++;
-    }
-    return n;
-  } finally {
-    fs.closeSync(fd);
-  }
-}
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -557,6 +558,49 @@ describe('sync over ssh', { skip: noSshd || false }, () => {
     assert.ok(literal < 48 * MiB - 4 * MiB, `rerun sent ${literal} literal bytes of 48 MiB; ${present} MiB were already there`);
     assert.ok(res.summary!.matchedBytes >= 4 * MiB, `rerun reused only ${res.summary!.matchedBytes} bytes`);
     fs.rmSync(dir, { recursive: true, force: true }); // ~100 MiB
+  });
+
+  it('--quic: ssh vouches for both identities, data over QUIC; push and pull of a tree and a file, nothing pinned', async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'src');
+    buildTree(src);
+    for (let i = 0; i < 3; i++) write(src, `big/b${i}.bin`, seeded(2 * MiB, 60 + i), 0o644, T0 + 20 + i);
+    fs.utimesSync(path.join(src, 'big'), T0 + 30, T0 + 30);
+    fs.utimesSync(src, T0 + 31, T0 + 31);
+
+    const pushed = path.join(dir, 'pushed');
+    const push = await sshSync(dir, ['-a', '--quic', src + '/', R(pushed)]);
+    assertOk(push, 'push --quic');
+    assertSameTree(pushed, src, 'push --quic');
+    assert.equal(push.summary!.tree.lanes, 3, 'three large files over three QUIC streams');
+    assert.ok(push.summary!.bytesOnWire.sent > 6 * MiB, 'QUIC wire bytes are counted');
+
+    const pulled = path.join(dir, 'pulled');
+    const pull = await sshSync(dir, ['-a', '--quic', '--jobs', '2', R(src + '/'), pulled]);
+    assertOk(pull, 'pull --quic');
+    assertSameTree(pulled, src, 'pull --quic');
+    assert.equal(pull.summary!.tree.lanes, 2, '--jobs 2 on pull: the remote sender opens two streams');
+
+    const file = path.join(dir, 'one.bin');
+    assertOk(await sshSync(dir, ['-a', '--quic', path.join(src, 'big/b1.bin'), R(file)]), 'push file --quic');
+    assert.equal(sha256(file), sha256(path.join(src, 'big/b1.bin')));
+
+    // Rerun: no-op, and still no trust prompt or pin on either side (ssh vouched).
+    const again = await sshSync(dir, ['-a', '--quic', src + '/', R(pushed)]);
+    assertOk(again, 'push --quic rerun');
+    assert.equal(again.summary!.tree.written, 0);
+    for (const st of [path.join(dir, 'state'), path.join(dir, 'remote-state')]) {
+      const pins = path.join(st, 'pins.conf');
+      assert.ok(!fs.existsSync(pins) || fs.readFileSync(pins, 'utf8').trim() === '', `${st}: nothing pinned`);
+    }
+    assert.deepEqual(processesMatching('main.js', 'server', '--quic'), [], 'the remote peer exited with the session');
+  });
+
+  it('--quic pull of a missing remote SRC: exit 3 and the remote\'s message', async () => {
+    const dir = tmpdir();
+    const r = await sshSync(dir, ['-a', '--quic', R(path.join(dir, 'missing')), path.join(dir, 'out')], { human: true });
+    assert.match(r.stderr, /does not exist/);
+    assert.equal(r.code, 3, `exit ${r.code}: ${r.stderr}`);
   });
 
   it('ssh itself failing: exit 255 with ssh\'s own message', async () => {

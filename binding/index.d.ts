@@ -23,6 +23,41 @@ export declare class NativeChunkSource {
   unchanged(): boolean
 }
 
+export declare class NativeQuicConnection {
+  /** DER of the peer's certificate (its SHA-256 is the fingerprint that gets pinned). */
+  peerCertificate(): Buffer | null
+  get remoteAddress(): string
+  get remotePort(): number
+  wireBytes(): QuicWireBytes
+  openStream(): Promise<NativeQuicStream>
+  /** The peer's next stream; null once the connection is closed. */
+  acceptStream(): Promise<NativeQuicStream | null>
+  /** Resolves with the reason once the connection is closed by either side. */
+  closed(): Promise<string>
+  /** Close with an application code (0 = done); bounded wait for the peer to see it. */
+  close(code: number, reason: string): Promise<void>
+}
+
+export declare class NativeQuicListener {
+  get port(): number
+  get address(): string
+  /** The next connection that completed its handshake; null once closed. */
+  accept(): Promise<NativeQuicConnection | null>
+  /** Refuse further connections; accepted ones keep running. */
+  stopAccepting(): void
+  /** Close the UDP endpoint and every connection still on it. */
+  close(): void
+}
+
+export declare class NativeQuicStream {
+  /** Up to `max` bytes; null at the peer's end of the stream. */
+  read(max: number): Promise<Buffer | null>
+  /** Write the buffers in order; resolves once QUIC flow control took them. */
+  write(bufs: Array<Buffer>): Promise<void>
+  finish(): Promise<void>
+  reset(): void
+}
+
 /** The receiver's side of one file transfer (see crates/ffsync_core/src/reconstruct.rs). */
 export declare class NativeReconstruction {
   /**
@@ -162,6 +197,17 @@ export interface PlanSummary {
   copyBytes: number
   inPlaceBytes: number
   writer: string
+}
+
+/** Connect to `host:port` (an IP address); the handshake must finish within `timeout_ms`. */
+export declare function quicConnect(host: string, port: number, certPem: string, keyPem: string, timeoutMs: number, idleMs: number): Promise<NativeQuicConnection>
+
+/** Listen for QUIC on `host:port` (an IP address; port 0 picks a free one). */
+export declare function quicListen(host: string, port: number, certPem: string, keyPem: string, idleMs: number): Promise<NativeQuicListener>
+
+export interface QuicWireBytes {
+  sent: number
+  received: number
 }
 
 /** Chunk and hash a file on every core (or load its manifest from the index). */

@@ -836,6 +836,9 @@ function __napiStampBindingTarget(exportsObject, target) {
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
 module.exports.NativeChunkSource = nativeBinding.NativeChunkSource
+module.exports.NativeQuicConnection = nativeBinding.NativeQuicConnection
+module.exports.NativeQuicListener = nativeBinding.NativeQuicListener
+module.exports.NativeQuicStream = nativeBinding.NativeQuicStream
 module.exports.NativeReconstruction = nativeBinding.NativeReconstruction
 module.exports.NativeTreeSync = nativeBinding.NativeTreeSync
 module.exports.decodeManifest = nativeBinding.decodeManifest
@@ -843,5 +846,7 @@ module.exports.excludesFromText = nativeBinding.excludesFromText
 module.exports.generateIdentity = nativeBinding.generateIdentity
 module.exports.loadIndex = nativeBinding.loadIndex
 module.exports.markUpToDate = nativeBinding.markUpToDate
+module.exports.quicConnect = nativeBinding.quicConnect
+module.exports.quicListen = nativeBinding.quicListen
 module.exports.scanFileNative = nativeBinding.scanFileNative
 module.exports.validateExcludes = nativeBinding.validateExcludes

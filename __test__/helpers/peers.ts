@@ -216,3 +216,39 @@ export function writeAt(root: string, rel: string, data: string | Buffer, mode?:
 export function assertSameTree(actual: string, expected: string, msg = 'trees differ'): void {
   assert.deepEqual(snapshotTree(actual), snapshotTree(expected), msg);
 }
+
+/** The `.ffsync-part` files under `dir`. */
+export function partials(dir: string): string[] {
+  const out: string[] = [];
+  const walk = (d: string) => {
+    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (e.name.endsWith('.ffsync-part')) out.push(p);
+    }
+  };
+  if (fs.existsSync(dir)) walk(dir);
+  return out;
+}
+
+/** How many 1 MiB blocks of `data` are already in `part` (each block's last 4 KiB compared;
+ * the part file is pre-sized, so its size says nothing about progress). */
+export function blocksPresent(part: string, data: Buffer): number {
+  let fd: number;
+  try {
+    fd = fs.openSync(part, 'r');
+  } catch {
+    return 0;
+  }
+  try {
+    const buf = Buffer.alloc(4 * 1024);
+    let n = 0;
+    for (let end = 1 << 20; end <= data.length; end += 1 << 20) {
+      const got = fs.readSync(fd, buf, 0, buf.length, end - buf.length);
+      if (got === buf.length && buf.equals(data.subarray(end - buf.length, end))) n++;
+    }
+    return n;
+  } finally {
+    fs.closeSync(fd);
+  }
+}

@@ -62,7 +62,7 @@ export interface TreeSummary {
   /** Files left alone because the receiver's copy is newer (-u). */
   keptNewer: number;
   skipped: number;
-  /** Connections that carried large files (1 + extra lanes; sender's view). */
+  /** Connections or streams that carried large files (1 + the extra lanes that joined). */
   lanes: number;
   /** What happened (receiver's count). */
   written: number;

@@ -5,33 +5,31 @@
 // file conversations (FILE_BEGIN ...) and ends with LANE_END.
 
 import crypto from 'node:crypto';
-import type net from 'node:net';
-import type { TLSSocket } from 'node:tls';
+import type { Duplex } from 'node:stream';
 import { FramedConnection } from '../transport/connection.js';
-import { connect, type Listener } from '../transport/tcp.js';
-import { peerFingerprint, tlsConnect } from '../transport/tls.js';
+import type { Listener } from '../transport/tcp.js';
+import { peerFingerprint, type SecureStream } from '../transport/peer-identity.js';
 import { FrameType, protocolError } from '../protocol/frames.js';
 import { Role } from '../protocol/messages.js';
-import type { Identity } from '../security/identity.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { expect, handshake } from './session.js';
 
 export const LANE_TOKEN_BYTES = 16;
 
-function checkFingerprint(sock: net.Socket, expected: string | undefined, label: string): void {
+function checkFingerprint(sock: Duplex, expected: string | undefined, label: string): void {
   if (expected === undefined) return; // --plaintext: the token is the proof
-  const fp = peerFingerprint(sock as TLSSocket);
+  const fp = peerFingerprint(sock);
   if (fp !== expected) {
     throw new FfsyncError('EFINGERPRINT', ExitCode.UNTRUSTED, `lane from ${label} presented ${fp}, not the session's ${expected}; refused`);
   }
 }
 
-/** Sender: open one more connection to the receiver and join the session. */
-export async function openLane(o: { host: string; port: number; identity?: Identity; peerFingerprint?: string; token: Buffer; timeoutMs: number }): Promise<FramedConnection> {
-  const sock = o.identity ? await tlsConnect(o.host, o.port, o.identity) : await connect(o.host, o.port);
+/** Sender: open one more connection (TCP/TLS) or stream (QUIC) and join the session. */
+export async function openLane(o: { dial: () => Promise<Duplex>; label: string; peerFingerprint?: string; token: Buffer; timeoutMs: number }): Promise<FramedConnection> {
+  const sock = await o.dial();
   const conn = new FramedConnection(sock, o.timeoutMs);
   try {
-    checkFingerprint(sock, o.peerFingerprint, `${o.host}:${o.port}`);
+    checkFingerprint(sock, o.peerFingerprint, o.label);
     await handshake(conn, Role.SENDER);
     await conn.send(FrameType.JOIN, o.token);
     return conn;
@@ -52,7 +50,7 @@ export async function acceptLanes(
 ): Promise<void> {
   let joined = 0;
   for (let attempts = 0; joined < o.maxLanes && attempts < 4 * o.maxLanes + 16; attempts++) {
-    let sock: net.Socket;
+    let sock: SecureStream;
     try {
       sock = await listener.accept();
     } catch {

@@ -11,8 +11,10 @@ import { loadIndex, markUpToDate, scanFile, type ScanResult } from '../native/bi
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { abortable, authenticatePeer, endSession, expect, handshake, reportError } from './session.js';
-import type { TLSSocket } from 'node:tls';
 import { tlsListenOnce } from '../transport/tls.js';
+import { QuicListener } from '../transport/quic.js';
+import { overQuic } from './over-quic.js';
+import type { SecureStream } from '../transport/peer-identity.js';
 import { loadOrCreateIdentity } from '../security/identity.js';
 import { inPhase, newSummary, type SyncEvents, type SyncSummary } from './events.js';
 import { identityChanged, receiveFileContent } from './file-transfer.js';
@@ -41,6 +43,8 @@ export interface ReceiveOptions {
   interactive?: boolean;
   /** Directory trees (when the sender offers one). */
   tree?: TreeReceiveOptions;
+  /** Listen for one QUIC connection (UDP) instead of TCP/TLS. */
+  quic?: boolean;
 }
 
 /** Fail before listening if the target can never be written. */
@@ -81,11 +85,15 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     const st = await fs.stat(f).catch(() => undefined);
     if (!st?.isFile()) throw new FfsyncError('ENOENT', ExitCode.FILE_SELECTION, `--from ${f} is not a readable regular file`);
   }
+  if (o.quic && o.plaintext) throw new FfsyncError('EUSAGE', ExitCode.USAGE, '--quic is always encrypted (QUIC has TLS 1.3 built in); drop --plaintext');
   const identity = o.plaintext ? undefined : loadOrCreateIdentity(stateDir);
   const host = o.host ?? '127.0.0.1';
-  const listener = identity ? await tlsListenOnce(host, o.port, identity) : await listenOnce(host, o.port);
+  const timeoutMs = o.timeoutMs ?? 60_000;
+  const quic = o.quic ? await QuicListener.bind(host, o.port, identity!, { idleMs: timeoutMs }) : undefined;
+  const listener = quic ? undefined : identity ? await tlsListenOnce(host, o.port, identity) : await listenOnce(host, o.port);
+  const bound = (quic ?? listener)!;
   // The listening event is always the first one (scripts read the port from it).
-  o.events?.listening?.(listener.host, listener.port);
+  o.events?.listening?.(bound.host, bound.port);
   const prescan =
     initial?.isFile() && !initialIndex
       ? inPhase(o.events, 'hashing', Number(initial.size), (progress) => scanFile(target, { stateDir, ignoreIndex: o.checksum, onProgress: progress }))
@@ -94,12 +102,16 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
   // A tree target is walked while we wait (used if the sender asks for no excludes and
   // arrives soon after; otherwise the session walks again, see tree-receive.ts).
   const prewalk = initial?.isDirectory() ? startPrewalk(target, o, stateDir) : undefined;
-  const sock = await abortable(listener.accept(), o.signal, () => listener.close());
-  const conn = new FramedConnection(sock, o.timeoutMs ?? 60_000);
+  const context = { ...o, target, stateDir, initial, initialIndex, prescan, prewalk };
   try {
-    return await runReceiver(conn, { ...o, target, stateDir, initial, initialIndex, prescan, prewalk, listener, tls: identity ? (sock as TLSSocket) : undefined });
+    if (quic) {
+      const session = await abortable(quic.acceptSession(), o.signal, () => quic.close());
+      return await overQuic(session, 'accept', timeoutMs, (conn, stream) => runReceiver(conn, { ...context, listener: session.lanes(), secure: stream }));
+    }
+    const sock = await abortable(listener!.accept(), o.signal, () => listener!.close());
+    return await runReceiver(new FramedConnection(sock, timeoutMs), { ...context, listener, secure: identity ? sock : undefined });
   } finally {
-    listener.close();
+    bound.close();
   }
 }
 
@@ -113,7 +125,10 @@ export interface ReceiverContext extends ReceiveOptions {
   prewalk?: Prewalk;
   /** Lanes of a parallel tree session join through it; absent: no lanes (ssh, local). */
   listener?: Listener;
-  tls?: TLSSocket;
+  /** The stream whose peer certificate must be trusted (TLS, QUIC); absent: none to check. */
+  secure?: SecureStream;
+  /** Vouched-for peer fingerprint (`sync --quic`, learnt over ssh). */
+  expectFingerprint?: string;
   /** Where the sender's offer lands, once its kind is known (`sync`'s rsync rules). */
   resolveTarget?: (kind: 'file' | 'tree') => Promise<string>;
 }
@@ -128,9 +143,9 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
   const t0 = Date.now();
   const summary = newSummary('receiver', o.path, 0);
   try {
-    if (o.tls) {
-      const peerLabel = `${o.tls.remoteAddress}:${o.tls.remotePort}`;
-      summary.peerFingerprint = await authenticatePeer(conn, o.tls, { stateDir, trust: o.trust, interactive: o.interactive, peerLabel, events: o.events });
+    if (o.secure) {
+      const peerLabel = `${o.secure.remoteAddress}:${o.secure.remotePort}`;
+      summary.peerFingerprint = await authenticatePeer(conn, o.secure, { stateDir, trust: o.trust, expect: o.expectFingerprint, interactive: o.interactive, peerLabel, events: o.events });
     }
     await handshake(conn, Role.RECEIVER);
     const offer = decodeOffer((await expect(conn, FrameType.OFFER)).payload);

@@ -6,12 +6,14 @@ import { connect } from '../transport/tcp.js';
 import { FrameType } from '../protocol/frames.js';
 import { Capability, Decision, DecisionReason, decodeDecision, decodeError, encodeOffer, OfferFlag, OfferKind, Role } from '../protocol/messages.js';
 import { loadIndex, type NativeChunkSource, type NativeTreeSync, type ScanResult } from '../native/binding.js';
-import type { Identity } from '../security/identity.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { authenticatePeer, endSession, expect, handshake, reportError } from './session.js';
-import type { TLSSocket } from 'node:tls';
+import type { Duplex } from 'node:stream';
 import { tlsConnect } from '../transport/tls.js';
+import { QuicSession } from '../transport/quic.js';
+import { overQuic } from './over-quic.js';
+import type { SecureStream } from '../transport/peer-identity.js';
 import { loadOrCreateIdentity } from '../security/identity.js';
 import { newSummary, type SyncEvents, type SyncSummary } from './events.js';
 import { sendFileContent } from './file-transfer.js';
@@ -46,6 +48,10 @@ export interface SendOptions {
   update?: boolean;
   /** rsync's -W: send changed files whole, no delta against the receiver's old version. */
   wholeFile?: boolean;
+  /** One QUIC connection (UDP) instead of TCP/TLS; a tree's lanes become its streams. */
+  quic?: boolean;
+  /** QUIC: give up on the handshake after this long (default: min(timeout, 10 s)). */
+  connectTimeoutMs?: number;
 }
 
 export async function statSource(p: string): Promise<import('node:fs').BigIntStats> {
@@ -68,30 +74,47 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   // A tree is walked while we connect and shake hands.
   const walking = st.isDirectory() ? startWalk(path.resolve(o.path), o, stateDir) : undefined;
   walking?.catch(() => undefined);
+  const timeoutMs = o.timeoutMs ?? 60_000;
+  if (o.quic) {
+    if (o.plaintext) throw new FfsyncError('EUSAGE', ExitCode.USAGE, '--quic is always encrypted (QUIC has TLS 1.3 built in); drop --plaintext');
+    const quic = await QuicSession.connect(o.host, o.port, loadOrCreateIdentity(stateDir), { timeoutMs: o.connectTimeoutMs ?? Math.min(timeoutMs, 10_000), idleMs: timeoutMs });
+    return overQuic(quic, 'open', timeoutMs, (conn, stream) => runSender(conn, { ...o, stateDir, st, walking, t0, secure: stream, dialLane: () => quic.openStream() }));
+  }
   const identity = o.plaintext ? undefined : loadOrCreateIdentity(stateDir);
-  const sock = identity ? await tlsConnect(o.host, o.port, identity) : await connect(o.host, o.port);
-  const conn = new FramedConnection(sock, o.timeoutMs ?? 60_000);
-  return runSender(conn, { ...o, stateDir, st, walking, identity, tls: identity ? (sock as TLSSocket) : undefined, t0 });
+  const dial = (): Promise<Duplex> => (identity ? tlsConnect(o.host, o.port, identity) : connect(o.host, o.port));
+  const sock = await dial();
+  const conn = new FramedConnection(sock, timeoutMs);
+  return runSender(conn, { ...o, stateDir, st, walking, secure: identity ? sock : undefined, dialLane: dial, t0 });
 }
 
 /** Everything after the transport is up: over TCP/TLS (`send`), an ssh channel or an
  * in-process pipe (`sync`). Closes `conn` at the end. */
 export async function runSender(
   conn: FramedConnection,
-  o: SendOptions & { stateDir: string; st: import('node:fs').BigIntStats; walking?: Promise<NativeTreeSync>; identity?: Identity; tls?: TLSSocket; t0: number },
+  o: SendOptions & {
+    stateDir: string;
+    st: import('node:fs').BigIntStats;
+    walking?: Promise<NativeTreeSync>;
+    /** The stream whose peer certificate must be trusted (TLS, QUIC); absent: none to check. */
+    secure?: SecureStream;
+    /** Vouched-for peer fingerprint (`sync --quic`, learnt over ssh). */
+    expectFingerprint?: string;
+    dialLane?: () => Promise<Duplex>;
+    t0: number;
+  },
 ): Promise<SyncSummary> {
-  const { stateDir, st, walking, identity, t0 } = o;
+  const { stateDir, st, walking, t0 } = o;
   const onAbort = () => conn.destroy();
   o.signal?.addEventListener('abort', onAbort, { once: true });
   const summary = newSummary('sender', o.path, st.isDirectory() ? 0 : Number(st.size));
   let sourceHolder: { source?: NativeChunkSource } = {};
   try {
-    if (o.tls) {
-      summary.peerFingerprint = await authenticatePeer(conn, o.tls, { stateDir, trust: o.trust, interactive: o.interactive, peerLabel: `${o.host}:${o.port}`, events: o.events });
+    if (o.secure) {
+      summary.peerFingerprint = await authenticatePeer(conn, o.secure, { stateDir, trust: o.trust, expect: o.expectFingerprint, interactive: o.interactive, peerLabel: `${o.host}:${o.port}`, events: o.events });
     }
     const negotiated = await handshake(conn, Role.SENDER);
     if (st.isDirectory()) {
-      await sendTree(conn, { ...o, path: path.resolve(o.path), stateDir, negotiated, summary, st, identity, walking: walking ?? startWalk(path.resolve(o.path), o, stateDir) });
+      await sendTree(conn, { ...o, path: path.resolve(o.path), stateDir, negotiated, summary, st, walking: walking ?? startWalk(path.resolve(o.path), o, stateDir) });
       summary.ok = true;
       return summary;
     }

@@ -15,6 +15,7 @@ import {
   PROTOCOL_MIN,
 } from '../protocol/messages.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
+import { peerFingerprint, type SecureStream } from '../transport/peer-identity.js';
 import { VERSION } from '../utils/version.js';
 
 export interface Negotiated {
@@ -93,22 +94,23 @@ export function abortable<T>(p: Promise<T>, signal: AbortSignal | undefined, onA
 }
 
 /**
- * TLS sessions: decide whether the peer's certificate is trusted before any protocol
- * byte. A refusal is told to the peer in an ERROR frame (exit 5 on both sides).
+ * TLS and QUIC sessions: decide whether the peer's certificate is trusted before any
+ * protocol byte. A refusal is told to the peer in an ERROR frame (exit 5 on both sides).
+ * `expect` is a fingerprint vouched for by an already-authenticated channel (`sync
+ * --quic` learns it over ssh): it must match, and nothing is pinned.
  */
 export async function authenticatePeer(
   conn: FramedConnection,
-  sock: import('node:tls').TLSSocket,
-  o: { stateDir: string; trust?: string; interactive?: boolean; peerLabel: string; events?: import('./events.js').SyncEvents },
+  sock: SecureStream,
+  o: { stateDir: string; trust?: string; expect?: string; interactive?: boolean; peerLabel: string; events?: import('./events.js').SyncEvents },
 ): Promise<string> {
-  const { peerFingerprint } = await import('../transport/tls.js');
   const { verifyPeer } = await import('../security/trust.js');
   const { isPinned } = await import('../security/pins.js');
   const fp = peerFingerprint(sock);
-  const known = isPinned(o.stateDir, fp);
+  const known = o.expect === fp || isPinned(o.stateDir, fp);
   o.events?.peer?.(o.peerLabel, fp, known);
   try {
-    await verifyPeer(fp, { stateDir: o.stateDir, trust: o.trust, interactive: o.interactive, peerLabel: o.peerLabel });
+    await verifyPeer(fp, { stateDir: o.stateDir, trust: o.trust, expect: o.expect, interactive: o.interactive, peerLabel: o.peerLabel });
   } catch (e) {
     const err = e as FfsyncError;
     try {

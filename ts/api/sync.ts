@@ -2,18 +2,27 @@
 // or [user@]host:path. Local to local runs both peers in this process over an in-memory
 // pipe; push and pull start the remote peer with the system's ssh (so ~/.ssh/config, the
 // agent and ControlMaster apply) and speak the same protocol over its stdin/stdout — the
-// ssh channel is the security boundary, no TLS inside it.
+// ssh channel is the security boundary, no TLS inside it. With --quic, ssh is only the
+// front door: the peers trade certificate fingerprints over it, then move the data over
+// one QUIC connection (see quicOverSsh).
 
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { Duplex, PassThrough } from 'node:stream';
+import { Duplex, Transform } from 'node:stream';
 import { FramedConnection } from '../transport/connection.js';
+import { type Listener, SocketQueue } from '../transport/tcp.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
-import { Role } from '../protocol/messages.js';
-import { handshake, reportError } from './session.js';
+import { decodeQuicOffer, decodeQuicReady, encodeQuicOffer, encodeQuicReady, Role } from '../protocol/messages.js';
+import { FrameType } from '../protocol/frames.js';
+import { abortable, expect, handshake, reportError } from './session.js';
+import { loadOrCreateIdentity } from '../security/identity.js';
+import { QuicListener, QuicSession } from '../transport/quic.js';
+import { overQuic } from './over-quic.js';
+import dns from 'node:dns/promises';
+import net from 'node:net';
 import { resolveStateDir } from '../utils/state-dir.js';
-import { runReceiver, checkTarget } from './receive.js';
+import { runReceiver, checkTarget, type ReceiverContext } from './receive.js';
 import { runSender, statSource, type SendOptions } from './send.js';
 import type { SyncEvents, SyncSummary } from './events.js';
 import type { TreeSendOptions } from './tree-send.js';
@@ -63,6 +72,10 @@ export interface SyncOptions {
   timeoutMs?: number;
   events?: SyncEvents;
   signal?: AbortSignal;
+  /** ssh as the front door, QUIC as the data path (push and pull only). */
+  quic?: boolean;
+  /** Trees: large-file lanes (QUIC streams); default 8 with --quic, else 1. */
+  jobs?: number;
 }
 
 /** Where a transfer lands, by rsync's rules: a tree written `src/` fills DEST, `src` goes
@@ -118,14 +131,36 @@ function engineOptions(
     timeoutMs: o.timeoutMs ?? 60_000,
     events: o.events,
     signal: o.signal,
-    tree: { excludes: o.excludes ?? [], noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem },
+    tree: { excludes: o.excludes ?? [], noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs },
   };
 }
 
-/** An in-memory, socket-free connection pair for local-to-local syncs. */
+/** Lanes of a local tree sync: each one more in-memory pipe pair, so large files are
+ * copied in parallel (`--jobs`, default LOCAL_LANES) with no socket anywhere. */
+function localLanes(): { listener: Listener; dial: () => Promise<Duplex> } {
+  const queue = new SocketQueue<Duplex>();
+  return {
+    listener: { host: 'local', port: 0, accept: () => queue.next(), close: () => queue.close() },
+    dial: async () => {
+      const [a, b] = pipePair();
+      queue.push(b);
+      return a;
+    },
+  };
+}
+
+/** Large-file lanes of a local tree sync unless --jobs says otherwise. */
+export const LOCAL_LANES = 4;
+
+/**
+ * An in-memory, socket-free connection pair for local-to-local syncs. Bytes are copied
+ * across, as a socket would: a writer reuses its buffer once the write completes (the
+ * sender's batch pool does), while the reader may still hold a frame that points into it.
+ */
 function pipePair(): [Duplex, Duplex] {
-  const ab = new PassThrough({ highWaterMark: 4 * 1024 * 1024 });
-  const ba = new PassThrough({ highWaterMark: 4 * 1024 * 1024 });
+  const copying = () => new Transform({ highWaterMark: 4 * 1024 * 1024, transform: (chunk: Buffer, _enc, cb) => cb(null, Buffer.from(chunk)) });
+  const ab = copying();
+  const ba = copying();
   return [Duplex.from({ readable: ba, writable: ab }), Duplex.from({ readable: ab, writable: ba })];
 }
 
@@ -136,6 +171,9 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
   const stateDir = resolveStateDir(o.stateDir);
   const eng = engineOptions(o);
   const t0 = Date.now();
+  if (o.jobs && (src.host || dest.host) && !o.quic) {
+    throw new FfsyncError('EUSAGE', ExitCode.USAGE, '--jobs over ssh needs --quic: one ssh channel carries one conversation at a time');
+  }
 
   if (!src.host) {
     const st = await statSource(src.path);
@@ -144,16 +182,19 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     const kind = st.isDirectory() ? 'tree' : 'file';
     if (kind === 'file' && o.dryRun) throw dryRunFile();
     if (!dest.host) {
+      if (o.quic) throw new FfsyncError('EUSAGE', ExitCode.USAGE, '--quic needs a remote side ([user@]host:path); a local sync uses no network');
       // Local to local: both peers here, over a pipe.
       const target = await syncTarget(dest.path, dest.slash, srcName, kind, src.slash, o.dryRun);
       if (path.resolve(src.path) === target) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `SRC and DEST are the same path (${target})`);
       const [a, b] = pipePair();
       const recvConn = new FramedConnection(b, eng.timeoutMs!);
       const sendConn = new FramedConnection(a, eng.timeoutMs!);
-      const receiving = runReceiver(recvConn, { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete } });
+      const lanes = localLanes();
+      const receiving = runReceiver(recvConn, { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete }, listener: lanes.listener });
       receiving.catch(() => undefined);
       try {
-        return await runSender(sendConn, { ...eng, path: src.path, host: 'local', port: 0, stateDir, st, t0 });
+        // Nothing crosses a wire: compressing would only burn CPU.
+        return await runSender(sendConn, { ...eng, compressLevel: 0, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial });
       } finally {
         await receiving.catch(() => undefined);
       }
@@ -168,7 +209,17 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       ...(dest.slash ? ['--dest-slash'] : []),
       ...(o.checksum ? ['-c'] : []),
       ...(o.dryRun ? ['-n'] : []),
+      ...(o.quic ? ['--quic'] : []),
     ]);
+    if (o.quic) {
+      return remote.run((conn) =>
+        quicOverSsh(conn, dest.host!, o, stateDir, (session, peer) =>
+          overQuic(session, 'open', eng.timeoutMs!, (qconn, stream) =>
+            runSender(qconn, { ...eng, quic: true, path: src.path, host: dest.host!, port: 0, stateDir, st, t0, secure: stream, expectFingerprint: peer, dialLane: () => session.openStream() }),
+          ),
+        ),
+      );
+    }
     return remote.run((conn) => runSender(conn, { ...eng, path: src.path, host: dest.host!, port: 0, stateDir, st, t0 }));
   }
 
@@ -184,26 +235,73 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     ...(o.compressLevel !== undefined ? ['--compress-level', String(o.compressLevel)] : []),
     ...(o.bwlimitKiBps ? ['--bwlimit', String(o.bwlimitKiBps)] : []),
     ...(o.excludes ?? []).flatMap((p) => ['--exclude', p]),
+    ...(o.quic ? ['--quic'] : []),
+    ...(o.jobs ? ['--jobs', String(o.jobs)] : []),
   ];
   const remote = startRemote(o, src.host, senderArgs);
   const srcName = baseName(src.path);
-  return remote.run((conn) =>
-    runReceiver(conn, {
-      path: dest.path,
-      port: 0,
-      target: path.resolve(dest.path),
-      stateDir,
-      checksum: o.checksum,
-      timeoutMs: eng.timeoutMs,
-      signal: o.signal,
-      tree: { noDelete: !o.delete },
-      resolveTarget: (kind) => {
-        if (kind === 'tree' && !o.recursive) throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, `${o.src} is a directory: use -r or -a`);
-        if (kind === 'file' && o.dryRun) throw dryRunFile();
-        return syncTarget(dest.path, dest.slash, srcName, kind, src.slash, o.dryRun);
-      },
-    }),
-  );
+  const receiving = {
+    path: dest.path,
+    port: 0,
+    target: path.resolve(dest.path),
+    stateDir,
+    checksum: o.checksum,
+    timeoutMs: eng.timeoutMs,
+    signal: o.signal,
+    tree: { noDelete: !o.delete },
+    resolveTarget: (kind: 'file' | 'tree') => {
+      if (kind === 'tree' && !o.recursive) throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, `${o.src} is a directory: use -r or -a`);
+      if (kind === 'file' && o.dryRun) throw dryRunFile();
+      return syncTarget(dest.path, dest.slash, srcName, kind, src.slash, o.dryRun);
+    },
+  };
+  if (o.quic) {
+    return remote.run((conn) =>
+      quicOverSsh(conn, src.host!, o, stateDir, (session, peer) =>
+        overQuic(session, 'open', eng.timeoutMs!, (qconn, stream) => runReceiver(qconn, { ...receiving, secure: stream, expectFingerprint: peer, listener: session.lanes() })),
+      ),
+    );
+  }
+  return remote.run((conn) => runReceiver(conn, receiving));
+}
+
+/**
+ * `sync --quic`, local side: over the ssh channel (already authenticated both ways) send
+ * our certificate fingerprint and learn the remote peer's UDP port and fingerprint, then
+ * connect over QUIC. Neither side prompts or pins: each expects exactly the fingerprint
+ * the other announced over ssh. KEEPALIVE frames keep the idle ssh channel alive.
+ */
+async function quicOverSsh(
+  conn: FramedConnection,
+  sshHost: string,
+  o: SyncOptions,
+  stateDir: string,
+  body: (session: QuicSession, peerFingerprint: string) => Promise<SyncSummary>,
+): Promise<SyncSummary> {
+  const id = loadOrCreateIdentity(stateDir);
+  const timeoutMs = o.timeoutMs ?? 60_000;
+  try {
+    await conn.send(FrameType.QUIC_OFFER, encodeQuicOffer(id.fingerprint));
+    const ready = decodeQuicReady((await expect(conn, FrameType.QUIC_READY)).payload);
+    const host = await quicAddress(sshHost, ready.address);
+    const session = await QuicSession.connect(host, ready.port, id, { timeoutMs: Math.min(timeoutMs, 10_000), idleMs: timeoutMs });
+    return await conn.keepAlive(body(session, ready.fingerprint));
+  } finally {
+    await conn.close(1000);
+  }
+}
+
+/** Where the remote peer's UDP port is: the ssh host name if it resolves here, else the
+ * address the ssh connection reached on the remote side (an ~/.ssh/config alias). */
+async function quicAddress(sshHost: string, sshServerAddress: string): Promise<string> {
+  const host = sshHost.replace(/^.*@/, '').replace(/^\[(.*)\]$/, '$1');
+  if (net.isIP(host)) return host;
+  try {
+    return (await dns.lookup(host)).address;
+  } catch (e) {
+    if (sshServerAddress && net.isIP(sshServerAddress)) return sshServerAddress;
+    throw new FfsyncError('ENOTFOUND', ExitCode.SOCKET_IO, `--quic: cannot resolve ${host} for the QUIC connection (${(e as Error).message})`);
+  }
 }
 
 /** The remote peer over ssh: `ssh HOST REMOTE_CMD server …` on stdin/stdout. */
@@ -269,9 +367,17 @@ export async function serveStdio(o: {
   stateDir?: string;
   timeoutMs?: number;
   events?: SyncEvents;
+  quic?: boolean;
+  jobs?: number;
 }): Promise<SyncSummary> {
   const stateDir = resolveStateDir(o.stateDir);
   const conn = new FramedConnection(Duplex.from({ readable: process.stdin, writable: process.stdout }), o.timeoutMs ?? 60_000);
+  if (o.quic) return serveQuic(conn, o, stateDir);
+  return serveRole(conn, o, stateDir);
+}
+
+/** One role of the remote end, over `conn` (the ssh channel, or a QUIC stream). */
+async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio>[0], stateDir: string, extra: Partial<SendOptions & ReceiverContext> = {}): Promise<SyncSummary> {
   if (o.role === 'sender') {
     const st = await statSource(o.path).catch(async (e) => {
       // Tell the local side why, in the protocol (it is waiting for our HELLO and OFFER).
@@ -282,6 +388,8 @@ export async function serveStdio(o: {
       throw err;
     });
     return runSender(conn, {
+      ...extra,
+      quic: o.quic,
       path: o.path,
       host: 'ssh',
       port: 0,
@@ -294,10 +402,11 @@ export async function serveStdio(o: {
       compressLevel: o.compressLevel,
       bwlimitKiBps: o.bwlimitKiBps,
       events: o.events,
-      tree: { excludes: o.excludes ?? [], dryRun: o.dryRun, oneFileSystem: o.oneFileSystem },
+      tree: { excludes: o.excludes ?? [], dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs },
     });
   }
   return runReceiver(conn, {
+    ...extra,
     path: o.path,
     port: 0,
     target: path.resolve(o.path),
@@ -307,4 +416,46 @@ export async function serveStdio(o: {
     tree: {},
     resolveTarget: (kind) => syncTarget(o.path, Boolean(o.destSlash), o.name ?? baseName(o.path), kind, Boolean(o.srcSlash), o.dryRun),
   });
+}
+
+/**
+ * `server --quic` (the remote end of `sync --quic`): answer the local side's QUIC_OFFER
+ * over the ssh channel with our UDP port and fingerprint, take the one QUIC connection
+ * presenting the announced fingerprint, and run the session over it. The session ends
+ * if the ssh channel does (the local side is gone).
+ */
+async function serveQuic(conn: FramedConnection, o: Parameters<typeof serveStdio>[0], stateDir: string): Promise<SyncSummary> {
+  const timeoutMs = o.timeoutMs ?? 60_000;
+  const ac = new AbortController();
+  let listener: QuicListener | undefined;
+  try {
+    const offer = decodeQuicOffer((await expect(conn, FrameType.QUIC_OFFER)).payload);
+    const id = loadOrCreateIdentity(stateDir);
+    // Dual-stack where the host has IPv6, IPv4 otherwise.
+    listener = await QuicListener.bind('::', 0, id, { idleMs: timeoutMs }).catch(() => QuicListener.bind('0.0.0.0', 0, id, { idleMs: timeoutMs }));
+    const sshServerAddress = (process.env.SSH_CONNECTION ?? '').split(' ')[2] ?? '';
+    await conn.send(FrameType.QUIC_READY, encodeQuicReady(listener.port, id.fingerprint, sshServerAddress));
+    // The ssh channel now only carries KEEPALIVEs; its end (or silence) ends the session.
+    conn.recv().then(
+      () => ac.abort(),
+      () => ac.abort(),
+    );
+    const l = listener;
+    const session = await abortable(l.acceptSession(), ac.signal, () => l.close());
+    return await overQuic(session, 'accept', timeoutMs, (qconn, stream) =>
+      serveRole(qconn, o, stateDir, {
+        secure: stream,
+        expectFingerprint: offer.fingerprint,
+        signal: ac.signal,
+        ...(o.role === 'sender' ? { dialLane: () => session.openStream() } : { listener: session.lanes() }),
+      }),
+    );
+  } catch (e) {
+    const err = e instanceof FfsyncError ? e : fromSystemError(e, 'QUIC session failed');
+    await reportError(conn, err);
+    throw err;
+  } finally {
+    listener?.close();
+    await conn.close(500);
+  }
 }

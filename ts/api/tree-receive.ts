@@ -212,7 +212,12 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
       const w = (async () => {
         for (;;) {
           const f = await expect(c, FrameType.FILE_BEGIN, FrameType.LANE_END);
-          if (f.type === FrameType.LANE_END) return;
+          if (f.type === FrameType.LANE_END) {
+            // End our side too, so the sender's close completes at once over any
+            // transport (an in-process pipe does not end itself as a TCP socket does).
+            void c.close();
+            return;
+          }
           await receiveLarge(c, f.payload);
         }
       })();
@@ -267,6 +272,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     for (const e of [...errors, ...vanished]) o.events?.info?.(`error: ${e}`);
     const exitCode = errors.length > 0 ? ExitCode.PARTIAL : vanished.length > 0 ? ExitCode.VANISHED : ExitCode.OK;
     summary.written = written + prep.files;
+    summary.lanes = 1 + lanes.length;
     summary.deleted = deleted;
     summary.errors = [...errors, ...vanished];
     o.summary.literalBytes = literal;

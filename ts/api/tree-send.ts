@@ -21,7 +21,7 @@ import {
   OfferKind,
 } from '../protocol/messages.js';
 import { call, type LargeTransferInfo, type NativeTreeSync, type SmallBatch, walkTree } from '../native/binding.js';
-import type { Identity } from '../security/identity.js';
+import type { Duplex } from 'node:stream';
 import { openLane } from './lanes.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { BufferPool } from '../utils/buffer-pool.js';
@@ -33,6 +33,9 @@ import type { SendOptions } from './send.js';
 import { BATCH_BUFFER, identityChanged, rateLimiter, sendFileContent } from './file-transfer.js';
 import { exchangeManifestsAndRoots, treeSummary } from './tree-common.js';
 
+/** Lanes a `--quic` tree session asks for unless --parallel says otherwise. */
+export const QUIC_LANES = 8;
+
 export interface TreeSendOptions {
   /** Exclude patterns (rsync-like; see README). They travel to the receiver. */
   excludes?: string[];
@@ -40,7 +43,8 @@ export interface TreeSendOptions {
   noDelete?: boolean;
   /** Report what would change on both sides; write nothing. */
   dryRun?: boolean;
-  /** Spread large-file conversations over this many connections (1..16). */
+  /** Spread large-file conversations over this many connections, or QUIC streams (1..16;
+   * default 1 over TCP, QUIC_LANES over QUIC where a stream costs no handshake). */
   parallel?: number;
   /** List each change as it is planned (rsync's -v). */
   verbose?: boolean;
@@ -53,7 +57,8 @@ interface Context extends SendOptions {
   negotiated: Negotiated;
   summary: SyncSummary;
   st: BigIntStats;
-  identity?: Identity;
+  /** Opens one more connection or stream to the receiver for a lane. */
+  dialLane?: () => Promise<Duplex>;
   /** The walk, started before connecting (`startWalk`). */
   walking: Promise<NativeTreeSync>;
 }
@@ -66,7 +71,7 @@ export function startWalk(root: string, o: SendOptions, stateDir: string): Promi
 
 export async function sendTree(conn: FramedConnection, o: Context): Promise<void> {
   const t = o.tree ?? {};
-  const lanesWanted = t.dryRun ? 1 : Math.max(1, Math.min(MAX_LANES, t.parallel ?? 1));
+  const lanesWanted = t.dryRun ? 1 : Math.max(1, Math.min(MAX_LANES, t.parallel ?? (o.quic ? QUIC_LANES : 1)));
   const flags =
     (o.checksum ? OfferFlag.CHECKSUM : 0) | (t.noDelete ? OfferFlag.NO_DELETE : 0) | (t.dryRun ? OfferFlag.DRY_RUN : 0) | (lanesWanted > 1 ? OfferFlag.PARALLEL : 0) |
     (o.update ? OfferFlag.UPDATE : 0) |
@@ -97,11 +102,11 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
       for (let lt = queue.shift(); lt; lt = queue.shift()) await sendLarge(c, tree, lt, level, problems, o);
     };
     // Lanes only pay off with more than one large file to spread.
-    const extra = lanes ? Math.min(lanes.granted, large.length) - 1 : 0;
+    const extra = lanes && o.dialLane ? Math.min(lanes.granted, large.length) - 1 : 0;
     const laneConns: FramedConnection[] = [];
     try {
       for (let i = 0; i < extra; i++) {
-        laneConns.push(await openLane({ host: o.host, port: o.port, identity: o.identity, peerFingerprint: o.summary.peerFingerprint, token: lanes!.token, timeoutMs: o.timeoutMs ?? 60_000 }));
+        laneConns.push(await openLane({ dial: o.dialLane!, label: `${o.host}:${o.port}`, peerFingerprint: o.summary.peerFingerprint, token: lanes!.token, timeoutMs: o.timeoutMs ?? 60_000 }));
       }
       o.summary.tree!.lanes = 1 + laneConns.length;
       // The first connection works too, and keeps the session alive while lanes finish.

@@ -24,6 +24,7 @@ interface CommonOptions {
   quiet?: boolean;
   stateDir?: string;
   plaintext?: boolean;
+  quic?: boolean;
   checksum?: boolean;
   timeout: number;
 }
@@ -52,6 +53,7 @@ function common(cmd: Command): Command {
     .option('-q, --quiet', 'print errors only')
     .option('--state-dir <dir>', 'state directory (identity, pins, indexes); default $FFSYNC_STATE_DIR or the per-user state dir')
     .option('--plaintext', 'plain TCP without TLS (must be given on both sides; trusted networks only)')
+    .option('--quic', 'QUIC over UDP instead of TCP (TLS 1.3 built in, same identities and pins; both sides)')
     .option('--trust <fingerprint>', 'accept exactly this peer fingerprint (and pin it); needed without a TTY for a new peer')
     .option('-c, --checksum', 'ignore indexes and the size/mtime quick check; hash everything')
     .addOption(new Option('--timeout <seconds>', 'give up when the peer is silent this long (exit 30)').argParser(intArg(1, 86400)).default(60));
@@ -126,6 +128,7 @@ export function buildProgram(): Command {
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
           plaintext: o.plaintext,
+          quic: o.quic,
           trust: o.trust,
           interactive: true,
           events,
@@ -148,8 +151,8 @@ export function buildProgram(): Command {
     .option('--exclude-from <file>', 'trees: read exclude patterns from a file (one per line, # comments)')
     .option('--no-delete', 'trees: keep files only the receiver has')
     .option('-n, --dry-run', 'trees: both sides report what would change; nothing is written')
-    .addOption(new Option('--parallel <K>', 'trees: spread large files over K connections').argParser(intArg(1, 16)).default(1))
-    .action(async (source: string, addr: string, o: CommonOptions & TreeCli & { compressLevel: number; compress: boolean; bwlimit?: number; dryRun?: boolean; parallel: number }) => {
+    .addOption(new Option('--parallel <K>', 'trees: spread large files over K connections (QUIC: K streams, default 8)').argParser(intArg(1, 16)))
+    .action(async (source: string, addr: string, o: CommonOptions & TreeCli & { compressLevel: number; compress: boolean; bwlimit?: number; dryRun?: boolean; parallel?: number }) => {
       await run(o, async (events, signal) => {
         const { host, port } = parseHostPort(addr);
         if (o.trust) parseFingerprint(o.trust);
@@ -165,6 +168,7 @@ export function buildProgram(): Command {
           bwlimitKiBps: o.bwlimit,
           tree: { excludes, noDelete: o.delete === false, dryRun: o.dryRun, parallel: o.parallel },
           plaintext: o.plaintext,
+          quic: o.quic,
           trust: o.trust,
           interactive: true,
           events,
@@ -177,11 +181,9 @@ export function buildProgram(): Command {
   const rules: string[] = [];
   const notSupported: [string, string][] = [
     ['--max-size <size>', 'maxSize'],
-    ['--jobs <n>', 'jobs'],
     ['-o, --owner', 'owner'],
     ['-g, --group', 'group'],
     ['-X, --xattrs', 'xattrs'],
-    ['--quic', 'quic'],
   ];
   const syncCmd = program
     .command('sync')
@@ -210,6 +212,8 @@ export function buildProgram(): Command {
     .option('--stats', 'print transfer statistics at the end')
     .option('-e, --rsh <command>', 'remote shell to use (default ssh)')
     .option('--remote-cmd <command>', 'program to run on the remote side (default ffsync-native on its PATH)')
+    .option('--quic', 'push/pull: ssh starts the remote peer and vouches for both identities; the data moves over QUIC (UDP)')
+    .addOption(new Option('--jobs <n>', 'trees: large files in flight at once (local default 4; --quic streams, default 8)').argParser(intArg(1, 16)))
     .option('--json', 'newline-delimited JSON events on stdout')
     .option('--state-dir <dir>', 'state directory (indexes)')
     .addOption(new Option('--timeout <seconds>', 'give up when the peer is silent this long (exit 30)').argParser(intArg(1, 86400)).default(60));
@@ -241,6 +245,8 @@ export function buildProgram(): Command {
           oneFileSystem: o.oneFileSystem,
           rsh: o.rsh,
           remoteCmd: o.remoteCmd,
+          quic: o.quic,
+          jobs: o.jobs,
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
           events,
@@ -267,6 +273,8 @@ export function buildProgram(): Command {
     .addOption(new Option('--compress-level <n>').argParser(intArg(0, 19)))
     .addOption(new Option('--bwlimit <KiBps>').argParser(intArg(1, 2 ** 31)))
     .option('--exclude <pattern>', '', collect, [])
+    .option('--quic')
+    .addOption(new Option('--jobs <n>').argParser(intArg(1, 16)))
     .option('--state-dir <dir>')
     .action(async (o: Record<string, any>) => {
       await run({ quiet: true, timeout: 60 } as CommonOptions, async (events) => {
@@ -285,6 +293,8 @@ export function buildProgram(): Command {
           compressLevel: o.compressLevel,
           bwlimitKiBps: o.bwlimit,
           excludes: o.exclude,
+          quic: o.quic,
+          jobs: o.jobs,
           stateDir: o.stateDir,
           events,
         });

@@ -10,6 +10,9 @@ export type { ScanResult, PlanSummary, EncodedBatch, ManifestInfo } from '../../
 export type NativeReconstruction = Binding.NativeReconstruction;
 export type NativeChunkSource = Binding.NativeChunkSource;
 export type NativeTreeSync = Binding.NativeTreeSync;
+export type NativeQuicListener = Binding.NativeQuicListener;
+export type NativeQuicConnection = Binding.NativeQuicConnection;
+export type NativeQuicStream = Binding.NativeQuicStream;
 export type { PlanCounts, LargeTransferInfo, SmallBatch, StepOutcome, TreeStats, WalkTreeOptions } from '../../binding/index.js';
 
 /** Await a native promise, turning `CODE: message` errors into FfsyncErrors. */
@@ -94,4 +97,14 @@ export function generateIdentity(label: string): { certPem: string; keyPem: stri
   } catch (e) {
     throw normalizeNativeError(e);
   }
+}
+
+/** Listen for QUIC on an IP address (errors stay native: ts/transport/quic.ts words them). */
+export function quicListenNative(ip: string, port: number, certPem: string, keyPem: string, idleMs: number): Promise<Binding.NativeQuicListener> {
+  return native.quicListen(ip, port, certPem, keyPem, idleMs);
+}
+
+/** Connect over QUIC to an IP address; the handshake must finish within `timeoutMs`. */
+export function quicConnectNative(ip: string, port: number, certPem: string, keyPem: string, timeoutMs: number, idleMs: number): Promise<Binding.NativeQuicConnection> {
+  return native.quicConnect(ip, port, certPem, keyPem, timeoutMs, idleMs);
 }

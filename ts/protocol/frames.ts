@@ -26,6 +26,8 @@ export const FrameType = {
   LANES: 0x12,
   JOIN: 0x13,
   LANE_END: 0x14,
+  QUIC_OFFER: 0x15,
+  QUIC_READY: 0x16,
   ERROR: 0x7f,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];

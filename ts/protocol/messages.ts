@@ -406,6 +406,44 @@ export function decodeLanes(p: Buffer): { granted: number; token: Buffer } {
   return { granted: p[0], token: Buffer.from(p.subarray(1)) };
 }
 
+// `sync --quic`: the ssh channel vouches for both QUIC identities (docs/protocol.md §10).
+const FINGERPRINT_BYTES = 32;
+
+function fingerprintBytes(fp: string): Buffer {
+  return Buffer.from(fp.replace(/-/g, ''), 'hex');
+}
+
+function fingerprintText(b: Buffer): string {
+  return b.toString('hex').toUpperCase().match(/.{4}/g)!.join('-');
+}
+
+/** QUIC_OFFER: the local peer's certificate fingerprint. */
+export function encodeQuicOffer(fingerprint: string): Buffer {
+  return fingerprintBytes(fingerprint);
+}
+
+export function decodeQuicOffer(p: Buffer): { fingerprint: string } {
+  if (p.length !== FINGERPRINT_BYTES) throw protocolError('bad QUIC_OFFER');
+  return { fingerprint: fingerprintText(p) };
+}
+
+/** QUIC_READY: u16 UDP port | 32-byte fingerprint | address the ssh connection reached (UTF-8, may be empty). */
+export function encodeQuicReady(port: number, fingerprint: string, address: string): Buffer {
+  const a = Buffer.from(address, 'utf8').subarray(0, 64);
+  const b = Buffer.alloc(2 + FINGERPRINT_BYTES + a.length);
+  b.writeUInt16LE(port, 0);
+  fingerprintBytes(fingerprint).copy(b, 2);
+  a.copy(b, 2 + FINGERPRINT_BYTES);
+  return b;
+}
+
+export function decodeQuicReady(p: Buffer): { port: number; fingerprint: string; address: string } {
+  if (p.length < 2 + FINGERPRINT_BYTES || p.length > 2 + FINGERPRINT_BYTES + 64) throw protocolError('bad QUIC_READY');
+  const port = p.readUInt16LE(0);
+  if (port === 0) throw protocolError('bad QUIC_READY: port 0');
+  return { port, fingerprint: fingerprintText(p.subarray(2, 2 + FINGERPRINT_BYTES)), address: p.subarray(2 + FINGERPRINT_BYTES).toString('utf8') };
+}
+
 export const MAX_ERROR_MESSAGE = 4096;
 
 export function encodeError(exitCode: number, code: string, message: string): Buffer {

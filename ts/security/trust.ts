@@ -10,6 +10,8 @@ export interface TrustOptions {
   stateDir: string;
   /** `--trust <fp>`: the only fingerprint acceptable for this session; pinned on success. */
   trust?: string;
+  /** Vouched for by an authenticated channel (ssh): must match exactly; never pinned. */
+  expect?: string;
   /** Ask on the terminal when the peer is unknown (only when stdin and stderr are TTYs). */
   interactive?: boolean;
   /** Where the peer connected from / to, for messages and the pin note. */
@@ -17,6 +19,14 @@ export interface TrustOptions {
 }
 
 export async function verifyPeer(fingerprint: string, o: TrustOptions): Promise<void> {
+  if (o.expect) {
+    if (o.expect === fingerprint) return;
+    throw new FfsyncError(
+      'EFINGERPRINT',
+      ExitCode.UNTRUSTED,
+      `FINGERPRINT MISMATCH for ${o.peerLabel}: the ssh channel announced ${o.expect} but the QUIC peer presented ${fingerprint}; refusing`,
+    );
+  }
   if (o.trust) {
     const expected = parseFingerprint(o.trust);
     if (expected !== fingerprint) {

@@ -2,6 +2,8 @@
 // sockets in its own module.
 
 import net from 'node:net';
+import type { SecureStream } from './peer-identity.js';
+import type { Duplex } from 'node:stream';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 
 export interface Listener {
@@ -9,13 +11,13 @@ export interface Listener {
   port: number;
   /** Resolves with the next connection, in arrival order. The first one is the session;
    * later ones are only taken for a tree session's extra lanes (`--parallel`). */
-  accept(): Promise<net.Socket>;
+  accept(): Promise<SecureStream>;
   /** Stop accepting; connections not taken yet are closed. */
   close(): void;
 }
 
 /** Hands out sockets in arrival order to whoever asks; drops the rest on close. */
-export class SocketQueue<S extends net.Socket> {
+export class SocketQueue<S extends Duplex> {
   private readonly ready: S[] = [];
   private readonly waiters: { resolve: (s: S) => void; reject: (e: Error) => void }[] = [];
   private closedWith?: Error;

@@ -4,7 +4,7 @@
 import net from 'node:net';
 import tls from 'node:tls';
 import type { Identity } from '../security/identity.js';
-import { fingerprintOfDer } from '../security/fingerprint.js';
+import { recordPeerCertificate } from './peer-identity.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { bind, type Listener, SocketQueue } from './tcp.js';
 
@@ -28,20 +28,8 @@ function handshakeError(e: unknown, context: string): FfsyncError {
   );
 }
 
-// Captured when the handshake completes: once the peer hangs up (for instance because it
-// does not trust *us*), the socket no longer reports the certificate it presented.
-const presented = new WeakMap<tls.TLSSocket, string | undefined>();
-
 function capture(sock: tls.TLSSocket): void {
-  const cert = sock.getPeerCertificate(true);
-  presented.set(sock, cert && cert.raw ? fingerprintOfDer(cert.raw) : undefined);
-}
-
-/** The SHA-256 fingerprint of the certificate the peer presented. */
-export function peerFingerprint(sock: tls.TLSSocket): string {
-  const fp = presented.get(sock);
-  if (!fp) throw new FfsyncError('EUNTRUSTED', ExitCode.UNTRUSTED, 'the peer presented no certificate');
-  return fp;
+  recordPeerCertificate(sock, sock.getPeerCertificate(true)?.raw);
 }
 
 export async function tlsListenOnce(host: string, port: number, id: Identity): Promise<Listener> {

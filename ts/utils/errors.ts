@@ -46,6 +46,14 @@ const NATIVE_EXIT: Record<string, ExitCode> = {
   ECHUNK: ExitCode.PROTOCOL_STREAM,
   EVERIFY: ExitCode.PARTIAL,
   EUSAGE: ExitCode.USAGE,
+  // QUIC transport (crates/ffsync_core/src/quic/)
+  ETIMEDOUT: ExitCode.TIMEOUT,
+  ECONNRESET: ExitCode.SOCKET_IO,
+  ECLOSED: ExitCode.SOCKET_IO,
+  ESOCKET: ExitCode.SOCKET_IO,
+  EADDRINUSE: ExitCode.SOCKET_IO,
+  EADDRNOTAVAIL: ExitCode.SOCKET_IO,
+  ETLS: ExitCode.PROTOCOL_INCOMPATIBLE,
 };
 
 export function normalizeNativeError(e: unknown): FfsyncError {

@@ -5,6 +5,7 @@
 
 mod identity;
 mod progress;
+mod quic;
 mod reconstruction;
 mod scan;
 mod source;

@@ -24,6 +24,9 @@ pub enum CoreError {
     DiskFull { path: PathBuf },
     #[error("{0}")]
     Usage(String),
+    /// A network failure (QUIC transport); `code` is a socket error code (ETIMEDOUT, …).
+    #[error("{message}")]
+    Network { code: &'static str, message: String },
 }
 
 impl CoreError {
@@ -56,6 +59,7 @@ impl CoreError {
             CoreError::ChunkCorrupt { .. } => "ECHUNK",
             CoreError::DiskFull { .. } => "ENOSPC",
             CoreError::Usage(_) => "EUSAGE",
+            CoreError::Network { code, .. } => code,
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod index;
 pub mod io;
 pub mod manifest;
 pub mod params;
+pub mod quic;
 pub mod reconstruct;
 pub mod scan;
 #[cfg(test)]

@@ -1,0 +1,98 @@
+// Loopback proxies that add a fixed one-way delay (so RTT = 2 x delay) and can drop
+// everything on demand ("blackhole": a path that silently stops carrying packets).
+// UDP for QUIC, TCP for TLS/plain connections. Used by the QUIC tests and by
+// bench/latency.ts (30 ms RTT).
+import dgram from 'node:dgram';
+import net from 'node:net';
+
+export interface DelayProxy {
+  port: number;
+  /** While on, every datagram / byte is dropped (connections stay open). */
+  blackhole(on: boolean): void;
+  close(): Promise<void>;
+}
+
+/** FIFO with one timer: items leave `delayMs` after they arrived, in order. */
+function delayLine<T>(delayMs: number, deliver: (item: T) => void): (item: T) => void {
+  const queue: { due: number; item: T }[] = [];
+  let timer: NodeJS.Timeout | undefined;
+  const drain = () => {
+    timer = undefined;
+    const now = performance.now();
+    while (queue.length && queue[0].due <= now + 0.5) deliver(queue.shift()!.item);
+    if (queue.length) timer = setTimeout(drain, Math.max(0, queue[0].due - performance.now()));
+  };
+  return (item) => {
+    if (delayMs <= 0) return deliver(item);
+    queue.push({ due: performance.now() + delayMs, item });
+    if (!timer) timer = setTimeout(drain, delayMs);
+  };
+}
+
+/** UDP: the first peer to send becomes "the client"; everything goes to 127.0.0.1:targetPort. */
+export async function udpDelayProxy(targetPort: number, oneWayMs: number): Promise<DelayProxy> {
+  const front = dgram.createSocket({ type: 'udp4', recvBufferSize: 8 << 20, sendBufferSize: 8 << 20 });
+  const back = dgram.createSocket({ type: 'udp4', recvBufferSize: 8 << 20, sendBufferSize: 8 << 20 });
+  let client: { address: string; port: number } | undefined;
+  let dropping = false;
+  const toTarget = delayLine<Buffer>(oneWayMs, (b) => back.send(b, targetPort, '127.0.0.1'));
+  const toClient = delayLine<Buffer>(oneWayMs, (b) => client && front.send(b, client.port, client.address));
+  front.on('message', (b, rinfo) => {
+    client ??= { address: rinfo.address, port: rinfo.port };
+    if (!dropping) toTarget(b);
+  });
+  back.on('message', (b) => {
+    if (!dropping) toClient(b);
+  });
+  await new Promise<void>((r) => back.bind(0, '127.0.0.1', () => r()));
+  await new Promise<void>((r) => front.bind(0, '127.0.0.1', () => r()));
+  return {
+    port: front.address().port,
+    blackhole: (on) => (dropping = on),
+    close: async () => {
+      front.close();
+      back.close();
+    },
+  };
+}
+
+/** TCP: each connection is relayed to 127.0.0.1:targetPort with the delay both ways. */
+export async function tcpDelayProxy(targetPort: number, oneWayMs: number): Promise<DelayProxy> {
+  let dropping = false;
+  const sockets = new Set<net.Socket>();
+  const relay = (from: net.Socket, to: net.Socket) => {
+    let waiting = false;
+    const line = delayLine<Buffer>(oneWayMs, (b) => {
+      if (!to.destroyed && !to.write(b) && !waiting) {
+        // The far side is slow: stop reading until it drains (bounded buffering).
+        waiting = true;
+        from.pause();
+        to.once('drain', () => {
+          waiting = false;
+          from.resume();
+        });
+      }
+    });
+    from.on('data', (b) => {
+      if (!dropping) line(b);
+    });
+    from.on('end', () => setTimeout(() => to.end(), oneWayMs));
+    from.on('error', () => to.destroy());
+    from.on('close', () => setTimeout(() => to.destroy(), oneWayMs + 50));
+  };
+  const server = net.createServer({ noDelay: true }, (inbound) => {
+    const outbound = net.connect({ port: targetPort, host: '127.0.0.1', noDelay: true });
+    sockets.add(inbound).add(outbound);
+    relay(inbound, outbound);
+    relay(outbound, inbound);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  return {
+    port: (server.address() as net.AddressInfo).port,
+    blackhole: (on) => (dropping = on),
+    close: async () => {
+      for (const s of sockets) s.destroy();
+      await new Promise<void>((r) => server.close(() => r()));
+    },
+  };
+}

@@ -1,0 +1,436 @@
+#!/usr/bin/env node
+// Reach benchmark (issue #5): the rsync-style `sync` front door and the transports, side by side
+// with rsync in the same run, every result verified against its source.
+//
+//   npx tsx bench/sync.ts [--quick] [--only latency,sync-local,sync-ssh-tree,sync-ssh-file] [--repeat N]
+//                         [--file-mib N] [--dir DIR] [--no-write]
+//   npm run bench:sync
+//
+// Scenarios
+//   latency        100 files x 1 MiB through loopback proxies adding 30 ms RTT
+//                  (__test__/helpers/delay-proxy.ts), cold and modified (4 KiB changed per file):
+//                  one TLS connection, --parallel 8, --quic (one QUIC connection, 8 streams), and
+//                  rsync -a over ssh through the same delay.
+//   sync-local     `sync -a src/ dst` vs `rsync -a src/ dst`, 10,000 x 4 KiB, cold.
+//   sync-ssh-tree  the same tree over ssh to a throwaway sshd on loopback (cold and no-op),
+//                  `sync` and `sync --quic` vs rsync -a -e ssh.
+//   sync-ssh-file  one file (default 256 MiB) over ssh: fresh, then modified (scattered 64 KiB
+//                  overwrites), `sync` and `sync --quic` vs rsync (delta transfer).
+// Writes its section of bench/RESULTS.md between <!-- sync-bench:begin --> and <!-- sync-bench:end -->.
+
+import { createHash } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as fsp from 'node:fs/promises';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { parseArgs } from 'node:util';
+import { type Sshd, sshdUnavailable, startSshd } from '../__test__/helpers/sshd';
+import { type DelayProxy, tcpDelayProxy, udpDelayProxy } from '../__test__/helpers/delay-proxy';
+import {
+  CLI,
+  KiB,
+  MiB,
+  Proc,
+  REPO,
+  RSYNC_BIN,
+  XorShift128,
+  commandLine,
+  describeExit,
+  flushWorkFs,
+  fmtBytes,
+  fmtRatio,
+  fmtRss,
+  fmtS,
+  killAll,
+  machineInfo,
+  markdown,
+  median,
+  parseJsonLine,
+  parseRsyncStats,
+  rmf,
+  tail,
+  textTable,
+  withTimeout,
+} from './common.js';
+
+const BEGIN_MARK = '<!-- sync-bench:begin -->';
+const END_MARK = '<!-- sync-bench:end -->';
+const RTT_MS = 30;
+
+const { values } = parseArgs({
+  options: {
+    quick: { type: 'boolean' },
+    only: { type: 'string' },
+    repeat: { type: 'string' },
+    'file-mib': { type: 'string' },
+    dir: { type: 'string' },
+    'no-write': { type: 'boolean' },
+  },
+});
+const quick = Boolean(values.quick);
+const repeat = Number(values.repeat ?? (quick ? 1 : 2));
+const fileMiB = Number(values['file-mib'] ?? (quick ? 64 : 256));
+const only = new Set((values.only ?? 'latency,sync-local,sync-ssh-tree,sync-ssh-file').split(','));
+const work = values.dir ?? fs.mkdtempSync(path.join(os.tmpdir(), 'ffsync-bench-sync-'));
+
+interface Run {
+  ms: number;
+  sent?: number;
+  received?: number;
+  rssKb?: number;
+}
+
+interface Row {
+  scenario: string;
+  tool: string;
+  runs: Run[];
+  note?: string;
+}
+
+const rows: Row[] = [];
+const verdicts: string[][] = [];
+
+// ---------------------------------------------------------------------------------------------
+// Fixtures
+
+function writeTree(root: string, files: number, size: number, seed: number, perDir = 100): void {
+  const rng = new XorShift128(seed, 1);
+  const buf = Buffer.alloc(size);
+  for (let i = 0; i < files; i++) {
+    const d = path.join(root, `d${String(Math.floor(i / perDir)).padStart(3, '0')}`);
+    if (i % perDir === 0) fs.mkdirSync(d, { recursive: true });
+    rng.fill(buf);
+    fs.writeFileSync(path.join(d, `f${i}.bin`), buf);
+  }
+}
+
+function writeFile(file: string, size: number, seed: number): void {
+  const rng = new XorShift128(seed, 2);
+  const fd = fs.openSync(file, 'w');
+  const buf = Buffer.alloc(4 * MiB);
+  for (let done = 0; done < size; done += buf.length) {
+    rng.fill(buf);
+    fs.writeSync(fd, buf, 0, Math.min(buf.length, size - done));
+  }
+  fs.closeSync(fd);
+}
+
+/** Scattered 64 KiB overwrites, one per 16 MiB (the contract's "modified"). */
+function modifyFile(file: string, seed: number): void {
+  const rng = new XorShift128(seed, 3);
+  const size = fs.statSync(file).size;
+  const fd = fs.openSync(file, 'r+');
+  const buf = Buffer.alloc(64 * KiB);
+  for (let at = 0; at + buf.length < size; at += 16 * MiB) {
+    rng.fill(buf);
+    fs.writeSync(fd, buf, 0, buf.length, at + rng.below(16 * MiB - buf.length));
+  }
+  fs.closeSync(fd);
+  const t = Date.now() / 1000;
+  fs.utimesSync(file, t, t);
+}
+
+/** Hash of every regular file under root (relative path + content), for verification. */
+function treeDigest(root: string): string {
+  const h = createHash('sha256');
+  const walk = (d: string, rel: string) => {
+    for (const e of fs.readdirSync(d, { withFileTypes: true }).sort((a, b) => (a.name < b.name ? -1 : 1))) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory()) walk(p, `${rel}${e.name}/`);
+      else if (e.isFile()) h.update(`${rel}${e.name}\0`).update(fs.readFileSync(p));
+    }
+  };
+  walk(root, '');
+  return h.digest('hex');
+}
+
+function fileDigest(file: string): string {
+  return createHash('sha256').update(fs.readFileSync(file)).digest('hex');
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running tools
+
+async function timed(label: string, argv: string[], parse: 'ffsync' | 'rsync'): Promise<Run> {
+  const rssFile = path.join(work, `rss-${process.hrtime.bigint()}`);
+  const t0 = performance.now();
+  const p = new Proc(label, argv, { rssFile });
+  const exit = await p.exited;
+  const ms = exit.at - t0;
+  if (exit.code !== 0) throw new Error(`${label}: ${describeExit(exit)}: ${tail(p.stderr)}`);
+  const run: Run = { ms, rssKb: await p.peakRssKb() };
+  if (parse === 'ffsync') {
+    const s = p.lines.map(parseJsonLine).find((e) => e?.event === 'summary') as { bytesOnWire?: { sent: number; received: number } } | undefined;
+    run.sent = s?.bytesOnWire?.sent;
+    run.received = s?.bytesOnWire?.received;
+  } else {
+    const st = parseRsyncStats(p.lines.join('\n'));
+    run.sent = st.sent;
+    run.received = st.received;
+  }
+  return run;
+}
+
+function ffsync(...args: string[]): string[] {
+  return [process.execPath, CLI, ...args];
+}
+
+async function id(state: string): Promise<string> {
+  const p = new Proc('id', ffsync('id', '--state-dir', state));
+  await p.exited;
+  return p.lines[0]!.trim();
+}
+
+/** One `send`/`receive` pair through a delay proxy; the receiver's time is the session's. */
+async function sendThroughProxy(src: string, dst: string, mode: 'tls1' | 'tls8' | 'quic', states: { s: string; r: string; fpS: string; fpR: string }): Promise<Run> {
+  const quic = mode === 'quic' ? ['--quic'] : [];
+  const recv = new Proc('receive', ffsync('receive', dst, '0', '--bind', '127.0.0.1', '--json', '--state-dir', states.r, '--trust', states.fpS, ...quic));
+  const l = parseJsonLine(await recv.waitForLine((x) => parseJsonLine(x)?.event === 'listening', 20_000)) as { port: number };
+  const proxy: DelayProxy = mode === 'quic' ? await udpDelayProxy(l.port, RTT_MS / 2) : await tcpDelayProxy(l.port, RTT_MS / 2);
+  try {
+    const lanes = mode === 'tls8' ? ['--parallel', '8'] : mode === 'tls1' ? ['--parallel', '1'] : [];
+    const run = await timed(`send ${mode}`, ffsync('send', src, `127.0.0.1:${proxy.port}`, '--json', '--state-dir', states.s, '--trust', states.fpR, ...quic, ...lanes), 'ffsync');
+    const e = await recv.exited;
+    if (e.code !== 0) throw new Error(`receive ${mode}: ${describeExit(e)}: ${tail(recv.stderr)}`);
+    return run;
+  } finally {
+    await proxy.close();
+  }
+}
+
+async function measure(scenario: string, tool: string, reps: number, prepare: () => Promise<void>, body: () => Promise<Run>, verify: () => void, note?: string): Promise<Row> {
+  const row: Row = { scenario, tool, runs: [], note };
+  for (let i = 0; i < reps; i++) {
+    await prepare();
+    flushWorkFs(work);
+    const r = await withTimeout(15 * 60_000, `${scenario} ${tool}`, body);
+    verify();
+    row.runs.push(r);
+    process.stderr.write(`  ${scenario} ${tool}: ${fmtS(r.ms)} s, sent ${fmtBytes(r.sent)}\n`);
+  }
+  rows.push(row);
+  return row;
+}
+
+const med = (r: Row | undefined) => (r ? median(r.runs.map((x) => x.ms)) : undefined);
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios
+
+async function latency(sshd: Sshd | undefined): Promise<void> {
+  // Two trees: "cold" (receiver empty: bandwidth-bound, one connection already streams
+  // files back to back) and "modified" (receiver holds the previous version of every file,
+  // 4 KiB changed in each: every file is a delta conversation, so round trips dominate).
+  const src = path.join(work, 'lat-src');
+  const old = path.join(work, 'lat-old');
+  const dst = path.join(work, 'lat-dst');
+  const rng = new XorShift128(51, 4);
+  for (let i = 0; i < 100; i++) {
+    const b = Buffer.alloc(MiB);
+    rng.fill(b);
+    const dir = `d${Math.floor(i / 25)}`;
+    fs.mkdirSync(path.join(old, dir), { recursive: true });
+    fs.mkdirSync(path.join(src, dir), { recursive: true });
+    fs.writeFileSync(path.join(old, dir, `f${i}.bin`), b);
+    b.fill(i & 0xff, 300_000, 300_000 + 4 * KiB);
+    fs.writeFileSync(path.join(src, dir, `f${i}.bin`), b);
+  }
+  const digest = treeDigest(src);
+  const states = { s: path.join(work, 'lat-s'), r: path.join(work, 'lat-r'), fpS: '', fpR: '' };
+  states.fpS = await id(states.s);
+  states.fpR = await id(states.r);
+  const verify = () => {
+    if (treeDigest(dst) !== digest) throw new Error('latency: result differs from the source');
+  };
+  for (const kind of ['cold', 'modified'] as const) {
+    // No index on either side: every run starts from the same state.
+    const prepare = async () => {
+      await rmf(dst);
+      for (const d of [states.r, states.s]) for (const n of fs.readdirSync(d)) if (n !== 'identity' && n !== 'pins.conf') await rmf(path.join(d, n));
+      if (kind === 'modified') await fsp.cp(old, dst, { recursive: true });
+    };
+    const scenario = `latency-30ms 100 x 1 MiB ${kind}`;
+    const single = await measure(scenario, 'ffsync TLS, 1 connection', repeat, prepare, () => sendThroughProxy(src, dst, 'tls1', states), verify);
+    const p8 = await measure(scenario, 'ffsync TLS --parallel 8', repeat, prepare, () => sendThroughProxy(src, dst, 'tls8', states), verify);
+    const quic = await measure(scenario, 'ffsync --quic (8 streams)', repeat, prepare, () => sendThroughProxy(src, dst, 'quic', states), verify);
+    let rs: Row | undefined;
+    if (sshd) {
+      const proxy = await tcpDelayProxy(sshd.port, RTT_MS / 2);
+      try {
+        const rsh = sshd.rsh.replace(`-p ${sshd.port}`, `-p ${proxy.port}`);
+        rs = await measure(scenario, 'rsync -a over ssh', repeat, prepare, () => timed('rsync', [RSYNC_BIN, '-a', '--stats', '-e', rsh, `${src}/`, `127.0.0.1:${dst}/`], 'rsync'), verify);
+      } finally {
+        await proxy.close();
+      }
+    }
+    const s = med(single)!;
+    const target = kind === 'modified' ? '≥ 3x faster than one connection' : 'vs one connection (bandwidth-bound: context)';
+    const status = (r: Row) => (kind === 'modified' ? (s / med(r)! >= 3 ? 'PASS' : 'MISS') : '—');
+    verdicts.push([`30 ms RTT, 100 x 1 MiB ${kind}: --parallel 8 ${target}`, fmtRatio(s, med(p8)), status(p8)]);
+    verdicts.push([`30 ms RTT, 100 x 1 MiB ${kind}: --quic ${target}`, fmtRatio(s, med(quic)), status(quic)]);
+    if (rs) verdicts.push([`30 ms RTT, 100 x 1 MiB ${kind}: --quic vs rsync -a over ssh (context)`, fmtRatio(med(rs), med(quic)), '—']);
+  }
+}
+
+async function syncLocal(): Promise<void> {
+  const src = path.join(work, 'local-src');
+  const dst = path.join(work, 'local-dst');
+  const state = path.join(work, 'local-state');
+  writeTree(src, quick ? 2000 : 10_000, 4 * KiB, 52);
+  const digest = treeDigest(src);
+  const fresh = async () => {
+    await rmf(dst);
+    await rmf(state);
+  };
+  const verify = () => {
+    if (treeDigest(dst) !== digest) throw new Error('sync-local: result differs from the source');
+  };
+  const n = quick ? '2k' : '10k';
+  const ff = await measure(`sync-local ${n} x 4 KiB cold`, 'ffsync sync -a', repeat, fresh, () => timed('sync', ffsync('sync', '-a', '--json', '--state-dir', state, `${src}/`, dst), 'ffsync'), verify);
+  const rs = await measure(`sync-local ${n} x 4 KiB cold`, 'rsync -a', repeat, fresh, () => timed('rsync', [RSYNC_BIN, '-a', '--stats', `${src}/`, dst], 'rsync'), verify);
+  const r = med(rs)! / med(ff)!;
+  verdicts.push([`sync local ${n} x 4 KiB cold: no slower than rsync (goal 2x)`, fmtRatio(med(rs), med(ff)), r >= 2 ? 'PASS (goal met)' : r >= 1 ? 'PASS' : 'MISS']);
+}
+
+function remoteCmd(state: string): string {
+  return `env FFSYNC_STATE_DIR=${state} ${process.execPath} ${CLI}`;
+}
+
+async function syncSshTree(sshd: Sshd): Promise<void> {
+  const src = path.join(work, 'ssh-src');
+  const dst = path.join(work, 'ssh-dst');
+  const state = path.join(work, 'ssh-state');
+  const rstate = path.join(work, 'ssh-rstate');
+  writeTree(src, quick ? 2000 : 10_000, 4 * KiB, 53);
+  const digest = treeDigest(src);
+  const n = quick ? '2k' : '10k';
+  const fresh = async () => {
+    await rmf(dst);
+    await rmf(state);
+    await rmf(rstate);
+  };
+  const keep = async () => undefined;
+  const verify = () => {
+    if (treeDigest(dst) !== digest) throw new Error('sync-ssh-tree: result differs from the source');
+  };
+  const ffArgs = (quic: boolean) => ffsync('sync', '-a', '--json', '--state-dir', state, '-e', sshd.rsh, '--remote-cmd', remoteCmd(rstate), ...(quic ? ['--quic'] : []), `${src}/`, `127.0.0.1:${dst}`);
+  const rsArgs = [RSYNC_BIN, '-a', '--stats', '-e', sshd.rsh, `${src}/`, `127.0.0.1:${dst}`];
+  const cold = await measure(`sync-ssh ${n} x 4 KiB cold`, 'ffsync sync -a', repeat, fresh, () => timed('sync', ffArgs(false), 'ffsync'), verify);
+  const coldQ = await measure(`sync-ssh ${n} x 4 KiB cold`, 'ffsync sync -a --quic', repeat, fresh, () => timed('sync', ffArgs(true), 'ffsync'), verify);
+  const coldR = await measure(`sync-ssh ${n} x 4 KiB cold`, 'rsync -a -e ssh', repeat, fresh, () => timed('rsync', rsArgs, 'rsync'), verify);
+  const noop = await measure(`sync-ssh ${n} x 4 KiB no-op`, 'ffsync sync -a', repeat, keep, () => timed('sync', ffArgs(false), 'ffsync'), verify);
+  const noopR = await measure(`sync-ssh ${n} x 4 KiB no-op`, 'rsync -a -e ssh', repeat, keep, () => timed('rsync', rsArgs, 'rsync'), verify);
+  verdicts.push([`sync over ssh, ${n} x 4 KiB cold vs rsync over ssh`, `${fmtRatio(med(coldR), med(cold))} (--quic ${fmtRatio(med(coldR), med(coldQ))})`, '—']);
+  verdicts.push([`sync over ssh, ${n} x 4 KiB no-op vs rsync over ssh`, fmtRatio(med(noopR), med(noop)), '—']);
+}
+
+async function syncSshFile(sshd: Sshd): Promise<void> {
+  const src = path.join(work, 'file-src.bin');
+  const dst = path.join(work, 'file-dst.bin');
+  const state = path.join(work, 'file-state');
+  const rstate = path.join(work, 'file-rstate');
+  writeFile(src, fileMiB * MiB, 54);
+  const base = path.join(work, 'file-base.bin');
+  await fsp.copyFile(src, base);
+  const modified = path.join(work, 'file-mod.bin');
+  await fsp.copyFile(src, modified);
+  modifyFile(modified, 55);
+  const dSrc = fileDigest(src);
+  const dMod = fileDigest(modified);
+  const label = `${fileMiB} MiB`;
+  const ffArgs = (from: string, quic: boolean) => ffsync('sync', '-a', '--json', '--state-dir', state, '-e', sshd.rsh, '--remote-cmd', remoteCmd(rstate), ...(quic ? ['--quic'] : []), from, `127.0.0.1:${dst}`);
+  const rsArgs = (from: string) => [RSYNC_BIN, '-a', '--stats', '-e', sshd.rsh, from, `127.0.0.1:${dst}`];
+  const fresh = async () => {
+    await rmf(dst);
+    await rmf(state);
+    await rmf(rstate);
+  };
+  // "modified": the receiver holds the base version (a copy, no index on either side).
+  const stale = async () => {
+    await fresh();
+    await fsp.copyFile(base, dst);
+  };
+  const isSrc = () => {
+    if (fileDigest(dst) !== dSrc) throw new Error('sync-ssh-file: fresh result differs');
+  };
+  const isMod = () => {
+    if (fileDigest(dst) !== dMod) throw new Error('sync-ssh-file: modified result differs');
+  };
+  const f = await measure(`sync-ssh file ${label} fresh`, 'ffsync sync -a', repeat, fresh, () => timed('sync', ffArgs(src, false), 'ffsync'), isSrc);
+  const fq = await measure(`sync-ssh file ${label} fresh`, 'ffsync sync -a --quic', repeat, fresh, () => timed('sync', ffArgs(src, true), 'ffsync'), isSrc);
+  const fr = await measure(`sync-ssh file ${label} fresh`, 'rsync -a -e ssh', repeat, fresh, () => timed('rsync', rsArgs(src), 'rsync'), isSrc);
+  const m = await measure(`sync-ssh file ${label} modified`, 'ffsync sync -a', repeat, stale, () => timed('sync', ffArgs(modified, false), 'ffsync'), isMod);
+  const mq = await measure(`sync-ssh file ${label} modified`, 'ffsync sync -a --quic', repeat, stale, () => timed('sync', ffArgs(modified, true), 'ffsync'), isMod);
+  const mr = await measure(`sync-ssh file ${label} modified`, 'rsync -a -e ssh', repeat, stale, () => timed('rsync', rsArgs(modified), 'rsync'), isMod);
+  verdicts.push([`sync over ssh, file ${label} fresh vs rsync over ssh`, `${fmtRatio(med(fr), med(f))} (--quic ${fmtRatio(med(fr), med(fq))})`, '—']);
+  verdicts.push([`sync over ssh, file ${label} modified vs rsync over ssh`, `${fmtRatio(med(mr), med(m))} (--quic ${fmtRatio(med(mr), med(mq))})`, '—']);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report
+
+function report(machine: ReturnType<typeof machineInfo>, notes: string[]): string {
+  const table = {
+    head: ['scenario', 'tool', 'median s', 'runs (s)', 'sent', 'received', 'peak RSS MiB (local)'],
+    rows: rows.map((r) => [
+      r.scenario,
+      r.tool,
+      fmtS(median(r.runs.map((x) => x.ms))),
+      r.runs.map((x) => fmtS(x.ms)).join(', '),
+      fmtBytes(median(r.runs.map((x) => x.sent ?? 0))),
+      fmtBytes(median(r.runs.map((x) => x.received ?? 0))),
+      fmtRss(Math.max(...r.runs.map((x) => x.rssKb ?? 0)) || undefined),
+    ]),
+  };
+  const targets = { head: ['target', 'measured (ratio, higher = ffsync faster)', 'status'], rows: verdicts };
+  return [
+    BEGIN_MARK,
+    '## Reach: `sync`, ssh, QUIC and latency (`npm run bench:sync`)',
+    '',
+    `Command: \`${commandLine()}\` — ${machine.date}, ${machine.nproc} cores (${machine.cpu}), ${machine.kernel}, ${machine.fs}, ${machine.rsync}, node ${machine.node}, commit ${machine.commit}. Medians of ${repeat}; every result verified (SHA-256 of each file). Wire bytes: ffsync's summary (for --quic, UDP payloads including QUIC headers, ACKs and retransmissions); rsync's --stats. Peak RSS is the local process (the remote peer runs under sshd).`,
+    '',
+    ...notes.map((n) => `- ${n}`),
+    '',
+    markdown(targets),
+    '',
+    markdown(table),
+    END_MARK,
+  ].join('\n');
+}
+
+async function main(): Promise<void> {
+  fs.mkdirSync(work, { recursive: true });
+  const machine = machineInfo(work);
+  const notes: string[] = [`latency: loopback proxies add ${RTT_MS / 2} ms each way (TCP relay for TLS and ssh, UDP relay for QUIC), both in one Node process`];
+  let sshd: Sshd | undefined;
+  const why = sshdUnavailable();
+  if (why) notes.push(`ssh scenarios skipped: ${why}`);
+  else sshd = await startSshd();
+  try {
+    if (only.has('latency')) await latency(sshd);
+    if (only.has('sync-local')) await syncLocal();
+    if (sshd && only.has('sync-ssh-tree')) await syncSshTree(sshd);
+    if (sshd && only.has('sync-ssh-file')) await syncSshFile(sshd);
+  } finally {
+    await sshd?.stop();
+  }
+  const section = report(machine, notes);
+  process.stdout.write(`\n${textTable({ head: ['target', 'measured', 'status'], rows: verdicts })}\n`);
+  if (!values['no-write']) {
+    const file = path.join(REPO, 'bench', 'RESULTS.md');
+    const old = fs.existsSync(file) ? fs.readFileSync(file, 'utf8') : '';
+    const i = old.indexOf(BEGIN_MARK);
+    const j = old.indexOf(END_MARK);
+    const next = i >= 0 && j > i ? old.slice(0, i) + section + old.slice(j + END_MARK.length) : `${old.trimEnd()}\n\n${section}\n`;
+    fs.writeFileSync(file, next);
+    process.stderr.write(`wrote ${path.relative(process.cwd(), file)}\n`);
+  }
+  if (!values.dir) await rmf(work);
+}
+
+main().catch((e) => {
+  killAll();
+  process.stderr.write(`bench/sync.ts: ${(e as Error).stack ?? e}\n`);
+  process.exit(1);
+});
