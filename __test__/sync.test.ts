@@ -251,6 +251,37 @@ describe('sync: local to local', { skip: POSIX_ONLY }, () => {
     fs.rmSync(dir, { recursive: true, force: true });
   });
 
+  it('--max-size / --min-size: files outside are neither sent, replaced nor deleted; a single file is skipped', async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'src');
+    write(src, 'tiny.txt', 'x', 0o644, T0);
+    write(src, 'mid.bin', seeded(20 * KiB, 1), 0o644, T0);
+    write(src, 'big.bin', seeded(3 * MiB, 2), 0o644, T0);
+    const dst = path.join(dir, 'dst');
+    write(dst, 'big.bin', 'old, small, stays\n', 0o644, T0);
+    const state = path.join(dir, 'state');
+    const r = await syncCmd(state, ['-a', '--delete', '--max-size', '1M', '--min-size', '2', src + '/', dst]);
+    assertOk(r, '--max-size');
+    assert.equal(r.summary!.tree.sizeSkipped, 2, 'tiny.txt and big.bin left alone');
+    assert.deepEqual(files(dst), ['big.bin', 'mid.bin']);
+    assert.equal(fs.readFileSync(path.join(dst, 'big.bin'), 'utf8'), 'old, small, stays\n');
+    assert.equal(sha256(path.join(dst, 'mid.bin')), sha256(path.join(src, 'mid.bin')));
+    // rsync's suffixes: 1.5M = 1.5 * 1024^2, 3MB = 3,000,000 (big.bin is 3 MiB = 3,145,728).
+    const again = await syncCmd(state, ['-a', '--max-size', '3MB', src + '/', dst]);
+    assertOk(again, '--max-size 3MB');
+    assert.equal(again.summary!.tree.sizeSkipped, 1);
+    const all = await syncCmd(state, ['-a', '--max-size', '3.5M', src + '/', dst]);
+    assertOk(all, '--max-size 3.5M');
+    assert.equal(sha256(path.join(dst, 'big.bin')), sha256(path.join(src, 'big.bin')));
+    // A single file above the limit: skipped, exit 0.
+    const one = await syncCmd(state, ['-a', '--max-size', '100K', path.join(src, 'big.bin'), path.join(dir, 'one.bin')]);
+    assertOk(one, 'single file');
+    assert.equal(one.summary!.decidedBy, 'size-limit');
+    assert.ok(!fs.existsSync(path.join(dir, 'one.bin')));
+    const bad = await syncCmd(state, ['-a', '--max-size', '12Q', src + '/', dst]);
+    assert.equal(bad.code, 1, bad.stderr);
+  });
+
   it('--stats prints rsync-style totals', async () => {
     const dir = tmpdir();
     const src = path.join(dir, 'src');
@@ -362,7 +393,7 @@ describe('sync: bad input', () => {
 
   it('unsupported rsync options are refused with exit 1 and "not supported"', async () => {
     const { dir, state, d } = fixture();
-    for (const opt of [['-o'], ['-g'], ['-X'], ['--max-size', '1M']]) {
+    for (const opt of [['-o'], ['-g'], ['-X']]) {
       await refused(['-a', '--state-dir', state, ...opt, d + '/', path.join(dir, 'out')], 1, /not supported/, dir);
     }
   });
@@ -594,6 +625,22 @@ describe('sync over ssh', { skip: noSshd || false }, () => {
       assert.ok(!fs.existsSync(pins) || fs.readFileSync(pins, 'utf8').trim() === '', `${st}: nothing pinned`);
     }
     assert.deepEqual(processesMatching('main.js', 'server', '--quic'), [], 'the remote peer exited with the session');
+  });
+
+  it('--max-size over ssh: pull passes it to the remote sender, push to the remote receiver (single file)', async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'src');
+    write(src, 'small.txt', 'small\n', 0o644, T0);
+    write(src, 'big.bin', seeded(2 * MiB, 5), 0o644, T0);
+    const pulled = path.join(dir, 'pulled');
+    const pull = await sshSync(dir, ['-a', '--max-size', '1M', R(src + '/'), pulled]);
+    assertOk(pull, 'pull --max-size');
+    assert.deepEqual(files(pulled), ['small.txt']);
+    const pushedFile = path.join(dir, 'pushed.bin');
+    const push = await sshSync(dir, ['-a', '--max-size', '1M', path.join(src, 'big.bin'), R(pushedFile)]);
+    assertOk(push, 'push file --max-size');
+    assert.equal(push.summary!.decidedBy, 'size-limit');
+    assert.ok(!fs.existsSync(pushedFile));
   });
 
   it('--quic pull of a missing remote SRC: exit 3 and the remote\'s message', async () => {

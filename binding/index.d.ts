@@ -95,7 +95,7 @@ export declare class NativeTreeSync {
   hashEntries(indices: Uint32Array, onProgress?: ProgressFn | undefined | null): Promise<Buffer>
   setPeerRoots(roots: Buffer): void
   /** Run triage (identical on both peers) and count what the plan does. */
-  triage(checksum: boolean, deleteExtraneous: boolean, update?: boolean | undefined | null, wholeFile?: boolean | undefined | null): PlanCounts
+  triage(checksum: boolean, deleteExtraneous: boolean, update?: boolean | undefined | null, wholeFile?: boolean | undefined | null, maxSize?: number | undefined | null, minSize?: number | undefined | null): PlanCounts
   largeTransfers(): Array<LargeTransferInfo>
   /** What the plan does, one line per action (dry-run and verbose output). */
   describe(): string
@@ -185,6 +185,8 @@ export interface PlanCounts {
   keptExtraneous: number
   /** Files left alone because the receiver's copy is newer (-u). */
   keptNewer: number
+  /** Source files left alone by --max-size / --min-size. */
+  sizeSkipped: number
   /** Files and bytes of the sender's tree (after excludes). */
   sourceFiles: number
   sourceBytes: number

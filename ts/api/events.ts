@@ -22,7 +22,7 @@ export interface SyncSummary {
   /** The target already had this content (nothing was rewritten). */
   upToDate: boolean;
   /** How the receiver decided: size+mtime, content root, or a full transfer. */
-  decidedBy: 'size-mtime' | 'index-root' | 'scan-root' | 'transfer' | 'receiver-newer';
+  decidedBy: 'size-mtime' | 'index-root' | 'scan-root' | 'transfer' | 'receiver-newer' | 'size-limit';
   /** Uncompressed bytes that crossed the wire as chunk data. */
   literalBytes: number;
   /** Bytes reused from files the receiver already had. */
@@ -61,6 +61,8 @@ export interface TreeSummary {
   keptExtraneous: number;
   /** Files left alone because the receiver's copy is newer (-u). */
   keptNewer: number;
+  /** Source files left alone by --max-size / --min-size. */
+  sizeSkipped: number;
   skipped: number;
   /** Connections or streams that carried large files (1 + the extra lanes that joined). */
   lanes: number;

@@ -6,7 +6,7 @@ import path from 'node:path';
 import { FramedConnection } from '../transport/connection.js';
 import { listenOnce } from '../transport/tcp.js';
 import { FrameType } from '../protocol/frames.js';
-import { Decision, DecisionReason, decodeOffer, encodeDecision, OfferFlag, OfferKind, Role } from '../protocol/messages.js';
+import { Capability, Decision, DecisionReason, decodeOffer, encodeDecision, OfferFlag, OfferKind, Role } from '../protocol/messages.js';
 import { loadIndex, markUpToDate, scanFile, type ScanResult } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { resolveStateDir } from '../utils/state-dir.js';
@@ -45,6 +45,9 @@ export interface ReceiveOptions {
   tree?: TreeReceiveOptions;
   /** Listen for one QUIC connection (UDP) instead of TCP/TLS. */
   quic?: boolean;
+  /** A single file outside these bounds is left alone (`sync --max-size / --min-size`;
+   * trees get the sender's limits in TREE_LIMITS). */
+  sizeLimits?: import('../protocol/messages.js').SizeLimits;
 }
 
 /** Fail before listening if the target can never be written. */
@@ -147,7 +150,7 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
       const peerLabel = `${o.secure.remoteAddress}:${o.secure.remotePort}`;
       summary.peerFingerprint = await authenticatePeer(conn, o.secure, { stateDir, trust: o.trust, expect: o.expectFingerprint, interactive: o.interactive, peerLabel, events: o.events });
     }
-    await handshake(conn, Role.RECEIVER);
+    const negotiated = await handshake(conn, Role.RECEIVER);
     const offer = decodeOffer((await expect(conn, FrameType.OFFER)).payload);
     if (offer.kind !== OfferKind.TREE || !(offer.flags & OfferFlag.PARALLEL)) listener?.close();
     if (o.resolveTarget) {
@@ -155,7 +158,7 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
       summary.path = target;
     }
     if (offer.kind === OfferKind.TREE) {
-      await receiveTree(conn, { ...o, target, stateDir, offer, summary, listener, peerFingerprint: summary.peerFingerprint, prewalk });
+      await receiveTree(conn, { ...o, target, stateDir, offer, summary, listener, peerFingerprint: summary.peerFingerprint, prewalk, negotiated });
       summary.ok = true;
       return summary;
     }
@@ -177,6 +180,15 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
     // it is never "up to date" in place: times and mode would land on the link's target.
     const targetIsLink = Boolean((await fs.lstat(target).catch(() => undefined))?.isSymbolicLink());
     const local = !checksum && dst ? (unchangedSinceStart ? initialIndex : await loadIndex(target, stateDir)) : null;
+    const lim = o.sizeLimits;
+    if (lim && ((lim.maxSize !== undefined && offer.size > BigInt(lim.maxSize)) || (lim.minSize !== undefined && offer.size < BigInt(lim.minSize)))) {
+      if (!(negotiated.capabilities & Capability.SIZE_LIMITS)) {
+        throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the sender (${negotiated.peerSoftware}) does not support --max-size / --min-size`);
+      }
+      await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.SIZE_LIMIT));
+      o.events?.info?.(`skipping ${target}: ${offer.size} bytes is outside --max-size / --min-size`);
+      return done('size-limit');
+    }
     if (offer.flags & OfferFlag.UPDATE && dst && !targetIsLink && dst.mtimeNs > offer.mtimeNs) {
       await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.RECEIVER_NEWER));
       return done('receiver-newer');

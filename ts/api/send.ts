@@ -134,7 +134,7 @@ export async function runSender(
     const { decision, reason } = decodeDecision((await expect(conn, FrameType.DECISION)).payload);
     if (decision === Decision.UP_TO_DATE) {
       summary.upToDate = true;
-      summary.decidedBy = reason === DecisionReason.INDEX_ROOT ? 'index-root' : reason === DecisionReason.RECEIVER_NEWER ? 'receiver-newer' : 'size-mtime';
+      summary.decidedBy = reason === DecisionReason.INDEX_ROOT ? 'index-root' : reason === DecisionReason.RECEIVER_NEWER ? 'receiver-newer' : reason === DecisionReason.SIZE_LIMIT ? 'size-limit' : 'size-mtime';
       summary.matchedBytes = summary.size;
       summary.root = scan?.root;
     } else {

@@ -74,8 +74,19 @@ export interface SyncOptions {
   signal?: AbortSignal;
   /** ssh as the front door, QUIC as the data path (push and pull only). */
   quic?: boolean;
-  /** Trees: large-file lanes (QUIC streams); default 8 with --quic, else 1. */
+  /** Trees: large-file lanes (QUIC streams); default 16 with --quic, else 1. */
   jobs?: number;
+  /** rsync's --max-size / --min-size, in bytes. */
+  maxSize?: number;
+  minSize?: number;
+}
+
+function limitsOf(o: { maxSize?: number; minSize?: number }): { maxSize?: number; minSize?: number } {
+  return { maxSize: o.maxSize, minSize: o.minSize };
+}
+
+function sizeArgs(o: { maxSize?: number; minSize?: number }): string[] {
+  return [...(o.maxSize !== undefined ? ['--max-size', String(o.maxSize)] : []), ...(o.minSize !== undefined ? ['--min-size', String(o.minSize)] : [])];
 }
 
 /** Where a transfer lands, by rsync's rules: a tree written `src/` fills DEST, `src` goes
@@ -131,7 +142,7 @@ function engineOptions(
     timeoutMs: o.timeoutMs ?? 60_000,
     events: o.events,
     signal: o.signal,
-    tree: { excludes: o.excludes ?? [], noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs },
+    tree: { excludes: o.excludes ?? [], noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize },
   };
 }
 
@@ -190,7 +201,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       const recvConn = new FramedConnection(b, eng.timeoutMs!);
       const sendConn = new FramedConnection(a, eng.timeoutMs!);
       const lanes = localLanes();
-      const receiving = runReceiver(recvConn, { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete }, listener: lanes.listener });
+      const receiving = runReceiver(recvConn, { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete }, listener: lanes.listener, sizeLimits: limitsOf(o) });
       receiving.catch(() => undefined);
       try {
         // Nothing crosses a wire: compressing would only burn CPU.
@@ -210,6 +221,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       ...(o.checksum ? ['-c'] : []),
       ...(o.dryRun ? ['-n'] : []),
       ...(o.quic ? ['--quic'] : []),
+      ...sizeArgs(o),
     ]);
     if (o.quic) {
       return remote.run((conn) =>
@@ -237,6 +249,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     ...(o.excludes ?? []).flatMap((p) => ['--exclude', p]),
     ...(o.quic ? ['--quic'] : []),
     ...(o.jobs ? ['--jobs', String(o.jobs)] : []),
+    ...sizeArgs(o),
   ];
   const remote = startRemote(o, src.host, senderArgs);
   const srcName = baseName(src.path);
@@ -249,6 +262,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     timeoutMs: eng.timeoutMs,
     signal: o.signal,
     tree: { noDelete: !o.delete },
+    sizeLimits: limitsOf(o),
     resolveTarget: (kind: 'file' | 'tree') => {
       if (kind === 'tree' && !o.recursive) throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, `${o.src} is a directory: use -r or -a`);
       if (kind === 'file' && o.dryRun) throw dryRunFile();
@@ -369,6 +383,8 @@ export async function serveStdio(o: {
   events?: SyncEvents;
   quic?: boolean;
   jobs?: number;
+  maxSize?: number;
+  minSize?: number;
 }): Promise<SyncSummary> {
   const stateDir = resolveStateDir(o.stateDir);
   const conn = new FramedConnection(Duplex.from({ readable: process.stdin, writable: process.stdout }), o.timeoutMs ?? 60_000);
@@ -402,7 +418,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
       compressLevel: o.compressLevel,
       bwlimitKiBps: o.bwlimitKiBps,
       events: o.events,
-      tree: { excludes: o.excludes ?? [], dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs },
+      tree: { excludes: o.excludes ?? [], dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize },
     });
   }
   return runReceiver(conn, {
@@ -414,6 +430,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
     checksum: o.checksum,
     events: o.events,
     tree: {},
+    sizeLimits: limitsOf(o),
     resolveTarget: (kind) => syncTarget(o.path, Boolean(o.destSlash), o.name ?? baseName(o.path), kind, Boolean(o.srcSlash), o.dryRun),
   });
 }

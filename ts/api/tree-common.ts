@@ -79,6 +79,7 @@ export function treeSummary(stats: TreeStats, c: PlanCounts): TreeSummary {
     toDelete: c.deletes,
     keptExtraneous: c.keptExtraneous,
     keptNewer: c.keptNewer,
+    sizeSkipped: c.sizeSkipped,
     skipped: c.skipped,
     lanes: 1,
     written: 0,

@@ -9,8 +9,11 @@ import path from 'node:path';
 import { FramedConnection } from '../transport/connection.js';
 import { FrameType, protocolError } from '../protocol/frames.js';
 import {
+  Capability,
   decodeFileBegin,
   decodeFilter,
+  decodeTreeLimits,
+  type SizeLimits,
   decodeTreeEnd,
   encodeLanes,
   encodeTreeResult,
@@ -22,7 +25,7 @@ import {
 import { call, type LargeTransferInfo, type NativeTreeSync, scanFile, type StepOutcome, walkTree } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { joinTreePath, showTreePath } from '../utils/tree-path.js';
-import { countLaneBytes, expect } from './session.js';
+import { countLaneBytes, expect, type Negotiated } from './session.js';
 import type { Listener } from '../transport/tcp.js';
 import { acceptLanes, LANE_TOKEN_BYTES } from './lanes.js';
 import { inPhase, type SyncSummary } from './events.js';
@@ -47,6 +50,7 @@ interface Context extends ReceiveOptions {
   listener?: Listener;
   peerFingerprint?: string;
   prewalk?: Prewalk;
+  negotiated: Negotiated;
 }
 
 /** A walk of the target made while waiting for the sender (no excludes, index used). */
@@ -109,6 +113,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     });
   }
   const excludes = decodeFilter((await expect(conn, FrameType.FILTER)).payload);
+  const limits: SizeLimits = o.negotiated.capabilities & Capability.SIZE_LIMITS ? decodeTreeLimits((await expect(conn, FrameType.TREE_LIMITS)).payload) : {};
 
   // The tree's root: a directory, created if missing (its parent was checked at start).
   let root = o.target;
@@ -139,7 +144,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     );
     const stats = tree.stats();
     await exchangeManifestsAndRoots(conn, tree, checksum, o.events);
-    const counts = tree.triage(checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0);
+    const counts = tree.triage(checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0, limits.maxSize, limits.minSize);
     const summary = treeSummary(stats, counts);
     o.summary.tree = summary;
     o.summary.size = counts.sourceBytes;

@@ -10,6 +10,8 @@ import { FrameType } from '../protocol/frames.js';
 import {
   Capability,
   decodeLanes,
+  encodeTreeLimits,
+  type SizeLimits,
   decodeTreeResult,
   encodeFileBegin,
   encodeFilter,
@@ -34,7 +36,7 @@ import { BATCH_BUFFER, identityChanged, rateLimiter, sendFileContent } from './f
 import { exchangeManifestsAndRoots, treeSummary } from './tree-common.js';
 
 /** Lanes a `--quic` tree session asks for unless --parallel says otherwise. */
-export const QUIC_LANES = 8;
+export const QUIC_LANES = 16;
 
 export interface TreeSendOptions {
   /** Exclude patterns (rsync-like; see README). They travel to the receiver. */
@@ -50,6 +52,9 @@ export interface TreeSendOptions {
   verbose?: boolean;
   /** Do not enter directories on other filesystems (rsync's -x). */
   oneFileSystem?: boolean;
+  /** rsync's --max-size / --min-size (bytes): files outside are left alone on both sides. */
+  maxSize?: number;
+  minSize?: number;
 }
 
 interface Context extends SendOptions {
@@ -80,12 +85,17 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   const size = lanesWanted > 1 ? BigInt(lanesWanted) : 0n;
   await conn.send(FrameType.OFFER, encodeOffer({ kind: OfferKind.TREE, size, mtimeNs: o.st.mtimeNs, mode: Number(o.st.mode & 0o7777n), flags }));
   await conn.send(FrameType.FILTER, encodeFilter(t.excludes ?? []));
+  const limits: SizeLimits = { maxSize: t.maxSize, minSize: t.minSize };
+  if (o.negotiated.capabilities & Capability.SIZE_LIMITS) await conn.send(FrameType.TREE_LIMITS, encodeTreeLimits(limits));
+  else if (limits.maxSize !== undefined || limits.minSize !== undefined) {
+    throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${o.negotiated.peerSoftware}) does not support --max-size / --min-size`);
+  }
   const tree = await conn.keepAlive(o.walking);
   const stats = tree.stats();
   for (const p of stats.problems) o.events?.info?.(`warning: ${p}`);
   const lanes = lanesWanted > 1 ? decodeLanes((await expect(conn, FrameType.LANES)).payload) : undefined;
   await exchangeManifestsAndRoots(conn, tree, Boolean(o.checksum), o.events);
-  const counts = tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile));
+  const counts = tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile), t.maxSize, t.minSize);
   o.summary.size = counts.sourceBytes;
   o.summary.tree = treeSummary(stats, counts);
   if (t.dryRun) {

@@ -39,6 +39,18 @@ function collect(v: string, prev: string[]): string[] {
   return [...prev, v];
 }
 
+/** rsync's SIZE: a number with an optional suffix: K, M, G, T (or KiB, MiB, …) are powers
+ * of 1024, KB, MB, GB, TB powers of 1000, B bytes; fractions allowed ("1.5M"). */
+export function sizeArg(v: string): number {
+  const m = /^(\d+(?:\.\d+)?)\s*(?:([KMGTP])(i?B)?|(B))?$/i.exec(v.trim());
+  if (!m) throw new InvalidArgumentError('expected a size such as 500K, 10M, 1.5G or 1000000');
+  const power = m[2] ? 'KMGTP'.indexOf(m[2].toUpperCase()) + 1 : 0;
+  const base = m[3] && m[3].toUpperCase() === 'B' ? 1000 : 1024;
+  const n = Math.floor(Number(m[1]) * base ** power);
+  if (!Number.isSafeInteger(n)) throw new InvalidArgumentError('size too large');
+  return n;
+}
+
 function intArg(min: number, max: number) {
   return (v: string) => {
     const n = Number(v);
@@ -151,8 +163,10 @@ export function buildProgram(): Command {
     .option('--exclude-from <file>', 'trees: read exclude patterns from a file (one per line, # comments)')
     .option('--no-delete', 'trees: keep files only the receiver has')
     .option('-n, --dry-run', 'trees: both sides report what would change; nothing is written')
-    .addOption(new Option('--parallel <K>', 'trees: spread large files over K connections (QUIC: K streams, default 8)').argParser(intArg(1, 16)))
-    .action(async (source: string, addr: string, o: CommonOptions & TreeCli & { compressLevel: number; compress: boolean; bwlimit?: number; dryRun?: boolean; parallel?: number }) => {
+    .addOption(new Option('--parallel <K>', 'trees: spread large files over K connections (QUIC: K streams, default 16)').argParser(intArg(1, 16)))
+    .addOption(new Option('--max-size <SIZE>', "trees: leave files larger than SIZE alone (rsync's rules; e.g. 100M)").argParser(sizeArg))
+    .addOption(new Option('--min-size <SIZE>', 'trees: leave files smaller than SIZE alone').argParser(sizeArg))
+    .action(async (source: string, addr: string, o: CommonOptions & TreeCli & { compressLevel: number; compress: boolean; bwlimit?: number; dryRun?: boolean; parallel?: number; maxSize?: number; minSize?: number }) => {
       await run(o, async (events, signal) => {
         const { host, port } = parseHostPort(addr);
         if (o.trust) parseFingerprint(o.trust);
@@ -166,7 +180,7 @@ export function buildProgram(): Command {
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
           bwlimitKiBps: o.bwlimit,
-          tree: { excludes, noDelete: o.delete === false, dryRun: o.dryRun, parallel: o.parallel },
+          tree: { excludes, noDelete: o.delete === false, dryRun: o.dryRun, parallel: o.parallel, maxSize: o.maxSize, minSize: o.minSize },
           plaintext: o.plaintext,
           quic: o.quic,
           trust: o.trust,
@@ -180,7 +194,6 @@ export function buildProgram(): Command {
   // loudly (exit 1), never silently accepted.
   const rules: string[] = [];
   const notSupported: [string, string][] = [
-    ['--max-size <size>', 'maxSize'],
     ['-o, --owner', 'owner'],
     ['-g, --group', 'group'],
     ['-X, --xattrs', 'xattrs'],
@@ -213,7 +226,9 @@ export function buildProgram(): Command {
     .option('-e, --rsh <command>', 'remote shell to use (default ssh)')
     .option('--remote-cmd <command>', 'program to run on the remote side (default ffsync-native on its PATH)')
     .option('--quic', 'push/pull: ssh starts the remote peer and vouches for both identities; the data moves over QUIC (UDP)')
-    .addOption(new Option('--jobs <n>', 'trees: large files in flight at once (local default 4; --quic streams, default 8)').argParser(intArg(1, 16)))
+    .addOption(new Option('--max-size <SIZE>', "don't transfer files larger than SIZE (K, M, G = 1024-based; KB, MB, GB = 1000)").argParser(sizeArg))
+    .addOption(new Option('--min-size <SIZE>', "don't transfer files smaller than SIZE").argParser(sizeArg))
+    .addOption(new Option('--jobs <n>', 'trees: large files in flight at once (local default 4; --quic streams, default 16)').argParser(intArg(1, 16)))
     .option('--json', 'newline-delimited JSON events on stdout')
     .option('--state-dir <dir>', 'state directory (indexes)')
     .addOption(new Option('--timeout <seconds>', 'give up when the peer is silent this long (exit 30)').argParser(intArg(1, 86400)).default(60));
@@ -247,6 +262,8 @@ export function buildProgram(): Command {
           remoteCmd: o.remoteCmd,
           quic: o.quic,
           jobs: o.jobs,
+          maxSize: o.maxSize,
+          minSize: o.minSize,
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
           events,
@@ -275,6 +292,8 @@ export function buildProgram(): Command {
     .option('--exclude <pattern>', '', collect, [])
     .option('--quic')
     .addOption(new Option('--jobs <n>').argParser(intArg(1, 16)))
+    .addOption(new Option('--max-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
+    .addOption(new Option('--min-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .option('--state-dir <dir>')
     .action(async (o: Record<string, any>) => {
       await run({ quiet: true, timeout: 60 } as CommonOptions, async (events) => {
@@ -295,6 +314,8 @@ export function buildProgram(): Command {
           excludes: o.exclude,
           quic: o.quic,
           jobs: o.jobs,
+          maxSize: o.maxSize,
+          minSize: o.minSize,
           stateDir: o.stateDir,
           events,
         });

@@ -28,6 +28,7 @@ export const FrameType = {
   LANE_END: 0x14,
   QUIC_OFFER: 0x15,
   QUIC_READY: 0x16,
+  TREE_LIMITS: 0x17,
   ERROR: 0x7f,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];

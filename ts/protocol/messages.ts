@@ -13,8 +13,11 @@ export const PROTOCOL_MAX = 1;
 export const Capability = {
   /** The peer can decode zstd-compressed chunk records. */
   ZSTD: 1 << 0,
+  /** Tree sessions carry TREE_LIMITS (--max-size / --min-size) after FILTER, and a
+   * DECISION may give reason SIZE_LIMIT. (Bit 1 is reserved: older builds set it.) */
+  SIZE_LIMITS: 1 << 2,
 } as const;
-export const OUR_CAPABILITIES = Capability.ZSTD;
+export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS;
 
 export const Role = { SENDER: 1, RECEIVER: 2 } as const;
 
@@ -130,14 +133,15 @@ export function decodeOffer(p: Buffer): Offer {
 
 export const Decision = { UP_TO_DATE: 0, SEND_MANIFEST: 1 } as const;
 /** Why the receiver decided: lets both sides report the same `decidedBy`. */
-export const DecisionReason = { NONE: 0, SIZE_MTIME: 1, INDEX_ROOT: 2, RECEIVER_NEWER: 3 } as const;
+/** SIZE_LIMIT: the file is outside the receiver's --max-size / --min-size and is left alone. */
+export const DecisionReason = { NONE: 0, SIZE_MTIME: 1, INDEX_ROOT: 2, RECEIVER_NEWER: 3, SIZE_LIMIT: 4 } as const;
 
 export function encodeDecision(d: number, reason: number = DecisionReason.NONE): Buffer {
   return Buffer.from([d, reason]);
 }
 
 export function decodeDecision(p: Buffer): { decision: number; reason: number } {
-  if (p.length !== 2 || p[0] > Decision.SEND_MANIFEST || p[1] > DecisionReason.RECEIVER_NEWER) throw protocolError('bad DECISION');
+  if (p.length !== 2 || p[0] > Decision.SEND_MANIFEST || p[1] > DecisionReason.SIZE_LIMIT) throw protocolError('bad DECISION');
   if ((p[0] === Decision.UP_TO_DATE) !== (p[1] !== DecisionReason.NONE)) throw protocolError('DECISION reason does not fit the decision');
   return { decision: p[0], reason: p[1] };
 }
@@ -442,6 +446,30 @@ export function decodeQuicReady(p: Buffer): { port: number; fingerprint: string;
   const port = p.readUInt16LE(0);
   if (port === 0) throw protocolError('bad QUIC_READY: port 0');
   return { port, fingerprint: fingerprintText(p.subarray(2, 2 + FINGERPRINT_BYTES)), address: p.subarray(2 + FINGERPRINT_BYTES).toString('utf8') };
+}
+
+/** TREE_LIMITS: `max u64 (2^64-1 = none), min u64 (0 = none)`: source files outside are left alone. */
+export interface SizeLimits {
+  maxSize?: number;
+  minSize?: number;
+}
+
+const NO_MAX = 0xffff_ffff_ffff_ffffn;
+
+export function encodeTreeLimits(l: SizeLimits): Buffer {
+  const b = Buffer.alloc(16);
+  b.writeBigUInt64LE(l.maxSize === undefined ? NO_MAX : BigInt(l.maxSize), 0);
+  b.writeBigUInt64LE(BigInt(l.minSize ?? 0), 8);
+  return b;
+}
+
+export function decodeTreeLimits(p: Buffer): SizeLimits {
+  if (p.length !== 16) throw protocolError('bad TREE_LIMITS');
+  const max = p.readBigUInt64LE(0);
+  const min = p.readBigUInt64LE(8);
+  if (max > BigInt(Number.MAX_SAFE_INTEGER) && max !== NO_MAX) throw protocolError('bad TREE_LIMITS: max too large');
+  if (min > BigInt(Number.MAX_SAFE_INTEGER)) throw protocolError('bad TREE_LIMITS: min too large');
+  return { maxSize: max === NO_MAX ? undefined : Number(max), minSize: min === 0n ? undefined : Number(min) };
 }
 
 export const MAX_ERROR_MESSAGE = 4096;

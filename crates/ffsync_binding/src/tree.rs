@@ -57,6 +57,8 @@ pub struct PlanCounts {
     pub kept_extraneous: f64,
     /// Files left alone because the receiver's copy is newer (-u).
     pub kept_newer: f64,
+    /// Source files left alone by --max-size / --min-size.
+    pub size_skipped: f64,
     /// Files and bytes of the sender's tree (after excludes).
     pub source_files: f64,
     pub source_bytes: f64,
@@ -338,6 +340,8 @@ impl NativeTreeSync {
         delete_extraneous: bool,
         update: Option<bool>,
         whole_file: Option<bool>,
+        max_size: Option<f64>,
+        min_size: Option<f64>,
     ) -> PlanCounts {
         let mut t = self.inner.write().unwrap();
         let plan = t.triage(TriageOptions {
@@ -345,6 +349,8 @@ impl NativeTreeSync {
             delete: delete_extraneous,
             update: update.unwrap_or(false),
             whole_file: whole_file.unwrap_or(false),
+            max_size: max_size.map(|v| v as u64),
+            min_size: min_size.map(|v| v as u64),
         });
         let mut c = PlanCounts {
             mkdirs: 0,
@@ -360,6 +366,7 @@ impl NativeTreeSync {
             decided_by_root: plan.decided_by_root as f64,
             kept_extraneous: plan.kept_extraneous as f64,
             kept_newer: plan.kept_newer as f64,
+            size_skipped: plan.size_skipped as f64,
             source_files: 0.0,
             source_bytes: 0.0,
         };

@@ -139,6 +139,8 @@ struct Opts {
     no_delete_at_finish: bool,
     filter: &'static [&'static str],
     protect: &'static [&'static str],
+    max_size: Option<u64>,
+    min_size: Option<u64>,
 }
 
 struct Synced {
@@ -217,6 +219,8 @@ fn negotiate(src: &Side, dst: &Side, o: Opts) -> (TreeSync, TreeSync) {
     let t = TriageOptions {
         checksum: o.checksum,
         delete: o.delete,
+        max_size: o.max_size,
+        min_size: o.min_size,
         ..Default::default()
     };
     let sp = s.triage(t).actions.clone();
@@ -878,4 +882,41 @@ fn names_differing_only_in_case_are_detected_for_the_receivers_warning() {
     );
     // On this (case-sensitive) filesystem both are kept and nothing is reported.
     assert_same(&src, &dst);
+}
+
+#[test]
+fn max_and_min_size_leave_files_alone_on_both_sides_and_delete_nothing_for_them() {
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("tiny.txt", b"12");
+    src.put("mid.bin", &bytes(5_000, 1));
+    src.put("big.bin", &bytes(200_000, 2));
+    src.put("big2", &bytes(150_000, 3));
+    // The receiver: an old big.bin, and a directory where the sender has a too-big file.
+    dst.put("big.bin", &bytes(200_000, 9));
+    dst.put("big2/inside.txt", b"stays");
+    let out = sync_ok(
+        &src,
+        &dst,
+        Opts {
+            delete: true,
+            max_size: Some(100_000),
+            min_size: Some(10),
+            ..Default::default()
+        },
+    );
+    assert_eq!(out.s.plan().size_skipped, 3, "tiny.txt, big.bin, big2");
+    assert_eq!(out.r.plan().size_skipped, 3, "both peers skip the same files");
+    assert_eq!(fs::read(dst.p("mid.bin")).unwrap(), bytes(5_000, 1));
+    assert!(!dst.p("tiny.txt").exists(), "below --min-size: not sent");
+    assert_eq!(
+        fs::read(dst.p("big.bin")).unwrap(),
+        bytes(200_000, 9),
+        "above --max-size: the receiver's copy stays"
+    );
+    assert_eq!(
+        fs::read(dst.p("big2/inside.txt")).unwrap(),
+        b"stays",
+        "neither replaced nor deleted"
+    );
+    assert!(out.ops(Op::Delete).is_empty(), "{:?}", out.ops(Op::Delete));
 }

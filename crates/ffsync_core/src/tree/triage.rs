@@ -69,6 +69,17 @@ pub struct TriageOptions {
     pub update: bool,
     /// rsync's -W: changed files travel whole (no delta against the old version).
     pub whole_file: bool,
+    /// rsync's --max-size / --min-size: source files outside [min, max] bytes are left
+    /// alone (not sent, and the receiver's copy at that path is neither replaced nor
+    /// deleted). `None`: no bound.
+    pub max_size: Option<u64>,
+    pub min_size: Option<u64>,
+}
+
+impl TriageOptions {
+    fn size_excluded(&self, size: u64) -> bool {
+        self.max_size.is_some_and(|m| size > m) || self.min_size.is_some_and(|m| size < m)
+    }
 }
 
 /// Content roots supplied after the manifests were exchanged, by manifest index.
@@ -87,6 +98,8 @@ pub struct Plan {
     pub kept_extraneous: u64,
     /// Files left alone because the receiver's copy is newer (-u).
     pub kept_newer: u64,
+    /// Source files left alone by --max-size / --min-size.
+    pub size_skipped: u64,
 }
 
 fn root_of<'a>(e: &EntryRef<'a>, i: usize, extra: &'a ExtraRoots) -> Option<&'a [u8; 32]> {
@@ -243,7 +256,14 @@ pub fn triage(
                 let other_kind = re.is_some_and(|re| re.kind != se.kind);
                 let replace = if other_kind { action_flags::REPLACE } else { 0 };
                 if other_kind && re.is_some_and(|re| re.is_dir()) {
+                    // Its entries are not extraneous: they go with it, or stay with it.
                     replaced.push(re.unwrap().path);
+                }
+                if se.kind == Kind::File && o.size_excluded(se.size) {
+                    // As rsync: not transferred, and whatever the receiver has at this path
+                    // stays (it is on the sender's list, so it is not extraneous either).
+                    plan.size_skipped += 1;
+                    return;
                 }
                 match se.kind {
                     Kind::Dir => {
