@@ -282,6 +282,32 @@ describe('sync: local to local', { skip: POSIX_ONLY }, () => {
     assert.equal(bad.code, 1, bad.stderr);
   });
 
+  it('-a carries owner and group (as root); --numeric-ids; -r leaves owners alone (xattrs: crates/ffsync_core/tests/tree_sync.rs)', { skip: process.getuid?.() !== 0 && 'needs root to chown' }, async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'src');
+    write(src, 'a.txt', 'a\n', 0o644, T0);
+    write(src, 'd/b.bin', seeded(200 * KiB, 3), 0o644, T0);
+    fs.chownSync(path.join(src, 'a.txt'), 65534, 65534);
+    fs.chownSync(path.join(src, 'd'), 1, 1);
+    fs.utimesSync(path.join(src, 'd'), T0, T0);
+    const dst = path.join(dir, 'dst');
+    const state = path.join(dir, 'state');
+    assertOk(await syncCmd(state, ['-a', src + '/', dst]), '-a');
+    const own = (p: string) => { const s = fs.lstatSync(path.join(dst, p)); return [s.uid, s.gid]; };
+    assert.deepEqual(own('a.txt'), [65534, 65534], 'file owner and group');
+    assert.deepEqual(own('d'), [1, 1], 'directory owner and group');
+    assert.deepEqual(own('d/b.bin'), [0, 0]);
+    assertSameTree(dst, src, 'content, modes and times still exact');
+    // An owner change alone is applied on the next run (content unchanged).
+    fs.chownSync(path.join(src, 'd/b.bin'), 2, 2);
+    assertOk(await syncCmd(state, ['-a', '--numeric-ids', src + '/', dst]), 'owner change');
+    assert.deepEqual(own('d/b.bin'), [2, 2]);
+    // -r without -o/-g leaves owners alone.
+    fs.chownSync(path.join(src, 'a.txt'), 3, 3);
+    assertOk(await syncCmd(state, ['-r', src + '/', dst]), '-r');
+    assert.deepEqual(own('a.txt'), [65534, 65534]);
+  });
+
   it('--stats prints rsync-style totals', async () => {
     const dir = tmpdir();
     const src = path.join(dir, 'src');
@@ -393,7 +419,7 @@ describe('sync: bad input', () => {
 
   it('unsupported rsync options are refused with exit 1 and "not supported"', async () => {
     const { dir, state, d } = fixture();
-    for (const opt of [['-o'], ['-g'], ['-X']]) {
+    for (const opt of [['-H'], ['-A'], ['-S'], ['--inplace']]) {
       await refused(['-a', '--state-dir', state, ...opt, d + '/', path.join(dir, 'out')], 1, /not supported/, dir);
     }
   });

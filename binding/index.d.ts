@@ -108,6 +108,10 @@ export declare class NativeTreeSync {
   prepare(): Promise<StepOutcome>
   /** Receiver: verify and write one FILE_BATCH payload. */
   writeSmall(batch: Buffer): Promise<StepOutcome>
+  /** Receiver: apply the sender's owner/group/xattr table (TREE_ATTRS parts concatenated). */
+  applyAttrs(table: Buffer): Promise<StepOutcome>
+  /** Sender: the compressed owner/group/xattr table for `flags` (tree/attrs.rs). */
+  collectAttrs(flags: number): Promise<Buffer>
   /**
    * Receiver: links, attributes, deletions (only if `deleteOk`), directory attributes,
    * durability, tree index.

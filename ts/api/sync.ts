@@ -79,6 +79,8 @@ export interface SyncOptions {
   /** rsync's --max-size / --min-size, in bytes. */
   maxSize?: number;
   minSize?: number;
+  /** -o / -g / -X / --numeric-ids as AttrFlag bits (trees). */
+  attrs?: number;
 }
 
 function limitsOf(o: { maxSize?: number; minSize?: number }): { maxSize?: number; minSize?: number } {
@@ -142,7 +144,7 @@ function engineOptions(
     timeoutMs: o.timeoutMs ?? 60_000,
     events: o.events,
     signal: o.signal,
-    tree: { excludes: o.excludes ?? [], noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize },
+    tree: { excludes: o.excludes ?? [], noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs },
   };
 }
 
@@ -250,6 +252,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     ...(o.quic ? ['--quic'] : []),
     ...(o.jobs ? ['--jobs', String(o.jobs)] : []),
     ...sizeArgs(o),
+    ...(o.attrs ? ['--attrs', String(o.attrs)] : []),
   ];
   const remote = startRemote(o, src.host, senderArgs);
   const srcName = baseName(src.path);
@@ -385,6 +388,7 @@ export async function serveStdio(o: {
   jobs?: number;
   maxSize?: number;
   minSize?: number;
+  attrs?: number;
 }): Promise<SyncSummary> {
   const stateDir = resolveStateDir(o.stateDir);
   const conn = new FramedConnection(Duplex.from({ readable: process.stdin, writable: process.stdout }), o.timeoutMs ?? 60_000);
@@ -418,7 +422,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
       compressLevel: o.compressLevel,
       bwlimitKiBps: o.bwlimitKiBps,
       events: o.events,
-      tree: { excludes: o.excludes ?? [], dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize },
+      tree: { excludes: o.excludes ?? [], dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs },
     });
   }
   return runReceiver(conn, {

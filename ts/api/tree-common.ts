@@ -8,7 +8,8 @@ import { call, type NativeTreeSync, type PlanCounts, type TreeStats } from '../n
 import { expect } from './session.js';
 import { inPhase, type SyncEvents, type TreeSummary } from './events.js';
 
-async function sendParts(conn: FramedConnection, type: FrameType, buf: Buffer): Promise<void> {
+/** A buffer as parts framed like MANIFEST (`total u32 | part`). */
+export async function sendParts(conn: FramedConnection, type: FrameType, buf: Buffer): Promise<void> {
   for (const part of manifestFrames(buf)) await conn.send(type, part);
 }
 

@@ -12,8 +12,10 @@ import {
   Capability,
   decodeFileBegin,
   decodeFilter,
-  decodeTreeLimits,
-  type SizeLimits,
+  decodeTreeOptions,
+  ManifestAssembler,
+  MAX_ATTR_TABLE_BYTES,
+  type TreeOptions,
   decodeTreeEnd,
   encodeLanes,
   encodeTreeResult,
@@ -113,7 +115,10 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     });
   }
   const excludes = decodeFilter((await expect(conn, FrameType.FILTER)).payload);
-  const limits: SizeLimits = o.negotiated.capabilities & Capability.SIZE_LIMITS ? decodeTreeLimits((await expect(conn, FrameType.TREE_LIMITS)).payload) : {};
+  const limits: TreeOptions = o.negotiated.capabilities & Capability.SIZE_LIMITS ? decodeTreeOptions((await expect(conn, FrameType.TREE_OPTIONS)).payload) : { attrs: 0 };
+  // -o / -g / -X: the sender's table arrives (TREE_ATTRS parts) just before TREE_END.
+  const attrTable = limits.attrs && !dryRun ? new ManifestAssembler(MAX_ATTR_TABLE_BYTES, 1) : undefined;
+  let attrBytes: Buffer | undefined;
 
   // The tree's root: a directory, created if missing (its parent was checked at start).
   let root = o.target;
@@ -238,7 +243,11 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
       const inflight = new Set<Promise<void>>();
       const drain = () => Promise.all(inflight);
       for (;;) {
-        const f = await Promise.race([expect(conn, FrameType.FILE_BATCH, FrameType.FILE_BEGIN, FrameType.TREE_END), laneFailed]);
+        const f = await Promise.race([expect(conn, FrameType.FILE_BATCH, FrameType.FILE_BEGIN, FrameType.TREE_END, ...(attrTable && !attrBytes ? [FrameType.TREE_ATTRS] : [])), laneFailed]);
+        if (f.type === FrameType.TREE_ATTRS) {
+          attrBytes = attrTable!.push(f.payload);
+          continue;
+        }
         if (f.type === FrameType.FILE_BATCH) {
           const w = call(tree.writeSmall(f.payload)).then((r) => {
             f.release?.();
@@ -262,12 +271,18 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
           if (end.largeFiles !== large.size || done.size !== large.size) throw protocolError(`sender ended after ${done.size} of ${large.size} large files`);
           if (smallDone !== summary.smallTransfers || end.smallFiles !== summary.smallTransfers) throw protocolError(`sender ended after ${smallDone} of ${summary.smallTransfers} small files`);
           if (end.senderProblems > 0) errors.push(`${end.senderProblems} source path(s) could not be read on the sender (see its output)`);
+          if (attrTable && !attrBytes) throw protocolError('sender ended without the attribute table it announced');
           break;
         }
         await receiveLarge(conn, f.payload);
       }
     });
 
+    if (attrBytes) {
+      const applied = await conn.keepAlive(call(tree.applyAttrs(attrBytes)));
+      errors.push(...applied.errors);
+      for (const w of applied.warnings) o.events?.info?.(`warning: ${w}`);
+    }
     const deleteOk = errors.length === 0 && vanished.length === 0;
     if (!deleteOk && counts.deletes > 0) o.events?.info?.(`warning: ${counts.deletes} deletion(s) skipped because of the errors above (as rsync does after an I/O error)`);
     const fin = await conn.keepAlive(call(tree.finishReceiver(deleteOk)));

@@ -10,8 +10,8 @@ import { FrameType } from '../protocol/frames.js';
 import {
   Capability,
   decodeLanes,
-  encodeTreeLimits,
-  type SizeLimits,
+  encodeTreeOptions,
+  type TreeOptions,
   decodeTreeResult,
   encodeFileBegin,
   encodeFilter,
@@ -33,7 +33,7 @@ import type { Negotiated } from './session.js';
 import { inPhase, type SyncSummary } from './events.js';
 import type { SendOptions } from './send.js';
 import { BATCH_BUFFER, identityChanged, rateLimiter, sendFileContent } from './file-transfer.js';
-import { exchangeManifestsAndRoots, treeSummary } from './tree-common.js';
+import { exchangeManifestsAndRoots, sendParts, treeSummary } from './tree-common.js';
 
 /** Lanes a `--quic` tree session asks for unless --parallel says otherwise. */
 export const QUIC_LANES = 16;
@@ -52,6 +52,8 @@ export interface TreeSendOptions {
   verbose?: boolean;
   /** Do not enter directories on other filesystems (rsync's -x). */
   oneFileSystem?: boolean;
+  /** rsync's -o / -g / -X (AttrFlag bits): owners, groups, xattrs travel in TREE_ATTRS. */
+  attrs?: number;
   /** rsync's --max-size / --min-size (bytes): files outside are left alone on both sides. */
   maxSize?: number;
   minSize?: number;
@@ -85,10 +87,11 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   const size = lanesWanted > 1 ? BigInt(lanesWanted) : 0n;
   await conn.send(FrameType.OFFER, encodeOffer({ kind: OfferKind.TREE, size, mtimeNs: o.st.mtimeNs, mode: Number(o.st.mode & 0o7777n), flags }));
   await conn.send(FrameType.FILTER, encodeFilter(t.excludes ?? []));
-  const limits: SizeLimits = { maxSize: t.maxSize, minSize: t.minSize };
-  if (o.negotiated.capabilities & Capability.SIZE_LIMITS) await conn.send(FrameType.TREE_LIMITS, encodeTreeLimits(limits));
-  else if (limits.maxSize !== undefined || limits.minSize !== undefined) {
-    throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${o.negotiated.peerSoftware}) does not support --max-size / --min-size`);
+  const attrs = t.dryRun ? 0 : (t.attrs ?? 0);
+  const options: TreeOptions = { maxSize: t.maxSize, minSize: t.minSize, attrs };
+  if (o.negotiated.capabilities & Capability.SIZE_LIMITS) await conn.send(FrameType.TREE_OPTIONS, encodeTreeOptions(options));
+  else if (options.maxSize !== undefined || options.minSize !== undefined || attrs) {
+    throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${o.negotiated.peerSoftware}) does not support --max-size / --min-size / -o / -g / -X`);
   }
   const tree = await conn.keepAlive(o.walking);
   const stats = tree.stats();
@@ -128,6 +131,8 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
         await l.close();
       }
     }
+    // Owners, groups, xattrs: after every file, so the receiver applies them to the result.
+    if (attrs) await sendParts(conn, FrameType.TREE_ATTRS, await call(tree.collectAttrs(attrs)));
     await conn.send(FrameType.TREE_END, encodeTreeEnd({ smallFiles, largeFiles: large.length, senderProblems: problems.n }));
   }
   const result = decodeTreeResult((await expect(conn, FrameType.TREE_RESULT)).payload);

@@ -16,6 +16,7 @@ import { addPin, readPins, removePin } from '../security/pins.js';
 import { createReporter, type Reporter } from './reporter.js';
 import { loadExcludes } from './excludes.js';
 import { serveStdio, sync } from '../api/sync.js';
+import { AttrFlag } from '../protocol/messages.js';
 import { formatBytes } from '../utils/format.js';
 
 interface CommonOptions {
@@ -194,16 +195,21 @@ export function buildProgram(): Command {
   // loudly (exit 1), never silently accepted.
   const rules: string[] = [];
   const notSupported: [string, string][] = [
-    ['-o, --owner', 'owner'],
-    ['-g, --group', 'group'],
-    ['-X, --xattrs', 'xattrs'],
+    ['-H, --hard-links', 'hardLinks'],
+    ['-A, --acls', 'acls'],
+    ['-S, --sparse', 'sparse'],
+    ['--inplace', 'inplace'],
   ];
   const syncCmd = program
     .command('sync')
     .description('rsync-style: SRC and DEST are local paths or [user@]host:path (ssh); `src/` copies the contents, `src` the directory itself')
     .argument('<SRC>')
     .argument('<DEST>')
-    .option('-a, --archive', 'archive mode: recursive, symlinks, permissions, times (owner/group are not carried yet)')
+    .option('-a, --archive', 'archive mode: recursive, symlinks, permissions, times, group, owner (-rlptgo)')
+    .option('-o, --owner', 'preserve owner (takes effect when the receiving side runs as root)')
+    .option('-g, --group', 'preserve group')
+    .option('-X, --xattrs', 'preserve extended attributes (user.*; trusted.* as root)')
+    .option('--numeric-ids', "don't map uid/gid values by user/group name")
     .option('-r, --recursive', 'recurse into directories')
     .option('-v, --verbose', 'list what changes')
     .option('-q, --quiet', 'print errors only')
@@ -264,6 +270,7 @@ export function buildProgram(): Command {
           jobs: o.jobs,
           maxSize: o.maxSize,
           minSize: o.minSize,
+          attrs: (o.archive || o.owner ? AttrFlag.OWNER : 0) | (o.archive || o.group ? AttrFlag.GROUP : 0) | (o.xattrs ? AttrFlag.XATTRS : 0) | (o.numericIds ? AttrFlag.NUMERIC_IDS : 0),
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
           events,
@@ -293,6 +300,7 @@ export function buildProgram(): Command {
     .option('--quic')
     .addOption(new Option('--jobs <n>').argParser(intArg(1, 16)))
     .addOption(new Option('--max-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
+    .addOption(new Option('--attrs <flags>').argParser(intArg(0, 15)))
     .addOption(new Option('--min-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .option('--state-dir <dir>')
     .action(async (o: Record<string, any>) => {
@@ -316,6 +324,7 @@ export function buildProgram(): Command {
           jobs: o.jobs,
           maxSize: o.maxSize,
           minSize: o.minSize,
+          attrs: o.attrs,
           stateDir: o.stateDir,
           events,
         });

@@ -28,7 +28,8 @@ export const FrameType = {
   LANE_END: 0x14,
   QUIC_OFFER: 0x15,
   QUIC_READY: 0x16,
-  TREE_LIMITS: 0x17,
+  TREE_OPTIONS: 0x17,
+  TREE_ATTRS: 0x18,
   ERROR: 0x7f,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];

@@ -13,8 +13,9 @@ export const PROTOCOL_MAX = 1;
 export const Capability = {
   /** The peer can decode zstd-compressed chunk records. */
   ZSTD: 1 << 0,
-  /** Tree sessions carry TREE_LIMITS (--max-size / --min-size) after FILTER, and a
-   * DECISION may give reason SIZE_LIMIT. (Bit 1 is reserved: older builds set it.) */
+  /** Tree sessions carry TREE_OPTIONS (--max-size / --min-size, -o/-g/-X) after FILTER,
+   * and TREE_ATTRS when asked; a DECISION may give reason SIZE_LIMIT. (Bit 1 is
+   * reserved: older builds set it.) */
   SIZE_LIMITS: 1 << 2,
 } as const;
 export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS;
@@ -314,6 +315,8 @@ export function decodeResult(p: Buffer): SyncResult {
 
 /** Compressed tree manifests and ROOTS travel in MANIFEST-style parts; caps per peer. */
 export const MAX_TREE_WIRE_BYTES = 1024 * 1024 * 1024;
+/** TREE_ATTRS: the compressed owner/group/xattr table, at most this long. */
+export const MAX_ATTR_TABLE_BYTES = 64 * 1024 * 1024;
 
 /** FILTER: the sender's exclude patterns, UTF-8, one per line (empty = none). */
 export function encodeFilter(patterns: string[]): Buffer {
@@ -448,28 +451,37 @@ export function decodeQuicReady(p: Buffer): { port: number; fingerprint: string;
   return { port, fingerprint: fingerprintText(p.subarray(2, 2 + FINGERPRINT_BYTES)), address: p.subarray(2 + FINGERPRINT_BYTES).toString('utf8') };
 }
 
-/** TREE_LIMITS: `max u64 (2^64-1 = none), min u64 (0 = none)`: source files outside are left alone. */
+/** TREE_OPTIONS: `max u64 (2^64-1 = none), min u64 (0 = none), attrs u8`: source files
+ * outside [min, max] are left alone; `attrs` (AttrFlag) asks for the TREE_ATTRS table. */
 export interface SizeLimits {
   maxSize?: number;
   minSize?: number;
 }
 
+/** Which attributes travel in TREE_ATTRS (crates/ffsync_core/src/tree/attrs.rs). */
+export const AttrFlag = { OWNER: 1, GROUP: 2, XATTRS: 4, NUMERIC_IDS: 8 } as const;
+
+export interface TreeOptions extends SizeLimits {
+  attrs: number;
+}
+
 const NO_MAX = 0xffff_ffff_ffff_ffffn;
 
-export function encodeTreeLimits(l: SizeLimits): Buffer {
-  const b = Buffer.alloc(16);
+export function encodeTreeOptions(l: TreeOptions): Buffer {
+  const b = Buffer.alloc(17);
   b.writeBigUInt64LE(l.maxSize === undefined ? NO_MAX : BigInt(l.maxSize), 0);
   b.writeBigUInt64LE(BigInt(l.minSize ?? 0), 8);
+  b.writeUInt8(l.attrs, 16);
   return b;
 }
 
-export function decodeTreeLimits(p: Buffer): SizeLimits {
-  if (p.length !== 16) throw protocolError('bad TREE_LIMITS');
+export function decodeTreeOptions(p: Buffer): TreeOptions {
+  if (p.length !== 17 || p[16] > 15) throw protocolError('bad TREE_OPTIONS');
   const max = p.readBigUInt64LE(0);
   const min = p.readBigUInt64LE(8);
-  if (max > BigInt(Number.MAX_SAFE_INTEGER) && max !== NO_MAX) throw protocolError('bad TREE_LIMITS: max too large');
-  if (min > BigInt(Number.MAX_SAFE_INTEGER)) throw protocolError('bad TREE_LIMITS: min too large');
-  return { maxSize: max === NO_MAX ? undefined : Number(max), minSize: min === 0n ? undefined : Number(min) };
+  if (max > BigInt(Number.MAX_SAFE_INTEGER) && max !== NO_MAX) throw protocolError('bad TREE_OPTIONS: max too large');
+  if (min > BigInt(Number.MAX_SAFE_INTEGER)) throw protocolError('bad TREE_OPTIONS: min too large');
+  return { maxSize: max === NO_MAX ? undefined : Number(max), minSize: min === 0n ? undefined : Number(min), attrs: p[16] };
 }
 
 export const MAX_ERROR_MESSAGE = 4096;

@@ -211,10 +211,27 @@ impl Task for ReadSmallTask {
     }
 }
 
+pub struct CollectAttrsTask {
+    t: Arc<RwLock<TreeSync>>,
+    flags: u8,
+}
+
+impl Task for CollectAttrsTask {
+    type Output = Vec<u8>;
+    type JsValue = Buffer;
+    fn compute(&mut self) -> Result<Vec<u8>> {
+        Ok(self.t.read().unwrap().collect_attrs(self.flags))
+    }
+    fn resolve(&mut self, _env: Env, out: Vec<u8>) -> Result<Buffer> {
+        Ok(out.into())
+    }
+}
+
 /// Receiver steps that return an Outcome.
 pub enum Step {
     Prepare,
     WriteSmall(Buffer),
+    ApplyAttrs(Buffer),
     Finish(bool),
     FinishSender,
 }
@@ -232,6 +249,7 @@ impl Task for StepTask {
         match self.step.take().unwrap() {
             Step::Prepare => t.prepare(),
             Step::WriteSmall(b) => t.write_small(&b),
+            Step::ApplyAttrs(b) => t.apply_attrs(&b),
             Step::Finish(delete_ok) => t.finish_receiver(delete_ok),
             Step::FinishSender => {
                 t.finish_sender();
@@ -441,6 +459,21 @@ impl NativeTreeSync {
     #[napi(ts_return_type = "Promise<StepOutcome>")]
     pub fn write_small(&self, batch: Buffer) -> AsyncTask<StepTask> {
         self.step(Step::WriteSmall(batch))
+    }
+
+    /// Receiver: apply the sender's owner/group/xattr table (TREE_ATTRS parts concatenated).
+    #[napi(ts_return_type = "Promise<StepOutcome>")]
+    pub fn apply_attrs(&self, table: Buffer) -> AsyncTask<StepTask> {
+        self.step(Step::ApplyAttrs(table))
+    }
+
+    /// Sender: the compressed owner/group/xattr table for `flags` (tree/attrs.rs).
+    #[napi(ts_return_type = "Promise<Buffer>")]
+    pub fn collect_attrs(&self, flags: u8) -> AsyncTask<CollectAttrsTask> {
+        AsyncTask::new(CollectAttrsTask {
+            t: self.inner.clone(),
+            flags,
+        })
     }
 
     /// Receiver: links, attributes, deletions (only if `deleteOk`), directory attributes,

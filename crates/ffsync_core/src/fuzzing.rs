@@ -65,8 +65,9 @@ pub fn tree_manifest_decode(data: &[u8]) {
     let _ = TreeManifest::decode_compressed(data, 1 << 20);
 }
 
-/// FILE_BATCH payloads and FILTER frames from a peer: never a panic, never content of
-/// another length than declared.
+/// FILE_BATCH payloads, FILTER frames and attribute tables (TREE_ATTRS) from a peer:
+/// never a panic, never content of another length than declared, and a table that
+/// decodes re-encodes to the same bytes (nothing is silently dropped or invented).
 pub fn tree_frames_decode(data: &[u8]) {
     if let Ok(records) = crate::tree::file_batch::decode(data) {
         for r in records {
@@ -78,6 +79,9 @@ pub fn tree_frames_decode(data: &[u8]) {
     }
     if let Ok(f) = crate::tree::filter::Filter::decode(data) {
         let _ = f.excluded(b"a/b.log", false);
+    }
+    if let Ok(t) = crate::tree::attrs::AttrTable::decode(data, 8) {
+        assert_eq!(t.encode(), data);
     }
 }
 
@@ -195,6 +199,21 @@ mod tests {
         crate::tree::file_batch::encode_record(2, crate::tree::file_batch::FileStatus::Ok, b"small", 1, &mut batch);
         mutate_all(&batch, 5_000, tree_frames_decode);
         mutate_all(b"*.log\n!keep.log\n/build/\n**/gen/**", 5_000, tree_frames_decode);
+        use crate::tree::attrs::{attr_flags, AttrTable, EntryAttrs};
+        let table = AttrTable {
+            flags: attr_flags::OWNER | attr_flags::GROUP | attr_flags::XATTRS,
+            users: vec![(1000, b"ci".to_vec())],
+            groups: vec![(1000, b"ci".to_vec())],
+            entries: vec![(
+                2,
+                EntryAttrs {
+                    uid: 1000,
+                    gid: 1000,
+                    xattrs: vec![(b"user.a".to_vec(), b"1".to_vec())],
+                },
+            )],
+        };
+        mutate_all(&table.encode(), 5_000, tree_frames_decode);
     }
 
     #[test]

@@ -920,3 +920,70 @@ fn max_and_min_size_leave_files_alone_on_both_sides_and_delete_nothing_for_them(
     );
     assert!(out.ops(Op::Delete).is_empty(), "{:?}", out.ops(Op::Delete));
 }
+
+#[cfg(unix)]
+#[test]
+fn owners_groups_and_xattrs_travel_in_the_attribute_table() {
+    use ffsync_core::tree::attrs::attr_flags;
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("a.txt", b"hello");
+    src.put("d/b.bin", &bytes(100_000, 4));
+    let xattrs_here = xattr::set(src.p("a.txt"), "user.origin", b"ci-runner-7").is_ok();
+    if xattrs_here {
+        xattr::set(src.p("d"), "user.dir", b"yes").unwrap();
+    }
+    // A receiver-side xattr the sender lacks is removed (rsync -X).
+    dst.put("a.txt", b"older");
+    let _ = xattr::set(dst.p("a.txt"), "user.stale", b"x");
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        std::os::unix::fs::chown(src.p("a.txt"), Some(65534), Some(65534)).unwrap();
+        std::os::unix::fs::chown(src.p("d"), Some(1), Some(1)).unwrap();
+    }
+    let out = sync_ok(&src, &dst, Opts::default());
+    let flags = attr_flags::OWNER | attr_flags::GROUP | attr_flags::XATTRS | attr_flags::NUMERIC_IDS;
+    let table = out.s.collect_attrs(flags);
+    let applied = out.r.apply_attrs(&table).unwrap();
+    assert!(applied.errors.is_empty(), "{:?}", applied.errors);
+    if xattrs_here {
+        assert_eq!(
+            xattr::get(dst.p("a.txt"), "user.origin").unwrap().as_deref(),
+            Some(&b"ci-runner-7"[..])
+        );
+        assert_eq!(
+            xattr::get(dst.p("a.txt"), "user.stale").unwrap(),
+            None,
+            "extra xattr removed"
+        );
+        assert_eq!(
+            xattr::get(dst.p("d"), "user.dir").unwrap().as_deref(),
+            Some(&b"yes"[..])
+        );
+    }
+    if root {
+        let m = fs::metadata(dst.p("a.txt")).unwrap();
+        assert_eq!((m.uid(), m.gid()), (65534, 65534));
+        let d = fs::metadata(dst.p("d")).unwrap();
+        assert_eq!((d.uid(), d.gid()), (1, 1));
+        // Without OWNER only the group moves.
+        std::os::unix::fs::chown(src.p("a.txt"), Some(2), Some(2)).unwrap();
+        let out = sync_ok(&src, &dst, Opts::default());
+        out.r
+            .apply_attrs(&out.s.collect_attrs(attr_flags::GROUP | attr_flags::NUMERIC_IDS))
+            .unwrap();
+        let m = fs::metadata(dst.p("a.txt")).unwrap();
+        assert_eq!((m.uid(), m.gid()), (65534, 2));
+    }
+    // A table naming an entry beyond the sender's manifest is refused.
+    let bogus = zstd::bulk::compress(
+        &ffsync_core::tree::attrs::AttrTable {
+            flags,
+            entries: vec![(999, Default::default())],
+            ..Default::default()
+        }
+        .encode(),
+        1,
+    )
+    .unwrap();
+    assert!(out.r.apply_attrs(&bogus).is_err());
+}

@@ -1,6 +1,7 @@
 //! Directory trees: walk, exclude rules, tree manifests, triage, the per-tree index,
 //! small-file batches, and one peer's execution of a tree sync.
 
+pub mod attrs;
 pub mod file_batch;
 pub mod filter;
 pub mod index;

@@ -3,6 +3,7 @@
 //! local copies, small-file batches, links, metadata, deferred deletes, index update).
 //! The TypeScript shell only moves frames between two of these.
 
+use super::attrs::{self, AttrTable};
 use super::file_batch::{self, FileStatus};
 use super::index::{self, Claim};
 use super::manifest::{flags, CompressedManifestReader, EntryRef, Kind, TreeManifest};
@@ -72,6 +73,8 @@ pub struct TreeSync {
     claims: Mutex<Vec<Claim>>,
     /// The plan may delete (no --no-delete): also governs emptying a replaced directory.
     delete_allowed: AtomicBool,
+    /// What triage was told (the attribute table leaves out what it left alone).
+    options: TriageOptions,
 }
 
 fn is_fatal(e: &CoreError) -> bool {
@@ -127,6 +130,7 @@ impl TreeSync {
             done: Vec::new(),
             claims: Mutex::new(Vec::new()),
             delete_allowed: AtomicBool::new(false),
+            options: TriageOptions::default(),
         }
     }
 
@@ -261,6 +265,7 @@ impl TreeSync {
         };
         let plan = triage::triage(self.s(), self.r(), s_extra, r_extra, o);
         self.delete_allowed.store(o.delete, Ordering::Relaxed);
+        self.options = o;
         self.done = (0..plan.actions.len()).map(|_| AtomicBool::new(false)).collect();
         self.plan = Some(plan);
         self.plan()
@@ -717,6 +722,34 @@ impl TreeSync {
 
     /// Everything after the data: links, metadata of unchanged files, deletions (only when
     /// `delete_ok`: every transfer succeeded), directory metadata, durability, index.
+    /// Sender (`-o`, `-g`, `-X`): the attribute side table of every entry the plan does not
+    /// leave alone, zstd-compressed for TREE_ATTRS (see tree/attrs.rs).
+    pub fn collect_attrs(&self, flags: u8) -> Vec<u8> {
+        let m = &self.local.manifest;
+        let o = self.options;
+        let table = attrs::collect(&self.local.root, m, flags, |i| {
+            let e = m.entry(i);
+            let left_alone = e.has(flags::UNREADABLE) || (e.is_file() && o.size_excluded(e.size));
+            !left_alone
+        });
+        zstd::bulk::compress(&table.encode(), 3).expect("zstd compress")
+    }
+
+    /// Receiver: apply the sender's attribute table (after every file is in place, before
+    /// finish_receiver sets directory times). Failures are per path (exit 23).
+    pub fn apply_attrs(&self, compressed: &[u8]) -> Result<Outcome> {
+        let raw = zstd::bulk::decompress(compressed, attrs::MAX_TABLE)
+            .map_err(|e| CoreError::malformed("attribute table", e.to_string()))?;
+        let s = self.s();
+        let table = AttrTable::decode(&raw, s.len())?;
+        let (errors, warnings) = attrs::apply(&self.local.root, s, &table);
+        Ok(Outcome {
+            errors,
+            warnings,
+            ..Default::default()
+        })
+    }
+
     pub fn finish_receiver(&self, delete_ok: bool) -> Result<Outcome> {
         let mut out = Outcome::default();
         let plan = self.plan();

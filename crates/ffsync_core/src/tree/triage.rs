@@ -77,7 +77,7 @@ pub struct TriageOptions {
 }
 
 impl TriageOptions {
-    fn size_excluded(&self, size: u64) -> bool {
+    pub fn size_excluded(&self, size: u64) -> bool {
         self.max_size.is_some_and(|m| size > m) || self.min_size.is_some_and(|m| size < m)
     }
 }
