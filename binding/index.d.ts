@@ -32,8 +32,6 @@ export declare class NativeQuicConnection {
   openStream(): Promise<NativeQuicStream>
   /** The peer's next stream; null once the connection is closed. */
   acceptStream(): Promise<NativeQuicStream | null>
-  /** Resolves with the reason once the connection is closed by either side. */
-  closed(): Promise<string>
   /** Close with an application code (0 = done); bounded wait for the peer to see it. */
   close(code: number, reason: string): Promise<void>
 }

@@ -17,9 +17,8 @@ import { decodeQuicOffer, decodeQuicReady, encodeQuicOffer, encodeQuicReady, Rol
 import { FrameType } from '../protocol/frames.js';
 import { abortable, expect, handshake, reportError } from './session.js';
 import { loadOrCreateIdentity } from '../security/identity.js';
-import { QuicListener, QuicSession } from '../transport/quic.js';
+import { QuicListener, QuicSession, resolveHost } from '../transport/quic.js';
 import { overQuic } from './over-quic.js';
-import dns from 'node:dns/promises';
 import net from 'node:net';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { runReceiver, checkTarget, type ReceiverContext } from './receive.js';
@@ -312,12 +311,11 @@ async function quicOverSsh(
  * address the ssh connection reached on the remote side (an ~/.ssh/config alias). */
 async function quicAddress(sshHost: string, sshServerAddress: string): Promise<string> {
   const host = sshHost.replace(/^.*@/, '').replace(/^\[(.*)\]$/, '$1');
-  if (net.isIP(host)) return host;
   try {
-    return (await dns.lookup(host)).address;
+    return await resolveHost(host);
   } catch (e) {
     if (sshServerAddress && net.isIP(sshServerAddress)) return sshServerAddress;
-    throw new FfsyncError('ENOTFOUND', ExitCode.SOCKET_IO, `--quic: cannot resolve ${host} for the QUIC connection (${(e as Error).message})`);
+    throw new FfsyncError('ENOTFOUND', ExitCode.SOCKET_IO, `--quic: ${(e as Error).message} (needed for the QUIC connection)`);
   }
 }
 

@@ -84,7 +84,8 @@ function quicConnectError(e: unknown, label: string): FfsyncError {
   return new FfsyncError(err.code, ExitCode.SOCKET_IO, `${label}: ${err.message}`, { cause: e });
 }
 
-async function resolveHost(host: string): Promise<string> {
+/** An IP address for `host` (DNS unless it is one already); exit 10 if it does not resolve. */
+export async function resolveHost(host: string): Promise<string> {
   if (net.isIP(host)) return host;
   try {
     return (await dns.lookup(host)).address;

@@ -158,14 +158,6 @@ impl NativeQuicConnection {
             .map(|s| NativeQuicStream { inner: Arc::new(s) }))
     }
 
-    /// Resolves with the reason once the connection is closed by either side.
-    #[napi]
-    pub async fn closed(&self) -> String {
-        let inner = self.inner.clone();
-        let e = inner.closed().await;
-        format!("{}: {}", e.code(), e)
-    }
-
     /// Close with an application code (0 = done); bounded wait for the peer to see it.
     #[napi]
     pub async fn close(&self, code: u32, reason: String) {

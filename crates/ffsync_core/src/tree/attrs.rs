@@ -319,27 +319,14 @@ pub fn apply(root: &std::path::Path, manifest: &TreeManifest, table: &AttrTable)
         let Ok(m) = std::fs::symlink_metadata(&p) else {
             continue; // not there (skipped, vanished, failed): nothing to adjust
         };
-        let show = || String::from_utf8_lossy(if rel.is_empty() { b"." } else { rel }).into_owned();
-        let uid = if want_owner {
-            let u = if numeric {
-                a.uid
-            } else {
-                *users.get(&a.uid).unwrap_or(&a.uid)
-            };
-            (u != m.uid()).then_some(u)
-        } else {
-            None
+        let show = || crate::tree::path::display(if rel.is_empty() { b"." } else { rel });
+        // The id to set, if asked for and different: the sender's, mapped by name.
+        let target = |want: bool, id: u32, by_name: &HashMap<u32, u32>, now: u32| {
+            let id = if numeric { id } else { *by_name.get(&id).unwrap_or(&id) };
+            (want && id != now).then_some(id)
         };
-        let gid = if want_group {
-            let g = if numeric {
-                a.gid
-            } else {
-                *groups.get(&a.gid).unwrap_or(&a.gid)
-            };
-            (g != m.gid()).then_some(g)
-        } else {
-            None
-        };
+        let uid = target(want_owner, a.uid, &users, m.uid());
+        let gid = target(want_group, a.gid, &groups, m.gid());
         if uid.is_some() || gid.is_some() {
             if let Err(e) = std::os::unix::fs::lchown(&p, uid, gid) {
                 // A group the (non-root) user does not belong to: rsync leaves it too.
