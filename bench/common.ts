@@ -394,3 +394,15 @@ export function commandLine(): string {
   const script = path.relative(process.cwd(), process.argv[1] ?? 'bench/run.ts') || 'bench/run.ts';
   return ['node', ...process.execArgv, script, ...process.argv.slice(2)].map(q).join(' ');
 }
+
+/** Replace this bench's section of bench/RESULTS.md (between `begin` and `end`, inclusive),
+ * or append it; the rest of the file stays untouched. Returns the file's path. */
+export function writeResultsSection(begin: string, end: string, section: string): string {
+  const file = path.join(REPO, 'bench', 'RESULTS.md');
+  const old = fs.existsSync(file) ? fs.readFileSync(file, 'utf8') : '';
+  const i = old.indexOf(begin);
+  const j = i >= 0 ? old.indexOf(end, i) : -1;
+  const next = i >= 0 && j > i ? old.slice(0, i) + section + old.slice(j + end.length) : `${old.trimEnd()}\n\n${section}\n`;
+  fs.writeFileSync(file, next);
+  return file;
+}

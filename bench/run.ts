@@ -921,7 +921,10 @@ async function main(): Promise<number> {
   }
 
   await fsp.mkdir(path.dirname(opts.out), { recursive: true });
-  await fsp.writeFile(opts.out, out);
+  // Other benches (tree, sync, refine) keep their sections below ours: carry them over.
+  const previous = await fsp.readFile(opts.out, 'utf8').catch(() => '');
+  const firstSection = previous.search(/<!-- [a-z]+-bench:begin -->/);
+  await fsp.writeFile(opts.out, firstSection >= 0 ? `${out.trimEnd()}\n\n${previous.slice(firstSection)}` : out);
   process.stdout.write(`\nwrote ${path.relative(process.cwd(), opts.out) || opts.out}\n`);
   if (opts.keep) process.stderr.write(`kept work dir ${dirs.root}\n`);
 

@@ -53,6 +53,7 @@ import {
   tail,
   textTable,
   withTimeout,
+  writeResultsSection,
 } from './common.js';
 
 const BEGIN_MARK = '<!-- sync-bench:begin -->';
@@ -454,12 +455,7 @@ async function main(): Promise<void> {
   const section = report(machine, notes);
   process.stdout.write(`\n${textTable({ head: ['target', 'measured', 'status'], rows: verdicts })}\n`);
   if (!values['no-write']) {
-    const file = path.join(REPO, 'bench', 'RESULTS.md');
-    const old = fs.existsSync(file) ? fs.readFileSync(file, 'utf8') : '';
-    const i = old.indexOf(BEGIN_MARK);
-    const j = old.indexOf(END_MARK);
-    const next = i >= 0 && j > i ? old.slice(0, i) + section + old.slice(j + END_MARK.length) : `${old.trimEnd()}\n\n${section}\n`;
-    fs.writeFileSync(file, next);
+    const file = writeResultsSection(BEGIN_MARK, END_MARK, section);
     process.stderr.write(`wrote ${path.relative(process.cwd(), file)}\n`);
   }
   if (!values.dir) await rmf(work);

@@ -18,6 +18,11 @@ export declare class NativeChunkSource {
    * `batchCapacity(indices)` bytes and must not be touched until the promise settles).
    */
   readBatch(indices: Uint32Array, out: Buffer): Promise<EncodedBatch>
+  /**
+   * Install the receiver's refinement table: chunks it describes go as deltas when
+   * smaller. Validated against the manifest (a bad table is a protocol error).
+   */
+  setRefinement(table: Buffer): Promise<void>
   batchCapacity(indices: Uint32Array): number
   /** False if the source's size, mtime or ctime changed since it was opened. */
   unchanged(): boolean
@@ -67,6 +72,11 @@ export declare class NativeReconstruction {
   needed(): Uint32Array
   summary(): PlanSummary
   tempPath(): string
+  /**
+   * Sub-chunk refinement table for the REFINE frames (signatures of the old bytes each
+   * run of missing chunks replaced). Once, after `begin`.
+   */
+  refinement(): Promise<Buffer>
   copyLocal(): Promise<number>
   writeBatch(batch: Buffer): Promise<number>
   finish(mtimeNs?: bigint | undefined | null, mode?: number | undefined | null, stateDir?: string | undefined | null): Promise<void>

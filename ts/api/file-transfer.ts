@@ -1,5 +1,8 @@
 // One file's content conversation, shared by single-file and tree sessions:
-//   sender: MANIFEST* -> (receiver) NEED* NEED_END -> DATA* DATA_END -> (receiver) RESULT
+//   sender: MANIFEST* -> (receiver) NEED* REFINE* NEED_END -> DATA* DATA_END -> (receiver) RESULT
+// REFINE (capability REFINE) carries signatures of the receiver's old bytes for each run of
+// missing chunks; the sender then sends a chunk as a delta against them when that is smaller
+// (crates/ffsync_core/src/refine.rs).
 // The receiver rebuilds the file out of place, verifies it against the sender's root and
 // only then renames it over the target (crates/ffsync_core/src/reconstruct.rs).
 
@@ -16,6 +19,8 @@ import {
   encodeResult,
   ManifestAssembler,
   manifestFrames,
+  MAX_REFINE_TABLE,
+  REFINE_PART,
   maxManifestLength,
   NeedCollector,
   needFrames,
@@ -62,6 +67,8 @@ export interface SendContentOptions {
   events?: SyncEvents;
   /** How to name the file in messages. */
   label: string;
+  /** Capability REFINE was negotiated: accept REFINE frames and send deltas. */
+  refine?: boolean;
 }
 
 export interface ContentResult {
@@ -93,11 +100,18 @@ export async function sendFileContent(conn: FramedConnection, o: SendContentOpti
   for (const part of manifestFrames(scan.manifest)) await conn.send(FrameType.MANIFEST, part);
 
   const needs = new NeedCollector(manifestChunkCount(scan.manifest));
+  const refineParts: Buffer[] = [];
+  let refineBytes = 0;
   let end;
   for (;;) {
-    const f = await expect(conn, FrameType.NEED, FrameType.NEED_END);
+    const f = o.refine ? await expect(conn, FrameType.NEED, FrameType.REFINE, FrameType.NEED_END) : await expect(conn, FrameType.NEED, FrameType.NEED_END);
     if (f.type === FrameType.NEED) needs.push(f.payload);
-    else {
+    else if (f.type === FrameType.REFINE) {
+      refineBytes += f.payload.length;
+      if (refineBytes > MAX_REFINE_TABLE) throw protocolError(`refinement table of ${o.label} is over ${MAX_REFINE_TABLE} bytes`);
+      refineParts.push(Buffer.from(f.payload));
+      f.release?.();
+    } else {
       end = decodeNeedEnd(f.payload);
       break;
     }
@@ -112,6 +126,7 @@ export async function sendFileContent(conn: FramedConnection, o: SendContentOpti
   }
   const src = await openChunkSource(o.path, scan.manifest, o.level);
   holder.source = src;
+  if (refineParts.length) await conn.keepAlive(call(src.setRefinement(Buffer.concat(refineParts))));
   const batches = batchByBytes(scan.manifest, needed, BATCH_BYTES);
   const total = needed.reduce((a, i) => a + manifestChunkLength(scan!.manifest, i), 0);
   let raw = 0;
@@ -180,6 +195,8 @@ export interface ReceiveContentOptions {
   /** Tree sessions: a file we cannot start writing (permission, a name the filesystem
    * cannot hold) is refused in NEED_END and reported, instead of failing the session. */
   refusable?: boolean;
+  /** Capability REFINE was negotiated: describe our old bytes in REFINE frames. */
+  refine?: boolean;
 }
 
 /** Receiver half. A dropped connection keeps the verified partial for a resume. */
@@ -233,6 +250,10 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
     const plan = r.summary();
     const needed = r.needed();
     for (const part of needFrames(needed, info.chunks)) await conn.send(FrameType.NEED, part);
+    if (o.refine && needed.length > 0 && o.localPaths.length > 0) {
+      const table = await conn.keepAlive(call(r.refinement()));
+      for (let at = 0; at < table.length; at += REFINE_PART) await conn.send(FrameType.REFINE, table.subarray(at, at + REFINE_PART));
+    }
     await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: needed.length, identical: false }));
 
     const copying = call(r.copyLocal());

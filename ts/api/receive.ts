@@ -48,6 +48,9 @@ export interface ReceiveOptions {
   /** A single file outside these bounds is left alone (`sync --max-size / --min-size`;
    * trees get the sender's limits in TREE_LIMITS). */
   sizeLimits?: import('../protocol/messages.js').SizeLimits;
+  /** Sub-chunk refinement (REFINE frames) when the sender supports it; default on. Local
+   * syncs turn it off: nothing crosses a wire, so signatures and deltas would only cost CPU. */
+  refine?: boolean;
 }
 
 /** Fail before listening if the target can never be written. */
@@ -235,6 +238,7 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
       targetReusable: !targetIsLink && Boolean(dst),
       stateDir,
       events: o.events,
+      refine: o.refine !== false && Boolean(negotiated.capabilities & Capability.REFINE),
     });
     summary.root = r.root;
     if (r.upToDate) return done('scan-root');

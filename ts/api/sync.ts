@@ -202,7 +202,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       const recvConn = new FramedConnection(b, eng.timeoutMs!);
       const sendConn = new FramedConnection(a, eng.timeoutMs!);
       const lanes = localLanes();
-      const receiving = runReceiver(recvConn, { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete }, listener: lanes.listener, sizeLimits: limitsOf(o) });
+      const receiving = runReceiver(recvConn, { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete }, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false });
       receiving.catch(() => undefined);
       try {
         // Nothing crosses a wire: compressing would only burn CPU.

@@ -207,6 +207,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
         events: o.events,
         beforeCommit: () => tree.clearFor(lt.action),
         refusable: true,
+        refine: o.refine !== false && Boolean(o.negotiated.capabilities & Capability.REFINE),
       });
       if (r.refused) {
         errors.push(`cannot write ${rel}: ${r.refused}`);

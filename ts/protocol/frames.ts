@@ -30,6 +30,7 @@ export const FrameType = {
   QUIC_READY: 0x16,
   TREE_OPTIONS: 0x17,
   TREE_ATTRS: 0x18,
+  REFINE: 0x19,
   ERROR: 0x7f,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];

@@ -17,8 +17,15 @@ export const Capability = {
    * and TREE_ATTRS when asked; a DECISION may give reason SIZE_LIMIT. (Bit 1 is
    * reserved: older builds set it.) */
   SIZE_LIMITS: 1 << 2,
+  /** Sub-chunk refinement: the receiver may send REFINE frames (signatures of its old
+   * bytes) before NEED_END, and the sender may answer with delta records (§4.12). */
+  REFINE: 1 << 3,
 } as const;
-export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS;
+export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE;
+/** Most REFINE bytes one file transfer may carry (mirrors refine::MAX_TABLE_BYTES). */
+export const MAX_REFINE_TABLE = 64 * 1024 * 1024;
+/** REFINE payloads are cut at this size. */
+export const REFINE_PART = 1024 * 1024;
 
 export const Role = { SENDER: 1, RECEIVER: 2 } as const;
 

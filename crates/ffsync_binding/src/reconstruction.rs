@@ -97,6 +97,18 @@ impl Task for WriteTask {
     }
 }
 
+pub struct RefinementTask(Arc<Reconstruction>);
+impl Task for RefinementTask {
+    type Output = Vec<u8>;
+    type JsValue = Buffer;
+    fn compute(&mut self) -> Result<Vec<u8>> {
+        self.0.refinement().map_err(to_napi)
+    }
+    fn resolve(&mut self, _env: Env, table: Vec<u8>) -> Result<Buffer> {
+        Ok(table.into())
+    }
+}
+
 pub struct FinishTask {
     r: Arc<Reconstruction>,
     mtime_ns: Option<i64>,
@@ -161,6 +173,13 @@ impl NativeReconstruction {
     #[napi]
     pub fn temp_path(&self) -> String {
         self.inner.temp_path().to_string_lossy().into_owned()
+    }
+
+    /// Sub-chunk refinement table for the REFINE frames (signatures of the old bytes each
+    /// run of missing chunks replaced). Once, after `begin`.
+    #[napi(ts_return_type = "Promise<Buffer>")]
+    pub fn refinement(&self) -> AsyncTask<RefinementTask> {
+        AsyncTask::new(RefinementTask(self.inner.clone()))
     }
 
     #[napi(ts_return_type = "Promise<number>")]

@@ -44,6 +44,22 @@ impl Task for ReadTask {
     }
 }
 
+pub struct SetRefinementTask {
+    source: Arc<ChunkSource>,
+    table: Buffer,
+}
+
+impl Task for SetRefinementTask {
+    type Output = ();
+    type JsValue = ();
+    fn compute(&mut self) -> Result<()> {
+        self.source.set_refinement(&self.table).map_err(to_napi)
+    }
+    fn resolve(&mut self, _env: Env, _: ()) -> Result<()> {
+        Ok(())
+    }
+}
+
 #[napi]
 impl NativeChunkSource {
     /// `compressLevel` is a zstd level; 0 sends every chunk raw.
@@ -68,6 +84,16 @@ impl NativeChunkSource {
             source: self.inner.clone(),
             indices: indices.to_vec(),
             out,
+        })
+    }
+
+    /// Install the receiver's refinement table: chunks it describes go as deltas when
+    /// smaller. Validated against the manifest (a bad table is a protocol error).
+    #[napi(ts_return_type = "Promise<void>")]
+    pub fn set_refinement(&self, table: Buffer) -> AsyncTask<SetRefinementTask> {
+        AsyncTask::new(SetRefinementTask {
+            source: self.inner.clone(),
+            table,
         })
     }
 

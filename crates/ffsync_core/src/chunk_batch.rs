@@ -1,8 +1,10 @@
 //! Chunk batches: the payload of a DATA frame. Several chunks per frame keep per-frame
 //! overhead (and N-API crossings) low. Each record:
 //! ```text
-//! index u32 | encoding u8 (0 raw, 1 zstd) | raw_len u32 | payload_len u32 | payload
+//! index u32 | encoding u8 | raw_len u32 | payload_len u32 | payload
 //! ```
+//! Encodings: 0 raw, 1 zstd, 2 delta (a librsync delta against the receiver's old region,
+//! see [`crate::refine`]), 3 zstd delta (`delta_len u32` + zstd of the delta).
 //! zstd is used only where it pays: a chunk that does not shrink by at least 1/32 is sent
 //! raw, and after a run of incompressible chunks only chunks whose index is a multiple of 16
 //! are tried (the miss counter is shared by the threads encoding a source), so random data
@@ -16,6 +18,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub const RECORD_HEADER: usize = 13;
 pub const ENC_RAW: u8 = 0;
 pub const ENC_ZSTD: u8 = 1;
+pub const ENC_DELTA: u8 = 2;
+pub const ENC_DELTA_ZSTD: u8 = 3;
+/// A delta is never worth more than its chunk; bound what a peer can make us decompress.
+fn max_delta_len(raw_len: u32) -> usize {
+    raw_len as usize + raw_len as usize / 8 + 1024
+}
 const GIVE_UP_AFTER: u32 = 8;
 const RETRY_EVERY: u32 = 16;
 
@@ -69,6 +77,42 @@ impl CompressPolicy {
         slot[5..9].copy_from_slice(&(raw_len as u32).to_le_bytes());
         slot[9..13].copy_from_slice(&(payload_len as u32).to_le_bytes());
         RECORD_HEADER + payload_len
+    }
+
+    /// Encode chunk `index` as `delta` (a librsync delta of its raw bytes) into `slot`
+    /// (RECORD_HEADER + raw length long) if that is smaller than the chunk (applying a
+    /// delta is a copy, so any saving pays); the delta is zstd-compressed when that pays too. Returns None (slot untouched beyond
+    /// the header area) when the chunk should be sent as itself.
+    pub fn encode_delta_in_slot(&self, index: u32, delta: &[u8], slot: &mut [u8]) -> Option<usize> {
+        let raw_len = slot.len() - RECORD_HEADER;
+        let budget = raw_len.saturating_sub(8);
+        let mut enc = ENC_DELTA;
+        let mut payload_len = delta.len();
+        if self.level != 0 && delta.len() > 256 {
+            let z = with_scratch(delta.len(), |scratch| {
+                let n = compress_with_thread_context(self.level, delta, scratch)?;
+                (n + 4 < delta.len() - delta.len() / 32 && n + 4 <= budget).then(|| {
+                    slot[RECORD_HEADER..RECORD_HEADER + 4].copy_from_slice(&(delta.len() as u32).to_le_bytes());
+                    slot[RECORD_HEADER + 4..RECORD_HEADER + 4 + n].copy_from_slice(&scratch[..n]);
+                    n + 4
+                })
+            });
+            if let Some(n) = z {
+                enc = ENC_DELTA_ZSTD;
+                payload_len = n;
+            }
+        }
+        if enc == ENC_DELTA {
+            if delta.len() > budget {
+                return None;
+            }
+            slot[RECORD_HEADER..RECORD_HEADER + delta.len()].copy_from_slice(delta);
+        }
+        slot[0..4].copy_from_slice(&index.to_le_bytes());
+        slot[4] = enc;
+        slot[5..9].copy_from_slice(&(raw_len as u32).to_le_bytes());
+        slot[9..13].copy_from_slice(&(payload_len as u32).to_le_bytes());
+        Some(RECORD_HEADER + payload_len)
     }
 
     /// Convenience for tests and small callers: append one encoded record to `out`.
@@ -133,22 +177,60 @@ pub fn decompress_exact(src: &[u8], dst: &mut [u8]) -> std::result::Result<(), S
 /// One record of a batch: the chunk index and its payload as sent.
 pub struct Record<'a> {
     pub index: u32,
-    pub compressed: bool,
+    pub encoding: u8,
     pub payload: &'a [u8],
     pub raw_len: u32,
 }
 
 impl Record<'_> {
-    /// The chunk's raw bytes, decompressing into `buf` if needed.
+    /// True if the payload is (or decompresses to) the chunk's bytes; false for deltas.
+    pub fn is_delta(&self) -> bool {
+        matches!(self.encoding, ENC_DELTA | ENC_DELTA_ZSTD)
+    }
+
+    /// True if the payload is not the chunk's bytes themselves (needs a scratch buffer).
+    pub fn needs_buffer(&self) -> bool {
+        self.encoding != ENC_RAW
+    }
+
+    /// The chunk's raw bytes, decompressing into `buf` if needed (not for deltas).
     pub fn raw<'b>(&'b self, buf: &'b mut Vec<u8>) -> Result<&'b [u8]> {
-        if !self.compressed {
-            return Ok(self.payload);
+        match self.encoding {
+            ENC_RAW => Ok(self.payload),
+            ENC_ZSTD => {
+                buf.resize(self.raw_len as usize, 0);
+                decompress_exact(self.payload, &mut buf[..]).map_err(|e| {
+                    CoreError::malformed("chunk batch", format!("chunk {} does not decompress: {e}", self.index))
+                })?;
+                Ok(&buf[..])
+            }
+            _ => Err(CoreError::malformed(
+                "chunk batch",
+                format!("chunk {} is a delta where none was asked for", self.index),
+            )),
         }
-        buf.resize(self.raw_len as usize, 0);
-        decompress_exact(self.payload, &mut buf[..]).map_err(|e| {
-            CoreError::malformed("chunk batch", format!("chunk {} does not decompress: {e}", self.index))
-        })?;
-        Ok(&buf[..])
+    }
+
+    /// A delta record's delta bytes, decompressing into `buf` if needed.
+    pub fn delta<'b>(&'b self, buf: &'b mut Vec<u8>) -> Result<&'b [u8]> {
+        let bad = |r: String| CoreError::malformed("chunk batch", format!("chunk {}: {r}", self.index));
+        match self.encoding {
+            ENC_DELTA => Ok(self.payload),
+            ENC_DELTA_ZSTD => {
+                if self.payload.len() < 4 {
+                    return Err(bad("truncated compressed delta".into()));
+                }
+                let len = u32_at(self.payload, 0) as usize;
+                if len > max_delta_len(self.raw_len) {
+                    return Err(bad(format!("delta of {len} bytes for a chunk of {}", self.raw_len)));
+                }
+                buf.resize(len, 0);
+                decompress_exact(&self.payload[4..], &mut buf[..])
+                    .map_err(|e| bad(format!("delta does not decompress: {e}")))?;
+                Ok(&buf[..])
+            }
+            _ => Err(bad("not a delta".into())),
+        }
     }
 }
 
@@ -181,15 +263,16 @@ pub fn decode<'a>(batch: &'a [u8], manifest: &Manifest) -> Result<Vec<Record<'a>
         }
         let payload = &batch[at..at + plen];
         at += plen;
-        let compressed = match enc {
-            ENC_RAW if plen == raw_len as usize => false,
-            ENC_RAW => return Err(bad(format!("raw chunk {index} has payload length {plen}"))),
-            ENC_ZSTD => true,
+        match enc {
+            ENC_RAW if plen != raw_len as usize => {
+                return Err(bad(format!("raw chunk {index} has payload length {plen}")))
+            }
+            ENC_RAW | ENC_ZSTD | ENC_DELTA | ENC_DELTA_ZSTD => {}
             other => return Err(bad(format!("unknown chunk encoding {other}"))),
-        };
+        }
         out.push(Record {
             index,
-            compressed,
+            encoding: enc,
             payload,
             raw_len,
         });
@@ -262,7 +345,7 @@ mod tests {
         let recs = decode(&good, &m).unwrap();
         let z = recs
             .iter()
-            .position(|r| r.compressed)
+            .position(|r| r.encoding == ENC_ZSTD)
             .expect("fixture has a compressed chunk");
         let mut garbled = good.clone();
         let start: usize = recs[..z].iter().map(|r| RECORD_HEADER + r.payload.len()).sum();

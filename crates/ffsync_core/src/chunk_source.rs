@@ -1,6 +1,7 @@
 //! The sender's side of a transfer: reads requested chunks of a source file (positional
 //! reads, so resident memory is bounded by the batch, not the file) and encodes them into
-//! batches, compressing in parallel.
+//! batches, compressing in parallel. Chunks the receiver described with a refinement
+//! table ([`crate::refine`]) are sent as deltas against its old bytes when that is smaller.
 
 use crate::chunk_batch::{CompressPolicy, RECORD_HEADER};
 use crate::chunker::Chunk;
@@ -8,9 +9,17 @@ use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
 use crate::io::read_exact_at;
 use crate::manifest::Manifest;
+use crate::refine::RefineTable;
 use rayon::prelude::*;
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+thread_local! {
+    /// (delta, the chunk padded with its neighbours' bytes), reused per thread.
+    static DELTA_BUF: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
 
 pub struct ChunkSource {
     path: PathBuf,
@@ -18,6 +27,7 @@ pub struct ChunkSource {
     identity: FileIdentity,
     manifest: Manifest,
     policy: CompressPolicy,
+    refine: OnceLock<RefineTable>,
 }
 
 impl ChunkSource {
@@ -29,7 +39,16 @@ impl ChunkSource {
             identity,
             manifest,
             policy: CompressPolicy::new(compress_level),
+            refine: OnceLock::new(),
         })
+    }
+
+    /// Install the receiver's refinement table (validated against the manifest). Once only.
+    pub fn set_refinement(&self, table: &[u8]) -> Result<()> {
+        let t = RefineTable::decode(table, &self.manifest)?;
+        self.refine
+            .set(t)
+            .map_err(|_| CoreError::Usage("refinement table already set".into()))
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -71,12 +90,46 @@ impl ChunkSource {
             slots.push((i, slot));
             rest = tail;
         }
+        // Index each refinement run this batch touches once, not once per chunk.
+        let mut indexed = HashMap::new();
+        if let Some(t) = self.refine.get() {
+            for &i in indices {
+                if let Some(k) = t.run_of(i) {
+                    indexed.entry(k).or_insert_with(|| t.index(k));
+                }
+            }
+        }
+        let refine = self.refine.get();
         let used: Vec<Result<usize>> = slots
             .par_iter_mut()
             .map(|(i, slot)| {
                 let c = &self.manifest.chunks[*i as usize];
                 read_exact_at(&self.file, &mut slot[RECORD_HEADER..], c.offset)
                     .map_err(|e| CoreError::io(&self.path, e))?;
+                let run = refine.and_then(|t| t.run_of(*i).map(|k| (t, k)));
+                if let Some((t, k, sig)) = run.and_then(|(t, k)| indexed.get(&k).map(|s| (t, k, s))) {
+                    let encoded = DELTA_BUF.with(|d| -> Result<Option<usize>> {
+                        let mut guard = d.borrow_mut();
+                        let (d, padded) = &mut *guard;
+                        d.clear();
+                        // Two blocks of our own bytes on each side let the match run
+                        // through the chunk's edges (see RefineTable::diff_chunk).
+                        let ctx = 2 * t.block_size(k) as u64;
+                        let before = ctx.min(c.offset);
+                        let after = ctx.min(self.manifest.size - c.end());
+                        padded.resize((before + c.len as u64 + after) as usize, 0);
+                        let (head, rest) = padded.split_at_mut(before as usize);
+                        let (mid, tail) = rest.split_at_mut(c.len as usize);
+                        read_exact_at(&self.file, head, c.offset - before).map_err(|e| CoreError::io(&self.path, e))?;
+                        mid.copy_from_slice(&slot[RECORD_HEADER..]);
+                        read_exact_at(&self.file, tail, c.end()).map_err(|e| CoreError::io(&self.path, e))?;
+                        t.diff_chunk(k, sig, padded, before as usize, c.len as usize, d)?;
+                        Ok(self.policy.encode_delta_in_slot(*i, d, slot))
+                    })?;
+                    if let Some(n) = encoded {
+                        return Ok(n);
+                    }
+                }
                 Ok(self.policy.encode_in_slot(*i, slot))
             })
             .collect();

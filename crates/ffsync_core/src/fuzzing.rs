@@ -37,9 +37,26 @@ pub fn chunk_batch_decode(data: &[u8]) {
     MANIFEST.with(|m| {
         if let Ok(records) = chunk_batch::decode(data, m) {
             let mut buf = Vec::new();
+            let base: Vec<u8> = (0..70_000u32).map(|i| (i.wrapping_mul(40503) >> 7) as u8).collect();
+            let mut out = Vec::new();
             for r in records {
                 if let Ok(raw) = r.raw(&mut buf) {
                     assert_eq!(raw.len(), m.chunks[r.index as usize].len as usize);
+                }
+                // Delta records: decompression is bounded and applying never writes more
+                // than the chunk's length, whatever the peer sent.
+                if let Ok(delta) = r.delta(&mut buf) {
+                    if crate::refine::apply_into(&base, delta, r.raw_len as usize, &mut out).is_ok() {
+                        assert_eq!(out.len(), r.raw_len as usize);
+                    }
+                }
+            }
+        }
+        // The same bytes as a refinement table from a receiver: refused or valid.
+        if let Ok(t) = crate::refine::RefineTable::decode(data, m) {
+            for i in 0..m.chunks.len() as u32 {
+                if let Some(k) = t.run_of(i) {
+                    assert!((512..=128 * 1024).contains(&t.block_size(k)));
                 }
             }
         }

@@ -5,6 +5,7 @@
 //! - [`scan`] / [`index`]: scanning files, persistent chunk index
 //! - [`chunk_source`] / [`chunk_batch`]: the sender's chunk reader and DATA payload codec
 //! - [`reconstruct`]: the restorer (temp file, local copies, positional writes, verify, rename)
+//! - [`refine`]: sub-chunk refinement (rsync block signatures and deltas for missing chunks)
 //! - [`io`]: positional and in-kernel copy primitives
 //! - [`identity`]: this peer's self-signed TLS identity (rcgen)
 
@@ -21,6 +22,7 @@ pub mod manifest;
 pub mod params;
 pub mod quic;
 pub mod reconstruct;
+pub mod refine;
 pub mod scan;
 #[cfg(test)]
 mod testutil;

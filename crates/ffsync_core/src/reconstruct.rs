@@ -19,13 +19,14 @@ use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
 use crate::io::{copy_range, read_exact_at, PositionalWriter};
 use crate::manifest::Manifest;
+use crate::refine::{self, RefineRun};
 use crate::{chunk_batch, index};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub const PARTIAL_SUFFIX: &str = ".ffsync-part";
@@ -70,6 +71,10 @@ pub struct Reconstruction {
     file: File,
     manifest: Manifest,
     sources: Vec<(PathBuf, File)>,
+    /// Read-only maps of the sources, made when refinement needs their old bytes.
+    maps: Vec<OnceLock<Option<memmap2::Mmap>>>,
+    /// Runs described to the sender by `refinement` (chunks that may arrive as deltas).
+    refined: OnceLock<Vec<RefineRun>>,
     origins: Vec<Origin>,
     received: Mutex<Vec<bool>>,
     writer: PositionalWriter,
@@ -144,6 +149,7 @@ fn range(m: &Manifest, i: usize) -> (u64, usize) {
 }
 
 thread_local! {
+    static DELTA_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -214,12 +220,15 @@ impl Reconstruction {
             }
         }
         let n = manifest.chunks.len();
+        let maps = sources.iter().map(|_| OnceLock::new()).collect();
         Ok(Reconstruction {
             target: target.to_path_buf(),
             temp,
             file,
             manifest,
             sources,
+            maps,
+            refined: OnceLock::new(),
             origins,
             received: Mutex::new(vec![false; n]),
             writer: PositionalWriter::new(),
@@ -266,6 +275,77 @@ impl Reconstruction {
             .filter(|(_, o)| **o == Origin::Wire)
             .map(|(i, _)| i as u32)
             .collect()
+    }
+
+    /// Source `k` mapped read-only (None if it cannot be mapped: then it is not refined against).
+    fn map_of(&self, k: usize) -> Option<&[u8]> {
+        self.maps[k]
+            .get_or_init(|| {
+                // Safety: read-only map of a file we only read; if another process
+                // truncates it meanwhile, reads fault — the same exposure the scanner has,
+                // and any changed byte fails the chunk's hash check.
+                unsafe { memmap2::Mmap::map(&self.sources[k].1) }.ok()
+            })
+            .as_deref()
+    }
+
+    /// Sub-chunk refinement (see [`crate::refine`]): signatures of the old bytes each run
+    /// of missing chunks replaced, as the wire table for REFINE frames. Call once, after
+    /// `begin`; chunks in the described runs may then arrive as deltas.
+    pub fn refinement(&self) -> Result<Vec<u8>> {
+        self.check_open()?;
+        let wire: Vec<bool> = self.origins.iter().map(|o| *o == Origin::Wire).collect();
+        let anchor: Vec<Option<(usize, u64)>> = self
+            .origins
+            .iter()
+            .map(|o| match *o {
+                Origin::Copy { source, offset } => Some((source, offset)),
+                _ => None,
+            })
+            .collect();
+        let lens: Vec<u64> = self
+            .sources
+            .iter()
+            .map(|(_, f)| f.metadata().map(|m| m.len()).unwrap_or(0))
+            .collect();
+        let runs = refine::plan_runs(&self.manifest, &wire, &anchor, &lens);
+        let (table, kept) = refine::encode_table(&runs, self.manifest.params.avg, |r| self.region(r));
+        self.refined
+            .set(kept)
+            .map_err(|_| CoreError::Usage("refinement already computed".into()))?;
+        Ok(table)
+    }
+
+    fn region(&self, r: &RefineRun) -> Option<&[u8]> {
+        let map = self.map_of(r.source)?;
+        map.get(r.offset as usize..(r.offset + r.len) as usize)
+    }
+
+    /// Rebuild a delta record's chunk into `out` from the old bytes of its run.
+    fn apply_delta(&self, r: &chunk_batch::Record, out: &mut Vec<u8>) -> Result<()> {
+        let runs = self.refined.get().map(|v| &v[..]).unwrap_or(&[]);
+        let k = runs.partition_point(|run| run.first <= r.index);
+        let run = k
+            .checked_sub(1)
+            .map(|k| &runs[k])
+            .filter(|run| r.index < run.first + run.count)
+            .ok_or_else(|| {
+                CoreError::malformed(
+                    "chunk batch",
+                    format!("chunk {} is a delta but was not refined", r.index),
+                )
+            })?;
+        let base = self.region(run).ok_or_else(|| {
+            CoreError::VerifyFailed(format!(
+                "{} changed during the sync",
+                self.sources[run.source].0.display()
+            ))
+        })?;
+        DELTA_BUF.with(|d| {
+            let mut d = d.borrow_mut();
+            let delta = r.delta(&mut d)?;
+            refine::apply_into(base, delta, r.raw_len as usize, out)
+        })
     }
 
     fn check_open(&self) -> Result<()> {
@@ -335,16 +415,20 @@ impl Reconstruction {
     pub fn write_batch(&self, batch: &[u8]) -> Result<u64> {
         self.check_open()?;
         let _guard = InFlight::enter(&self.in_flight);
-        let out = self.write_batch_inner(batch);
-        if matches!(&out, Err(e) if !matches!(e, CoreError::Malformed { .. })) {
-            // Chunks were claimed and may be half-written: nothing may be committed now.
+        // A batch refused before it claims anything leaves the reconstruction usable.
+        let records = chunk_batch::decode(batch, &self.manifest)?;
+        self.claim(&records)?;
+        let out = self.write_claimed(&records);
+        if out.is_err() {
+            // Chunks were claimed and may be missing or half-written (a delta that does
+            // not apply, a chunk that fails its hash, a write error): nothing may be
+            // committed now.
             self.poisoned.store(true, Ordering::SeqCst);
         }
         out
     }
 
-    fn write_batch_inner(&self, batch: &[u8]) -> Result<u64> {
-        let records = chunk_batch::decode(batch, &self.manifest)?;
+    fn claim(&self, records: &[chunk_batch::Record]) -> Result<()> {
         {
             // Claim the chunks now, so the same chunk in two batches in flight is refused.
             // A refused batch releases its claims; any later failure poisons the
@@ -364,6 +448,10 @@ impl Reconstruction {
                 received[i] = true;
             }
         }
+        Ok(())
+    }
+
+    fn write_claimed(&self, records: &[chunk_batch::Record]) -> Result<u64> {
         // Raw chunks are hashed and written straight from the frame; compressed ones are
         // decompressed into buffers recycled across batches.
         let mut bufs: Vec<Vec<u8>> = {
@@ -371,7 +459,7 @@ impl Reconstruction {
             records
                 .iter()
                 .map(|r| {
-                    if r.compressed {
+                    if r.needs_buffer() {
                         pool.pop().unwrap_or_default()
                     } else {
                         Vec::new()
@@ -380,7 +468,12 @@ impl Reconstruction {
                 .collect()
         };
         let checked: Result<()> = records.par_iter().zip(bufs.par_iter_mut()).try_for_each(|(r, buf)| {
-            let data = r.raw(buf)?;
+            let data = if r.is_delta() {
+                self.apply_delta(r, buf)?;
+                &buf[..]
+            } else {
+                r.raw(buf)?
+            };
             if blake3::hash(data).as_bytes() == &self.manifest.chunks[r.index as usize].hash {
                 Ok(())
             } else {
@@ -397,7 +490,7 @@ impl Reconstruction {
                 .map(|(r, b)| {
                     (
                         self.manifest.chunks[r.index as usize].offset,
-                        if r.compressed { &b[..] } else { r.payload },
+                        if r.needs_buffer() { &b[..] } else { r.payload },
                     )
                 })
                 .collect();

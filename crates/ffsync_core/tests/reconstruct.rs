@@ -7,17 +7,8 @@ use ffsync_core::scan::{scan_file, ScanOptions};
 use std::fs;
 use std::path::Path;
 
-fn rand_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u8
-        })
-        .collect()
-}
+mod common;
+use common::rand_bytes;
 
 /// Run a sync of `src` onto `dst`; `limit` stops after that many batches (simulated drop).
 fn sync(src: &Path, dst: &Path, limit: Option<usize>) -> Option<(u64, u64)> {
@@ -225,4 +216,27 @@ fn temp_names_fit_name_max_even_for_the_longest_names() {
         fs::write(p, b"x").unwrap();
     }
     assert_ne!(pa, pb, "names sharing a long prefix must not share a temp file");
+}
+
+/// Regression: a malformed record found after its chunk was claimed (zstd data that does
+/// not decompress) used to leave the chunk claimed and the reconstruction unpoisoned, so a
+/// caller that went on to `finish` would have committed a chunk that was never written.
+#[test]
+fn a_chunk_that_does_not_decompress_poisons_the_reconstruction() {
+    let d = tempfile::tempdir().unwrap();
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    fs::write(&src, vec![7u8; 10_000]).unwrap(); // compressible, a single chunk
+    fs::write(&dst, b"old").unwrap();
+    let s = scan_file(&src, &ScanOptions::default()).unwrap();
+    let r = Reconstruction::begin(&dst, s.manifest.clone(), vec![]).unwrap();
+    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 1).unwrap();
+    let (mut batch, _) = source.read_batch(&[0]).unwrap();
+    assert_eq!(batch[4], 1, "the chunk went compressed");
+    for b in &mut batch[13..] {
+        *b = 0xee; // no longer a zstd frame
+    }
+    assert_eq!(r.write_batch(&batch).err().unwrap().code(), "EMALFORMED");
+    assert_eq!(r.finish(None, None, None).err().unwrap().code(), "EVERIFY");
+    r.abort(false);
+    assert_eq!(fs::read(&dst).unwrap(), b"old");
 }

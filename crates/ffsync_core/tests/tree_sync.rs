@@ -22,16 +22,10 @@ use std::path::{Path, PathBuf};
 /// A fixed mtime well in the past (so index entries are never "racily clean").
 const T0: i64 = 1_600_000_000_123_456_789;
 
+mod common;
+
 fn bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u8
-        })
-        .collect()
+    common::rand_bytes(len, seed.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
 /// One peer's directories: `base/tree` (synced) and `base/state` (its tree index).
