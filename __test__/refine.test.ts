@@ -144,3 +144,39 @@ describe('sub-chunk refinement', () => {
     assert.match(res.summary?.error ?? res.stderr, /refinement table/);
   });
 });
+
+describe('sparse files', { skip: process.platform !== 'linux' && 'SEEK_HOLE and hole punching are tested on Linux' }, () => {
+  /** 48 MiB with data at three places; holes elsewhere. */
+  function sparseFile(file: string): void {
+    const fd = fs.openSync(file, 'w');
+    fs.ftruncateSync(fd, 48 * MiB);
+    for (const [k, at] of [0, 17 * MiB, 47 * MiB].entries()) fs.writeSync(fd, seeded(200 * KiB, 70 + k), 0, 200 * KiB, at);
+    fs.closeSync(fd);
+  }
+  const allocated = (file: string) => fs.statSync(file).blocks * 512;
+
+  it('send/receive: holes are not sent and the result is sparse too', async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'disk.img');
+    sparseFile(src);
+    if (allocated(src) > 8 * MiB) return; // this filesystem does not keep holes
+    const dst = path.join(dir, 'out.img');
+    const res = await sync(src, dst, { stateS: path.join(dir, 's'), stateR: path.join(dir, 'r') });
+    assert.equal(res.send.code, 0, res.send.stderr);
+    assert.equal(sha256(dst), sha256(src));
+    assert.ok(res.send.summary!.bytesOnWire.sent < 2 * MiB, `sent ${res.send.summary!.bytesOnWire.sent}`);
+    assert.ok(allocated(dst) < 8 * MiB, `result allocates ${allocated(dst)} bytes`);
+  });
+
+  it('sync -S (local tree): a sparse file stays sparse', async () => {
+    const dir = tmpdir();
+    fs.mkdirSync(path.join(dir, 'src'));
+    sparseFile(path.join(dir, 'src', 'vm.img'));
+    if (allocated(path.join(dir, 'src', 'vm.img')) > 8 * MiB) return;
+    const r = await run(['sync', '-aS', '--state-dir', path.join(dir, 'state'), `${path.join(dir, 'src')}/`, path.join(dir, 'dst')]).done;
+    assert.equal(r.code, 0, r.stderr);
+    const out = path.join(dir, 'dst', 'vm.img');
+    assert.equal(sha256(out), sha256(path.join(dir, 'src', 'vm.img')));
+    assert.ok(allocated(out) < 8 * MiB, `result allocates ${allocated(out)} bytes`);
+  });
+});

@@ -67,7 +67,7 @@ export declare class NativeReconstruction {
    * Plan a reconstruction of `target` from the sender's manifest, reusing chunks of the
    * given local files and of a partial left by an interrupted run.
    */
-  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ProgressFn | undefined | null): Promise<NativeReconstruction>
+  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ProgressFn | undefined | null, holes?: Buffer | undefined | null): Promise<NativeReconstruction>
   /** Indices of chunks that must come over the wire, ascending. */
   needed(): Uint32Array
   summary(): PlanSummary
@@ -146,6 +146,9 @@ export interface EncodedBatch {
 /** Patterns of an --exclude-from file (blank lines and `#` comments skipped). */
 export declare function excludesFromText(text: string): Array<string>
 
+/** The holes of a file (SEEK_HOLE / SEEK_DATA), encoded as a HOLES payload. */
+export declare function fileHoles(path: string | Buffer): Promise<Buffer>
+
 export interface GeneratedIdentity {
   certPem: string
   keyPem: string
@@ -210,6 +213,10 @@ export interface PlanSummary {
   wireBytes: number
   copyBytes: number
   inPlaceBytes: number
+  /** Bytes inside the sender's holes (recreated as holes, never sent). */
+  holeBytes: number
+  /** The temp file started as a reflink clone of the old target. */
+  cloned: boolean
   writer: string
 }
 

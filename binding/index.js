@@ -843,6 +843,7 @@ module.exports.NativeReconstruction = nativeBinding.NativeReconstruction
 module.exports.NativeTreeSync = nativeBinding.NativeTreeSync
 module.exports.decodeManifest = nativeBinding.decodeManifest
 module.exports.excludesFromText = nativeBinding.excludesFromText
+module.exports.fileHoles = nativeBinding.fileHoles
 module.exports.generateIdentity = nativeBinding.generateIdentity
 module.exports.loadIndex = nativeBinding.loadIndex
 module.exports.markUpToDate = nativeBinding.markUpToDate

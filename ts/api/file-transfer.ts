@@ -1,5 +1,7 @@
 // One file's content conversation, shared by single-file and tree sessions:
-//   sender: MANIFEST* -> (receiver) NEED* REFINE* NEED_END -> DATA* DATA_END -> (receiver) RESULT
+//   sender: MANIFEST* [HOLES] -> (receiver) NEED* REFINE* NEED_END -> DATA* DATA_END -> (receiver) RESULT
+// HOLES (capability SPARSE) lists the sender's holes: the receiver requests nothing inside
+// them and punches them into the result (crates/ffsync_core/src/sparse.rs).
 // REFINE (capability REFINE) carries signatures of the receiver's old bytes for each run of
 // missing chunks; the sender then sends a chunk as a delta against them when that is smaller
 // (crates/ffsync_core/src/refine.rs).
@@ -30,6 +32,7 @@ import {
   beginReconstruction,
   call,
   decodeManifest,
+  fileHoles,
   markUpToDate,
   type NativeChunkSource,
   type NativeReconstruction,
@@ -69,6 +72,8 @@ export interface SendContentOptions {
   label: string;
   /** Capability REFINE was negotiated: accept REFINE frames and send deltas. */
   refine?: boolean;
+  /** Capability SPARSE was negotiated: send a HOLES frame after the manifest. */
+  sparse?: boolean;
 }
 
 export interface ContentResult {
@@ -98,6 +103,7 @@ export async function sendFileContent(conn: FramedConnection, o: SendContentOpti
     throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.label} changed size while it was being scanned; rerun to send the new version`);
   }
   for (const part of manifestFrames(scan.manifest)) await conn.send(FrameType.MANIFEST, part);
+  if (o.sparse) await conn.send(FrameType.HOLES, await fileHoles(o.path));
 
   const needs = new NeedCollector(manifestChunkCount(scan.manifest));
   const refineParts: Buffer[] = [];
@@ -197,6 +203,8 @@ export interface ReceiveContentOptions {
   refusable?: boolean;
   /** Capability REFINE was negotiated: describe our old bytes in REFINE frames. */
   refine?: boolean;
+  /** Capability SPARSE was negotiated: a HOLES frame follows the manifest. */
+  sparse?: boolean;
 }
 
 /** Receiver half. A dropped connection keeps the verified partial for a resume. */
@@ -204,6 +212,7 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
   const assembler = new ManifestAssembler(maxManifestLength(o.size));
   let manifest: Buffer | undefined;
   while (!manifest) manifest = assembler.push((await expect(conn, FrameType.MANIFEST)).payload);
+  const holes = o.sparse ? Buffer.from((await expect(conn, FrameType.HOLES)).payload) : undefined;
   const info = await decodeManifest(manifest);
   if (BigInt(info.size) !== o.size) throw protocolError(`manifest describes ${info.size} bytes, offer said ${o.size}`);
   const scanned = await o.locals;
@@ -237,6 +246,7 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
             manifest!,
             o.localPaths.map((p, i) => ({ path: p, manifest: scanned[i].manifest })),
             (n) => o.events?.progress?.('receiving', n),
+            holes,
           ),
         ),
       );

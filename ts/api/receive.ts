@@ -239,6 +239,7 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
       stateDir,
       events: o.events,
       refine: o.refine !== false && Boolean(negotiated.capabilities & Capability.REFINE),
+      sparse: Boolean(negotiated.capabilities & Capability.SPARSE),
     });
     summary.root = r.root;
     if (r.upToDate) return done('scan-root');

@@ -208,6 +208,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
         beforeCommit: () => tree.clearFor(lt.action),
         refusable: true,
         refine: o.refine !== false && Boolean(o.negotiated.capabilities & Capability.REFINE),
+        sparse: Boolean(o.negotiated.capabilities & Capability.SPARSE),
       });
       if (r.refused) {
         errors.push(`cannot write ${rel}: ${r.refused}`);

@@ -182,6 +182,7 @@ async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTra
     events: o.events,
     label: showTreePath(lt.path),
     refine: Boolean(o.negotiated.capabilities & Capability.REFINE),
+    sparse: Boolean(o.negotiated.capabilities & Capability.SPARSE),
   });
   if (r.refused) return; // the receiver reports it (TREE_RESULT)
   if (!identityChanged(await fs.lstat(abs, { bigint: true }).catch(() => undefined), st)) tree.claimRoot(lt.action, r.root);

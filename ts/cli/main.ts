@@ -197,7 +197,6 @@ export function buildProgram(): Command {
   const notSupported: [string, string][] = [
     ['-H, --hard-links', 'hardLinks'],
     ['-A, --acls', 'acls'],
-    ['-S, --sparse', 'sparse'],
     ['--inplace', 'inplace'],
   ];
   const syncCmd = program
@@ -215,6 +214,7 @@ export function buildProgram(): Command {
     .option('-q, --quiet', 'print errors only')
     .option('-n, --dry-run', 'show what would change; write nothing')
     .option('-z, --compress', 'compress data (always on: zstd where it pays)')
+    .option('-S, --sparse', "keep holes (always on: the sender's holes, found with SEEK_HOLE/SEEK_DATA, are recreated)")
     .addOption(new Option('--compress-level <n>', 'zstd level for data').argParser(intArg(0, 19)))
     .option('-c, --checksum', 'compare content, not size and mtime')
     .option('-u, --update', 'skip files that are newer on the receiver')

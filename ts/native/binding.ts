@@ -50,8 +50,15 @@ export function beginReconstruction(
   manifest: Buffer,
   locals: { path: string | Buffer; manifest: Buffer }[],
   onProgress?: (bytesDone: number) => void,
+  /** The sender's hole list (HOLES payload), if it sent one. */
+  holes?: Buffer,
 ): Promise<Binding.NativeReconstruction> {
-  return call(native.NativeReconstruction.begin(target, manifest, locals, progressCallback(onProgress)));
+  return call(native.NativeReconstruction.begin(target, manifest, locals, progressCallback(onProgress), holes));
+}
+
+/** The holes of a file (SEEK_HOLE / SEEK_DATA) as a HOLES payload. */
+export function fileHoles(path: string | Buffer): Promise<Buffer> {
+  return call(native.fileHoles(path));
 }
 
 export function markUpToDate(target: string | Buffer, manifest: Buffer, mtimeNs: bigint | undefined, mode: number | undefined, stateDir?: string): Promise<void> {

@@ -31,6 +31,7 @@ export const FrameType = {
   TREE_OPTIONS: 0x17,
   TREE_ATTRS: 0x18,
   REFINE: 0x19,
+  HOLES: 0x1a,
   ERROR: 0x7f,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];

@@ -20,8 +20,11 @@ export const Capability = {
   /** Sub-chunk refinement: the receiver may send REFINE frames (signatures of its old
    * bytes) before NEED_END, and the sender may answer with delta records (§4.12). */
   REFINE: 1 << 3,
+  /** Sparse files: the sender sends one HOLES frame (its file's holes) after the manifest;
+   * the receiver skips chunks inside them and punches the holes into the result (§4.13). */
+  SPARSE: 1 << 4,
 } as const;
-export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE;
+export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE;
 /** Most REFINE bytes one file transfer may carry (mirrors refine::MAX_TABLE_BYTES). */
 export const MAX_REFINE_TABLE = 64 * 1024 * 1024;
 /** REFINE payloads are cut at this size. */

@@ -23,6 +23,10 @@ pub struct PlanSummary {
     pub wire_bytes: f64,
     pub copy_bytes: f64,
     pub in_place_bytes: f64,
+    /// Bytes inside the sender's holes (recreated as holes, never sent).
+    pub hole_bytes: f64,
+    /// The temp file started as a reflink clone of the old target.
+    pub cloned: bool,
     pub writer: String,
 }
 
@@ -37,6 +41,7 @@ pub struct BeginTask {
     target: PathBuf,
     manifest: Vec<u8>,
     locals: Vec<(PathBuf, Vec<u8>)>,
+    holes: Option<Vec<u8>>,
     progress: Option<ProgressFn>,
 }
 
@@ -53,8 +58,12 @@ impl Task for BeginTask {
                 manifest: Manifest::decode_local(&buf).map_err(to_napi)?,
             });
         }
+        let holes = match &self.holes {
+            Some(buf) => ffsync_core::sparse::decode(buf, m.size).map_err(to_napi)?,
+            None => Vec::new(),
+        };
         Ok(Arc::new(
-            Reconstruction::begin(&self.target, m, local).map_err(to_napi)?,
+            Reconstruction::begin_sparse(&self.target, m, local, holes).map_err(to_napi)?,
         ))
     }
 
@@ -139,6 +148,7 @@ impl NativeReconstruction {
         manifest: Buffer,
         locals: Vec<LocalFile>,
         on_progress: Option<ProgressFn>,
+        holes: Option<Buffer>,
     ) -> AsyncTask<BeginTask> {
         AsyncTask::new(BeginTask {
             target: crate::path_arg(target),
@@ -147,6 +157,7 @@ impl NativeReconstruction {
                 .into_iter()
                 .map(|l| (crate::path_arg(l.path), l.manifest.to_vec()))
                 .collect(),
+            holes: holes.map(|b| b.to_vec()),
             progress: on_progress,
         })
     }
@@ -166,6 +177,8 @@ impl NativeReconstruction {
             wire_bytes: s.wire_bytes as f64,
             copy_bytes: s.copy_bytes as f64,
             in_place_bytes: s.in_place_bytes as f64,
+            hole_bytes: s.hole_bytes as f64,
+            cloned: s.cloned,
             writer: self.inner.writer_backend().to_string(),
         }
     }
@@ -264,4 +277,29 @@ pub fn mark_up_to_date(
         state_dir: state_dir.map(PathBuf::from),
         manifest: manifest.to_vec(),
     })
+}
+
+pub struct HolesTask(PathBuf);
+impl Task for HolesTask {
+    type Output = Vec<u8>;
+    type JsValue = Buffer;
+    fn compute(&mut self) -> Result<Vec<u8>> {
+        let f = std::fs::File::open(&self.0).map_err(|e| to_napi(ffsync_core::CoreError::io(&self.0, e)))?;
+        let size = f
+            .metadata()
+            .map_err(|e| to_napi(ffsync_core::CoreError::io(&self.0, e)))?
+            .len();
+        let holes =
+            ffsync_core::sparse::holes(&f, size).map_err(|e| to_napi(ffsync_core::CoreError::io(&self.0, e)))?;
+        Ok(ffsync_core::sparse::encode(&holes))
+    }
+    fn resolve(&mut self, _env: Env, b: Vec<u8>) -> Result<Buffer> {
+        Ok(b.into())
+    }
+}
+
+/// The holes of a file (SEEK_HOLE / SEEK_DATA), encoded as a HOLES payload.
+#[napi(ts_return_type = "Promise<Buffer>")]
+pub fn file_holes(#[napi(ts_arg_type = "string | Buffer")] path: crate::PathArg) -> AsyncTask<HolesTask> {
+    AsyncTask::new(HolesTask(crate::path_arg(path)))
 }

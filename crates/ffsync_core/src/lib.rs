@@ -6,6 +6,7 @@
 //! - [`chunk_source`] / [`chunk_batch`]: the sender's chunk reader and DATA payload codec
 //! - [`reconstruct`]: the restorer (temp file, local copies, positional writes, verify, rename)
 //! - [`refine`]: sub-chunk refinement (rsync block signatures and deltas for missing chunks)
+//! - [`sparse`]: sparse files, holes found with SEEK_HOLE/SEEK_DATA and punched on the receiver
 //! - [`io`]: positional and in-kernel copy primitives
 //! - [`identity`]: this peer's self-signed TLS identity (rcgen)
 
@@ -24,6 +25,7 @@ pub mod quic;
 pub mod reconstruct;
 pub mod refine;
 pub mod scan;
+pub mod sparse;
 #[cfg(test)]
 mod testutil;
 pub mod tree;

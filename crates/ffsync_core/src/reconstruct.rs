@@ -20,6 +20,7 @@ use crate::file_identity::FileIdentity;
 use crate::io::{copy_range, read_exact_at, PositionalWriter};
 use crate::manifest::Manifest;
 use crate::refine::{self, RefineRun};
+use crate::sparse::Hole;
 use crate::{chunk_batch, index};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -45,8 +46,13 @@ pub struct LocalSource {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Origin {
     Wire,
-    Copy { source: usize, offset: u64 },
+    Copy {
+        source: usize,
+        offset: u64,
+    },
     InPlace,
+    /// Inside one of the sender's holes and all zeros: punched, never sent or written.
+    Hole,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -56,6 +62,11 @@ pub struct PlanSummary {
     pub wire_bytes: u64,
     pub copy_bytes: u64,
     pub in_place_bytes: u64,
+    /// Chunks inside the sender's holes: recreated as holes, never sent.
+    pub hole_bytes: u64,
+    /// The temp file is a reflink clone of the old target: `in_place_bytes` includes the
+    /// unchanged ranges it shares, which are never written.
+    pub cloned: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +86,10 @@ pub struct Reconstruction {
     maps: Vec<OnceLock<Option<memmap2::Mmap>>>,
     /// Runs described to the sender by `refinement` (chunks that may arrive as deltas).
     refined: OnceLock<Vec<RefineRun>>,
+    /// The temp file started as a copy-on-write clone of the old target.
+    cloned: bool,
+    /// The sender's holes, punched into the result in `finish`.
+    holes: Vec<Hole>,
     origins: Vec<Origin>,
     received: Mutex<Vec<bool>>,
     writer: PositionalWriter,
@@ -169,6 +184,18 @@ impl Reconstruction {
     /// Whatever is at `target` now (nothing, a file, or — in a tree session — a directory
     /// or link that the commit will replace) is not touched until `finish`.
     pub fn begin(target: &Path, manifest: Manifest, local: Vec<LocalSource>) -> Result<Reconstruction> {
+        Self::begin_sparse(target, manifest, local, Vec::new())
+    }
+
+    /// As `begin`, for a sender whose file has `holes` (validated with
+    /// [`crate::sparse::decode`]): chunks inside them are not requested, and the holes are
+    /// punched into the result before it is verified and committed.
+    pub fn begin_sparse(
+        target: &Path,
+        manifest: Manifest,
+        local: Vec<LocalSource>,
+        holes: Vec<Hole>,
+    ) -> Result<Reconstruction> {
         let dir = parent_of(target);
         let dmeta = fs::metadata(&dir).map_err(|e| CoreError::io(&dir, e))?;
         if !dmeta.is_dir() {
@@ -178,7 +205,7 @@ impl Reconstruction {
         remove_stale_partials(target, &temp);
 
         let mut origins = vec![Origin::Wire; manifest.chunks.len()];
-        let file = match open_resumable(&temp, manifest.size)? {
+        let resumed = match open_resumable(&temp, manifest.size)? {
             Some(file) => {
                 // Resume: chunks already present in the partial stay where they are.
                 let present: Vec<bool> = (0..manifest.chunks.len())
@@ -195,9 +222,9 @@ impl Reconstruction {
                         *o = Origin::InPlace;
                     }
                 }
-                file
+                Some(file)
             }
-            None => create_temp(&temp, manifest.size)?,
+            None => None,
         };
 
         let mut sources = Vec::new();
@@ -219,6 +246,41 @@ impl Reconstruction {
                 }
             }
         }
+        mark_holes(&manifest, &holes, &mut origins);
+        let (file, cloned) = match resumed {
+            Some(f) => (f, false),
+            None => match clone_old_target(target, &temp, &sources, manifest.size)? {
+                Some(f) => (f, true),
+                None => (create_temp(&temp, manifest.size)?, false),
+            },
+        };
+        if cloned {
+            // The temp file already holds the old target: chunks that sit at the same offset
+            // in both versions need no write at all, once their bytes are proven.
+            let same: Vec<usize> = (0..origins.len())
+                .filter(|&i| {
+                    origins[i]
+                        == Origin::Copy {
+                            source: 0,
+                            offset: manifest.chunks[i].offset,
+                        }
+                })
+                .collect();
+            let proven: Vec<bool> = same
+                .par_iter()
+                .map(|&i| {
+                    let (off, len) = range(&manifest, i);
+                    hash_range(&file, off, len)
+                        .map(|h| h == manifest.chunks[i].hash)
+                        .unwrap_or(false)
+                })
+                .collect();
+            for (&i, ok) in same.iter().zip(proven) {
+                if ok {
+                    origins[i] = Origin::InPlace;
+                }
+            }
+        }
         let n = manifest.chunks.len();
         let maps = sources.iter().map(|_| OnceLock::new()).collect();
         Ok(Reconstruction {
@@ -229,6 +291,8 @@ impl Reconstruction {
             sources,
             maps,
             refined: OnceLock::new(),
+            cloned,
+            holes,
             origins,
             received: Mutex::new(vec![false; n]),
             writer: PositionalWriter::new(),
@@ -252,6 +316,7 @@ impl Reconstruction {
     pub fn summary(&self) -> PlanSummary {
         let mut s = PlanSummary {
             chunks: self.origins.len() as u32,
+            cloned: self.cloned,
             ..Default::default()
         };
         for (o, c) in self.origins.iter().zip(&self.manifest.chunks) {
@@ -262,6 +327,7 @@ impl Reconstruction {
                 }
                 Origin::Copy { .. } => s.copy_bytes += c.len as u64,
                 Origin::InPlace => s.in_place_bytes += c.len as u64,
+                Origin::Hole => s.hole_bytes += c.len as u64,
             }
         }
         s
@@ -513,6 +579,41 @@ impl Reconstruction {
         Ok(bytes)
     }
 
+    /// Punch the sender's holes, then re-verify every chunk a hole touches: a hole list
+    /// that does not match the content (a hostile sender, a source changed meanwhile) fails
+    /// here instead of zeroing real data.
+    fn punch_holes(&self) -> Result<()> {
+        if self.holes.is_empty() {
+            return Ok(());
+        }
+        for h in &self.holes {
+            crate::sparse::punch(&self.file, h.offset, h.len).map_err(|e| CoreError::io(&self.temp, e))?;
+        }
+        let touched: Vec<usize> = (0..self.manifest.chunks.len())
+            .filter(|&i| {
+                let c = &self.manifest.chunks[i];
+                let k = self.holes.partition_point(|h| h.end() <= c.offset);
+                self.holes.get(k).is_some_and(|h| h.offset < c.end())
+            })
+            .collect();
+        touched.par_iter().try_for_each(|&i| {
+            let (off, len) = range(&self.manifest, i);
+            let h = hash_range(&self.file, off, len).map_err(|e| CoreError::io(&self.temp, e))?;
+            if h == self.manifest.chunks[i].hash {
+                Ok(())
+            } else {
+                Err(CoreError::VerifyFailed(format!(
+                    "chunk {i} does not match after punching the sender's holes (hole list and content disagree)"
+                )))
+            }
+        })
+    }
+
+    /// Flush the temp file's data (tests measure what it allocated before the commit).
+    pub fn temp_file_sync(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| CoreError::io(&self.temp, e))
+    }
+
     /// Verify, commit and rename over the target. `mtime_ns`/`mode` are the sender's.
     pub fn finish(&self, mtime_ns: Option<i64>, mode: Option<u32>, state_dir: Option<&Path>) -> Result<FileIdentity> {
         self.check_open()?;
@@ -547,6 +648,7 @@ impl Reconstruction {
                 "local chunks were not all copied and verified".into(),
             ));
         }
+        self.punch_holes()?;
         apply_metadata(&self.file, &self.temp, mtime_ns, mode)?;
         self.file.sync_all().map_err(|e| CoreError::io(&self.temp, e))?;
         fs::rename(&self.temp, &self.target).map_err(|e| CoreError::io(&self.target, e))?;
@@ -626,6 +728,46 @@ fn open_resumable(temp: &Path, size: u64) -> Result<Option<File>> {
         }
         Err(_) => Ok(None),
     }
+}
+
+/// Chunks that lie wholly inside a hole and whose hash is that of zeros need nothing: mark
+/// them (a hole list that lies about a chunk's content just does not mark it).
+fn mark_holes(manifest: &Manifest, holes: &[Hole], origins: &mut [Origin]) {
+    if holes.is_empty() {
+        return;
+    }
+    let mut zero_hash: HashMap<u32, Hash> = HashMap::new();
+    for (i, c) in manifest.chunks.iter().enumerate() {
+        let k = holes.partition_point(|h| h.end() <= c.offset);
+        let inside = holes.get(k).is_some_and(|h| h.offset <= c.offset && c.end() <= h.end());
+        if inside && origins[i] != Origin::InPlace {
+            let z = *zero_hash
+                .entry(c.len)
+                .or_insert_with(|| *blake3::hash(&vec![0u8; c.len as usize]).as_bytes());
+            if z == c.hash {
+                origins[i] = Origin::Hole;
+            }
+        }
+    }
+}
+
+/// Start the temp file as a reflink clone of the old target (source 0 when it is the target
+/// itself), sized to the new length. None where the filesystem cannot clone.
+fn clone_old_target(target: &Path, temp: &Path, sources: &[(PathBuf, File)], size: u64) -> Result<Option<File>> {
+    let Some((path, old)) = sources.first() else {
+        return Ok(None);
+    };
+    if path != target {
+        return Ok(None);
+    }
+    let Some(f) = crate::io::clone_to_new(old, temp).map_err(|e| CoreError::io(temp, e))? else {
+        return Ok(None);
+    };
+    if let Err(e) = f.set_len(size) {
+        let _ = fs::remove_file(temp);
+        return Err(CoreError::io(temp, e));
+    }
+    Ok(Some(f))
 }
 
 fn create_temp(temp: &Path, size: u64) -> Result<File> {

@@ -18,3 +18,14 @@ pub fn repetitive(len: usize, period: usize) -> Vec<u8> {
     let block = pseudo_random(period, 99);
     block.iter().copied().cycle().take(len).collect()
 }
+
+/// A new (or truncated) file opened for reading and writing.
+pub fn create_rw(path: &std::path::Path) -> std::fs::File {
+    std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .unwrap()
+}

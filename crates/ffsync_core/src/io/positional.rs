@@ -98,13 +98,7 @@ mod tests {
     fn batch_writes_land_at_their_offsets() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
-        let f = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&p)
-            .unwrap();
+        let f = crate::testutil::create_rw(&p);
         f.set_len(100).unwrap();
         let w = PositionalWriter::new();
         let a = vec![1u8; 10];
