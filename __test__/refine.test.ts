@@ -180,3 +180,39 @@ describe('sparse files', { skip: process.platform !== 'linux' && 'SEEK_HOLE and 
     assert.ok(allocated(out) < 8 * MiB, `result allocates ${allocated(out)} bytes`);
   });
 });
+
+describe('--inplace', () => {
+  function edited(old: Buffer): Buffer {
+    const neu = Buffer.from(old);
+    for (const at of [2 * MiB, 11 * MiB, 19 * MiB]) seeded(8 * KiB, at).copy(neu, at);
+    return neu;
+  }
+
+  it('receive --inplace: changed ranges are written into the same file; nothing left behind', async () => {
+    const old = seeded(24 * MiB, 81);
+    const neu = edited(old);
+    const t = setup(old, neu);
+    const ino = fs.statSync(t.dst).ino;
+    const res = await sync(t.src, t.dst, { ...t, recvArgs: ['--inplace'] });
+    assert.equal(res.recv.code, 0, res.recv.stderr);
+    assert.equal(sha256(t.dst), sha256(t.src));
+    assert.equal(fs.statSync(t.dst).ino, ino, 'updated in place, not replaced');
+    assert.deepEqual(fs.readdirSync(t.dir).filter((n) => n.includes('.ffsync-')), []);
+  });
+
+  it('a receiver killed in the middle of an in-place commit: the next run completes it and says so', async () => {
+    const old = seeded(24 * MiB, 82);
+    const neu = edited(old);
+    const t = setup(old, neu);
+    // Test hook: the receiver aborts (SIGABRT, like a kill) after writing one range of three.
+    const crashed = await sync(t.src, t.dst, { ...t, recvArgs: ['--inplace'], recvEnv: { FFSYNC_TEST_INPLACE_CRASH_AFTER: '1' } });
+    assert.notEqual(crashed.recv.code, 0);
+    assert.ok(fs.readdirSync(t.dir).some((n) => n.endsWith('.ffsync-journal')), 'the journal survives the crash');
+    assert.notEqual(sha256(t.dst), sha256(t.src), 'the target is half-written until recovery');
+    const res = await sync(t.src, t.dst, { ...t, recvArgs: ['--inplace'] });
+    assert.equal(res.recv.code, 0, res.recv.stderr);
+    assert.match(res.recv.stderr, /completed an interrupted --inplace sync/);
+    assert.equal(sha256(t.dst), sha256(t.src));
+    assert.deepEqual(fs.readdirSync(t.dir).filter((n) => n.includes('.ffsync-')), []);
+  });
+});

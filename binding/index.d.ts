@@ -67,7 +67,7 @@ export declare class NativeReconstruction {
    * Plan a reconstruction of `target` from the sender's manifest, reusing chunks of the
    * given local files and of a partial left by an interrupted run.
    */
-  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ProgressFn | undefined | null, holes?: Buffer | undefined | null): Promise<NativeReconstruction>
+  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ProgressFn | undefined | null, holes?: Buffer | undefined | null, inplace?: boolean | undefined | null): Promise<NativeReconstruction>
   /** Indices of chunks that must come over the wire, ascending. */
   needed(): Uint32Array
   summary(): PlanSummary
@@ -217,6 +217,8 @@ export interface PlanSummary {
   holeBytes: number
   /** The temp file started as a reflink clone of the old target. */
   cloned: boolean
+  /** `--inplace`: only changed chunks are staged, then written into the target. */
+  inplace: boolean
   writer: string
 }
 
@@ -230,6 +232,12 @@ export interface QuicWireBytes {
   sent: number
   received: number
 }
+
+/**
+ * Complete an interrupted `--inplace` commit of `target` (redo journal), if any: resolves
+ * to a message when one was completed, rejects (EVERIFY) when it could not be.
+ */
+export declare function recoverInplace(target: string | Buffer): Promise<string | null>
 
 /** Chunk and hash a file on every core (or load its manifest from the index). */
 export declare function scanFileNative(path: string | Buffer, options?: ScanFileOptions | undefined | null, onProgress?: ProgressFn | undefined | null): Promise<ScanResult>

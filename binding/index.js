@@ -849,5 +849,6 @@ module.exports.loadIndex = nativeBinding.loadIndex
 module.exports.markUpToDate = nativeBinding.markUpToDate
 module.exports.quicConnect = nativeBinding.quicConnect
 module.exports.quicListen = nativeBinding.quicListen
+module.exports.recoverInplace = nativeBinding.recoverInplace
 module.exports.scanFileNative = nativeBinding.scanFileNative
 module.exports.validateExcludes = nativeBinding.validateExcludes

@@ -85,9 +85,9 @@ export function sender(source: string, port: number, args: string[] = [], env: N
 export async function sync(
   source: string,
   target: string,
-  o: { stateS: string; stateR: string; sendArgs?: string[]; recvArgs?: string[] },
+  o: { stateS: string; stateR: string; sendArgs?: string[]; recvArgs?: string[]; recvEnv?: NodeJS.ProcessEnv },
 ): Promise<{ send: PeerResult; recv: PeerResult }> {
-  const { peer, port } = await startReceiver(target, ['--state-dir', o.stateR, ...(o.recvArgs ?? [])]);
+  const { peer, port } = await startReceiver(target, ['--state-dir', o.stateR, ...(o.recvArgs ?? [])], o.recvEnv);
   const s = await sender(source, port, ['--state-dir', o.stateS, ...(o.sendArgs ?? [])]).done;
   const r = await peer.done;
   return { send: s, recv: r };

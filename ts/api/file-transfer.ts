@@ -205,6 +205,8 @@ export interface ReceiveContentOptions {
   refine?: boolean;
   /** Capability SPARSE was negotiated: a HOLES frame follows the manifest. */
   sparse?: boolean;
+  /** `--inplace`: write changed ranges into the target through a redo journal. */
+  inplace?: boolean;
 }
 
 /** Receiver half. A dropped connection keeps the verified partial for a resume. */
@@ -247,6 +249,7 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
             o.localPaths.map((p, i) => ({ path: p, manifest: scanned[i].manifest })),
             (n) => o.events?.progress?.('receiving', n),
             holes,
+            o.inplace,
           ),
         ),
       );

@@ -7,7 +7,7 @@ import { FramedConnection } from '../transport/connection.js';
 import { listenOnce } from '../transport/tcp.js';
 import { FrameType } from '../protocol/frames.js';
 import { Capability, Decision, DecisionReason, decodeOffer, encodeDecision, OfferFlag, OfferKind, Role } from '../protocol/messages.js';
-import { loadIndex, markUpToDate, scanFile, type ScanResult } from '../native/binding.js';
+import { loadIndex, markUpToDate, scanFile, type ScanResult, recoverInplace } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { abortable, authenticatePeer, endSession, expect, handshake, reportError } from './session.js';
@@ -48,6 +48,9 @@ export interface ReceiveOptions {
   /** A single file outside these bounds is left alone (`sync --max-size / --min-size`;
    * trees get the sender's limits in TREE_LIMITS). */
   sizeLimits?: import('../protocol/messages.js').SizeLimits;
+  /** `--inplace`: files are updated in place (changed ranges only, through a redo journal
+   * that the next run completes if this one is interrupted) instead of replaced. */
+  inplace?: boolean;
   /** Sub-chunk refinement (REFINE frames) when the sender supports it; default on. Local
    * syncs turn it off: nothing crosses a wire, so signatures and deltas would only cost CPU. */
   refine?: boolean;
@@ -166,6 +169,9 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
       return summary;
     }
     summary.size = Number(offer.size);
+    // Before anything looks at the target: finish an --inplace commit a crash interrupted.
+    const recovered = await recoverInplace(target);
+    if (recovered) o.events?.info?.(recovered);
     const checksum = o.checksum || (offer.flags & OfferFlag.CHECKSUM) !== 0;
     const mode = offer.mode & 0o7777;
     const dst = await checkTarget(target);
@@ -240,6 +246,7 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
       events: o.events,
       refine: o.refine !== false && Boolean(negotiated.capabilities & Capability.REFINE),
       sparse: Boolean(negotiated.capabilities & Capability.SPARSE),
+      inplace: o.inplace,
     });
     summary.root = r.root;
     if (r.upToDate) return done('scan-root');

@@ -75,6 +75,8 @@ export interface SyncOptions {
   quic?: boolean;
   /** Trees: large-file lanes (QUIC streams); default 16 with --quic, else 1. */
   jobs?: number;
+  /** rsync's --inplace: the receiving side updates files in place (redo journal). */
+  inplace?: boolean;
   /** rsync's --max-size / --min-size, in bytes. */
   maxSize?: number;
   minSize?: number;
@@ -202,7 +204,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       const recvConn = new FramedConnection(b, eng.timeoutMs!);
       const sendConn = new FramedConnection(a, eng.timeoutMs!);
       const lanes = localLanes();
-      const receiving = runReceiver(recvConn, { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete }, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false });
+      const receiving = runReceiver(recvConn, { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete }, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace });
       receiving.catch(() => undefined);
       try {
         // Nothing crosses a wire: compressing would only burn CPU.
@@ -222,6 +224,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       ...(o.checksum ? ['-c'] : []),
       ...(o.dryRun ? ['-n'] : []),
       ...(o.quic ? ['--quic'] : []),
+      ...(o.inplace ? ['--inplace'] : []),
       ...sizeArgs(o),
     ]);
     if (o.quic) {
@@ -265,6 +268,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     signal: o.signal,
     tree: { noDelete: !o.delete },
     sizeLimits: limitsOf(o),
+    inplace: o.inplace,
     resolveTarget: (kind: 'file' | 'tree') => {
       if (kind === 'tree' && !o.recursive) throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, `${o.src} is a directory: use -r or -a`);
       if (kind === 'file' && o.dryRun) throw dryRunFile();
@@ -387,6 +391,7 @@ export async function serveStdio(o: {
   maxSize?: number;
   minSize?: number;
   attrs?: number;
+  inplace?: boolean;
 }): Promise<SyncSummary> {
   const stateDir = resolveStateDir(o.stateDir);
   const conn = new FramedConnection(Duplex.from({ readable: process.stdin, writable: process.stdout }), o.timeoutMs ?? 60_000);
@@ -433,6 +438,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
     events: o.events,
     tree: {},
     sizeLimits: limitsOf(o),
+    inplace: o.inplace,
     resolveTarget: (kind) => syncTarget(o.path, Boolean(o.destSlash), o.name ?? baseName(o.path), kind, Boolean(o.srcSlash), o.dryRun),
   });
 }

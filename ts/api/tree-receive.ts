@@ -209,6 +209,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
         refusable: true,
         refine: o.refine !== false && Boolean(o.negotiated.capabilities & Capability.REFINE),
         sparse: Boolean(o.negotiated.capabilities & Capability.SPARSE),
+        inplace: o.inplace,
       });
       if (r.refused) {
         errors.push(`cannot write ${rel}: ${r.refused}`);

@@ -127,7 +127,8 @@ export function buildProgram(): Command {
     .option('--exclude <pattern>', 'trees: protect matching paths from deletion (repeatable)', collect, [])
     .option('--exclude-from <file>', 'trees: read protect patterns from a file (one per line, # comments)')
     .option('--no-delete', 'trees: keep files only this side has, whatever the sender asks')
-    .action(async (target: string, port: number, o: CommonOptions & TreeCli & { bind: string; from?: string[] }) => {
+    .option('--inplace', 'update files in place: write only changed ranges into the target (crash-safe redo journal; see README)')
+    .action(async (target: string, port: number, o: CommonOptions & TreeCli & { bind: string; from?: string[]; inplace?: boolean }) => {
       await run(o, async (events, signal) => {
         if (o.trust) parseFingerprint(o.trust);
         const protect = await loadExcludes(o.exclude, o.excludeFrom);
@@ -136,6 +137,7 @@ export function buildProgram(): Command {
           host: o.bind,
           port,
           from: o.from,
+          inplace: o.inplace,
           tree: { protect, noDelete: o.delete === false },
           checksum: o.checksum,
           stateDir: o.stateDir,
@@ -197,7 +199,6 @@ export function buildProgram(): Command {
   const notSupported: [string, string][] = [
     ['-H, --hard-links', 'hardLinks'],
     ['-A, --acls', 'acls'],
-    ['--inplace', 'inplace'],
   ];
   const syncCmd = program
     .command('sync')
@@ -215,6 +216,7 @@ export function buildProgram(): Command {
     .option('-n, --dry-run', 'show what would change; write nothing')
     .option('-z, --compress', 'compress data (always on: zstd where it pays)')
     .option('-S, --sparse', "keep holes (always on: the sender's holes, found with SEEK_HOLE/SEEK_DATA, are recreated)")
+    .option('--inplace', 'update files in place: write only changed ranges into the target (crash-safe redo journal; see README)')
     .addOption(new Option('--compress-level <n>', 'zstd level for data').argParser(intArg(0, 19)))
     .option('-c, --checksum', 'compare content, not size and mtime')
     .option('-u, --update', 'skip files that are newer on the receiver')
@@ -270,6 +272,7 @@ export function buildProgram(): Command {
           jobs: o.jobs,
           maxSize: o.maxSize,
           minSize: o.minSize,
+          inplace: o.inplace,
           attrs: (o.archive || o.owner ? AttrFlag.OWNER : 0) | (o.archive || o.group ? AttrFlag.GROUP : 0) | (o.xattrs ? AttrFlag.XATTRS : 0) | (o.numericIds ? AttrFlag.NUMERIC_IDS : 0),
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
@@ -298,6 +301,7 @@ export function buildProgram(): Command {
     .addOption(new Option('--bwlimit <KiBps>').argParser(intArg(1, 2 ** 31)))
     .option('--exclude <pattern>', '', collect, [])
     .option('--quic')
+    .option('--inplace')
     .addOption(new Option('--jobs <n>').argParser(intArg(1, 16)))
     .addOption(new Option('--max-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .addOption(new Option('--attrs <flags>').argParser(intArg(0, 15)))
@@ -325,6 +329,7 @@ export function buildProgram(): Command {
           maxSize: o.maxSize,
           minSize: o.minSize,
           attrs: o.attrs,
+          inplace: o.inplace,
           stateDir: o.stateDir,
           events,
         });

@@ -52,8 +52,15 @@ export function beginReconstruction(
   onProgress?: (bytesDone: number) => void,
   /** The sender's hole list (HOLES payload), if it sent one. */
   holes?: Buffer,
+  /** Write changed ranges into the target itself through a redo journal (`--inplace`). */
+  inplace?: boolean,
 ): Promise<Binding.NativeReconstruction> {
-  return call(native.NativeReconstruction.begin(target, manifest, locals, progressCallback(onProgress), holes));
+  return call(native.NativeReconstruction.begin(target, manifest, locals, progressCallback(onProgress), holes, inplace));
+}
+
+/** Complete an interrupted `--inplace` commit of `target`, if any (message when one was). */
+export function recoverInplace(target: string | Buffer): Promise<string | null> {
+  return call(native.recoverInplace(target));
 }
 
 /** The holes of a file (SEEK_HOLE / SEEK_DATA) as a HOLES payload. */

@@ -1,7 +1,7 @@
 use crate::progress::{ProgressFn, Ticker};
 use crate::{bigint_to_i64, to_napi};
 use ffsync_core::manifest::Manifest;
-use ffsync_core::reconstruct::{touch_up_to_date, LocalSource, Reconstruction};
+use ffsync_core::reconstruct::{touch_up_to_date, BeginOptions, LocalSource, Reconstruction};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use std::path::PathBuf;
@@ -27,6 +27,8 @@ pub struct PlanSummary {
     pub hole_bytes: f64,
     /// The temp file started as a reflink clone of the old target.
     pub cloned: bool,
+    /// `--inplace`: only changed chunks are staged, then written into the target.
+    pub inplace: bool,
     pub writer: String,
 }
 
@@ -42,6 +44,7 @@ pub struct BeginTask {
     manifest: Vec<u8>,
     locals: Vec<(PathBuf, Vec<u8>)>,
     holes: Option<Vec<u8>>,
+    inplace: bool,
     progress: Option<ProgressFn>,
 }
 
@@ -63,7 +66,16 @@ impl Task for BeginTask {
             None => Vec::new(),
         };
         Ok(Arc::new(
-            Reconstruction::begin_sparse(&self.target, m, local, holes).map_err(to_napi)?,
+            Reconstruction::begin_with(
+                &self.target,
+                m,
+                local,
+                BeginOptions {
+                    holes,
+                    inplace: self.inplace,
+                },
+            )
+            .map_err(to_napi)?,
         ))
     }
 
@@ -149,6 +161,7 @@ impl NativeReconstruction {
         locals: Vec<LocalFile>,
         on_progress: Option<ProgressFn>,
         holes: Option<Buffer>,
+        inplace: Option<bool>,
     ) -> AsyncTask<BeginTask> {
         AsyncTask::new(BeginTask {
             target: crate::path_arg(target),
@@ -158,6 +171,7 @@ impl NativeReconstruction {
                 .map(|l| (crate::path_arg(l.path), l.manifest.to_vec()))
                 .collect(),
             holes: holes.map(|b| b.to_vec()),
+            inplace: inplace.unwrap_or(false),
             progress: on_progress,
         })
     }
@@ -179,6 +193,7 @@ impl NativeReconstruction {
             in_place_bytes: s.in_place_bytes as f64,
             hole_bytes: s.hole_bytes as f64,
             cloned: s.cloned,
+            inplace: s.inplace,
             writer: self.inner.writer_backend().to_string(),
         }
     }
@@ -302,4 +317,23 @@ impl Task for HolesTask {
 #[napi(ts_return_type = "Promise<Buffer>")]
 pub fn file_holes(#[napi(ts_arg_type = "string | Buffer")] path: crate::PathArg) -> AsyncTask<HolesTask> {
     AsyncTask::new(HolesTask(crate::path_arg(path)))
+}
+
+pub struct RecoverTask(PathBuf);
+impl Task for RecoverTask {
+    type Output = Option<String>;
+    type JsValue = Option<String>;
+    fn compute(&mut self) -> Result<Option<String>> {
+        ffsync_core::inplace::recover(&self.0).map_err(to_napi)
+    }
+    fn resolve(&mut self, _env: Env, m: Option<String>) -> Result<Option<String>> {
+        Ok(m)
+    }
+}
+
+/// Complete an interrupted `--inplace` commit of `target` (redo journal), if any: resolves
+/// to a message when one was completed, rejects (EVERIFY) when it could not be.
+#[napi(ts_return_type = "Promise<string | null>")]
+pub fn recover_inplace(#[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg) -> AsyncTask<RecoverTask> {
+    AsyncTask::new(RecoverTask(crate::path_arg(target)))
 }

@@ -5,6 +5,7 @@
 //! - [`scan`] / [`index`]: scanning files, persistent chunk index
 //! - [`chunk_source`] / [`chunk_batch`]: the sender's chunk reader and DATA payload codec
 //! - [`reconstruct`]: the restorer (temp file, local copies, positional writes, verify, rename)
+//! - [`inplace`]: `--inplace` commits through a redo journal, and their recovery
 //! - [`refine`]: sub-chunk refinement (rsync block signatures and deltas for missing chunks)
 //! - [`sparse`]: sparse files, holes found with SEEK_HOLE/SEEK_DATA and punched on the receiver
 //! - [`io`]: positional and in-kernel copy primitives
@@ -18,6 +19,7 @@ pub mod file_identity;
 pub mod fuzzing;
 pub mod identity;
 pub mod index;
+pub mod inplace;
 pub mod io;
 pub mod manifest;
 pub mod params;

@@ -37,6 +37,18 @@ const SCRATCH_POOL: usize = 64;
 /// writeback starts early.
 const MAX_RUN: u64 = 16 << 20;
 
+/// Options of [`Reconstruction::begin_with`].
+#[derive(Debug, Default)]
+pub struct BeginOptions {
+    /// The sender's holes (validated with [`crate::sparse::decode`]): chunks inside them
+    /// are not requested, and the holes are punched into the result before it is verified
+    /// and committed.
+    pub holes: Vec<Hole>,
+    /// Write into the target itself (changed ranges only) through a redo journal, instead of
+    /// renaming a full copy over it. Ignored when the target is not an existing regular file.
+    pub inplace: bool,
+}
+
 /// A local file whose chunks may be reused, with its (scanned or indexed) manifest.
 pub struct LocalSource {
     pub path: PathBuf,
@@ -53,6 +65,8 @@ enum Origin {
     InPlace,
     /// Inside one of the sender's holes and all zeros: punched, never sent or written.
     Hole,
+    /// `--inplace`: already at its offset in the target itself (proven by hash).
+    InTarget,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -67,6 +81,9 @@ pub struct PlanSummary {
     /// The temp file is a reflink clone of the old target: `in_place_bytes` includes the
     /// unchanged ranges it shares, which are never written.
     pub cloned: bool,
+    /// `--inplace`: the temp file only stages what changed; `in_place_bytes` stay in the
+    /// target untouched.
+    pub inplace: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,6 +107,9 @@ pub struct Reconstruction {
     cloned: bool,
     /// The sender's holes, punched into the result in `finish`.
     holes: Vec<Hole>,
+    /// `--inplace`: `temp` stages the changed chunks; `finish` commits them into the target
+    /// through a redo journal ([`crate::inplace`]).
+    inplace: bool,
     origins: Vec<Origin>,
     received: Mutex<Vec<bool>>,
     writer: PositionalWriter,
@@ -112,7 +132,7 @@ const NAME_MAX: usize = 255;
 
 /// `.<name>` — or, for a name too long to carry our suffix within NAME_MAX, a prefix of it
 /// plus a hash of the whole name (still unique per target name).
-fn partial_stem(target: &Path) -> Vec<u8> {
+pub(crate) fn partial_stem(target: &Path) -> Vec<u8> {
     let name = crate::tree::path::name_bytes(target.file_name().unwrap_or_default());
     let room = NAME_MAX - 1 - 1 - 16 - PARTIAL_SUFFIX.len();
     let mut stem = vec![b'.'];
@@ -131,7 +151,7 @@ fn partial_stem(target: &Path) -> Vec<u8> {
     stem
 }
 
-fn os_name(bytes: &[u8]) -> std::ffi::OsString {
+pub(crate) fn os_name(bytes: &[u8]) -> std::ffi::OsString {
     #[cfg(unix)]
     {
         use std::os::unix::ffi::OsStrExt;
@@ -151,7 +171,7 @@ pub fn partial_path(target: &Path, root: &Hash) -> PathBuf {
     target.with_file_name(os_name(&name))
 }
 
-fn parent_of(p: &Path) -> PathBuf {
+pub(crate) fn parent_of(p: &Path) -> PathBuf {
     match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -184,18 +204,19 @@ impl Reconstruction {
     /// Whatever is at `target` now (nothing, a file, or — in a tree session — a directory
     /// or link that the commit will replace) is not touched until `finish`.
     pub fn begin(target: &Path, manifest: Manifest, local: Vec<LocalSource>) -> Result<Reconstruction> {
-        Self::begin_sparse(target, manifest, local, Vec::new())
+        Self::begin_with(target, manifest, local, BeginOptions::default())
     }
 
-    /// As `begin`, for a sender whose file has `holes` (validated with
-    /// [`crate::sparse::decode`]): chunks inside them are not requested, and the holes are
-    /// punched into the result before it is verified and committed.
-    pub fn begin_sparse(
+    /// As `begin`, with the sender's holes and/or `--inplace` (see [`BeginOptions`]). An
+    /// interrupted in-place commit of `target` is completed (or reported) first.
+    pub fn begin_with(
         target: &Path,
         manifest: Manifest,
         local: Vec<LocalSource>,
-        holes: Vec<Hole>,
+        opts: BeginOptions,
     ) -> Result<Reconstruction> {
+        crate::inplace::recover(target)?;
+        let BeginOptions { holes, inplace } = opts;
         let dir = parent_of(target);
         let dmeta = fs::metadata(&dir).map_err(|e| CoreError::io(&dir, e))?;
         if !dmeta.is_dir() {
@@ -246,40 +267,28 @@ impl Reconstruction {
                 }
             }
         }
+        // In place only over a regular file that is our first source (the old target).
+        let inplace = inplace
+            && sources.first().is_some_and(|(p, _)| p == target)
+            && fs::symlink_metadata(target).is_ok_and(|m| m.file_type().is_file());
+        let holes = if inplace { Vec::new() } else { holes };
         mark_holes(&manifest, &holes, &mut origins);
         let (file, cloned) = match resumed {
             Some(f) => (f, false),
+            None if inplace => (create_staging(&temp, manifest.size)?, false),
             None => match clone_old_target(target, &temp, &sources, manifest.size)? {
                 Some(f) => (f, true),
                 None => (create_temp(&temp, manifest.size)?, false),
             },
         };
+        if inplace {
+            // Chunks already at their offset in the target stay there, untouched.
+            prove_unmoved(&manifest, &mut origins, &sources[0].1, Origin::InTarget);
+        }
         if cloned {
             // The temp file already holds the old target: chunks that sit at the same offset
             // in both versions need no write at all, once their bytes are proven.
-            let same: Vec<usize> = (0..origins.len())
-                .filter(|&i| {
-                    origins[i]
-                        == Origin::Copy {
-                            source: 0,
-                            offset: manifest.chunks[i].offset,
-                        }
-                })
-                .collect();
-            let proven: Vec<bool> = same
-                .par_iter()
-                .map(|&i| {
-                    let (off, len) = range(&manifest, i);
-                    hash_range(&file, off, len)
-                        .map(|h| h == manifest.chunks[i].hash)
-                        .unwrap_or(false)
-                })
-                .collect();
-            for (&i, ok) in same.iter().zip(proven) {
-                if ok {
-                    origins[i] = Origin::InPlace;
-                }
-            }
+            prove_unmoved(&manifest, &mut origins, &file, Origin::InPlace);
         }
         let n = manifest.chunks.len();
         let maps = sources.iter().map(|_| OnceLock::new()).collect();
@@ -293,6 +302,7 @@ impl Reconstruction {
             refined: OnceLock::new(),
             cloned,
             holes,
+            inplace,
             origins,
             received: Mutex::new(vec![false; n]),
             writer: PositionalWriter::new(),
@@ -317,6 +327,7 @@ impl Reconstruction {
         let mut s = PlanSummary {
             chunks: self.origins.len() as u32,
             cloned: self.cloned,
+            inplace: self.inplace,
             ..Default::default()
         };
         for (o, c) in self.origins.iter().zip(&self.manifest.chunks) {
@@ -328,6 +339,7 @@ impl Reconstruction {
                 Origin::Copy { .. } => s.copy_bytes += c.len as u64,
                 Origin::InPlace => s.in_place_bytes += c.len as u64,
                 Origin::Hole => s.hole_bytes += c.len as u64,
+                Origin::InTarget => s.in_place_bytes += c.len as u64,
             }
         }
         s
@@ -579,6 +591,58 @@ impl Reconstruction {
         Ok(bytes)
     }
 
+    /// `--inplace` commit: staged ranges are durable, then the journal decides the commit,
+    /// then the ranges go into the target, which is re-verified where they landed.
+    fn commit_in_place(
+        &self,
+        mtime_ns: Option<i64>,
+        mode: Option<u32>,
+        state_dir: Option<&Path>,
+    ) -> Result<FileIdentity> {
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for (o, c) in self.origins.iter().zip(&self.manifest.chunks) {
+            if *o == Origin::InTarget {
+                continue;
+            }
+            match ranges.last_mut() {
+                Some(r) if r.0 + r.1 == c.offset => r.1 += c.len as u64,
+                _ => ranges.push((c.offset, c.len as u64)),
+            }
+        }
+        self.file.sync_all().map_err(|e| CoreError::io(&self.temp, e))?;
+        let journal = crate::inplace::Journal {
+            manifest: self.manifest.clone(),
+            mtime_ns,
+            mode,
+            staged_name: crate::tree::path::name_bytes(self.temp.file_name().unwrap_or_default()),
+            ranges,
+        };
+        crate::inplace::write_journal(&self.target, &journal)?;
+        *self.state.lock().unwrap() = State::Finished;
+        let t = crate::inplace::apply(&self.target, &self.file, &journal)?;
+        let written: Vec<usize> = (0..self.origins.len())
+            .filter(|&i| self.origins[i] != Origin::InTarget)
+            .collect();
+        written.par_iter().try_for_each(|&i| {
+            let (off, len) = range(&self.manifest, i);
+            let h = hash_range(&t, off, len).map_err(|e| CoreError::io(&self.target, e))?;
+            if h == self.manifest.chunks[i].hash {
+                Ok(())
+            } else {
+                Err(CoreError::VerifyFailed(format!(
+                    "chunk {i} of {} does not match after the in-place commit (was the file changed meanwhile?); the next run completes or reports it",
+                    self.target.display()
+                )))
+            }
+        })?;
+        crate::inplace::finish(&self.target, &self.temp);
+        let identity = FileIdentity::of(&t.metadata().map_err(|e| CoreError::io(&self.target, e))?);
+        if let Some(dir) = state_dir {
+            let _ = index::store(dir, &crate::scan::index_key(&self.target), &identity, &self.manifest);
+        }
+        Ok(identity)
+    }
+
     /// Punch the sender's holes, then re-verify every chunk a hole touches: a hole list
     /// that does not match the content (a hostile sender, a source changed meanwhile) fails
     /// here instead of zeroing real data.
@@ -647,6 +711,9 @@ impl Reconstruction {
             return Err(CoreError::VerifyFailed(
                 "local chunks were not all copied and verified".into(),
             ));
+        }
+        if self.inplace {
+            return self.commit_in_place(mtime_ns, mode, state_dir);
         }
         self.punch_holes()?;
         apply_metadata(&self.file, &self.temp, mtime_ns, mode)?;
@@ -730,6 +797,34 @@ fn open_resumable(temp: &Path, size: u64) -> Result<Option<File>> {
     }
 }
 
+/// Chunks the old target (source 0) has at the very offset the new version needs them,
+/// whose bytes in `file` (the clone, or the target itself) hash right, become `mark`.
+fn prove_unmoved(manifest: &Manifest, origins: &mut [Origin], file: &File, mark: Origin) {
+    let same: Vec<usize> = (0..origins.len())
+        .filter(|&i| {
+            origins[i]
+                == Origin::Copy {
+                    source: 0,
+                    offset: manifest.chunks[i].offset,
+                }
+        })
+        .collect();
+    let proven: Vec<bool> = same
+        .par_iter()
+        .map(|&i| {
+            let (off, len) = range(manifest, i);
+            hash_range(file, off, len)
+                .map(|h| h == manifest.chunks[i].hash)
+                .unwrap_or(false)
+        })
+        .collect();
+    for (&i, ok) in same.iter().zip(proven) {
+        if ok {
+            origins[i] = mark;
+        }
+    }
+}
+
 /// Chunks that lie wholly inside a hole and whose hash is that of zeros need nothing: mark
 /// them (a hole list that lies about a chunk's content just does not mark it).
 fn mark_holes(manifest: &Manifest, holes: &[Hole], origins: &mut [Origin]) {
@@ -768,6 +863,20 @@ fn clone_old_target(target: &Path, temp: &Path, sources: &[(PathBuf, File)], siz
         return Err(CoreError::io(temp, e));
     }
     Ok(Some(f))
+}
+
+/// `--inplace` staging file: sparse (only the changed chunks are ever written to it).
+fn create_staging(temp: &Path, size: u64) -> Result<File> {
+    let mut opts = File::options();
+    opts.read(true).write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let f = opts.open(temp).map_err(|e| CoreError::io(temp, e))?;
+    if let Err(e) = f.set_len(size) {
+        let _ = fs::remove_file(temp);
+        return Err(CoreError::io(temp, e));
+    }
+    Ok(f)
 }
 
 fn create_temp(temp: &Path, size: u64) -> Result<File> {
@@ -868,7 +977,7 @@ fn start_writeback(file: &File, offset: u64, len: u64) {
     let _ = (file, offset, len);
 }
 
-fn sync_dir(dir: &Path) {
+pub(crate) fn sync_dir(dir: &Path) {
     #[cfg(unix)]
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();

@@ -6,7 +6,6 @@
 
 mod common;
 use common::rand_bytes;
-use ffsync_core::chunk_source::ChunkSource;
 use ffsync_core::reconstruct::{LocalSource, Reconstruction};
 use ffsync_core::scan::{scan_file, ScanOptions};
 use std::path::{Path, PathBuf};
@@ -69,28 +68,11 @@ impl Drop for XfsMount {
 /// the temp file (measured before the commit, while the old target still exists).
 fn rebuild(m: &XfsMount, src: &Path, dst: &Path) -> (ffsync_core::reconstruct::PlanSummary, u64) {
     let before = m.used();
-    let s = scan_file(src, &ScanOptions::default()).unwrap();
-    let old = scan_file(dst, &ScanOptions::default()).unwrap();
-    let r = Reconstruction::begin(
-        dst,
-        s.manifest.clone(),
-        vec![LocalSource {
-            path: dst.to_path_buf(),
-            manifest: old.manifest,
-        }],
-    )
-    .unwrap();
-    let plan = r.summary();
-    let source = ChunkSource::open(src, s.manifest.clone(), s.identity, 0).unwrap();
-    r.copy_local().unwrap();
-    for group in r.needed().chunks(8) {
-        let (batch, _) = source.read_batch(group).unwrap();
-        r.write_batch(&batch).unwrap();
-    }
-    r.temp_file_sync().unwrap();
-    let allocated = m.used().saturating_sub(before);
-    r.finish(None, None, None).unwrap();
-    assert_eq!(std::fs::read(dst).unwrap(), std::fs::read(src).unwrap());
+    let mut allocated = 0;
+    let plan = common::rebuild(src, dst, Default::default(), |r| {
+        r.temp_file_sync().unwrap();
+        allocated = m.used().saturating_sub(before);
+    });
     (plan, allocated)
 }
 

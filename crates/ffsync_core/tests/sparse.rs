@@ -7,7 +7,7 @@ mod common;
 use common::rand_bytes;
 use ffsync_core::chunk_source::ChunkSource;
 use ffsync_core::io::write_at;
-use ffsync_core::reconstruct::{LocalSource, Reconstruction};
+use ffsync_core::reconstruct::{BeginOptions, LocalSource, Reconstruction};
 use ffsync_core::scan::{scan_file, ScanOptions};
 use ffsync_core::sparse::{holes, Hole};
 use std::fs::{self, File};
@@ -43,7 +43,15 @@ fn rebuild(src: &Path, dst: &Path, hole_list: Vec<Hole>, local: bool) -> ffsync_
     } else {
         vec![]
     };
-    let r = Reconstruction::begin_sparse(dst, s.manifest.clone(), locals, hole_list)?;
+    let r = Reconstruction::begin_with(
+        dst,
+        s.manifest.clone(),
+        locals,
+        BeginOptions {
+            holes: hole_list,
+            inplace: false,
+        },
+    )?;
     let source = ChunkSource::open(src, s.manifest.clone(), s.identity, 0).unwrap();
     r.copy_local()?;
     let need = r.needed();
