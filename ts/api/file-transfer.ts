@@ -103,7 +103,9 @@ export async function sendFileContent(conn: FramedConnection, o: SendContentOpti
     throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.label} changed size while it was being scanned; rerun to send the new version`);
   }
   for (const part of manifestFrames(scan.manifest)) await conn.send(FrameType.MANIFEST, part);
-  if (o.sparse) await conn.send(FrameType.HOLES, await fileHoles(o.path));
+  // A file that cannot be asked for its holes has none to tell (a file that vanished is
+  // reported below, by the identity check, as exit 24).
+  if (o.sparse) await conn.send(FrameType.HOLES, await fileHoles(o.path).catch(() => Buffer.alloc(4)));
 
   const needs = new NeedCollector(manifestChunkCount(scan.manifest));
   const refineParts: Buffer[] = [];
