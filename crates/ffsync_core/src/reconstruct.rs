@@ -376,8 +376,13 @@ impl Reconstruction {
         let anchor: Vec<Option<(usize, u64)>> = self
             .origins
             .iter()
-            .map(|o| match *o {
+            .zip(&self.manifest.chunks)
+            .map(|(o, c)| match *o {
                 Origin::Copy { source, offset } => Some((source, offset)),
+                // Unmoved chunks of the old target: in the target itself (`--inplace`) or in
+                // its clone (every in-place chunk of a cloned temp file came from there).
+                Origin::InTarget => Some((0, c.offset)),
+                Origin::InPlace if self.cloned => Some((0, c.offset)),
                 _ => None,
             })
             .collect();
