@@ -10,6 +10,7 @@
 //   esbuild         the native binary bin/esbuild of @esbuild/linux-x64 0.24.0 -> 0.24.1
 //   typescript-js   lib/typescript.js of typescript 5.6.2 -> 5.6.3
 //   typescript-tgz  the npm tarballs typescript-5.6.2.tgz -> typescript-5.6.3.tgz
+//   inplace-1024    1 GiB, 20 x 64 KiB overwrites only: `receive --inplace` vs `rsync --inplace`
 // ffsync: `receive` + `send` over loopback TCP (--plaintext), fresh state dirs (no index), so
 // both peers scan. rsync: `rsync --no-whole-file --stats` locally (its sender and receiver
 // talk over a pipe; "Total bytes sent" is what its sender wrote). Wire = ffsync bytesOnWire
@@ -53,7 +54,7 @@ import {
 
 const BEGIN_MARK = '<!-- refine-bench:begin -->';
 const END_MARK = '<!-- refine-bench:end -->';
-const ALL = ['synthetic-32', 'synthetic-1024', 'esbuild', 'typescript-js', 'typescript-tgz'];
+const ALL = ['synthetic-32', 'synthetic-1024', 'esbuild', 'typescript-js', 'typescript-tgz', 'inplace-1024'];
 
 const { values } = parseArgs({
   options: {
@@ -88,7 +89,7 @@ function sha256(file: string): string {
 }
 
 /** Old and new version of the synthetic file (the recipe of bench/run.ts's "modified"). */
-function synthetic(dir: string, mib: number): { old: string; neu: string; detail: string } {
+function synthetic(dir: string, mib: number, overwritesOnly = false): { old: string; neu: string; detail: string } {
   const rng = new XorShift128(1, 0);
   const size = mib * MiB;
   const old = Buffer.allocUnsafe(size);
@@ -100,8 +101,8 @@ function synthetic(dir: string, mib: number): { old: string; neu: string; detail
   };
   const edits: { at: number; kind: 'overwrite' | 'insert' | 'delete' }[] = [];
   for (let k = 0; k < 20; k++) edits.push({ at: rng.below(size - 64 * KiB), kind: 'overwrite' });
-  for (let k = 0; k < 5; k++) edits.push({ at: rng.below(size - 8 * KiB), kind: 'insert' });
-  for (let k = 0; k < 5; k++) edits.push({ at: rng.below(size - 8 * KiB), kind: 'delete' });
+  for (let k = 0; k < (overwritesOnly ? 0 : 5); k++) edits.push({ at: rng.below(size - 8 * KiB), kind: 'insert' });
+  for (let k = 0; k < (overwritesOnly ? 0 : 5); k++) edits.push({ at: rng.below(size - 8 * KiB), kind: 'delete' });
   const neu = Buffer.from(old);
   for (const e of edits.filter((x) => x.kind === 'overwrite')) rand(64 * KiB).copy(neu, e.at);
   // Insertions and deletions by offset in the old file, applied back to front.
@@ -123,7 +124,8 @@ function synthetic(dir: string, mib: number): { old: string; neu: string; detail
   const n = path.join(dir, `synthetic-${mib}.new`);
   fs.writeFileSync(o, old);
   fs.writeFileSync(n, Buffer.concat(parts));
-  return { old: o, neu: n, detail: `${mib} MiB seeded random; 20 × 64 KiB overwrites, 5 × 4 KiB insertions, 5 × 8 KiB deletions` };
+  const what = overwritesOnly ? '20 × 64 KiB overwrites (offsets kept); ffsync `receive --inplace` vs `rsync --inplace`' : '20 × 64 KiB overwrites, 5 × 4 KiB insertions, 5 × 8 KiB deletions';
+  return { old: o, neu: n, detail: `${mib} MiB seeded random; ${what}` };
 }
 
 /** `npm pack NAME@VERSION` into the cache dir (once), returns the tarball path. */
@@ -171,11 +173,11 @@ function realData(dir: string, scenario: string): { old: string; neu: string; de
   }
 }
 
-async function runFfsync(label: string, src: string, dst: string): Promise<{ run: Run; literal: number }> {
+async function runFfsync(label: string, src: string, dst: string, recvArgs: string[] = []): Promise<{ run: Run; literal: number }> {
   const sr = await fsp.mkdtemp(path.join(work, 'state-r-'));
   const ss = await fsp.mkdtemp(path.join(work, 'state-s-'));
   const t0 = performance.now();
-  const recv = new Proc(`${label} receiver`, [process.execPath, CLI, 'receive', dst, '0', '--bind', '127.0.0.1', '--plaintext', '--json', '--state-dir', sr], {
+  const recv = new Proc(`${label} receiver`, [process.execPath, CLI, 'receive', dst, '0', '--bind', '127.0.0.1', '--plaintext', '--json', '--state-dir', sr, ...recvArgs], {
     rssFile: path.join(work, `rss-${label}-r.txt`),
   });
   try {
@@ -199,9 +201,9 @@ async function runFfsync(label: string, src: string, dst: string): Promise<{ run
   }
 }
 
-async function runRsync(label: string, src: string, dst: string): Promise<Run> {
+async function runRsync(label: string, src: string, dst: string, extra: string[] = []): Promise<Run> {
   const t0 = performance.now();
-  const p = new Proc(`${label} rsync`, [RSYNC_BIN, '--no-whole-file', '--stats', src, dst], { rssFile: path.join(work, `rss-${label}-rsync.txt`) });
+  const p = new Proc(`${label} rsync`, [RSYNC_BIN, '--no-whole-file', '--stats', ...extra, src, dst], { rssFile: path.join(work, `rss-${label}-rsync.txt`) });
   const e = await p.exited;
   const ms = e.at - t0;
   if (e.code !== 0) throw new Error(`${label}: rsync ${describeExit(e)}: ${tail(p.stderr)}`);
@@ -212,7 +214,9 @@ async function runRsync(label: string, src: string, dst: string): Promise<Run> {
 async function scenario(name: string): Promise<Row> {
   const dir = path.join(work, name);
   await fsp.mkdir(dir, { recursive: true });
-  const f = name.startsWith('synthetic-') ? synthetic(dir, Number(name.split('-')[1])) : realData(dir, name);
+  const inplace = name.startsWith('inplace-');
+  const f = name.startsWith('synthetic-') || inplace ? synthetic(dir, Number(name.split('-')[1]), inplace) : realData(dir, name);
+  const mode = inplace ? ['--inplace'] : [];
   const want = sha256(f.neu);
   const size = fs.statSync(f.neu).size;
   const row: Row = { scenario: name, detail: f.detail, size, ffsync: [], rsync: [] };
@@ -224,11 +228,11 @@ async function scenario(name: string): Promise<Row> {
       const label = `${name}-${tool}-${k}`;
       process.stderr.write(`  ${label} …\n`);
       if (tool === 'ffsync') {
-        const r = await withTimeout(600_000, label, () => runFfsync(label, f.neu, dst));
+        const r = await withTimeout(600_000, label, () => runFfsync(label, f.neu, dst, mode));
         row.ffsync.push(r.run);
         row.literal = r.literal;
       } else {
-        row.rsync.push(await withTimeout(600_000, label, () => runRsync(label, f.neu, dst)));
+        row.rsync.push(await withTimeout(600_000, label, () => runRsync(label, f.neu, dst, mode)));
       }
       if (sha256(dst) !== want) throw new Error(`${label}: result differs from the source (sha256)`);
       await rmf(dst);
