@@ -63,6 +63,11 @@ describe('sub-chunk refinement', () => {
     // 15 × 4 KiB of new bytes; whole chunks would be ~15 × 256 KiB = 3.75 MiB.
     assert.ok(wire.sent < 200 * KiB, `sent ${wire.sent}`);
     assert.ok(wire.received < 100 * KiB, `received ${wire.received}`);
+    // rsync's "literal data": what crossed as bytes, not the refined chunks' full size.
+    const literal = res.recv.summary!.literalBytes;
+    assert.ok(literal >= 15 * 4 * KiB && literal < 160 * KiB, `literal ${literal}`);
+    assert.equal(res.recv.summary!.matchedBytes + literal, neu.length);
+    assert.equal(res.send.summary!.literalBytes, literal);
   });
 
   it('the modified scenario at 32 MiB sends no more than rsync does (bytes, same data, same run)', { skip: !haveRsync && 'rsync not installed' }, async () => {

@@ -71,6 +71,8 @@ export declare class NativeReconstruction {
   /** Indices of chunks that must come over the wire, ascending. */
   needed(): Uint32Array
   summary(): PlanSummary
+  /** Received bytes that crossed as literal data (deltas' copies excluded), for RESULT. */
+  literalBytes(): number
   tempPath(): string
   /**
    * Sub-chunk refinement table for the REFINE frames (signatures of the old bytes each

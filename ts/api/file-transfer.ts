@@ -303,8 +303,10 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
     o.beforeCommit?.();
     await conn.keepAlive(inPhase(o.events, 'verifying', info.size, () => call(r.finish(o.mtimeNs, o.mode, o.stateDir))));
     rec = undefined;
-    await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.SYNCED, matchedBytes: BigInt(info.size - received), literalBytes: BigInt(received) }));
-    return { root: info.root, upToDate: false, literalBytes: received, matchedBytes: info.size - received };
+    // Literal = bytes that crossed as data; a refined chunk's copies from our old bytes count as matched.
+    const literal = r.literalBytes();
+    await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.SYNCED, matchedBytes: BigInt(info.size - literal), literalBytes: BigInt(literal) }));
+    return { root: info.root, upToDate: false, literalBytes: literal, matchedBytes: info.size - literal };
   } catch (e) {
     if (rec) {
       const err = e instanceof FfsyncError ? e : undefined;

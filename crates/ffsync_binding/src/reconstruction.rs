@@ -198,6 +198,12 @@ impl NativeReconstruction {
         }
     }
 
+    /// Received bytes that crossed as literal data (deltas' copies excluded), for RESULT.
+    #[napi]
+    pub fn literal_bytes(&self) -> f64 {
+        self.inner.literal_bytes() as f64
+    }
+
     #[napi]
     pub fn temp_path(&self) -> String {
         self.inner.temp_path().to_string_lossy().into_owned()

@@ -118,6 +118,9 @@ pub struct Reconstruction {
     state: Mutex<State>,
     /// Bytes placed in the temp file so far (copied or received), for progress.
     pub written: AtomicU64,
+    /// Of the received chunks' bytes, those that crossed as literals (a delta's copies
+    /// from the old bytes are not literal): rsync's "literal data".
+    literal: AtomicU64,
     /// Copied chunks whose bytes in the temp file were hashed and matched.
     copied_ok: AtomicU64,
     /// Set when a batch or a copy failed after claiming its chunks: the temp file may hold
@@ -309,10 +312,16 @@ impl Reconstruction {
             scratch: Mutex::new(Vec::new()),
             state: Mutex::new(State::Open),
             written: AtomicU64::new(0),
+            literal: AtomicU64::new(0),
             copied_ok: AtomicU64::new(0),
             poisoned: std::sync::atomic::AtomicBool::new(false),
             in_flight: std::sync::atomic::AtomicUsize::new(0),
         })
+    }
+
+    /// Bytes of received chunks that crossed as literal data (see `literal`).
+    pub fn literal_bytes(&self) -> u64 {
+        self.literal.load(Ordering::Relaxed)
     }
 
     pub fn temp_path(&self) -> &Path {
@@ -593,6 +602,17 @@ impl Reconstruction {
         result?;
         let bytes: u64 = records.iter().map(|r| r.raw_len as u64).sum();
         self.written.fetch_add(bytes, Ordering::Relaxed);
+        let literal: u64 = records
+            .iter()
+            .map(|r| {
+                let mut buf = Vec::new();
+                match r.delta(&mut buf).ok().and_then(refine::literal_len) {
+                    Some(n) if r.is_delta() => n.min(r.raw_len as u64),
+                    _ => r.raw_len as u64,
+                }
+            })
+            .sum();
+        self.literal.fetch_add(literal, Ordering::Relaxed);
         Ok(bytes)
     }
 

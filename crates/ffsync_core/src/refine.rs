@@ -380,6 +380,37 @@ fn slice_delta(delta: &[u8], from: usize, len: usize, out: &mut Vec<u8>) -> Opti
     Some(())
 }
 
+/// Bytes a delta carries as literals (the rest of its output is copied from the receiver's
+/// old bytes); None if the delta is not understood.
+pub fn literal_len(delta: &[u8]) -> Option<u64> {
+    let mut at = 4;
+    let mut n = 0u64;
+    loop {
+        let op = *delta.get(at)?;
+        at += 1;
+        match op {
+            OP_END => return Some(n),
+            1..=OP_LITERAL_64 => {
+                n += op as u64;
+                at += op as usize;
+            }
+            0x41..=OP_LITERAL_N8 => {
+                let w = 1usize << (op - 0x41);
+                let mut b = [0u8; 8];
+                b[8 - w..].copy_from_slice(delta.get(at..at + w)?);
+                let len = u64::from_be_bytes(b);
+                n += len;
+                at = at.checked_add(w)?.checked_add(usize::try_from(len).ok()?)?;
+            }
+            OP_COPY_N1_N1..=OP_COPY_N8_N8 => {
+                let k = op - OP_COPY_N1_N1;
+                at += (1usize << (k / 4)) + (1usize << (k % 4));
+            }
+            _ => return None,
+        }
+    }
+}
+
 impl RefineTable {
     /// Block size of run `run`'s signature.
     pub fn block_size(&self, run: usize) -> u32 {
@@ -555,6 +586,8 @@ mod tests {
         let mut out = Vec::new();
         apply_into(&old, &delta, new.len(), &mut out).unwrap();
         assert_eq!(out, new);
+        let lit = literal_len(&delta).unwrap();
+        assert!((4096..4096 + 4 * 1024).contains(&lit), "{lit} literal bytes");
         assert!(apply_into(&old, &delta, new.len() - 1, &mut out).is_err());
         assert!(apply_into(&old[..1000], &delta, new.len(), &mut out).is_err());
     }
