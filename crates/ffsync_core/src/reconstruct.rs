@@ -271,22 +271,27 @@ impl Reconstruction {
             }
         }
         // In place only over a regular file that is our first source (the old target).
-        let inplace = inplace
-            && sources.first().is_some_and(|(p, _)| p == target)
-            && fs::symlink_metadata(target).is_ok_and(|m| m.file_type().is_file());
+        // The old target itself, when it is our first local source (clone and in-place need it).
+        let old_target = sources.first().filter(|(p, _)| p == target).map(|(_, f)| f);
+        let inplace =
+            inplace && old_target.is_some() && fs::symlink_metadata(target).is_ok_and(|m| m.file_type().is_file());
         let holes = if inplace { Vec::new() } else { holes };
         mark_holes(&manifest, &holes, &mut origins);
         let (file, cloned) = match resumed {
             Some(f) => (f, false),
             None if inplace => (create_staging(&temp, manifest.size)?, false),
-            None => match clone_old_target(target, &temp, &sources, manifest.size)? {
+            None => match old_target
+                .map(|old| clone_old_target(old, &temp, manifest.size))
+                .transpose()?
+                .flatten()
+            {
                 Some(f) => (f, true),
                 None => (create_temp(&temp, manifest.size)?, false),
             },
         };
-        if inplace {
+        if let Some(old) = old_target.filter(|_| inplace) {
             // Chunks already at their offset in the target stay there, untouched.
-            prove_unmoved(&manifest, &mut origins, &sources[0].1, Origin::InTarget);
+            prove_unmoved(&manifest, &mut origins, old, Origin::InTarget);
         }
         if cloned {
             // The temp file already holds the old target: chunks that sit at the same offset
@@ -413,8 +418,9 @@ impl Reconstruction {
         map.get(r.offset as usize..(r.offset + r.len) as usize)
     }
 
-    /// Rebuild a delta record's chunk into `out` from the old bytes of its run.
-    fn apply_delta(&self, r: &chunk_batch::Record, out: &mut Vec<u8>) -> Result<()> {
+    /// Rebuild a delta record's chunk into `out` from the old bytes of its run. Returns how
+    /// many of its bytes came as literals.
+    fn apply_delta(&self, r: &chunk_batch::Record, out: &mut Vec<u8>) -> Result<u64> {
         let runs = self.refined.get().map(|v| &v[..]).unwrap_or(&[]);
         let k = runs.partition_point(|run| run.first <= r.index);
         let run = k
@@ -436,7 +442,10 @@ impl Reconstruction {
         DELTA_BUF.with(|d| {
             let mut d = d.borrow_mut();
             let delta = r.delta(&mut d)?;
-            refine::apply_into(base, delta, r.raw_len as usize, out)
+            refine::apply_into(base, delta, r.raw_len as usize, out)?;
+            Ok(refine::literal_len(delta)
+                .unwrap_or(r.raw_len as u64)
+                .min(r.raw_len as u64))
         })
     }
 
@@ -559,23 +568,28 @@ impl Reconstruction {
                 })
                 .collect()
         };
-        let checked: Result<()> = records.par_iter().zip(bufs.par_iter_mut()).try_for_each(|(r, buf)| {
-            let data = if r.is_delta() {
-                self.apply_delta(r, buf)?;
-                &buf[..]
-            } else {
-                r.raw(buf)?
-            };
-            if blake3::hash(data).as_bytes() == &self.manifest.chunks[r.index as usize].hash {
-                Ok(())
-            } else {
-                Err(CoreError::ChunkCorrupt {
-                    index: r.index,
-                    origin: "received from the peer",
-                })
-            }
-        });
-        let result = checked.and_then(|_| {
+        // Each record's literal bytes (all of them, unless it is a delta).
+        let checked: Result<Vec<u64>> = records
+            .par_iter()
+            .zip(bufs.par_iter_mut())
+            .map(|(r, buf)| {
+                let (data, literal) = if r.is_delta() {
+                    let literal = self.apply_delta(r, buf)?;
+                    (&buf[..], literal)
+                } else {
+                    (r.raw(buf)?, r.raw_len as u64)
+                };
+                if blake3::hash(data).as_bytes() == &self.manifest.chunks[r.index as usize].hash {
+                    Ok(literal)
+                } else {
+                    Err(CoreError::ChunkCorrupt {
+                        index: r.index,
+                        origin: "received from the peer",
+                    })
+                }
+            })
+            .collect();
+        let result = checked.and_then(|literal| {
             let writes: Vec<(u64, &[u8])> = records
                 .iter()
                 .zip(&bufs)
@@ -592,26 +606,16 @@ impl Reconstruction {
             for (off, data) in &writes {
                 start_writeback(&self.file, *off, data.len() as u64);
             }
-            Ok(())
+            Ok(literal.iter().sum::<u64>())
         });
         {
             let mut pool = self.scratch.lock().unwrap();
             let room = SCRATCH_POOL.saturating_sub(pool.len());
             pool.extend(bufs.drain(..).filter(|b| b.capacity() > 0).take(room));
         }
-        result?;
+        let literal = result?;
         let bytes: u64 = records.iter().map(|r| r.raw_len as u64).sum();
         self.written.fetch_add(bytes, Ordering::Relaxed);
-        let literal: u64 = records
-            .iter()
-            .map(|r| {
-                let mut buf = Vec::new();
-                match r.delta(&mut buf).ok().and_then(refine::literal_len) {
-                    Some(n) if r.is_delta() => n.min(r.raw_len as u64),
-                    _ => r.raw_len as u64,
-                }
-            })
-            .sum();
         self.literal.fetch_add(literal, Ordering::Relaxed);
         Ok(bytes)
     }
@@ -873,13 +877,7 @@ fn mark_holes(manifest: &Manifest, holes: &[Hole], origins: &mut [Origin]) {
 
 /// Start the temp file as a reflink clone of the old target (source 0 when it is the target
 /// itself), sized to the new length. None where the filesystem cannot clone.
-fn clone_old_target(target: &Path, temp: &Path, sources: &[(PathBuf, File)], size: u64) -> Result<Option<File>> {
-    let Some((path, old)) = sources.first() else {
-        return Ok(None);
-    };
-    if path != target {
-        return Ok(None);
-    }
+fn clone_old_target(old: &File, temp: &Path, size: u64) -> Result<Option<File>> {
     let Some(f) = crate::io::clone_to_new(old, temp).map_err(|e| CoreError::io(temp, e))? else {
         return Ok(None);
     };

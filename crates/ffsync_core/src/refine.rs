@@ -235,41 +235,84 @@ const OP_LITERAL_N8: u8 = 0x44;
 const OP_COPY_N1_N1: u8 = 0x45;
 const OP_COPY_N8_N8: u8 = 0x54;
 
+/// One command of a librsync delta.
+enum Command {
+    /// Literal bytes at `data` in the delta; the command itself starts at `start`.
+    Literal {
+        start: usize,
+        data: std::ops::Range<usize>,
+    },
+    Copy {
+        offset: u64,
+        len: u64,
+    },
+}
+
+/// The commands of a delta up to END, in order. Yields None (and stops) at anything this
+/// parser does not understand or that runs past the buffer.
+fn commands(delta: &[u8]) -> impl Iterator<Item = Option<Command>> + '_ {
+    let mut at = 4;
+    let mut done = false;
+    let int = move |at: &mut usize, w: usize| -> Option<u64> {
+        let mut b = [0u8; 8];
+        b[8 - w..].copy_from_slice(delta.get(*at..*at + w)?);
+        *at += w;
+        Some(u64::from_be_bytes(b))
+    };
+    std::iter::from_fn(move || {
+        if done {
+            return None;
+        }
+        let start = at;
+        let parsed = (|| {
+            let op = *delta.get(at)?;
+            at += 1;
+            match op {
+                OP_END => Some(None),
+                1..=OP_LITERAL_N8 => {
+                    let n = if op <= OP_LITERAL_64 {
+                        op as usize
+                    } else {
+                        usize::try_from(int(&mut at, 1 << (op - 0x41))?).ok()?
+                    };
+                    let data = at..at.checked_add(n).filter(|&e| e <= delta.len())?;
+                    at = data.end;
+                    Some(Some(Command::Literal { start, data }))
+                }
+                OP_COPY_N1_N1..=OP_COPY_N8_N8 => {
+                    let k = op - OP_COPY_N1_N1;
+                    let offset = int(&mut at, 1 << (k / 4))?;
+                    let len = int(&mut at, 1 << (k % 4))?;
+                    Some(Some(Command::Copy { offset, len }))
+                }
+                _ => None,
+            }
+        })();
+        match parsed {
+            Some(Some(c)) => Some(Some(c)),
+            Some(None) => {
+                done = true;
+                None
+            }
+            None => {
+                done = true;
+                Some(None)
+            }
+        }
+    })
+}
+
 /// Where the delta's last command starts and, if it is a literal, its bytes. None for a
 /// delta this parser does not understand (left as is).
 fn last_literal(delta: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
-    let mut at = 4;
     let mut last = None;
-    loop {
-        let op = *delta.get(at)?;
-        let start = at;
-        at += 1;
-        match op {
-            OP_END => return last,
-            1..=OP_LITERAL_64 => {
-                last = Some((start, at..at + op as usize));
-                at += op as usize;
-            }
-            0x41..=OP_LITERAL_N8 => {
-                let w = 1usize << (op - 0x41);
-                let mut b = [0u8; 8];
-                b[8 - w..].copy_from_slice(delta.get(at..at + w)?);
-                let n = usize::try_from(u64::from_be_bytes(b)).ok()?;
-                at += w;
-                last = Some((start, at..at.checked_add(n)?));
-                at += n;
-            }
-            OP_COPY_N1_N1..=OP_COPY_N8_N8 => {
-                let k = op - OP_COPY_N1_N1;
-                at += (1usize << (k / 4)) + (1usize << (k % 4));
-                last = None;
-            }
-            _ => return None,
-        }
-        if at > delta.len() {
-            return None;
-        }
+    for c in commands(delta) {
+        last = match c? {
+            Command::Literal { start, data } => Some((start, data)),
+            Command::Copy { .. } => None,
+        };
     }
+    last
 }
 
 /// Append a literal command for `bytes`.
@@ -311,51 +354,25 @@ fn width(n: u64) -> usize {
 fn slice_delta(delta: &[u8], from: usize, len: usize, out: &mut Vec<u8>) -> Option<()> {
     let end = from + len;
     out.extend_from_slice(&delta[..4]);
-    let mut at = 4;
     let mut pos = 0usize; // output position of the current command
                           // A pending copy, merged with the next one when contiguous.
     let mut pending: Option<(u64, u64)> = None;
-    let flush = |out: &mut Vec<u8>, p: &mut Option<(u64, u64)>| {
-        if let Some((o, n)) = p.take() {
-            push_copy(out, o, n);
-        }
-    };
-    loop {
-        let op = *delta.get(at)?;
-        at += 1;
-        match op {
-            OP_END => break,
-            1..=OP_LITERAL_N8 => {
-                let n = if op <= OP_LITERAL_64 {
-                    op as usize
-                } else {
-                    let w = 1usize << (op - 0x41);
-                    let mut b = [0u8; 8];
-                    b[8 - w..].copy_from_slice(delta.get(at..at + w)?);
-                    at += w;
-                    usize::try_from(u64::from_be_bytes(b)).ok()?
-                };
-                let bytes = delta.get(at..at.checked_add(n)?)?;
-                at += n;
-                let (a, b) = (pos.max(from), (pos + n).min(end));
-                if a < b {
-                    flush(out, &mut pending);
-                    push_literal(out, &bytes[a - pos..b - pos]);
+    for c in commands(delta) {
+        let c = c?;
+        let n = match &c {
+            Command::Literal { data, .. } => data.len(),
+            Command::Copy { len, .. } => usize::try_from(*len).ok()?,
+        };
+        let (a, b) = (pos.max(from), (pos + n).min(end));
+        if a < b {
+            match c {
+                Command::Literal { data, .. } => {
+                    if let Some((o, m)) = pending.take() {
+                        push_copy(out, o, m);
+                    }
+                    push_literal(out, &delta[data][a - pos..b - pos]);
                 }
-                pos += n;
-            }
-            OP_COPY_N1_N1..=OP_COPY_N8_N8 => {
-                let k = op - OP_COPY_N1_N1;
-                let (wo, wl) = (1usize << (k / 4), 1usize << (k % 4));
-                let mut b = [0u8; 8];
-                b[8 - wo..].copy_from_slice(delta.get(at..at + wo)?);
-                let offset = u64::from_be_bytes(b);
-                let mut b = [0u8; 8];
-                b[8 - wl..].copy_from_slice(delta.get(at + wo..at + wo + wl)?);
-                let n = usize::try_from(u64::from_be_bytes(b)).ok()?;
-                at += wo + wl;
-                let (a, b) = (pos.max(from), (pos + n).min(end));
-                if a < b {
+                Command::Copy { offset, .. } => {
                     let (o, m) = (offset + (a - pos) as u64, (b - a) as u64);
                     pending = match pending {
                         Some((po, pn)) if po + pn == o => Some((po, pn + m)),
@@ -367,15 +384,16 @@ fn slice_delta(delta: &[u8], from: usize, len: usize, out: &mut Vec<u8>) -> Opti
                         }
                     };
                 }
-                pos += n;
             }
-            _ => return None,
         }
+        pos += n;
         if pos >= end {
             break;
         }
     }
-    flush(out, &mut pending);
+    if let Some((o, m)) = pending {
+        push_copy(out, o, m);
+    }
     out.push(OP_END);
     Some(())
 }
@@ -383,32 +401,13 @@ fn slice_delta(delta: &[u8], from: usize, len: usize, out: &mut Vec<u8>) -> Opti
 /// Bytes a delta carries as literals (the rest of its output is copied from the receiver's
 /// old bytes); None if the delta is not understood.
 pub fn literal_len(delta: &[u8]) -> Option<u64> {
-    let mut at = 4;
     let mut n = 0u64;
-    loop {
-        let op = *delta.get(at)?;
-        at += 1;
-        match op {
-            OP_END => return Some(n),
-            1..=OP_LITERAL_64 => {
-                n += op as u64;
-                at += op as usize;
-            }
-            0x41..=OP_LITERAL_N8 => {
-                let w = 1usize << (op - 0x41);
-                let mut b = [0u8; 8];
-                b[8 - w..].copy_from_slice(delta.get(at..at + w)?);
-                let len = u64::from_be_bytes(b);
-                n += len;
-                at = at.checked_add(w)?.checked_add(usize::try_from(len).ok()?)?;
-            }
-            OP_COPY_N1_N1..=OP_COPY_N8_N8 => {
-                let k = op - OP_COPY_N1_N1;
-                at += (1usize << (k / 4)) + (1usize << (k % 4));
-            }
-            _ => return None,
+    for c in commands(delta) {
+        if let Command::Literal { data, .. } = c? {
+            n += data.len() as u64;
         }
     }
+    Some(n)
 }
 
 impl RefineTable {
