@@ -24,8 +24,13 @@ export declare class NativeChunkSource {
    */
   setRefinement(table: Buffer): Promise<void>
   batchCapacity(indices: Uint32Array): number
-  /** False if the source's size, mtime or ctime changed since it was opened. */
+  /**
+   * False if the source's size, mtime or ctime changed since it was opened (after
+   * `release`: as it was then).
+   */
   unchanged(): boolean
+  /** Close the file once running reads end; later reads fail. Idempotent. */
+  release(): void
 }
 
 export declare class NativeQuicConnection {
@@ -84,6 +89,12 @@ export declare class NativeReconstruction {
   finish(mtimeNs?: bigint | undefined | null, mode?: number | undefined | null, stateDir?: string | undefined | null): Promise<void>
   /** Abandon the reconstruction; keep the partial file only for a later resume. */
   abort(keepPartial: boolean): void
+  /**
+   * Drop this handle's share of the reconstruction: once tasks still running end, its
+   * files and writer are closed. Call after `finish` or `abort`; later calls on this
+   * object fail. (A reconstruction released while still open removes its temp file.)
+   */
+  release(): void
 }
 
 /** One peer's side of a tree sync. */

@@ -21,6 +21,8 @@ export interface PeerResult {
 export interface Peer {
   child: ChildProcess;
   done: Promise<PeerResult>;
+  /** JSON events so far (live). */
+  events: Record<string, any>[];
   /** Resolves on the first JSON event satisfying `pred`. */
   waitFor(pred: (e: Record<string, any>) => boolean): Promise<Record<string, any>>;
 }
@@ -60,6 +62,7 @@ export function run(args: string[], env: NodeJS.ProcessEnv = {}): Peer {
   return {
     child,
     done,
+    events,
     waitFor: (pred) => {
       const hit = events.find(pred);
       if (hit) return Promise.resolve(hit);

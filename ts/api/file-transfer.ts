@@ -134,37 +134,43 @@ export async function sendFileContent(conn: FramedConnection, o: SendContentOpti
   }
   const src = await openChunkSource(o.path, scan.manifest, o.level);
   holder.source = src;
-  if (refineParts.length) await conn.keepAlive(call(src.setRefinement(Buffer.concat(refineParts))));
-  const batches = batchByBytes(scan.manifest, needed, BATCH_BYTES);
-  const total = needed.reduce((a, i) => a + manifestChunkLength(scan!.manifest, i), 0);
-  let raw = 0;
-  await inPhase(o.events, 'sending', total, async (progress) => {
-    // Batches are encoded natively into recycled buffers, READ_AHEAD at a time, while
-    // earlier ones are being written to the socket.
-    const pool = new BufferPool(BATCH_BUFFER, READ_AHEAD + 2);
-    const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : async () => undefined;
-    const read = async (k: number) => {
-      const buf = await pool.acquire();
-      const res = await call(src.readBatch(batches[k], buf));
-      return { buf, res };
-    };
-    const ahead: Promise<{ buf: Buffer; res: { length: number; rawBytes: number } }>[] = [];
-    for (let k = 0; k < Math.min(READ_AHEAD, batches.length); k++) ahead.push(read(k));
-    ahead.forEach((p) => p.catch(() => undefined));
-    for (let k = 0; k < batches.length; k++) {
-      const { buf, res } = await ahead[k];
-      if (k + READ_AHEAD < batches.length) {
-        const p = read(k + READ_AHEAD);
-        p.catch(() => undefined);
-        ahead.push(p);
+  // Released as soon as the data is out: a long-lived process (serve) must not keep the
+  // file open until the object is collected (`unchanged()` still answers afterwards).
+  try {
+    if (refineParts.length) await conn.keepAlive(call(src.setRefinement(Buffer.concat(refineParts))));
+    const batches = batchByBytes(scan.manifest, needed, BATCH_BYTES);
+    const total = needed.reduce((a, i) => a + manifestChunkLength(scan!.manifest, i), 0);
+    let raw = 0;
+    await inPhase(o.events, 'sending', total, async (progress) => {
+      // Batches are encoded natively into recycled buffers, READ_AHEAD at a time, while
+      // earlier ones are being written to the socket.
+      const pool = new BufferPool(BATCH_BUFFER, READ_AHEAD + 2);
+      const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : async () => undefined;
+      const read = async (k: number) => {
+        const buf = await pool.acquire();
+        const res = await call(src.readBatch(batches[k], buf));
+        return { buf, res };
+      };
+      const ahead: Promise<{ buf: Buffer; res: { length: number; rawBytes: number } }>[] = [];
+      for (let k = 0; k < Math.min(READ_AHEAD, batches.length); k++) ahead.push(read(k));
+      ahead.forEach((p) => p.catch(() => undefined));
+      for (let k = 0; k < batches.length; k++) {
+        const { buf, res } = await ahead[k];
+        if (k + READ_AHEAD < batches.length) {
+          const p = read(k + READ_AHEAD);
+          p.catch(() => undefined);
+          ahead.push(p);
+        }
+        await conn.send(FrameType.DATA, buf.subarray(0, res.length), () => pool.release(buf));
+        raw += res.rawBytes;
+        progress(raw);
+        if (o.bwlimitKiBps) await limiter(res.length);
       }
-      await conn.send(FrameType.DATA, buf.subarray(0, res.length), () => pool.release(buf));
-      raw += res.rawBytes;
-      progress(raw);
-      if (o.bwlimitKiBps) await limiter(res.length);
-    }
-  });
-  await conn.send(FrameType.DATA_END, encodeDataEnd({ chunks: needed.length, rawBytes: BigInt(raw) }));
+    });
+    await conn.send(FrameType.DATA_END, encodeDataEnd({ chunks: needed.length, rawBytes: BigInt(raw) }));
+  } finally {
+    src.release();
+  }
   const result = decodeResult((await expect(conn, FrameType.RESULT)).payload);
   return {
     root: scan.root,
@@ -305,6 +311,8 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
     rec = undefined;
     // Literal = bytes that crossed as data; a refined chunk's copies from our old bytes count as matched.
     const literal = r.literalBytes();
+    // Close its files now (not when the object is collected: serve runs for weeks).
+    r.release();
     await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.SYNCED, matchedBytes: BigInt(info.size - literal), literalBytes: BigInt(literal) }));
     return { root: info.root, upToDate: false, literalBytes: literal, matchedBytes: info.size - literal };
   } catch (e) {
@@ -314,6 +322,7 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
       // A dropped connection keeps the verified-so-far partial for the next run;
       // anything else (bad data, full disk, failed verification) removes it.
       rec.abort(connectionLost);
+      rec.release();
       if (connectionLost && err) {
         throw new FfsyncError(err.code, err.exitCode, `${err.message}; partial file kept, rerun the same command to resume`, { cause: err });
       }

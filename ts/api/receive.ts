@@ -6,11 +6,11 @@ import path from 'node:path';
 import { FramedConnection } from '../transport/connection.js';
 import { listenOnce } from '../transport/tcp.js';
 import { FrameType } from '../protocol/frames.js';
-import { Capability, Decision, DecisionReason, decodeOffer, encodeDecision, OfferFlag, OfferKind, Role } from '../protocol/messages.js';
+import { Capability, Decision, DecisionReason, decodeOffer, encodeDecision, OfferFlag, OfferKind, RequestOp, Role } from '../protocol/messages.js';
 import { loadIndex, markUpToDate, scanFile, type ScanResult, recoverInplace } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { resolveStateDir } from '../utils/state-dir.js';
-import { abortable, authenticatePeer, endSession, expect, handshake, reportError } from './session.js';
+import { abortable, authenticatePeer, endSession, expect, handshake, type Negotiated, reportError, requestPath } from './session.js';
 import { tlsListenOnce } from '../transport/tls.js';
 import { QuicListener } from '../transport/quic.js';
 import { overQuic } from './over-quic.js';
@@ -140,6 +140,11 @@ export interface ReceiverContext extends ReceiveOptions {
   expectFingerprint?: string;
   /** Where the sender's offer lands, once its kind is known (`sync`'s rsync rules). */
   resolveTarget?: (kind: 'file' | 'tree') => Promise<string>;
+  /** `serve` daemon taking a push: the client is authenticated and HELLO is done. */
+  negotiated?: Negotiated;
+  /** `pull host:port/path`: the path under the daemon's root to fetch, and how to name the daemon. */
+  remotePath?: string;
+  peerLabel?: string;
 }
 
 /** Everything after the transport is up: over TCP/TLS (`receive`), an ssh channel or an
@@ -156,7 +161,8 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
       const peerLabel = `${o.secure.remoteAddress}:${o.secure.remotePort}`;
       summary.peerFingerprint = await authenticatePeer(conn, o.secure, { stateDir, trust: o.trust, expect: o.expectFingerprint, interactive: o.interactive, peerLabel, events: o.events });
     }
-    const negotiated = await handshake(conn, Role.RECEIVER);
+    const negotiated = o.negotiated ?? (await handshake(conn, Role.RECEIVER));
+    if (!o.negotiated) await requestPath(conn, negotiated, RequestOp.PULL, o.remotePath, o.peerLabel ?? 'the sender');
     const offer = decodeOffer((await expect(conn, FrameType.OFFER)).payload);
     if (offer.kind !== OfferKind.TREE || !(offer.flags & OfferFlag.PARALLEL)) listener?.close();
     if (o.resolveTarget) {

@@ -4,11 +4,11 @@ import fs from 'node:fs/promises';
 import { FramedConnection } from '../transport/connection.js';
 import { connect } from '../transport/tcp.js';
 import { FrameType } from '../protocol/frames.js';
-import { Capability, Decision, DecisionReason, decodeDecision, decodeError, encodeOffer, OfferFlag, OfferKind, Role } from '../protocol/messages.js';
+import { Capability, Decision, DecisionReason, decodeDecision, decodeError, encodeOffer, OfferFlag, OfferKind, RequestOp, Role } from '../protocol/messages.js';
 import { loadIndex, type NativeChunkSource, type NativeTreeSync, type ScanResult } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { resolveStateDir } from '../utils/state-dir.js';
-import { authenticatePeer, endSession, expect, handshake, reportError } from './session.js';
+import { authenticatePeer, endSession, expect, handshake, type Negotiated, reportError, requestPath } from './session.js';
 import type { Duplex } from 'node:stream';
 import { tlsConnect } from '../transport/tls.js';
 import { QuicSession } from '../transport/quic.js';
@@ -52,6 +52,8 @@ export interface SendOptions {
   quic?: boolean;
   /** QUIC: give up on the handshake after this long (default: min(timeout, 10 s)). */
   connectTimeoutMs?: number;
+  /** `host:port/some/path`: the path under a `serve` daemon's root to push to. */
+  remotePath?: string;
 }
 
 export async function statSource(p: string): Promise<import('node:fs').BigIntStats> {
@@ -101,6 +103,8 @@ export async function runSender(
     expectFingerprint?: string;
     dialLane?: () => Promise<Duplex>;
     t0: number;
+    /** `serve` daemon answering a pull: the client is authenticated and HELLO is done. */
+    negotiated?: Negotiated;
   },
 ): Promise<SyncSummary> {
   const { stateDir, st, walking, t0 } = o;
@@ -112,7 +116,8 @@ export async function runSender(
     if (o.secure) {
       summary.peerFingerprint = await authenticatePeer(conn, o.secure, { stateDir, trust: o.trust, expect: o.expectFingerprint, interactive: o.interactive, peerLabel: `${o.host}:${o.port}`, events: o.events });
     }
-    const negotiated = await handshake(conn, Role.SENDER);
+    const negotiated = o.negotiated ?? (await handshake(conn, Role.SENDER));
+    if (!o.negotiated) await requestPath(conn, negotiated, RequestOp.PUSH, o.remotePath, `${o.host}:${o.port}`);
     if (st.isDirectory()) {
       await sendTree(conn, { ...o, path: path.resolve(o.path), stateDir, negotiated, summary, st, walking: walking ?? startWalk(path.resolve(o.path), o, stateDir) });
       summary.ok = true;

@@ -4,7 +4,10 @@
 import { FramedConnection, PeerClosedError } from '../transport/connection.js';
 import { type Frame, FrameType } from '../protocol/frames.js';
 import {
+  Capability,
   decodeError,
+  encodeRequest,
+  Role,
   decodeHello,
   encodeError,
   encodeHello,
@@ -22,6 +25,8 @@ export interface Negotiated {
   version: number;
   capabilities: number;
   peerSoftware: string;
+  /** The peer's own set, before the AND (SERVE marks a daemon). */
+  peerCapabilities: number;
 }
 
 export async function handshake(conn: FramedConnection, role: number): Promise<Negotiated> {
@@ -38,7 +43,44 @@ export async function handshake(conn: FramedConnection, role: number): Promise<N
     throw new FfsyncError('EPROTOROLE', ExitCode.PROTOCOL_INCOMPATIBLE, `both peers are ${role === 1 ? 'senders' : 'receivers'}`);
   }
   const version = negotiateVersion({ min: PROTOCOL_MIN, max: PROTOCOL_MAX }, peer);
-  return { version, capabilities: peer.capabilities & OUR_CAPABILITIES, peerSoftware: peer.software };
+  return { version, capabilities: peer.capabilities & OUR_CAPABILITIES, peerSoftware: peer.software, peerCapabilities: peer.capabilities };
+}
+
+/**
+ * The `serve` daemon's side of HELLO: it learns the client's role first and takes the
+ * other one (a push makes the daemon the receiver, a pull its sender), and marks itself
+ * with Capability.SERVE. The client's HELLO always goes first, so nobody waits on anybody.
+ */
+export async function daemonHandshake(conn: FramedConnection): Promise<Negotiated & { role: number }> {
+  const f = await recvRaw(conn);
+  if (f.type === FrameType.ERROR) throw decodeError(f.payload);
+  expectType(f.type, FrameType.HELLO);
+  const peer = decodeHello(f.payload);
+  const role = peer.role === Role.SENDER ? Role.RECEIVER : Role.SENDER;
+  await conn.send(FrameType.HELLO, encodeHello({ minVersion: PROTOCOL_MIN, maxVersion: PROTOCOL_MAX, capabilities: OUR_CAPABILITIES | Capability.SERVE, role, software: `ffsync-native/${VERSION}` }));
+  const version = negotiateVersion({ min: PROTOCOL_MIN, max: PROTOCOL_MAX }, peer);
+  return { role, version, capabilities: peer.capabilities & OUR_CAPABILITIES, peerSoftware: peer.software, peerCapabilities: peer.capabilities };
+}
+
+/**
+ * The client's side of addressing a daemon (`send x host:port/path`, `pull`): REQUEST,
+ * then ACCEPT or the daemon's refusal as an ERROR (its reason becomes our message).
+ * Without a path, a daemon is told nothing and refuses the OFFER that follows; with a
+ * path, a one-session `receive` is refused here, before any work.
+ */
+export async function requestPath(conn: FramedConnection, negotiated: Negotiated, op: number, remotePath: string | undefined, peerLabel: string): Promise<void> {
+  const daemon = (negotiated.peerCapabilities & Capability.SERVE) !== 0;
+  if (remotePath === undefined) {
+    if (daemon) {
+      throw new FfsyncError('EUSAGE', ExitCode.USAGE, `${peerLabel} is a serve daemon: address a path under its root, e.g. ${peerLabel}/some/path`);
+    }
+    return;
+  }
+  if (!daemon) {
+    throw new FfsyncError('EUSAGE', ExitCode.USAGE, `${peerLabel} is a one-session receive, not a serve daemon: it takes no path (drop '/${remotePath}')`);
+  }
+  await conn.send(FrameType.REQUEST, encodeRequest({ op, path: remotePath }));
+  await expect(conn, FrameType.ACCEPT);
 }
 
 async function recvRaw(conn: FramedConnection): Promise<Frame> {

@@ -6,7 +6,9 @@ import { Command, CommanderError, InvalidArgumentError, Option } from 'commander
 import { receive } from '../api/receive.js';
 import { send } from '../api/send.js';
 import type { SyncSummary } from '../api/events.js';
-import { parseHostPort } from '../transport/tcp.js';
+import { parseRemote } from '../transport/tcp.js';
+import { pull } from '../api/pull.js';
+import { serveCommand } from './serve.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { VERSION } from '../utils/version.js';
 import { resolveStateDir } from '../utils/state-dir.js';
@@ -157,7 +159,7 @@ export function buildProgram(): Command {
       .command('send')
       .description('push the file or directory tree at <path> to a receiver (`dir` and `dir/` mean the same)')
       .argument('<path>', 'file or directory to send')
-      .argument('<host:port>', 'receiver address'),
+      .argument('<host:port>', 'receiver address; host:port/some/path for a path under a serve daemon\'s root'),
   )
     .addOption(new Option('--compress-level <n>', 'zstd level for chunk data').argParser(intArg(1, 19)).default(1))
     .option('--no-compress', 'send chunk data uncompressed')
@@ -171,13 +173,14 @@ export function buildProgram(): Command {
     .addOption(new Option('--min-size <SIZE>', 'trees: leave files smaller than SIZE alone').argParser(sizeArg))
     .action(async (source: string, addr: string, o: CommonOptions & TreeCli & { compressLevel: number; compress: boolean; bwlimit?: number; dryRun?: boolean; parallel?: number; maxSize?: number; minSize?: number }) => {
       await run(o, async (events, signal) => {
-        const { host, port } = parseHostPort(addr);
+        const { host, port, path: remotePath } = parseRemote(addr);
         if (o.trust) parseFingerprint(o.trust);
         const excludes = await loadExcludes(o.exclude, o.excludeFrom);
         return send({
           path: source,
           host,
           port,
+          remotePath,
           checksum: o.checksum,
           compressLevel: o.compress ? o.compressLevel : 0,
           stateDir: o.stateDir,
@@ -193,6 +196,43 @@ export function buildProgram(): Command {
         });
       });
     });
+  common(
+    program
+      .command('pull')
+      .description("fetch a file or directory tree from a serve daemon into <local> (a file lands inside <local> if that is a directory)")
+      .argument('<host:port/path>', 'daemon address and the path under its root')
+      .argument('<local>', 'where it lands'),
+  )
+    .option('--exclude <pattern>', 'trees: protect matching local paths from deletion (repeatable)', collect, [])
+    .option('--exclude-from <file>', 'trees: read protect patterns from a file (one per line, # comments)')
+    .option('--no-delete', 'trees: keep files only this side has')
+    .action(async (addr: string, local: string, o: CommonOptions & TreeCli) => {
+      await run(o, async (events, signal) => {
+        const { host, port, path: remotePath } = parseRemote(addr);
+        if (remotePath === undefined) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `pull needs a path under the daemon's root: ${addr}/some/path`);
+        if (o.plaintext) throw new FfsyncError('EUSAGE', ExitCode.USAGE, 'serve daemons authorize clients by certificate: pull has no --plaintext');
+        if (o.trust) parseFingerprint(o.trust);
+        const protect = await loadExcludes(o.exclude, o.excludeFrom);
+        return pull({
+          host,
+          port,
+          remotePath,
+          local,
+          checksum: o.checksum,
+          stateDir: o.stateDir,
+          timeoutMs: o.timeout * 1000,
+          quic: o.quic,
+          trust: o.trust,
+          interactive: true,
+          tree: { protect, noDelete: o.delete === false },
+          events,
+          signal,
+        });
+      });
+    });
+
+  serveCommand(program, intArg);
+
   // rsync's front door. Options rsync users type that we do not implement are refused
   // loudly (exit 1), never silently accepted.
   const rules: string[] = [];

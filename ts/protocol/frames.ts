@@ -32,6 +32,8 @@ export const FrameType = {
   TREE_ATTRS: 0x18,
   REFINE: 0x19,
   HOLES: 0x1a,
+  REQUEST: 0x1b,
+  ACCEPT: 0x1c,
   ERROR: 0x7f,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];

@@ -23,6 +23,9 @@ export const Capability = {
   /** Sparse files: the sender sends one HOLES frame (its file's holes) after the manifest;
    * the receiver skips chunks inside them and punches the holes into the result (§4.13). */
   SPARSE: 1 << 4,
+  /** Set only by a `serve` daemon: the client must address a path with REQUEST right after
+   * HELLO (and waits for ACCEPT) before the usual OFFER (§4.14). Never part of the AND. */
+  SERVE: 1 << 5,
 } as const;
 export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE;
 /** Most REFINE bytes one file transfer may carry (mirrors refine::MAX_TABLE_BYTES). */
@@ -31,6 +34,39 @@ export const MAX_REFINE_TABLE = 64 * 1024 * 1024;
 export const REFINE_PART = 1024 * 1024;
 
 export const Role = { SENDER: 1, RECEIVER: 2 } as const;
+
+/** REQUEST operations: PUSH = the client sends into the daemon's root, PULL = it fetches. */
+export const RequestOp = { PUSH: 1, PULL: 2 } as const;
+export const MAX_REQUEST_PATH = 4096;
+
+export interface Request {
+  op: number;
+  /** '/'-separated, relative to the daemon's root (normalized by the daemon). */
+  path: string;
+}
+
+export function encodeRequest(r: Request): Buffer {
+  const p = Buffer.from(r.path, 'utf8');
+  if (p.length > MAX_REQUEST_PATH) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `remote path is longer than ${MAX_REQUEST_PATH} bytes`);
+  const b = Buffer.alloc(4 + p.length);
+  b.writeUInt8(r.op, 0);
+  b.writeUInt8(0, 1);
+  b.writeUInt16LE(p.length, 2);
+  p.copy(b, 4);
+  return b;
+}
+
+export function decodeRequest(p: Buffer): Request {
+  if (p.length < 4) throw protocolError('REQUEST is too short');
+  const op = p.readUInt8(0);
+  if (op !== RequestOp.PUSH && op !== RequestOp.PULL) throw protocolError(`REQUEST with unknown operation ${op}`);
+  if (p.readUInt8(1) !== 0) throw protocolError('REQUEST with unknown flags');
+  const len = p.readUInt16LE(2);
+  if (len > MAX_REQUEST_PATH || p.length !== 4 + len) throw protocolError('REQUEST has a bad length');
+  const path = p.subarray(4).toString('utf8');
+  if (Buffer.byteLength(path, 'utf8') !== len) throw protocolError('REQUEST path is not UTF-8');
+  return { op, path };
+}
 
 export interface Hello {
   minVersion: number;

@@ -206,6 +206,14 @@ export class QuicListener {
     return new QuicSession(c, `${c.remoteAddress}:${c.remotePort}`);
   }
 
+  /** The next connection to complete its handshake, leaving the listener open for more
+   * (the `serve` daemon); rejects once the listener is closed. */
+  async acceptNext(): Promise<QuicSession> {
+    const c = await Promise.race([call(this.native.accept()), this.closer.promise]);
+    if (!c) throw new FfsyncError('ECLOSED', ExitCode.SOCKET_IO, 'listener closed');
+    return new QuicSession(c, `${c.remoteAddress}:${c.remotePort}`);
+  }
+
   /** Close the UDP socket (end sessions first: this ends any still on it). */
   close(): void {
     this.closer.close();

@@ -22,10 +22,13 @@ export class SocketQueue<S extends Duplex> {
   private readonly waiters: { resolve: (s: S) => void; reject: (e: Error) => void }[] = [];
   private closedWith?: Error;
 
+  /** `backlog`: connections kept waiting for accept() before more are dropped. */
+  constructor(private readonly backlog = 16) {}
+
   push(s: S): void {
     const w = this.waiters.shift();
     if (w) w.resolve(s);
-    else if (this.closedWith || this.ready.length >= 16) s.destroy();
+    else if (this.closedWith || this.ready.length >= this.backlog) s.destroy();
     else this.ready.push(s);
   }
 
@@ -99,6 +102,14 @@ function tune(s: net.Socket): net.Socket {
 }
 
 /** Parse `host:port` (IPv6 as `[::1]:port`). */
+/** `host:port` or `host:port/some/path` (a path under a `serve` daemon's root; `host:port/`
+ * is its root). IPv6 hosts in brackets: `[::1]:7788/x`. */
+export function parseRemote(spec: string): { host: string; port: number; path?: string } {
+  const m = /^(\[[^\]]+\]:\d+|[^:/]+:\d+)(\/.*)?$/.exec(spec);
+  if (!m) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `expected host:port or host:port/path, got '${spec}'`);
+  return { ...parseHostPort(m[1]), path: m[2] === undefined ? undefined : m[2].slice(1) };
+}
+
 export function parseHostPort(spec: string): { host: string; port: number } {
   const m = /^\[([^\]]+)\]:(\d+)$/.exec(spec) ?? /^([^:]+):(\d+)$/.exec(spec);
   const port = m ? Number(m[2]) : NaN;

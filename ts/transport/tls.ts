@@ -33,20 +33,41 @@ function capture(sock: tls.TLSSocket): void {
 }
 
 export async function tlsListenOnce(host: string, port: number, id: Identity): Promise<Listener> {
-  const server = tls.createServer({ ...BASE, key: id.keyPem, cert: id.certPem, requestCert: true });
-  const queue = new SocketQueue<tls.TLSSocket>();
   let first = true;
+  // A peer that fails the TLS handshake before any session started (e.g. --plaintext on
+  // its side) ends the receive with a clear error instead of leaving us waiting.
+  return listenTls(host, port, id, 16, {
+    onSecure: () => (first = false),
+    onClientError: (e, _remote, fail) => {
+      if (first) fail(e);
+    },
+  });
+}
+
+/**
+ * A listener for the `serve` daemon: every connection that completes the TLS handshake is
+ * handed out; one that fails it is reported to `onClientError` and changes nothing else.
+ */
+export function tlsListen(host: string, port: number, id: Identity, onClientError: (e: FfsyncError, remote: string) => void): Promise<Listener> {
+  return listenTls(host, port, id, Infinity, { onClientError: (e, remote) => onClientError(e, remote) });
+}
+
+async function listenTls(
+  host: string,
+  port: number,
+  id: Identity,
+  backlog: number,
+  on: { onSecure?: () => void; onClientError: (e: FfsyncError, remote: string, fail: (e: Error) => void) => void },
+): Promise<Listener> {
+  const server = tls.createServer({ ...BASE, key: id.keyPem, cert: id.certPem, requestCert: true });
+  const queue = new SocketQueue<tls.TLSSocket>(backlog);
   server.on('secureConnection', (sock) => {
-    first = false;
+    on.onSecure?.();
     sock.setNoDelay(true);
     capture(sock);
     queue.push(sock);
   });
-  // A peer that fails the TLS handshake before any session started (e.g. --plaintext on
-  // its side) ends the receive with a clear error instead of leaving us waiting.
-  server.on('tlsClientError', (e) => {
-    if (first) queue.fail(handshakeError(e, 'incoming connection'));
-  });
+  server.on('tlsClientError', (e, sock) => on.onClientError(handshakeError(e, 'incoming connection'), `${sock.remoteAddress}:${sock.remotePort}`, (err) => queue.fail(err)));
   const addr = await bind(server, host, port);
   return {
     host: addr.address,

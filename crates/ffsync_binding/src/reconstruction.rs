@@ -35,7 +35,9 @@ pub struct PlanSummary {
 /// The receiver's side of one file transfer (see crates/ffsync_core/src/reconstruct.rs).
 #[napi]
 pub struct NativeReconstruction {
-    inner: Arc<Reconstruction>,
+    /// `None` once released: a long-lived process (the `serve` daemon) must not keep the
+    /// temp file, the old target and the io_uring open until the JS object is collected.
+    inner: Mutex<Option<Arc<Reconstruction>>>,
     ticker: Mutex<Option<Ticker>>,
 }
 
@@ -85,7 +87,7 @@ impl Task for BeginTask {
             Ticker::start(move || r2.written.load(Ordering::Relaxed), Some(cb))
         });
         Ok(NativeReconstruction {
-            inner: r,
+            inner: Mutex::new(Some(r)),
             ticker: Mutex::new(ticker),
         })
     }
@@ -178,14 +180,15 @@ impl NativeReconstruction {
 
     /// Indices of chunks that must come over the wire, ascending.
     #[napi]
-    pub fn needed(&self) -> Uint32Array {
-        Uint32Array::new(self.inner.needed())
+    pub fn needed(&self) -> Result<Uint32Array> {
+        Ok(Uint32Array::new(self.get()?.needed()))
     }
 
     #[napi]
-    pub fn summary(&self) -> PlanSummary {
-        let s = self.inner.summary();
-        PlanSummary {
+    pub fn summary(&self) -> Result<PlanSummary> {
+        let r = self.get()?;
+        let s = r.summary();
+        Ok(PlanSummary {
             chunks: s.chunks,
             wire_chunks: s.wire_chunks,
             wire_bytes: s.wire_bytes as f64,
@@ -194,39 +197,36 @@ impl NativeReconstruction {
             hole_bytes: s.hole_bytes as f64,
             cloned: s.cloned,
             inplace: s.inplace,
-            writer: self.inner.writer_backend().to_string(),
-        }
+            writer: r.writer_backend().to_string(),
+        })
     }
 
     /// Received bytes that crossed as literal data (deltas' copies excluded), for RESULT.
     #[napi]
-    pub fn literal_bytes(&self) -> f64 {
-        self.inner.literal_bytes() as f64
+    pub fn literal_bytes(&self) -> Result<f64> {
+        Ok(self.get()?.literal_bytes() as f64)
     }
 
     #[napi]
-    pub fn temp_path(&self) -> String {
-        self.inner.temp_path().to_string_lossy().into_owned()
+    pub fn temp_path(&self) -> Result<String> {
+        Ok(self.get()?.temp_path().to_string_lossy().into_owned())
     }
 
     /// Sub-chunk refinement table for the REFINE frames (signatures of the old bytes each
     /// run of missing chunks replaced). Once, after `begin`.
     #[napi(ts_return_type = "Promise<Buffer>")]
-    pub fn refinement(&self) -> AsyncTask<RefinementTask> {
-        AsyncTask::new(RefinementTask(self.inner.clone()))
+    pub fn refinement(&self) -> Result<AsyncTask<RefinementTask>> {
+        Ok(AsyncTask::new(RefinementTask(self.get()?)))
     }
 
     #[napi(ts_return_type = "Promise<number>")]
-    pub fn copy_local(&self) -> AsyncTask<CopyTask> {
-        AsyncTask::new(CopyTask(self.inner.clone()))
+    pub fn copy_local(&self) -> Result<AsyncTask<CopyTask>> {
+        Ok(AsyncTask::new(CopyTask(self.get()?)))
     }
 
     #[napi(ts_return_type = "Promise<number>")]
-    pub fn write_batch(&self, batch: Buffer) -> AsyncTask<WriteTask> {
-        AsyncTask::new(WriteTask {
-            r: self.inner.clone(),
-            batch,
-        })
+    pub fn write_batch(&self, batch: Buffer) -> Result<AsyncTask<WriteTask>> {
+        Ok(AsyncTask::new(WriteTask { r: self.get()?, batch }))
     }
 
     #[napi(ts_return_type = "Promise<void>")]
@@ -235,21 +235,40 @@ impl NativeReconstruction {
         mtime_ns: Option<BigInt>,
         mode: Option<u32>,
         state_dir: Option<String>,
-    ) -> AsyncTask<FinishTask> {
+    ) -> Result<AsyncTask<FinishTask>> {
         self.stop_ticker();
-        AsyncTask::new(FinishTask {
-            r: self.inner.clone(),
+        Ok(AsyncTask::new(FinishTask {
+            r: self.get()?,
             mtime_ns: mtime_ns.as_ref().map(bigint_to_i64),
             mode,
             state_dir: state_dir.map(PathBuf::from),
-        })
+        }))
     }
 
     /// Abandon the reconstruction; keep the partial file only for a later resume.
     #[napi]
     pub fn abort(&self, keep_partial: bool) {
         self.stop_ticker();
-        self.inner.abort(keep_partial);
+        if let Some(r) = self.inner.lock().unwrap().as_ref() {
+            r.abort(keep_partial);
+        }
+    }
+
+    /// Drop this handle's share of the reconstruction: once tasks still running end, its
+    /// files and writer are closed. Call after `finish` or `abort`; later calls on this
+    /// object fail. (A reconstruction released while still open removes its temp file.)
+    #[napi]
+    pub fn release(&self) {
+        self.stop_ticker();
+        self.inner.lock().unwrap().take();
+    }
+
+    fn get(&self) -> Result<Arc<Reconstruction>> {
+        self.inner
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or_else(|| napi::Error::from_reason("EUSAGE: the reconstruction was already released"))
     }
 
     fn stop_ticker(&self) {

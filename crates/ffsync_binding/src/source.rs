@@ -4,12 +4,16 @@ use ffsync_core::file_identity::FileIdentity;
 use ffsync_core::manifest::Manifest;
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The sender's reader: encodes requested chunks into DATA batches.
 #[napi]
 pub struct NativeChunkSource {
-    inner: Arc<ChunkSource>,
+    /// `None` once released (the `serve` daemon must not hold the file open until the JS
+    /// object is collected).
+    inner: Mutex<Option<Arc<ChunkSource>>>,
+    /// `unchanged()` as it was at release, so the caller can still ask afterwards.
+    unchanged_at_release: OnceLock<bool>,
 }
 
 #[napi(object)]
@@ -73,38 +77,61 @@ impl NativeChunkSource {
         let m = Manifest::decode(&manifest).map_err(to_napi)?;
         let meta = std::fs::metadata(&path).map_err(|e| to_napi(ffsync_core::CoreError::io(&path, e)))?;
         let src = ChunkSource::open(&path, m, FileIdentity::of(&meta), compress_level).map_err(to_napi)?;
-        Ok(NativeChunkSource { inner: Arc::new(src) })
+        Ok(NativeChunkSource {
+            inner: Mutex::new(Some(Arc::new(src))),
+            unchanged_at_release: OnceLock::new(),
+        })
     }
 
     /// Encode the chunks into `out` (a buffer the caller recycles; it must hold at least
     /// `batchCapacity(indices)` bytes and must not be touched until the promise settles).
     #[napi(ts_return_type = "Promise<EncodedBatch>")]
-    pub fn read_batch(&self, indices: Uint32Array, out: Buffer) -> AsyncTask<ReadTask> {
-        AsyncTask::new(ReadTask {
-            source: self.inner.clone(),
+    pub fn read_batch(&self, indices: Uint32Array, out: Buffer) -> Result<AsyncTask<ReadTask>> {
+        Ok(AsyncTask::new(ReadTask {
+            source: self.get()?,
             indices: indices.to_vec(),
             out,
-        })
+        }))
     }
 
     /// Install the receiver's refinement table: chunks it describes go as deltas when
     /// smaller. Validated against the manifest (a bad table is a protocol error).
     #[napi(ts_return_type = "Promise<void>")]
-    pub fn set_refinement(&self, table: Buffer) -> AsyncTask<SetRefinementTask> {
-        AsyncTask::new(SetRefinementTask {
-            source: self.inner.clone(),
+    pub fn set_refinement(&self, table: Buffer) -> Result<AsyncTask<SetRefinementTask>> {
+        Ok(AsyncTask::new(SetRefinementTask {
+            source: self.get()?,
             table,
-        })
+        }))
     }
 
     #[napi]
     pub fn batch_capacity(&self, indices: Uint32Array) -> Result<u32> {
-        self.inner.batch_capacity(&indices).map(|n| n as u32).map_err(to_napi)
+        self.get()?.batch_capacity(&indices).map(|n| n as u32).map_err(to_napi)
     }
 
-    /// False if the source's size, mtime or ctime changed since it was opened.
+    /// False if the source's size, mtime or ctime changed since it was opened (after
+    /// `release`: as it was then).
     #[napi]
     pub fn unchanged(&self) -> bool {
-        self.inner.unchanged()
+        match self.inner.lock().unwrap().as_ref() {
+            Some(s) => s.unchanged(),
+            None => self.unchanged_at_release.get().copied().unwrap_or(true),
+        }
+    }
+
+    /// Close the file once running reads end; later reads fail. Idempotent.
+    #[napi]
+    pub fn release(&self) {
+        if let Some(s) = self.inner.lock().unwrap().take() {
+            let _ = self.unchanged_at_release.set(s.unchanged());
+        }
+    }
+
+    fn get(&self) -> Result<Arc<ChunkSource>> {
+        self.inner
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or_else(|| napi::Error::from_reason("EUSAGE: the chunk source was already released"))
     }
 }

@@ -1,0 +1,108 @@
+// `ffsync-native serve <root> <port>`: the daemon's command line. stdout carries one JSON
+// line per session (and the listening line first: plain `listening on host:port`, or a
+// JSON event with --json); human notices go to stderr. SIGHUP reloads the authorization
+// config; SIGTERM/SIGINT stop accepting, give running sessions --grace seconds, end the
+// rest, and exit 0 (a second signal ends them at once).
+
+import fs from 'node:fs';
+import { type Command, Option } from 'commander';
+import { ServeDaemon } from '../serve/daemon.js';
+import { formatSessionLog } from '../serve/session-log.js';
+import { ExitCode, FfsyncError } from '../utils/errors.js';
+
+interface ServeCli {
+  bind: string;
+  stateDir?: string;
+  config?: string;
+  json?: boolean;
+  quiet?: boolean;
+  quic?: boolean;
+  plaintext?: boolean;
+  timeout: number;
+  grace: number;
+  maxSessions: number;
+  compressLevel: number;
+  compress: boolean;
+  logFile?: string;
+}
+
+export function serveCommand(program: Command, intArg: (min: number, max: number) => (v: string) => number): void {
+  program
+    .command('serve')
+    .description('long-lived daemon: many concurrent pushes and pulls under <root>, each client authorized by fingerprint for path prefixes (<state>/serve-clients.conf)')
+    .argument('<root>', 'directory whose subpaths clients push to and pull from')
+    .argument('<port>', 'TCP port to listen on (0 picks a free port)', intArg(0, 65535))
+    .option('--bind <address>', 'address to listen on', '0.0.0.0')
+    .option('--state-dir <dir>', 'state directory (identity, indexes, serve-clients.conf)')
+    .option('--config <file>', 'authorization config (default <state-dir>/serve-clients.conf)')
+    .option('--json', 'the listening line and notices as JSON events on stdout too')
+    .option('-q, --quiet', 'no notices on stderr (session lines still go to stdout)')
+    .option('--quic', 'also accept QUIC (UDP) on the same port number')
+    .option('--plaintext', 'refused: clients are authorized by their certificates')
+    .option('--log-file <file>', 'also append the session lines to this file')
+    .addOption(new Option('--timeout <seconds>', 'end a session whose client is silent this long').argParser(intArg(1, 86400)).default(60))
+    .addOption(new Option('--grace <seconds>', 'on SIGTERM, how long running sessions may take to finish').argParser(intArg(0, 86400)).default(30))
+    .addOption(new Option('--max-sessions <n>', 'refuse more concurrent sessions than this').argParser(intArg(1, 4096)).default(64))
+    .addOption(new Option('--compress-level <n>', 'zstd level for pulled data').argParser(intArg(1, 19)).default(1))
+    .option('--no-compress', 'send pulled data uncompressed')
+    .action(async (root: string, port: number, o: ServeCli) => {
+      const notice = (message: string, extra: Record<string, unknown> = {}) => {
+        if (o.json) process.stdout.write(JSON.stringify({ event: 'notice', message, ...extra }) + '\n');
+        if (!o.quiet) process.stderr.write(`ffsync-native serve: ${message}\n`);
+      };
+      const log = o.logFile ? fs.openSync(o.logFile, 'a', 0o600) : undefined;
+      let daemon: ServeDaemon;
+      try {
+        if (o.plaintext) throw new FfsyncError('EUSAGE', ExitCode.USAGE, 'serve authorizes clients by their certificate fingerprints: --plaintext is not available');
+        daemon = await ServeDaemon.start({
+          root,
+          host: o.bind,
+          port,
+          stateDir: o.stateDir,
+          configFile: o.config,
+          timeoutMs: o.timeout * 1000,
+          maxSessions: o.maxSessions,
+          quic: o.quic,
+          compressLevel: o.compress ? o.compressLevel : 0,
+          events: {
+            listening(host, p, quicPort) {
+              if (o.json) process.stdout.write(JSON.stringify({ event: 'listening', host, port: p, ...(quicPort ? { quicPort } : {}) }) + '\n');
+              else process.stdout.write(`listening on ${host}:${p}\n`);
+            },
+            info: (m) => notice(m),
+            session(entry) {
+              const line = formatSessionLog(entry) + '\n';
+              process.stdout.write(line);
+              if (log !== undefined) fs.writeSync(log, line);
+            },
+          },
+        });
+      } catch (e) {
+        const err = e instanceof FfsyncError ? e : new FfsyncError('EINTERNAL', ExitCode.FILE_IO, String((e as Error)?.message ?? e));
+        process.stderr.write(`ffsync-native: error: ${err.message}\n`);
+        if (o.json) process.stdout.write(JSON.stringify({ event: 'error', code: err.code, exitCode: err.exitCode, message: err.message }) + '\n');
+        process.exitCode = err.exitCode;
+        return;
+      }
+      process.on('SIGHUP', () => {
+        const r = daemon.reload();
+        notice(r.message, { reload: r.ok });
+      });
+      let stopping = false;
+      const stop = async (signal: string) => {
+        if (stopping) {
+          notice(`${signal} again: ending the running sessions now`);
+          void daemon.shutdown(0);
+          return;
+        }
+        stopping = true;
+        notice(`${signal}: no new sessions; ${daemon.sessions} running, ${o.grace} s to finish`);
+        const r = await daemon.shutdown(o.grace * 1000);
+        notice(`stopped: ${r.finished} sessions finished, ${r.aborted} ended by the shutdown`, { stopped: true, finished: r.finished, aborted: r.aborted });
+        if (log !== undefined) fs.closeSync(log);
+        process.stdout.write('', () => process.exit(0));
+      };
+      process.on('SIGTERM', () => void stop('SIGTERM'));
+      process.on('SIGINT', () => void stop('SIGINT'));
+    });
+}

@@ -1,0 +1,379 @@
+// `ffsync-native serve <root> <port>`: a long-lived daemon taking many concurrent sessions.
+// Each connection is TLS (or QUIC with --quic) with a client certificate; after HELLO the
+// client addresses a path under the root with REQUEST (push or pull, docs/protocol.md
+// §4.14); the daemon authorizes it against serve-clients.conf (./authorization.ts), takes
+// the path's lock (./path-locks.ts: writers exclusive, readers shared) and then runs the
+// same receiver or sender the one-session commands run. One JSON line per session is
+// logged (./session-log.ts).
+
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { FramedConnection, PeerClosedError } from '../transport/connection.js';
+import { FrameType } from '../protocol/frames.js';
+import { decodeRequest, encodeError, RequestOp, Role } from '../protocol/messages.js';
+import { daemonHandshake, expect, reportError } from '../api/session.js';
+import { runReceiver } from '../api/receive.js';
+import { runSender, statSource } from '../api/send.js';
+import { checkTarget } from '../api/receive.js';
+import type { SyncSummary } from '../api/events.js';
+import { peerFingerprint, type SecureStream } from '../transport/peer-identity.js';
+import { tlsListen } from '../transport/tls.js';
+import { QuicListener } from '../transport/quic.js';
+import { overQuic } from '../api/over-quic.js';
+import { loadOrCreateIdentity } from '../security/identity.js';
+import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
+import { resolveStateDir } from '../utils/state-dir.js';
+import { type Access, authorize, type AuthorizationConfig, configPath, loadConfig, normalizeRequestPath } from './authorization.js';
+import { PathLocks } from './path-locks.js';
+import { type SessionLog, sessionLog } from './session-log.js';
+
+export interface ServeOptions {
+  root: string;
+  host?: string;
+  port: number;
+  stateDir?: string;
+  /** The authorization config (default <state>/serve-clients.conf). */
+  configFile?: string;
+  /** Idle timeout per session (exit 30 for that session). Default 60 s. */
+  timeoutMs?: number;
+  /** More concurrent sessions than this are refused ("busy"). Default 64. */
+  maxSessions?: number;
+  /** Also accept QUIC on the same port number (UDP). */
+  quic?: boolean;
+  /** zstd level for pulls (0 = raw). Default 1. */
+  compressLevel?: number;
+  events?: {
+    listening?(host: string, port: number, quicPort?: number): void;
+    info?(message: string): void;
+    /** One entry per session, when it ends (accepted or refused). */
+    session?(entry: SessionLog): void;
+  };
+}
+
+interface Running {
+  entry: SessionLog;
+  /** Ends the session now: tells the client why (best effort) and drops the connection. */
+  abort(reason: string): void;
+  done: Promise<void>;
+}
+
+/** Fail before listening on a root that can never be served. */
+export async function checkServeRoot(root: string): Promise<string> {
+  let st;
+  try {
+    st = await fs.stat(root);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') throw new FfsyncError('ENOENT', ExitCode.FILE_IO, `serve root ${root} does not exist`);
+    throw fromSystemError(e, `cannot use serve root ${root}`);
+  }
+  if (!st.isDirectory()) throw new FfsyncError('ENOTDIR', ExitCode.FILE_IO, `serve root ${root} is not a directory`);
+  try {
+    await fs.access(root, fs.constants.W_OK | fs.constants.R_OK | fs.constants.X_OK);
+  } catch (e) {
+    throw new FfsyncError('EACCES', ExitCode.FILE_IO, `serve root ${root} is not writable (${(e as NodeJS.ErrnoException).code})`);
+  }
+  // Paths are resolved under the real root: a root given through a symlink is fine, links
+  // below it are never followed (see resolveUnderRoot).
+  return fs.realpath(root);
+}
+
+export class ServeDaemon {
+  private config: AuthorizationConfig;
+  private readonly locks = new PathLocks();
+  private readonly running = new Set<Running>();
+  private stopping = false;
+  private nextId = 1;
+  private closeListeners: (() => void)[] = [];
+  private acceptLoops: Promise<void>[] = [];
+
+  private constructor(
+    private readonly o: ServeOptions & { root: string; stateDir: string; configFile: string },
+    config: AuthorizationConfig,
+  ) {
+    this.config = config;
+  }
+
+  /** Validate root and config, then listen. Errors here are start-up errors. */
+  static async start(o: ServeOptions): Promise<ServeDaemon> {
+    const stateDir = resolveStateDir(o.stateDir);
+    const root = await checkServeRoot(path.resolve(o.root));
+    const configFile = path.resolve(o.configFile ?? configPath(stateDir));
+    const config = loadConfig(configFile);
+    const d = new ServeDaemon({ ...o, root, stateDir, configFile }, config);
+    if (config.clients.size === 0) o.events?.info?.(`warning: ${configFile} authorizes no client yet: every session will be refused`);
+    await d.listen();
+    return d;
+  }
+
+  /** Sessions running now. */
+  get sessions(): number {
+    return this.running.size;
+  }
+
+  /** SIGHUP: re-read the config; a bad file keeps the previous one (and says why). */
+  reload(): { ok: boolean; message: string } {
+    try {
+      this.config = loadConfig(this.o.configFile);
+      return { ok: true, message: `reloaded ${this.o.configFile}: ${this.config.clients.size} clients, ${this.config.revoked.size} revoked` };
+    } catch (e) {
+      return { ok: false, message: `${(e as Error).message}; keeping the previous configuration` };
+    }
+  }
+
+  /**
+   * SIGTERM: stop accepting, let running sessions finish for `graceMs`, then end the rest
+   * (a push in progress keeps its verified partial for a resume; nothing half-written
+   * replaces a file, and a tree's deletions only ever run after every transfer succeeded).
+   */
+  async shutdown(graceMs: number): Promise<{ finished: number; aborted: number }> {
+    this.stopping = true;
+    for (const close of this.closeListeners.splice(0)) close();
+    await Promise.allSettled(this.acceptLoops);
+    const all = [...this.running];
+    let timer: NodeJS.Timeout | undefined;
+    const graceOver = new Promise<'grace'>((r) => (timer = setTimeout(() => r('grace'), graceMs)));
+    await Promise.race([Promise.allSettled(all.map((s) => s.done)), graceOver]);
+    clearTimeout(timer);
+    const left = [...this.running];
+    for (const s of left) s.abort(`the server is shutting down (its ${Math.round(graceMs / 1000)} s grace period ended); rerun to resume`);
+    await Promise.allSettled(left.map((s) => s.done));
+    return { finished: all.length - left.length, aborted: left.length };
+  }
+
+  private async listen(): Promise<void> {
+    const { host = '0.0.0.0', port } = this.o;
+    const id = loadOrCreateIdentity(this.o.stateDir);
+    const tls = await tlsListen(host, port, id, (e, remote) => this.o.events?.info?.(`TLS handshake with ${remote} failed: ${e.message}`));
+    this.closeListeners.push(() => tls.close());
+    let quic: QuicListener | undefined;
+    if (this.o.quic) {
+      quic = await QuicListener.bind(host, tls.port, id, { idleMs: this.o.timeoutMs ?? 60_000 });
+      this.closeListeners.push(() => quic!.close());
+    }
+    this.o.events?.listening?.(tls.host, tls.port, quic?.port);
+    const timeoutMs = this.o.timeoutMs ?? 60_000;
+    this.acceptLoop(
+      () => tls.accept(),
+      (sock) => `${sock.remoteAddress}:${sock.remotePort}`,
+      (sock, entry, register) => {
+        const conn = new FramedConnection(sock, timeoutMs);
+        register(conn);
+        return this.session(conn, sock, entry);
+      },
+    );
+    if (quic) {
+      const q = quic;
+      this.acceptLoop(
+        () => q.acceptNext(),
+        (s) => s.label,
+        (s, entry, register) =>
+          // The session rides the connection's first stream, as in a one-session receive.
+          overQuic(s, 'accept', timeoutMs, (conn, stream) => {
+            register(conn);
+            return this.session(conn, stream, entry);
+          }),
+      );
+    }
+  }
+
+  /** Takes connections until the listener closes; each becomes a tracked session. */
+  private acceptLoop<C>(next: () => Promise<C>, label: (c: C) => string, run: (c: C, entry: SessionLog, register: (conn: FramedConnection) => void) => Promise<unknown>): void {
+    this.acceptLoops.push(
+      (async () => {
+        for (;;) {
+          let c: C;
+          try {
+            c = await next();
+          } catch {
+            return; // closed
+          }
+          this.track(label(c), (entry, register) => run(c, entry, register));
+        }
+      })(),
+    );
+  }
+
+  /** Runs one session with its log entry; `register` hands over the connection to abort. */
+  private track(remote: string, body: (entry: SessionLog, register: (c: FramedConnection) => void) => Promise<unknown>): void {
+    const entry = sessionLog(this.nextId++, remote);
+    let conn: FramedConnection | undefined;
+    let abortReason: string | undefined;
+    const running: Running = {
+      entry,
+      abort: (reason) => {
+        abortReason = reason;
+        if (conn) void dropWithReason(conn, reason);
+      },
+      done: Promise.resolve(),
+    };
+    running.done = (async () => {
+      try {
+        await body(entry, (c) => {
+          conn = c;
+          if (abortReason) void dropWithReason(c, abortReason);
+        });
+      } catch {
+        // recorded in the entry by session()
+      } finally {
+        if (abortReason && !entry.ok) entry.error = entry.error ? `${abortReason} (${entry.error})` : abortReason;
+        entry.durationMs = Date.now() - entry.startedAt;
+        this.running.delete(running);
+        this.o.events?.session?.(entry);
+      }
+    })();
+    this.running.add(running);
+  }
+
+  private async session(conn: FramedConnection, sock: SecureStream, entry: SessionLog): Promise<SyncSummary> {
+    let release: (() => void) | undefined;
+    let handedOver = false;
+    try {
+      entry.client = peerFingerprint(sock);
+      if (this.running.size > (this.o.maxSessions ?? 64)) {
+        throw new FfsyncError('EBUSY', ExitCode.UNTRUSTED, `server busy: ${this.o.maxSessions ?? 64} sessions are running; retry later`);
+      }
+      const negotiated = await daemonHandshake(conn);
+      const f = await expect(conn, FrameType.REQUEST, FrameType.OFFER);
+      if (f.type === FrameType.OFFER) {
+        throw new FfsyncError('EUSAGE', ExitCode.USAGE, 'this is a serve daemon: address a path under its root, e.g. host:port/some/path');
+      }
+      const req = decodeRequest(f.payload);
+      const op: Access = req.op === RequestOp.PUSH ? 'push' : 'pull';
+      entry.op = op;
+      entry.path = req.path;
+      if ((op === 'push') !== (negotiated.role === Role.RECEIVER)) throw new FfsyncError('EPROTOROLE', ExitCode.PROTOCOL_STREAM, `a ${op} REQUEST from a client whose HELLO said otherwise`);
+      const rel = normalizeRequestPath(req.path);
+      entry.path = rel;
+      // The config in force when the request arrives decides (a reload affects later sessions).
+      const verdict = authorize(this.config, entry.client, op, rel);
+      if (!verdict.ok) throw new FfsyncError(verdict.code, ExitCode.UNTRUSTED, `refused: ${verdict.reason}`);
+      entry.clientNote = verdict.client.note || undefined;
+      const abs = await resolveUnderRoot(this.o.root, rel, op);
+      // Wait for conflicting sessions (KEEPALIVEs keep the client from timing out meanwhile).
+      const waitFrom = Date.now();
+      release = await conn.keepAlive(this.locks.acquire(rel, op === 'push' ? 'write' : 'read'));
+      entry.lockWaitMs = Date.now() - waitFrom;
+      if (this.stopping) throw new FfsyncError('ESHUTDOWN', ExitCode.SOCKET_IO, 'the server is shutting down; rerun to sync');
+      await conn.send(FrameType.ACCEPT);
+      handedOver = true;
+      const t0 = Date.now();
+      let summary: SyncSummary;
+      if (op === 'push') {
+        summary = await runReceiver(conn, {
+          path: abs,
+          target: abs,
+          port: 0,
+          stateDir: this.o.stateDir,
+          timeoutMs: this.o.timeoutMs,
+          negotiated,
+          tree: {},
+          resolveTarget: (kind) => prepareTarget(this.o.root, rel, abs, kind),
+        });
+        entry.bytesWritten = summary.tree ? summary.tree.transferBytes : summary.upToDate ? 0 : summary.size;
+      } else {
+        const st = await statSource(abs);
+        summary = await runSender(conn, {
+          path: abs,
+          host: sock.remoteAddress ?? 'client',
+          port: sock.remotePort ?? 0,
+          stateDir: this.o.stateDir,
+          timeoutMs: this.o.timeoutMs,
+          compressLevel: this.o.compressLevel,
+          negotiated,
+          st,
+          t0,
+        });
+        entry.bytesRead = summary.literalBytes;
+      }
+      fill(entry, summary);
+      entry.ok = true;
+      return summary;
+    } catch (e) {
+      const err = e instanceof FfsyncError ? e : fromSystemError(e, 'session failed');
+      entry.ok = false;
+      entry.exitCode = err.exitCode;
+      entry.error = err.message;
+      const s = err.summary as SyncSummary | undefined;
+      if (s) fill(entry, s);
+      if (!handedOver) {
+        // Before ACCEPT nothing else speaks for us: say why, then hang up.
+        if (!(e instanceof PeerClosedError)) await reportError(conn, err);
+        entry.bytesOnWire = { sent: conn.bytesSent, received: conn.bytesReceived };
+        await conn.close(500).catch(() => undefined);
+      }
+      throw err;
+    } finally {
+      release?.();
+    }
+  }
+}
+
+function fill(entry: SessionLog, s: SyncSummary): void {
+  entry.bytesOnWire = { ...s.bytesOnWire };
+  entry.kind = s.tree ? 'tree' : 'file';
+  entry.size = s.tree ? s.tree.bytes : s.size;
+  entry.literalBytes = s.literalBytes;
+  if (s.tree) {
+    entry.files = s.tree.files;
+    entry.written = s.tree.written;
+    entry.deleted = s.tree.deleted;
+  }
+}
+
+/** Best effort: an ERROR frame naming why, then the connection is dropped. */
+async function dropWithReason(conn: FramedConnection, reason: string): Promise<void> {
+  if (!conn.isClosed && !conn.errorSent) {
+    conn.errorSent = true;
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([conn.send(FrameType.ERROR, encodeError(ExitCode.SOCKET_IO, 'ESHUTDOWN', reason)).catch(() => undefined), new Promise((r) => (timer = setTimeout(r, 500)))]);
+    clearTimeout(timer);
+  }
+  conn.destroy();
+}
+
+/**
+ * The absolute path of `rel` under the root, refusing any existing component that is a
+ * symbolic link (a link could point outside the root; the daemon never follows one, for
+ * reading or writing). Pulls need the path to exist.
+ */
+export async function resolveUnderRoot(root: string, rel: string, op: Access): Promise<string> {
+  const segs = rel ? rel.split('/') : [];
+  let at = root;
+  for (let i = 0; i < segs.length; i++) {
+    at = path.join(at, segs[i]);
+    const st = await fs.lstat(at).catch((e: NodeJS.ErrnoException) => {
+      if (e.code === 'ENOENT' || e.code === 'ENOTDIR') return undefined;
+      throw fromSystemError(e, `cannot inspect ${rel}`);
+    });
+    if (!st) {
+      if (op === 'pull') throw new FfsyncError('ENOENT', ExitCode.FILE_SELECTION, `'${rel}' does not exist on the server`);
+      break; // a push creates the rest
+    }
+    if (st.isSymbolicLink()) throw new FfsyncError('ESYMLINK', ExitCode.FILE_SELECTION, `'${segs.slice(0, i + 1).join('/')}' is a symbolic link on the server; serve never follows links under its root`);
+    if (i < segs.length - 1 && !st.isDirectory()) throw new FfsyncError('ENOTDIR', ExitCode.FILE_SELECTION, `'${segs.slice(0, i + 1).join('/')}' is not a directory on the server`);
+  }
+  return path.join(root, ...segs);
+}
+
+/** A push's target, once the offer says file or tree: its missing parents are created
+ * (inside the root, links refused again now that we are about to write). */
+async function prepareTarget(root: string, rel: string, abs: string, kind: 'file' | 'tree'): Promise<string> {
+  if (kind === 'file' && rel === '') throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, 'a single file cannot replace the server root: address a file path under it');
+  await resolveUnderRoot(root, rel, 'push');
+  const segs = rel ? rel.split('/') : [];
+  let at = root;
+  for (const s of segs.slice(0, -1)) {
+    at = path.join(at, s);
+    await fs.mkdir(at).catch((e: NodeJS.ErrnoException) => {
+      if (e.code !== 'EEXIST') throw fromSystemError(e, `cannot create ${path.relative(root, at)} on the server`);
+    });
+    const st = await fs.lstat(at);
+    if (!st.isDirectory()) throw new FfsyncError('ENOTDIR', ExitCode.FILE_SELECTION, `'${path.relative(root, at)}' is not a directory on the server`);
+  }
+  if (kind === 'file') await checkTarget(abs);
+  else {
+    const st = await fs.lstat(abs).catch(() => undefined);
+    if (st && !st.isDirectory()) throw new FfsyncError('ENOTDIR', ExitCode.FILE_SELECTION, `'${rel}' exists on the server and is not a directory`);
+  }
+  return abs;
+}

@@ -1,0 +1,71 @@
+// The daemon's log: one JSON object per session, written as one line when the session
+// ends (accepted or refused), so fleets can grep and aggregate it. Fields are documented
+// in README ("Serving many clients").
+
+export interface SessionLog {
+  event: 'session';
+  id: number;
+  /** ISO time the connection arrived. */
+  start: string;
+  startedAt: number;
+  remote: string;
+  /** Client certificate fingerprint (absent if the TLS handshake gave none). */
+  client?: string;
+  /** The note of the client's line in serve-clients.conf. */
+  clientNote?: string;
+  op?: 'push' | 'pull';
+  /** Path under the root, normalized. */
+  path?: string;
+  kind?: 'file' | 'tree';
+  /** Bytes of the file or tree synced. */
+  size?: number;
+  /** Push: bytes of the files the session rewrote. */
+  bytesWritten: number;
+  /** Pull: bytes of file content read and sent as data. */
+  bytesRead: number;
+  /** Content bytes that crossed as data (the rest was reused). */
+  literalBytes: number;
+  bytesOnWire: { sent: number; received: number };
+  /** Time spent waiting for a conflicting session on the same path to end. */
+  lockWaitMs: number;
+  files?: number;
+  written?: number;
+  deleted?: number;
+  durationMs: number;
+  ok: boolean;
+  exitCode: number;
+  error?: string;
+}
+
+export function sessionLog(id: number, remote: string): SessionLog {
+  const now = Date.now();
+  return {
+    event: 'session',
+    id,
+    start: new Date(now).toISOString(),
+    startedAt: now,
+    remote,
+    // Placeholders keep the logged field order stable (undefined ones are not printed).
+    client: undefined,
+    clientNote: undefined,
+    op: undefined,
+    path: undefined,
+    ok: false,
+    exitCode: 0,
+    error: undefined,
+    kind: undefined,
+    size: undefined,
+    bytesWritten: 0,
+    bytesRead: 0,
+    literalBytes: 0,
+    bytesOnWire: { sent: 0, received: 0 },
+    lockWaitMs: 0,
+    durationMs: 0,
+  };
+}
+
+/** The line as logged (the internal start timestamp is dropped). */
+export function formatSessionLog(e: SessionLog): string {
+  const { startedAt: _startedAt, ...rest } = e;
+  return JSON.stringify(rest);
+}
