@@ -17,9 +17,6 @@ import {
   NeedCollector,
 } from '../ts/protocol/messages';
 import { parseFingerprint } from '../ts/security/fingerprint';
-import fs from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
 import { FfsyncError } from '../ts/utils/errors';
 
 const RUNS = 300;

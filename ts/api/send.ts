@@ -124,7 +124,7 @@ export async function runSender(
       return summary;
     }
     // A valid index lets the receiver compare content roots for the price of a stat.
-    let scan: ScanResult | null = o.checksum ? null : await loadIndex(o.path, stateDir);
+    const scan: ScanResult | null = o.checksum ? null : await loadIndex(o.path, stateDir);
     await conn.send(
       FrameType.OFFER,
       encodeOffer({

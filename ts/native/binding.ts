@@ -2,9 +2,14 @@
 // `napi build`; never edited by hand). Everything else imports from here.
 import type * as Binding from '../../binding/index.js';
 import { normalizeNativeError } from '../utils/errors.js';
+import { loadNative } from './loader.js';
 
-// eslint-disable-next-line @typescript-eslint/no-require-imports
-const native: typeof Binding = require('../../binding/index.js');
+// The prebuilt package ffsync-native-<platform> if installed, else the local build in binding/
+// (ts/native/loader.ts); one clear error naming the platform when neither loads.
+const loaded = loadNative<typeof Binding>(require.resolve('../../binding/index.js'));
+const native: typeof Binding = loaded.binding;
+/** The .node file the addon was loaded from (diagnostics; the packaging test checks it). */
+export const nativeOrigin: string = loaded.origin;
 
 export type { ScanResult, PlanSummary, EncodedBatch, ManifestInfo } from '../../binding/index.js';
 export type NativeReconstruction = Binding.NativeReconstruction;

@@ -66,6 +66,5 @@ export function sessionLog(id: number, remote: string): SessionLog {
 
 /** The line as logged (the internal start timestamp is dropped). */
 export function formatSessionLog(e: SessionLog): string {
-  const { startedAt: _startedAt, ...rest } = e;
-  return JSON.stringify(rest);
+  return JSON.stringify(e, (key, value) => (key === 'startedAt' ? undefined : value));
 }

@@ -1,0 +1,469 @@
+// ffsync-native command line (loaded by ./main.ts): parses options, wires a reporter, calls the library API,
+// and maps errors to the exit codes documented in README.md.
+
+import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
+import { receive } from '../api/receive.js';
+import { send } from '../api/send.js';
+import type { SyncSummary } from '../api/events.js';
+import { parseRemote } from '../transport/tcp.js';
+import { pull } from '../api/pull.js';
+import { serveCommand } from './serve.js';
+import { ExitCode, FfsyncError } from '../utils/errors.js';
+import { VERSION } from '../utils/version.js';
+import { resolveStateDir } from '../utils/state-dir.js';
+import { loadOrCreateIdentity } from '../security/identity.js';
+import { parseFingerprint } from '../security/fingerprint.js';
+import { addPin, readPins, removePin } from '../security/pins.js';
+import { createReporter, type Reporter } from './reporter.js';
+import { loadExcludes } from './excludes.js';
+import { serveStdio, sync } from '../api/sync.js';
+import { AttrFlag } from '../protocol/messages.js';
+import { formatBytes } from '../utils/format.js';
+
+interface CommonOptions {
+  trust?: string;
+  json?: boolean;
+  quiet?: boolean;
+  stateDir?: string;
+  plaintext?: boolean;
+  quic?: boolean;
+  checksum?: boolean;
+  timeout: number;
+}
+
+interface TreeCli {
+  exclude: string[];
+  excludeFrom?: string;
+  delete?: boolean;
+}
+
+function collect(v: string, prev: string[]): string[] {
+  return [...prev, v];
+}
+
+/** rsync's SIZE: a number with an optional suffix: K, M, G, T (or KiB, MiB, …) are powers
+ * of 1024, KB, MB, GB, TB powers of 1000, B bytes; fractions allowed ("1.5M"). */
+export function sizeArg(v: string): number {
+  const m = /^(\d+(?:\.\d+)?)\s*(?:([KMGTP])(i?B)?|(B))?$/i.exec(v.trim());
+  if (!m) throw new InvalidArgumentError('expected a size such as 500K, 10M, 1.5G or 1000000');
+  const power = m[2] ? 'KMGTP'.indexOf(m[2].toUpperCase()) + 1 : 0;
+  const base = m[3] && m[3].toUpperCase() === 'B' ? 1000 : 1024;
+  const n = Math.floor(Number(m[1]) * base ** power);
+  if (!Number.isSafeInteger(n)) throw new InvalidArgumentError('size too large');
+  return n;
+}
+
+function intArg(min: number, max: number) {
+  return (v: string) => {
+    const n = Number(v);
+    if (!Number.isInteger(n) || n < min || n > max) throw new InvalidArgumentError(`expected an integer from ${min} to ${max}`);
+    return n;
+  };
+}
+
+function common(cmd: Command): Command {
+  return cmd
+    .option('--json', 'newline-delimited JSON events on stdout (human text goes to stderr)')
+    .option('-q, --quiet', 'print errors only')
+    .option('--state-dir <dir>', 'state directory (identity, pins, indexes); default $FFSYNC_STATE_DIR or the per-user state dir')
+    .option('--plaintext', 'plain TCP without TLS (must be given on both sides; trusted networks only)')
+    .option('--quic', 'QUIC over UDP instead of TCP (TLS 1.3 built in, same identities and pins; both sides)')
+    .option('--trust <fingerprint>', 'accept exactly this peer fingerprint (and pin it); needed without a TTY for a new peer')
+    .option('-c, --checksum', 'ignore indexes and the size/mtime quick check; hash everything')
+    .addOption(new Option('--timeout <seconds>', 'give up when the peer is silent this long (exit 30)').argParser(intArg(1, 86400)).default(60));
+}
+
+async function run(reporterOpts: CommonOptions, body: (r: Reporter, signal: AbortSignal) => Promise<SyncSummary>, after?: (s: SyncSummary) => void): Promise<never> {
+  const reporter = await createReporter({ json: Boolean(reporterOpts.json), quiet: Boolean(reporterOpts.quiet) });
+  // If the event loop ever drains with the session unfinished, that is a bug: never
+  // let it look like success.
+  process.exitCode = ExitCode.PROTOCOL_STREAM;
+  process.once('beforeExit', () => reporter.error('internal error: the session stalled with nothing left to wait for', ExitCode.PROTOCOL_STREAM));
+  const ac = new AbortController();
+  let signalled = false;
+  const onSignal = () => {
+    signalled = true;
+    ac.abort();
+  };
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+  try {
+    const summary = await body(reporter, ac.signal);
+    reporter.summary(summary);
+    after?.(summary);
+    return exit(ExitCode.OK);
+  } catch (e) {
+    const err = e instanceof FfsyncError ? e : new FfsyncError('EINTERNAL', ExitCode.FILE_IO, String((e as Error)?.stack ?? e));
+    const code = signalled ? ExitCode.SIGNAL : err.exitCode;
+    reporter.error(signalled ? `interrupted by signal (${err.message})` : err.message, code, err.summary as SyncSummary | undefined);
+    return exit(code);
+  } finally {
+    reporter.stop();
+  }
+}
+
+function exit(code: number): never {
+  // Flush stdout/stderr before exiting (pipes are async in Node).
+  process.exitCode = code;
+  process.stdout.write('', () => process.stderr.write('', () => process.exit(code)));
+  return undefined as never;
+}
+
+export function buildProgram(): Command {
+  const program = new Command('ffsync-native')
+    .description('File sync that moves the difference, not the file.')
+    .version(VERSION, '-V, --version')
+    .showHelpAfterError()
+    .exitOverride();
+
+  common(
+    program
+      .command('receive')
+      .description('receive a file or a directory tree into <path> (one session, then exit); port 0 picks a free port')
+      .argument('<path>', 'file or directory to converge toward the sender\'s')
+      .argument('<port>', 'TCP port to listen on', intArg(0, 65535)),
+  )
+    .option('--bind <address>', 'address to listen on', '0.0.0.0')
+    .option('--from <file...>', 'also reuse chunks of these local files')
+    .option('--exclude <pattern>', 'trees: protect matching paths from deletion (repeatable)', collect, [])
+    .option('--exclude-from <file>', 'trees: read protect patterns from a file (one per line, # comments)')
+    .option('--no-delete', 'trees: keep files only this side has, whatever the sender asks')
+    .option('--inplace', 'update files in place: write only changed ranges into the target (crash-safe redo journal; see README)')
+    .action(async (target: string, port: number, o: CommonOptions & TreeCli & { bind: string; from?: string[]; inplace?: boolean }) => {
+      await run(o, async (events, signal) => {
+        if (o.trust) parseFingerprint(o.trust);
+        const protect = await loadExcludes(o.exclude, o.excludeFrom);
+        return receive({
+          path: target,
+          host: o.bind,
+          port,
+          from: o.from,
+          inplace: o.inplace,
+          tree: { protect, noDelete: o.delete === false },
+          checksum: o.checksum,
+          stateDir: o.stateDir,
+          timeoutMs: o.timeout * 1000,
+          plaintext: o.plaintext,
+          quic: o.quic,
+          trust: o.trust,
+          interactive: true,
+          events,
+          signal,
+        });
+      });
+    });
+
+  common(
+    program
+      .command('send')
+      .description('push the file or directory tree at <path> to a receiver (`dir` and `dir/` mean the same)')
+      .argument('<path>', 'file or directory to send')
+      .argument('<host:port>', 'receiver address; host:port/some/path for a path under a serve daemon\'s root'),
+  )
+    .addOption(new Option('--compress-level <n>', 'zstd level for chunk data').argParser(intArg(1, 19)).default(1))
+    .option('--no-compress', 'send chunk data uncompressed')
+    .addOption(new Option('--bwlimit <KiBps>', 'limit chunk data to this many KiB per second').argParser(intArg(1, 2 ** 31)))
+    .option('--exclude <pattern>', 'trees: skip matching paths on both sides (repeatable; see README for the rules)', collect, [])
+    .option('--exclude-from <file>', 'trees: read exclude patterns from a file (one per line, # comments)')
+    .option('--no-delete', 'trees: keep files only the receiver has')
+    .option('-n, --dry-run', 'trees: both sides report what would change; nothing is written')
+    .addOption(new Option('--parallel <K>', 'trees: spread large files over K connections (QUIC: K streams, default 16)').argParser(intArg(1, 16)))
+    .addOption(new Option('--max-size <SIZE>', "trees: leave files larger than SIZE alone (rsync's rules; e.g. 100M)").argParser(sizeArg))
+    .addOption(new Option('--min-size <SIZE>', 'trees: leave files smaller than SIZE alone').argParser(sizeArg))
+    .action(async (source: string, addr: string, o: CommonOptions & TreeCli & { compressLevel: number; compress: boolean; bwlimit?: number; dryRun?: boolean; parallel?: number; maxSize?: number; minSize?: number }) => {
+      await run(o, async (events, signal) => {
+        const { host, port, path: remotePath } = parseRemote(addr);
+        if (o.trust) parseFingerprint(o.trust);
+        const excludes = await loadExcludes(o.exclude, o.excludeFrom);
+        return send({
+          path: source,
+          host,
+          port,
+          remotePath,
+          checksum: o.checksum,
+          compressLevel: o.compress ? o.compressLevel : 0,
+          stateDir: o.stateDir,
+          timeoutMs: o.timeout * 1000,
+          bwlimitKiBps: o.bwlimit,
+          tree: { excludes, noDelete: o.delete === false, dryRun: o.dryRun, parallel: o.parallel, maxSize: o.maxSize, minSize: o.minSize },
+          plaintext: o.plaintext,
+          quic: o.quic,
+          trust: o.trust,
+          interactive: true,
+          events,
+          signal,
+        });
+      });
+    });
+  common(
+    program
+      .command('pull')
+      .description("fetch a file or directory tree from a serve daemon into <local> (a file lands inside <local> if that is a directory)")
+      .argument('<host:port/path>', 'daemon address and the path under its root')
+      .argument('<local>', 'where it lands'),
+  )
+    .option('--exclude <pattern>', 'trees: protect matching local paths from deletion (repeatable)', collect, [])
+    .option('--exclude-from <file>', 'trees: read protect patterns from a file (one per line, # comments)')
+    .option('--no-delete', 'trees: keep files only this side has')
+    .action(async (addr: string, local: string, o: CommonOptions & TreeCli) => {
+      await run(o, async (events, signal) => {
+        const { host, port, path: remotePath } = parseRemote(addr);
+        if (remotePath === undefined) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `pull needs a path under the daemon's root: ${addr}/some/path`);
+        if (o.plaintext) throw new FfsyncError('EUSAGE', ExitCode.USAGE, 'serve daemons authorize clients by certificate: pull has no --plaintext');
+        if (o.trust) parseFingerprint(o.trust);
+        const protect = await loadExcludes(o.exclude, o.excludeFrom);
+        return pull({
+          host,
+          port,
+          remotePath,
+          local,
+          checksum: o.checksum,
+          stateDir: o.stateDir,
+          timeoutMs: o.timeout * 1000,
+          quic: o.quic,
+          trust: o.trust,
+          interactive: true,
+          tree: { protect, noDelete: o.delete === false },
+          events,
+          signal,
+        });
+      });
+    });
+
+  serveCommand(program, intArg);
+
+  // rsync's front door. Options rsync users type that we do not implement are refused
+  // loudly (exit 1), never silently accepted.
+  const rules: string[] = [];
+  const notSupported: [string, string][] = [
+    ['-H, --hard-links', 'hardLinks'],
+    ['-A, --acls', 'acls'],
+  ];
+  const syncCmd = program
+    .command('sync')
+    .description('rsync-style: SRC and DEST are local paths or [user@]host:path (ssh); `src/` copies the contents, `src` the directory itself')
+    .argument('<SRC>')
+    .argument('<DEST>')
+    .option('-a, --archive', 'archive mode: recursive, symlinks, permissions, times, group, owner (-rlptgo)')
+    .option('-o, --owner', 'preserve owner (takes effect when the receiving side runs as root)')
+    .option('-g, --group', 'preserve group')
+    .option('-X, --xattrs', 'preserve extended attributes (user.*; trusted.* as root)')
+    .option('--numeric-ids', "don't map uid/gid values by user/group name")
+    .option('-r, --recursive', 'recurse into directories')
+    .option('-v, --verbose', 'list what changes')
+    .option('-q, --quiet', 'print errors only')
+    .option('-n, --dry-run', 'show what would change; write nothing')
+    .option('-z, --compress', 'compress data (always on: zstd where it pays)')
+    .option('-S, --sparse', "keep holes (always on: the sender's holes, found with SEEK_HOLE/SEEK_DATA, are recreated)")
+    .option('--inplace', 'update files in place: write only changed ranges into the target (crash-safe redo journal; see README)')
+    .addOption(new Option('--compress-level <n>', 'zstd level for data').argParser(intArg(0, 19)))
+    .option('-c, --checksum', 'compare content, not size and mtime')
+    .option('-u, --update', 'skip files that are newer on the receiver')
+    .option('-W, --whole-file', 'send changed files whole (no delta against the old version)')
+    .option('-x, --one-file-system', "don't cross filesystem boundaries")
+    .option('--delete', 'delete files only DEST has')
+    .option('--exclude <pattern>', 'exclude matching paths (repeatable; rules as in README)', (v: string) => (rules.push(v), rules))
+    .option('--include <pattern>', 're-include matching paths (first matching rule wins)', (v: string) => (rules.push(`!${v}`), rules))
+    .option('--exclude-from <file>', 'read exclude patterns from a file')
+    .addOption(new Option('--bwlimit <KiBps>', 'limit data to this many KiB per second').argParser(intArg(1, 2 ** 31)))
+    .option('--progress', 'show progress (the default on a terminal)')
+    .option('--partial', 'keep partially transferred files (always on: a rerun resumes them)')
+    .option('-P', 'same as --partial --progress')
+    .option('--stats', 'print transfer statistics at the end')
+    .option('-e, --rsh <command>', 'remote shell to use (default ssh)')
+    .option('--remote-cmd <command>', 'program to run on the remote side (default ffsync-native on its PATH)')
+    .option('--quic', 'push/pull: ssh starts the remote peer and vouches for both identities; the data moves over QUIC (UDP)')
+    .addOption(new Option('--max-size <SIZE>', "don't transfer files larger than SIZE (K, M, G = 1024-based; KB, MB, GB = 1000)").argParser(sizeArg))
+    .addOption(new Option('--min-size <SIZE>', "don't transfer files smaller than SIZE").argParser(sizeArg))
+    .addOption(new Option('--jobs <n>', 'trees: large files in flight at once (local default 4; --quic streams, default 16)').argParser(intArg(1, 16)))
+    .option('--json', 'newline-delimited JSON events on stdout')
+    .option('--state-dir <dir>', 'state directory (indexes)')
+    .addOption(new Option('--timeout <seconds>', 'give up when the peer is silent this long (exit 30)').argParser(intArg(1, 86400)).default(60));
+  for (const [flags] of notSupported) syncCmd.option(flags, 'not supported (refused with exit 1)');
+  syncCmd.action(async (src: string, dest: string, o: Record<string, any>) => {
+    for (const [flags, key] of notSupported) {
+      if (o[key] !== undefined) {
+        process.stderr.write(`ffsync-native: error: ${flags.split(' <')[0]} is not supported by this version of ffsync-native\n`);
+        process.exit(ExitCode.USAGE);
+      }
+    }
+    await run(
+      { json: o.json, quiet: o.quiet, timeout: o.timeout } as CommonOptions,
+      async (events, signal) => {
+        const excludes = await loadExcludes(rules, o.excludeFrom);
+        return sync({
+          src,
+          dest,
+          recursive: Boolean(o.archive || o.recursive),
+          delete: Boolean(o.delete),
+          excludes,
+          dryRun: o.dryRun,
+          checksum: o.checksum,
+          compressLevel: o.compressLevel,
+          bwlimitKiBps: o.bwlimit,
+          verbose: o.verbose,
+          update: o.update,
+          wholeFile: o.wholeFile,
+          oneFileSystem: o.oneFileSystem,
+          rsh: o.rsh,
+          remoteCmd: o.remoteCmd,
+          quic: o.quic,
+          jobs: o.jobs,
+          maxSize: o.maxSize,
+          minSize: o.minSize,
+          inplace: o.inplace,
+          attrs: (o.archive || o.owner ? AttrFlag.OWNER : 0) | (o.archive || o.group ? AttrFlag.GROUP : 0) | (o.xattrs ? AttrFlag.XATTRS : 0) | (o.numericIds ? AttrFlag.NUMERIC_IDS : 0),
+          stateDir: o.stateDir,
+          timeoutMs: o.timeout * 1000,
+          events,
+          signal,
+        });
+      },
+      o.stats ? (s) => process.stdout.write(rsyncStats(s)) : undefined,
+    );
+  });
+
+  // The remote end of `sync` over ssh (not for direct use): one session on stdin/stdout.
+  program
+    .command('server', { hidden: true })
+    .option('--sender <path>')
+    .option('--receiver <path>')
+    .option('--name <name>')
+    .option('--src-slash')
+    .option('--dest-slash')
+    .option('-c, --checksum')
+    .option('-n, --dry-run')
+    .option('-u, --update')
+    .option('-W, --whole-file')
+    .option('-x, --one-file-system')
+    .addOption(new Option('--compress-level <n>').argParser(intArg(0, 19)))
+    .addOption(new Option('--bwlimit <KiBps>').argParser(intArg(1, 2 ** 31)))
+    .option('--exclude <pattern>', '', collect, [])
+    .option('--quic')
+    .option('--inplace')
+    .addOption(new Option('--jobs <n>').argParser(intArg(1, 16)))
+    .addOption(new Option('--max-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
+    .addOption(new Option('--attrs <flags>').argParser(intArg(0, 15)))
+    .addOption(new Option('--min-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
+    .option('--state-dir <dir>')
+    .action(async (o: Record<string, any>) => {
+      await run({ quiet: true, timeout: 60 } as CommonOptions, async (events) => {
+        if (Boolean(o.sender) === Boolean(o.receiver)) throw new FfsyncError('EUSAGE', ExitCode.USAGE, 'server needs exactly one of --sender PATH or --receiver PATH');
+        return serveStdio({
+          role: o.sender ? 'sender' : 'receiver',
+          path: o.sender ?? o.receiver,
+          name: o.name,
+          srcSlash: o.srcSlash,
+          destSlash: o.destSlash,
+          checksum: o.checksum,
+          dryRun: o.dryRun,
+          update: o.update,
+          wholeFile: o.wholeFile,
+          oneFileSystem: o.oneFileSystem,
+          compressLevel: o.compressLevel,
+          bwlimitKiBps: o.bwlimit,
+          excludes: o.exclude,
+          quic: o.quic,
+          jobs: o.jobs,
+          maxSize: o.maxSize,
+          minSize: o.minSize,
+          attrs: o.attrs,
+          inplace: o.inplace,
+          stateDir: o.stateDir,
+          events,
+        });
+      });
+    });
+
+  program
+    .command('id')
+    .description("print this peer's certificate fingerprint (creates the identity on first use)")
+    .option('--state-dir <dir>', 'state directory')
+    .option('--rotate', 'replace the identity with a new one (peers must pin the new fingerprint)')
+    .action((o: { stateDir?: string; rotate?: boolean }) =>
+      admin(() => {
+        const id = loadOrCreateIdentity(resolveStateDir(o.stateDir), { rotate: o.rotate });
+        process.stdout.write(`${id.fingerprint}\n`);
+      }),
+    );
+
+  program
+    .command('trust')
+    .description('pin a peer fingerprint (as printed by `ffsync-native id` on the peer)')
+    .argument('<fingerprint>')
+    .argument('[note...]', 'free text kept next to the pin, e.g. the peer\'s name')
+    .option('--state-dir <dir>', 'state directory')
+    .action((fp: string, note: string[], o: { stateDir?: string }) =>
+      admin(() => {
+        const f = parseFingerprint(fp);
+        const added = addPin(resolveStateDir(o.stateDir), f, note.join(' '));
+        process.stdout.write(`${added ? 'pinned' : 'already pinned'} ${f}\n`);
+      }),
+    );
+
+  program
+    .command('untrust')
+    .description('remove a pinned fingerprint')
+    .argument('<fingerprint>')
+    .option('--state-dir <dir>', 'state directory')
+    .action((fp: string, o: { stateDir?: string }) =>
+      admin(() => {
+        const f = parseFingerprint(fp);
+        if (!removePin(resolveStateDir(o.stateDir), f)) throw new FfsyncError('ENOTPINNED', ExitCode.USAGE, `${f} is not pinned`);
+        process.stdout.write(`removed ${f}\n`);
+      }),
+    );
+
+  program
+    .command('fingerprints')
+    .description('list pinned peer fingerprints')
+    .option('--state-dir <dir>', 'state directory')
+    .action((o: { stateDir?: string }) =>
+      admin(() => {
+        for (const p of readPins(resolveStateDir(o.stateDir))) process.stdout.write(`${p.fingerprint}${p.note ? '  ' + p.note : ''}\n`);
+      }),
+    );
+  return program;
+}
+
+/** `--stats`: rsync-like totals. */
+function rsyncStats(s: SyncSummary): string {
+  const t = s.tree;
+  const lines = [
+    '',
+    `Number of files: ${t ? t.files : 1}`,
+    `Number of regular files transferred: ${t ? t.written : s.upToDate ? 0 : 1}`,
+    `Number of deleted files: ${t ? t.deleted : 0}`,
+    `Total file size: ${s.size} bytes (${formatBytes(s.size)})`,
+    `Literal data: ${s.literalBytes} bytes`,
+    `Matched data: ${s.matchedBytes} bytes`,
+    `Total bytes sent: ${s.bytesOnWire.sent}`,
+    `Total bytes received: ${s.bytesOnWire.received}`,
+    '',
+  ];
+  return lines.join('\n');
+}
+
+/** Small synchronous commands: one error line and the documented exit code. */
+function admin(body: () => void): void {
+  try {
+    body();
+  } catch (e) {
+    const err = e instanceof FfsyncError ? e : new FfsyncError('EINTERNAL', ExitCode.FILE_IO, String((e as Error)?.message ?? e));
+    process.stderr.write(`ffsync-native: error: ${err.message}\n`);
+    process.exit(err.exitCode);
+  }
+}
+
+export async function main(): Promise<void> {
+  const program = buildProgram();
+  try {
+    await program.parseAsync(process.argv);
+  } catch (e) {
+    if (e instanceof CommanderError) {
+      // --help / --version exit 0; every usage error exits 1 (rsync's "syntax or usage").
+      process.exit(e.exitCode === 0 ? 0 : ExitCode.USAGE);
+    }
+    throw e;
+  }
+}
