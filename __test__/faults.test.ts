@@ -7,8 +7,8 @@ import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { before, describe, it } from 'node:test';
-import { FAULT_KINDS, SHAPES, runFault } from './helpers/faults';
-import { seeded, sha256, sync, tmpdir, writeAt } from './helpers/peers';
+import { FAULT_KINDS, SHAPES, faultProxy, runFault } from './helpers/faults';
+import { seeded, sender, sha256, startReceiver, sync, tmpdir, writeAt } from './helpers/peers';
 
 const MiB = 1024 * 1024;
 
@@ -71,6 +71,30 @@ describe('regressions found by fault injection', () => {
       execFileSync('chattr', ['-i', locked]);
       fs.rmSync(dir, { recursive: true, force: true });
     }
+  });
+
+  it('a single source removed after the sender connected, before its scan: exit 24 on both sides, not 11 (file I/O)', async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'src.bin');
+    const dst = path.join(dir, 'dst.bin');
+    fs.writeFileSync(src, seeded(2 * MiB, 96));
+    fs.writeFileSync(dst, 'old\n');
+    const { peer, port } = await startReceiver(dst, ['--state-dir', path.join(dir, 'state-r')]);
+    // The relay holds the receiver's answers: the sender has stat'ed its source and
+    // connected, and waits for the handshake while the source goes.
+    const relay = await faultProxy(port);
+    relay.hold(true);
+    const s = sender(src, relay.port, ['--state-dir', path.join(dir, 'state-s')]);
+    await relay.connected;
+    fs.rmSync(src);
+    relay.hold(false);
+    const [sr, rr] = await Promise.all([s.done, peer.done]);
+    relay.close();
+    assert.equal(sr.code, 24, sr.stderr);
+    assert.equal(rr.code, 24, rr.stderr);
+    assert.match(sr.stderr, /ffsync-native: error: .*vanished/);
+    assert.equal(fs.readFileSync(dst, 'utf8'), 'old\n', 'the target is untouched');
+    fs.rmSync(dir, { recursive: true, force: true });
   });
 
   it('a same-size change under an unchanged future mtime is synced (index entries with future mtimes are trusted)', async () => {

@@ -258,8 +258,23 @@ function listFiles(root: string): { files: Map<string, string>; temps: string[] 
 /** A TCP relay from a fresh port to `targetPort` that can reset every connection or flip one
  * byte at a chosen offset of the sender -> receiver stream (plaintext: nothing else checks
  * integrity, so the engine's own checks must catch it). */
-async function faultProxy(targetPort: number): Promise<{ port: number; connected: Promise<void>; reset(): void; corruptAt(offset: number): void; close(): void }> {
+export interface FaultProxy {
+  port: number;
+  /** Resolves when the first connection arrived. */
+  connected: Promise<void>;
+  /** RST on every connection. */
+  reset(): void;
+  /** Flip one bit `offset` bytes further into the sender -> receiver stream. */
+  corruptAt(offset: number): void;
+  /** While on, the receiver -> sender direction is held back (delivered when turned off). */
+  hold(on: boolean): void;
+  close(): void;
+}
+
+export async function faultProxy(targetPort: number): Promise<FaultProxy> {
   const sockets = new Set<net.Socket>();
+  let holding = false;
+  const held: (() => void)[] = [];
   let onConnect: () => void = () => undefined;
   const connected = new Promise<void>((r) => (onConnect = r));
   let flipAt = -1;
@@ -282,6 +297,14 @@ async function faultProxy(targetPort: number): Promise<{ port: number; connected
       }
     });
     outbound.on('data', (b: Buffer) => {
+      if (holding) {
+        outbound.pause();
+        held.push(() => {
+          inbound.write(b);
+          outbound.resume();
+        });
+        return;
+      }
       if (!inbound.write(b)) {
         outbound.pause();
         inbound.once('drain', () => outbound.resume());
@@ -301,6 +324,10 @@ async function faultProxy(targetPort: number): Promise<{ port: number; connected
       for (const s of sockets) if (!s.destroyed) s.resetAndDestroy();
     },
     corruptAt: (offset) => (flipAt = upstream + offset),
+    hold: (on) => {
+      holding = on;
+      if (!on) for (const release of held.splice(0)) release();
+    },
     close: () => {
       for (const s of sockets) s.destroy();
       server.close();
