@@ -710,7 +710,7 @@ describe('tree sync', { skip: POSIX_ONLY }, () => {
       assert.equal(r.summary?.tree?.deleted, 0);
     });
 
-    it('a large file that vanishes before it is sent: exit 24, the rest synced, nothing deleted', async () => {
+    it('a large file that vanishes before it is sent: exit 24 with an error line that says vanished (not "partial transfer"), the rest synced, nothing deleted', async () => {
       const dir = tmpdir();
       const src = path.join(dir, 'src');
       const dst = path.join(dir, 'dst');
@@ -728,6 +728,13 @@ describe('tree sync', { skip: POSIX_ONLY }, () => {
       assert.equal(rr.code, 24, `receiver exit ${rr.code}: ${rr.stderr}`);
       assert.equal(sr.code, 24, `sender exit ${sr.code}: ${sr.stderr}`);
       assert.match(rr.stderr, /z\.bin vanished/);
+      // Regression (fault suite, source-vanished): the receiver's one error line said
+      // "partial transfer" (exit 23's meaning) for exit 24.
+      for (const [who, stderr] of [['receiver', rr.stderr], ['sender', sr.stderr]]) {
+        const lines = stderr.split('\n').filter((l) => l.startsWith('ffsync-native: error:'));
+        assert.equal(lines.length, 1, `${who}: ${stderr}`);
+        assert.match(lines[0], /vanished/, `${who}'s error line must say what exit 24 means`);
+      }
       assert.equal(sha256(path.join(dst, 'a.bin')), sha256(path.join(src, 'a.bin')));
       assert.equal(fs.readFileSync(path.join(dst, 'small.txt'), 'utf8'), 'small\n');
       assert.ok(fs.existsSync(path.join(dst, 'extra.txt')), 'no deletions in a session with a vanished file');

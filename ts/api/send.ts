@@ -16,7 +16,7 @@ import { overQuic } from './over-quic.js';
 import type { SecureStream } from '../transport/peer-identity.js';
 import { loadOrCreateIdentity } from '../security/identity.js';
 import { newSummary, type SyncEvents, type SyncSummary } from './events.js';
-import { sendFileContent } from './file-transfer.js';
+import { identityChanged, sendFileContent } from './file-transfer.js';
 import { sendTree, startWalk, type TreeSendOptions } from './tree-send.js';
 import path from 'node:path';
 
@@ -168,6 +168,11 @@ export async function runSender(
     const source = sourceHolder.source;
     if (source && !source.unchanged()) {
       err = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.path} changed during the sync (${err.message}); rerun to send the new version`, { cause: err });
+    } else if (!st.isDirectory() && err.exitCode === ExitCode.FILE_IO && !err.message.startsWith('peer: ') && identityChanged(await fs.stat(o.path, { bigint: true }).catch(() => undefined), st)) {
+      // The fault suite found a source removed between the first stat and the scan reported
+      // as a file I/O error (exit 11, "No such file or directory") on both sides: it is the
+      // documented "source changed" (24).
+      err = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.path} vanished or changed during the sync (${err.message}); rerun to send the new version`, { cause: err });
     }
     await reportError(conn, err);
     err.summary = summary;

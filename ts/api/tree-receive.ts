@@ -209,6 +209,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
         refusable: true,
         refine: o.refine !== false && Boolean(o.negotiated.capabilities & Capability.REFINE),
         sparse: Boolean(o.negotiated.capabilities & Capability.SPARSE),
+        commitRefusal: Boolean(o.negotiated.capabilities & Capability.COMMIT_REFUSAL),
         inplace: o.inplace,
       });
       if (r.refused) {
@@ -316,7 +317,10 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     );
     if (exitCode !== ExitCode.OK) {
       conn.errorSent = true;
-      throw new FfsyncError(exitCode === ExitCode.VANISHED ? 'EVANISHED' : 'EPARTIAL', exitCode, `partial transfer: ${summary.errors.length} path(s) not synced\n${message}`);
+      // The one error line names what exit 24 means (the fault suite found it saying only
+      // "partial transfer", which is 23's meaning, with the vanished paths on later lines).
+      const what = exitCode === ExitCode.VANISHED ? 'source files vanished during the run' : 'partial transfer';
+      throw new FfsyncError(exitCode === ExitCode.VANISHED ? 'EVANISHED' : 'EPARTIAL', exitCode, `${what}: ${summary.errors.length} path(s) not synced\n${message}`);
     }
   } finally {
     o.listener?.close();

@@ -26,8 +26,12 @@ export const Capability = {
   /** Set only by a `serve` daemon: the client must address a path with REQUEST right after
    * HELLO (and waits for ACCEPT) before the usual OFFER (§4.14). Never part of the AND. */
   SERVE: 1 << 5,
+  /** Tree sessions: a large file whose data arrived but whose commit failed (the target
+   * cannot be replaced: an immutable file, a read-only bind mount) is answered with
+   * RESULT status 2 = NOT_WRITTEN and reported, instead of failing the session (§4.9). */
+  COMMIT_REFUSAL: 1 << 6,
 } as const;
-export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE;
+export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL;
 /** Most REFINE bytes one file transfer may carry (mirrors refine::MAX_TABLE_BYTES). */
 export const MAX_REFINE_TABLE = 64 * 1024 * 1024;
 /** REFINE payloads are cut at this size. */
@@ -334,7 +338,8 @@ export function decodeDataEnd(p: Buffer): DataEnd {
   return { chunks: p.readUInt32LE(0), rawBytes: p.readBigUInt64LE(4) };
 }
 
-export const ResultStatus = { SYNCED: 0, UP_TO_DATE: 1 } as const;
+/** NOT_WRITTEN only in tree sessions that negotiated COMMIT_REFUSAL (callers check). */
+export const ResultStatus = { SYNCED: 0, UP_TO_DATE: 1, NOT_WRITTEN: 2 } as const;
 
 export interface SyncResult {
   status: number;
@@ -353,7 +358,7 @@ export function encodeResult(r: SyncResult): Buffer {
 }
 
 export function decodeResult(p: Buffer): SyncResult {
-  if (p.length !== 17 || p[0] > 1) throw protocolError('bad RESULT');
+  if (p.length !== 17 || p[0] > ResultStatus.NOT_WRITTEN) throw protocolError('bad RESULT');
   return { status: p[0], matchedBytes: p.readBigUInt64LE(1), literalBytes: p.readBigUInt64LE(9) };
 }
 

@@ -20,6 +20,25 @@ const MAGIC: &[u8; 4] = b"FFX1";
 /// Shared by the tree index (tree/index.rs).
 pub(crate) const RACY_WINDOW_NS: i64 = 20_000_000;
 
+/// Whether an entry indexed at `indexed_at_ns` may vouch for a file with identity `id` (the
+/// identity itself is compared by the caller). A write stamps the file with the current time,
+/// so a file whose mtime is within the racy window *before* the indexing moment may have been
+/// written again within the same tick, unseen. An mtime *after* the indexing moment (a future
+/// mtime: an archive, `touch -d`, a peer whose clock is ahead, whose mtime we adopted) was not
+/// stamped by a write at that moment: a later write stamps "now" and changes the identity,
+/// just as for an old mtime. Such an entry used to be distrusted forever, so a same-size change
+/// under an unchanged future mtime was never caught (the fault suite's future-mtime runs);
+/// the file's ctime, which only the kernel's clock sets, must then not be in the future too
+/// (a filesystem whose clock runs ahead of ours, e.g. a skewed NFS server, stays distrusted).
+pub(crate) fn trusted_at(indexed_at_ns: i64, id: &FileIdentity) -> bool {
+    let since_mtime = indexed_at_ns.saturating_sub(id.mtime_ns);
+    if since_mtime > RACY_WINDOW_NS {
+        return true;
+    }
+    // Windows records the creation time as ctime: it says nothing about the last write.
+    cfg!(unix) && since_mtime < -RACY_WINDOW_NS && id.ctime_ns <= indexed_at_ns
+}
+
 pub fn index_path(state_dir: &Path, file: &Path) -> PathBuf {
     let key = blake3::hash(file.to_string_lossy().as_bytes());
     state_dir
@@ -99,7 +118,7 @@ pub fn load(state_dir: &Path, file: &Path, current: &FileIdentity) -> Option<Man
         Ok(e)
             if e.path == file.to_string_lossy()
                 && e.identity == *current
-                && e.indexed_at_ns - current.mtime_ns > RACY_WINDOW_NS
+                && trusted_at(e.indexed_at_ns, current)
                 && e.manifest.params.is_canonical_for(current.size) =>
         {
             Some(e.manifest)
@@ -216,5 +235,34 @@ mod tests {
         let file = Path::new("/data/fresh.bin");
         store(dir.path(), file, &id, &m).unwrap();
         assert_eq!(load(dir.path(), file, &id), None);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn future_mtime_entry_is_trusted_once_indexed_after_its_last_change() {
+        // Regression (fault suite, future-mtime): an mtime after the indexing moment made the
+        // entry racy forever, so a same-size change under that mtime went unnoticed.
+        let dir = tempfile::tempdir().unwrap();
+        let (mut id, m) = entry();
+        let now = now_ns();
+        id.mtime_ns = now + 80 * 365 * 24 * 3600 * 1_000_000_000; // 2100-ish
+        id.ctime_ns = now - 1_000_000_000;
+        let file = Path::new("/data/future.bin");
+        store(dir.path(), file, &id, &m).unwrap();
+        assert_eq!(load(dir.path(), file, &id), Some(m.clone()));
+        // A ctime ahead of our clock (a filesystem whose clock runs ahead): not trusted.
+        let ahead = FileIdentity {
+            ctime_ns: now + 3_600_000_000_000,
+            ..id
+        };
+        store(dir.path(), file, &ahead, &m).unwrap();
+        assert_eq!(load(dir.path(), file, &ahead), None);
+        // An mtime just ahead of the indexing moment is within the racy window: not trusted.
+        let near = FileIdentity {
+            mtime_ns: now_ns() + 5_000_000,
+            ..id
+        };
+        store(dir.path(), file, &near, &m).unwrap();
+        assert_eq!(load(dir.path(), file, &near), None);
     }
 }

@@ -99,6 +99,9 @@ pub struct Reconstruction {
     file: File,
     manifest: Manifest,
     sources: Vec<(PathBuf, File)>,
+    /// Each source's stat identity when it was opened: a delta chunk that fails its hash
+    /// is blamed on the old file if that changed meanwhile (see `write_claimed`).
+    opened_as: Vec<Option<FileIdentity>>,
     /// Read-only maps of the sources, made when refinement needs their old bytes.
     maps: Vec<OnceLock<Option<memmap2::Mmap>>>,
     /// Runs described to the sender by `refinement` (chunks that may arrive as deltas).
@@ -300,12 +303,17 @@ impl Reconstruction {
         }
         let n = manifest.chunks.len();
         let maps = sources.iter().map(|_| OnceLock::new()).collect();
+        let opened_as = sources
+            .iter()
+            .map(|(_, f)| f.metadata().ok().map(|m| FileIdentity::of(&m)))
+            .collect();
         Ok(Reconstruction {
             target: target.to_path_buf(),
             temp,
             file,
             manifest,
             sources,
+            opened_as,
             maps,
             refined: OnceLock::new(),
             cloned,
@@ -421,18 +429,12 @@ impl Reconstruction {
     /// Rebuild a delta record's chunk into `out` from the old bytes of its run. Returns how
     /// many of its bytes came as literals.
     fn apply_delta(&self, r: &chunk_batch::Record, out: &mut Vec<u8>) -> Result<u64> {
-        let runs = self.refined.get().map(|v| &v[..]).unwrap_or(&[]);
-        let k = runs.partition_point(|run| run.first <= r.index);
-        let run = k
-            .checked_sub(1)
-            .map(|k| &runs[k])
-            .filter(|run| r.index < run.first + run.count)
-            .ok_or_else(|| {
-                CoreError::malformed(
-                    "chunk batch",
-                    format!("chunk {} is a delta but was not refined", r.index),
-                )
-            })?;
+        let run = self.refined_run(r.index).ok_or_else(|| {
+            CoreError::malformed(
+                "chunk batch",
+                format!("chunk {} is a delta but was not refined", r.index),
+            )
+        })?;
         let base = self.region(run).ok_or_else(|| {
             CoreError::VerifyFailed(format!(
                 "{} changed during the sync",
@@ -447,6 +449,25 @@ impl Reconstruction {
                 .unwrap_or(r.raw_len as u64)
                 .min(r.raw_len as u64))
         })
+    }
+
+    /// The refined run (described old bytes) that chunk `index` belongs to.
+    fn refined_run(&self, index: u32) -> Option<&RefineRun> {
+        let runs = self.refined.get().map(|v| &v[..]).unwrap_or(&[]);
+        let k = runs.partition_point(|run| run.first <= index);
+        k.checked_sub(1)
+            .map(|k| &runs[k])
+            .filter(|run| index < run.first + run.count)
+    }
+
+    /// The old file a delta chunk was rebuilt from, if it changed since it was opened (its
+    /// stat identity, through the open descriptor). A write within the same timestamp tick
+    /// goes unseen; the chunk then still fails, as "received from the peer".
+    fn changed_delta_base(&self, index: u32) -> Option<&Path> {
+        let run = self.refined_run(index)?;
+        let (path, f) = &self.sources[run.source];
+        let now = f.metadata().ok().map(|m| FileIdentity::of(&m));
+        (now != self.opened_as[run.source]).then_some(path.as_path())
     }
 
     fn check_open(&self) -> Result<()> {
@@ -581,6 +602,14 @@ impl Reconstruction {
                 };
                 if blake3::hash(data).as_bytes() == &self.manifest.chunks[r.index as usize].hash {
                     Ok(literal)
+                } else if let Some(path) = r.is_delta().then(|| self.changed_delta_base(r.index)).flatten() {
+                    // The delta was applied to old bytes that changed under us: the fault
+                    // suite found this reported as a corrupt chunk from the peer (exit 12);
+                    // it is the documented "old file changed during the sync" (exit 23).
+                    Err(CoreError::VerifyFailed(format!(
+                        "{} changed during the sync",
+                        path.display()
+                    )))
                 } else {
                     Err(CoreError::ChunkCorrupt {
                         index: r.index,

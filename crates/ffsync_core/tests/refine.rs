@@ -223,11 +223,20 @@ fn a_delta_for_a_chunk_that_was_not_refined_is_refused() {
     assert!(source.set_refinement(&table).is_err());
 }
 
-#[test]
-fn a_tampered_delta_fails_the_chunk_hash_and_commits_nothing() {
-    let d = tempfile::tempdir().unwrap();
-    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
-    let old = rand_bytes(2 << 20, 41);
+/// A 2 MiB old file and a new one with 100 bytes changed, planned, described and copied:
+/// returns the reconstruction and the one-delta batch the sender would send for it.
+struct OneDelta {
+    _dir: tempfile::TempDir,
+    dst: std::path::PathBuf,
+    old: Vec<u8>,
+    r: Reconstruction,
+    batch: Vec<u8>,
+}
+
+fn one_delta(seed: u64) -> OneDelta {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    let old = rand_bytes(2 << 20, seed);
     fs::write(&dst, &old).unwrap();
     let mut new = old.clone();
     new[300_000..300_100].fill(9);
@@ -246,8 +255,27 @@ fn a_tampered_delta_fails_the_chunk_hash_and_commits_nothing() {
     let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0).unwrap();
     source.set_refinement(&table).unwrap();
     r.copy_local().unwrap();
-    let (mut batch, _) = source.read_batch(&r.needed()).unwrap();
+    let (batch, _) = source.read_batch(&r.needed()).unwrap();
     assert_eq!(count_deltas(&batch), 1);
+    OneDelta {
+        _dir: dir,
+        dst,
+        old,
+        r,
+        batch,
+    }
+}
+
+#[test]
+fn a_tampered_delta_fails_the_chunk_hash_and_commits_nothing() {
+    // `_dir: _keep` binds the temp dir, so it lives to the end of the test.
+    let OneDelta {
+        _dir: _keep,
+        dst,
+        old,
+        r,
+        mut batch,
+    } = one_delta(41);
     // Flip a literal byte near the end of the delta (before the end command).
     let n = batch.len();
     batch[n - 10] ^= 0xff;
@@ -255,4 +283,33 @@ fn a_tampered_delta_fails_the_chunk_hash_and_commits_nothing() {
     assert!(matches!(err.code(), "ECHUNK" | "EMALFORMED"), "{err}");
     assert!(r.finish(None, None, None).is_err());
     assert_eq!(fs::read(&dst).unwrap(), old);
+}
+
+#[cfg(unix)]
+#[test]
+fn old_file_changed_under_a_delta_is_reported_as_changed_not_as_a_corrupt_chunk_from_the_peer() {
+    // Regression (fault suite, old-file-changed): the receiver's old bytes changed after it
+    // described them, so the delta rebuilt a wrong chunk, reported as "chunk N failed its
+    // hash check (received from the peer)" (exit 12) instead of "changed during the sync" (23).
+    let OneDelta {
+        _dir: _keep,
+        dst,
+        old,
+        r,
+        batch,
+    } = one_delta(43);
+    // Another process rewrites the old file in place (same size; its mtime moves on, as
+    // any write's would, past the timestamp tick of the open).
+    let mut changed = old.clone();
+    changed[200_000..400_000].fill(7);
+    let f = fs::OpenOptions::new().write(true).open(&dst).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&changed, 0).unwrap();
+    f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    let err = r.write_batch(&batch).unwrap_err();
+    assert_eq!(err.code(), "EVERIFY", "{err}");
+    assert!(err.to_string().contains("changed during the sync"), "{err}");
+    assert!(r.finish(None, None, None).is_err(), "nothing may be committed");
+    assert_eq!(fs::read(&dst).unwrap(), changed, "the target is the user's, untouched");
 }

@@ -10,7 +10,7 @@
 use super::path::cmp_tree_path;
 use crate::error::Result;
 use crate::file_identity::FileIdentity;
-use crate::index::{now_ns, write_atomically, RACY_WINDOW_NS};
+use crate::index::{now_ns, trusted_at, write_atomically};
 use crate::manifest::hex;
 use std::cmp::Ordering;
 use std::fs;
@@ -127,8 +127,7 @@ impl IndexCursor<'_> {
                 Ordering::Greater => return None,
                 Ordering::Equal => {
                     let e = self.current.take().unwrap();
-                    let trusted =
-                        e.identity == *current && self.index.indexed_at_ns - current.mtime_ns > RACY_WINDOW_NS;
+                    let trusted = e.identity == *current && trusted_at(self.index.indexed_at_ns, current);
                     return trusted.then_some(e.root);
                 }
             }
