@@ -6,6 +6,7 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe, test } from 'node:test';
+import { isDeepStrictEqual } from 'node:util';
 import { CLI, modify, type Peer, type PeerResult, run, seeded, sha256, snapshot, tmpdir } from './helpers/peers.js';
 import { authorize, normalizeRequestPath, parseConfig } from '../ts/serve/authorization.js';
 import { PathLocks } from '../ts/serve/path-locks.js';
@@ -366,7 +367,7 @@ describe('serve: sessions', { timeout: 300_000 }, () => {
       const seen = snapshot(path.join(dir, 'seen'));
       const versions = [v1, v2, v3].map((v) => snapshot(v));
       assert.ok(
-        versions.some((v) => JSON.stringify(v) === JSON.stringify(seen)),
+        versions.some((v) => isDeepStrictEqual(v, seen)),
         'the reader got exactly one version',
       );
       assert.deepEqual(snapshot(path.join(root, 'site')), versions[2], 'the last writer in arrival order wins');

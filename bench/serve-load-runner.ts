@@ -11,6 +11,8 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { isDeepStrictEqual } from 'node:util';
+import { sha256, snapshot } from '../__test__/helpers/peers';
 
 const CLI = path.join(__dirname, '..', 'dist', 'cli', 'main.js');
 
@@ -76,32 +78,6 @@ function rng(seed: string): () => number {
   };
 }
 
-function hashFile(p: string): string {
-  return crypto.createHash('sha256').update(fs.readFileSync(p)).digest('hex');
-}
-
-/** Relative path -> sha256 of every regular file under `dir` (directories implied). */
-export function contentMap(dir: string): Map<string, string> {
-  const out = new Map<string, string>();
-  const walk = (d: string) => {
-    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
-      const p = path.join(d, e.name);
-      if (e.isDirectory()) walk(p);
-      else out.set(path.relative(dir, p), e.isFile() ? hashFile(p) : 'special');
-    }
-  };
-  walk(dir);
-  return out;
-}
-
-function sameContent(a: string, b: string): boolean {
-  const x = contentMap(a);
-  const y = contentMap(b);
-  if (x.size !== y.size) return false;
-  for (const [k, v] of x) if (y.get(k) !== v) return false;
-  return true;
-}
-
 function makeTree(dir: string, files: number, seed: string): void {
   const r = rng(seed);
   for (let i = 0; i < files; i++) {
@@ -114,7 +90,7 @@ function makeTree(dir: string, files: number, seed: string): void {
 /** Between rounds: ~5% of files rewritten, one added, one removed. */
 function changeTree(dir: string, round: number, seed: string): void {
   const r = rng(`${seed}/change/${round}`);
-  const files = [...contentMap(dir).keys()].sort();
+  const files = Object.keys(snapshot(dir)).sort();
   for (const f of files) if (r() < 0.05) fs.writeFileSync(path.join(dir, f), seeded(512 + Math.floor(r() * 16 * 1024), `${seed}/${f}/${round}`));
   fs.writeFileSync(path.join(dir, `d0`, `new-${round}.bin`), seeded(2048, `${seed}/new/${round}`));
   const victim = files[Math.floor(r() * files.length)];
@@ -246,7 +222,7 @@ export async function runServeLoad(p: LoadParams): Promise<LoadFigures> {
         wire += summary?.bytesOnWire?.sent ?? 0;
         literal += summary?.literalBytes ?? 0;
       });
-      const mismatched = jobs.filter((j) => (j.big ? !fs.existsSync(j.target) || hashFile(j.target) !== hashFile(j.source) : !fs.existsSync(j.target) || !sameContent(j.source, j.target))).map((j) => j.name);
+      const mismatched = jobs.filter((j) => (j.big ? !fs.existsSync(j.target) || sha256(j.target) !== sha256(j.source) : !fs.existsSync(j.target) || !isDeepStrictEqual(snapshot(j.source), snapshot(j.target)))).map((j) => j.name);
       rounds.push({ round, seconds, sessions: jobs.length, failures, wireBytesSent: wire, literalBytes: literal, verified: jobs.length - mismatched.length, mismatched, daemonRssAfterKiB: procStatusKiB(pid, 'VmRSS') });
       log(`round ${round}: ${seconds.toFixed(1)} s, ${jobs.length} sessions, ${failures.length} failed, ${mismatched.length} mismatched, wire ${(wire / 2 ** 20).toFixed(1)} MiB`);
     }

@@ -12,6 +12,7 @@ import {
   encodeError,
   encodeHello,
   expectType,
+  type Hello,
   negotiateVersion,
   OUR_CAPABILITIES,
   PROTOCOL_MAX,
@@ -34,14 +35,23 @@ export async function handshake(conn: FramedConnection, role: number): Promise<N
   const sent = conn.send(FrameType.HELLO, encodeHello({ minVersion: PROTOCOL_MIN, maxVersion: PROTOCOL_MAX, capabilities: OUR_CAPABILITIES, role, software: `ffsync-native/${VERSION}` }));
   // If the peer's reply (or its absence) fails first, this rejection must not go unhandled.
   sent.catch(() => undefined);
-  const f = await recvRaw(conn);
-  if (f.type === FrameType.ERROR) throw decodeError(f.payload);
-  expectType(f.type, FrameType.HELLO);
-  const peer = decodeHello(f.payload);
+  const peer = await peerHello(conn);
   await sent;
   if (peer.role === role) {
     throw new FfsyncError('EPROTOROLE', ExitCode.PROTOCOL_INCOMPATIBLE, `both peers are ${role === 1 ? 'senders' : 'receivers'}`);
   }
+  return negotiate(peer);
+}
+
+/** The peer's HELLO (its ERROR frame, if it sent one instead, becomes its error). */
+async function peerHello(conn: FramedConnection): Promise<Hello> {
+  const f = await recvRaw(conn);
+  if (f.type === FrameType.ERROR) throw decodeError(f.payload);
+  expectType(f.type, FrameType.HELLO);
+  return decodeHello(f.payload);
+}
+
+function negotiate(peer: Hello): Negotiated {
   const version = negotiateVersion({ min: PROTOCOL_MIN, max: PROTOCOL_MAX }, peer);
   return { version, capabilities: peer.capabilities & OUR_CAPABILITIES, peerSoftware: peer.software, peerCapabilities: peer.capabilities };
 }
@@ -52,14 +62,10 @@ export async function handshake(conn: FramedConnection, role: number): Promise<N
  * with Capability.SERVE. The client's HELLO always goes first, so nobody waits on anybody.
  */
 export async function daemonHandshake(conn: FramedConnection): Promise<Negotiated & { role: number }> {
-  const f = await recvRaw(conn);
-  if (f.type === FrameType.ERROR) throw decodeError(f.payload);
-  expectType(f.type, FrameType.HELLO);
-  const peer = decodeHello(f.payload);
+  const peer = await peerHello(conn);
   const role = peer.role === Role.SENDER ? Role.RECEIVER : Role.SENDER;
   await conn.send(FrameType.HELLO, encodeHello({ minVersion: PROTOCOL_MIN, maxVersion: PROTOCOL_MAX, capabilities: OUR_CAPABILITIES | Capability.SERVE, role, software: `ffsync-native/${VERSION}` }));
-  const version = negotiateVersion({ min: PROTOCOL_MIN, max: PROTOCOL_MAX }, peer);
-  return { role, version, capabilities: peer.capabilities & OUR_CAPABILITIES, peerSoftware: peer.software, peerCapabilities: peer.capabilities };
+  return { ...negotiate(peer), role };
 }
 
 /**

@@ -5,8 +5,7 @@
 export interface SessionLog {
   event: 'session';
   id: number;
-  /** ISO time the connection arrived. */
-  start: string;
+  /** When the connection arrived (ms since the epoch; logged as ISO `start`). */
   startedAt: number;
   remote: string;
   /** Client certificate fingerprint (absent if the TLS handshake gave none). */
@@ -42,7 +41,6 @@ export function sessionLog(id: number, remote: string): SessionLog {
   return {
     event: 'session',
     id,
-    start: new Date(now).toISOString(),
     startedAt: now,
     remote,
     // Placeholders keep the logged field order stable (undefined ones are not printed).
@@ -64,7 +62,8 @@ export function sessionLog(id: number, remote: string): SessionLog {
   };
 }
 
-/** The line as logged (the internal start timestamp is dropped). */
+/** The line as logged: `startedAt` appears as the ISO time `start`. */
 export function formatSessionLog(e: SessionLog): string {
-  return JSON.stringify(e, (key, value) => (key === 'startedAt' ? undefined : value));
+  const { event, id, startedAt, ...rest } = e;
+  return JSON.stringify({ event, id, start: new Date(startedAt).toISOString(), ...rest });
 }
