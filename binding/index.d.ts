@@ -33,6 +33,26 @@ export declare class NativeChunkSource {
   release(): void
 }
 
+/** Early placement while a streamed manifest arrives (see crates/ffsync_core/src/prefill.rs). */
+export declare class NativePrefill {
+  /**
+   * Start early placement into `target`'s provisional temp file for a `size`-byte file,
+   * from the given local files. Inactive (every call a no-op) when it cannot help or a
+   * resumable partial exists.
+   */
+  static begin(target: string | Buffer, size: number, locals: Array<LocalFile>): Promise<NativePrefill>
+  /** Placement is running (not skipped, not handed over, not released). */
+  get active(): boolean
+  /**
+   * The next run of the sender's manifest entries: copies and proves every chunk a
+   * local file has. Resolves to the bytes placed; rejects (EMALFORMED) on entries that
+   * cannot belong to the offered file.
+   */
+  addEntries(entries: Buffer): Promise<number>
+  /** Give up early placement (its provisional file is removed). */
+  release(): void
+}
+
 export declare class NativeQuicConnection {
   /** DER of the peer's certificate (its SHA-256 is the fingerprint that gets pinned). */
   peerCertificate(): Buffer | null
@@ -70,9 +90,10 @@ export declare class NativeQuicStream {
 export declare class NativeReconstruction {
   /**
    * Plan a reconstruction of `target` from the sender's manifest, reusing chunks of the
-   * given local files and of a partial left by an interrupted run.
+   * given local files, of a partial left by an interrupted run, and of `prefill` (chunks
+   * placed while the manifest streamed in; adopted only if they match it).
    */
-  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ProgressFn | undefined | null, holes?: Buffer | undefined | null, inplace?: boolean | undefined | null): Promise<NativeReconstruction>
+  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ProgressFn | undefined | null, holes?: Buffer | undefined | null, inplace?: boolean | undefined | null, prefill?: NativePrefill | undefined | null): Promise<NativeReconstruction>
   /** Indices of chunks that must come over the wire, ascending. */
   needed(): Uint32Array
   summary(): PlanSummary
@@ -93,6 +114,23 @@ export declare class NativeReconstruction {
    * Drop this handle's share of the reconstruction: once tasks still running end, its
    * files and writer are closed. Call after `finish` or `abort`; later calls on this
    * object fail. (A reconstruction released while still open removes its temp file.)
+   */
+  release(): void
+}
+
+/**
+ * A scan that hands out its manifest window by window while it runs, on its own thread
+ * (see `ffsync_core::scan::scan_file_streaming`). Windows queue up to a small bound;
+ * dropping or releasing the stream cancels the scan.
+ */
+export declare class NativeScanStream {
+  /** Start scanning `path` in windows of `window` bytes (index-aware, like `scanFileNative`). */
+  static open(path: string | Buffer, window: number, options?: ScanFileOptions | undefined | null, onProgress?: ProgressFn | undefined | null): NativeScanStream
+  /** The next window's entries, or (last) the whole scan's result. */
+  next(): Promise<ScanStep>
+  /**
+   * Stop the scan (if still running) and free its queue (never blocks: a `next` in
+   * flight ends with the scan).
    */
   release(): void
 }
@@ -225,6 +263,8 @@ export interface PlanSummary {
   wireChunks: number
   wireBytes: number
   copyBytes: number
+  /** Of `copy_bytes`, those placed early while the manifest streamed in. */
+  placedBytes: number
   inPlaceBytes: number
   /** Bytes inside the sender's holes (recreated as holes, never sent). */
   holeBytes: number
@@ -274,6 +314,14 @@ export interface ScanResult {
   size: number
   chunks: number
   fromIndex: boolean
+}
+
+/** One step of a streamed scan: the next window's manifest entries, or the end. */
+export interface ScanStep {
+  /** Packed entries (`len u32 | blake3 [32]` each) of the next window, in order. */
+  part?: Buffer
+  /** Set on the last step: the whole scan (exactly what `scanFileNative` returns). */
+  result?: ScanResult
 }
 
 export interface SmallBatch {

@@ -836,10 +836,12 @@ function __napiStampBindingTarget(exportsObject, target) {
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
 module.exports.NativeChunkSource = nativeBinding.NativeChunkSource
+module.exports.NativePrefill = nativeBinding.NativePrefill
 module.exports.NativeQuicConnection = nativeBinding.NativeQuicConnection
 module.exports.NativeQuicListener = nativeBinding.NativeQuicListener
 module.exports.NativeQuicStream = nativeBinding.NativeQuicStream
 module.exports.NativeReconstruction = nativeBinding.NativeReconstruction
+module.exports.NativeScanStream = nativeBinding.NativeScanStream
 module.exports.NativeTreeSync = nativeBinding.NativeTreeSync
 module.exports.decodeManifest = nativeBinding.decodeManifest
 module.exports.excludesFromText = nativeBinding.excludesFromText

@@ -27,6 +27,9 @@ export interface SyncSummary {
   literalBytes: number;
   /** Bytes reused from files the receiver already had. */
   matchedBytes: number;
+  /** Receiver, single file: of `matchedBytes`, those copied into place while the sender was
+   * still hashing (overlapped phases; 0 when the manifest was not streamed). */
+  placedEarlyBytes?: number;
   bytesOnWire: { sent: number; received: number };
   durationMs: number;
   /** Content root (BLAKE3) of the synced file, hex, when known. */

@@ -5,6 +5,10 @@
 // REFINE (capability REFINE) carries signatures of the receiver's old bytes for each run of
 // missing chunks; the sender then sends a chunk as a delta against them when that is smaller
 // (crates/ffsync_core/src/refine.rs).
+// MANIFEST_STREAM (capability STREAM, overlapped phases): a sender scanning a large file
+// sends each window's manifest entries as soon as they are hashed, then the manifest's
+// header alone in MANIFEST; meanwhile the receiver copies the chunks it already has into
+// place (crates/ffsync_core/src/prefill.rs), so its rebuild overlaps the sender's scan.
 // The receiver rebuilds the file out of place, verifies it against the sender's root and
 // only then renames it over the target (crates/ffsync_core/src/reconstruct.rs).
 
@@ -21,6 +25,8 @@ import {
   encodeResult,
   ManifestAssembler,
   manifestFrames,
+  manifestStreamFrames,
+  STREAM_WINDOW,
   MAX_REFINE_TABLE,
   REFINE_PART,
   maxManifestLength,
@@ -29,18 +35,21 @@ import {
   ResultStatus,
 } from '../protocol/messages.js';
 import {
+  beginPrefill,
   beginReconstruction,
   call,
   decodeManifest,
   fileHoles,
   markUpToDate,
   type NativeChunkSource,
+  type NativePrefill,
   type NativeReconstruction,
   openChunkSource,
+  openScanStream,
   scanFile,
   type ScanResult,
 } from '../native/binding.js';
-import { batchByBytes, manifestChunkCount, manifestChunkLength, manifestParamsKey } from '../utils/manifest.js';
+import { batchByBytes, MANIFEST_ENTRY, MANIFEST_HEADER, manifestChunkCount, manifestChunkLength, manifestParamsKey } from '../utils/manifest.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { BufferPool } from '../utils/buffer-pool.js';
 import { expect } from './session.js';
@@ -76,6 +85,9 @@ export interface SendContentOptions {
   sparse?: boolean;
   /** Tree session with COMMIT_REFUSAL negotiated: RESULT may say NOT_WRITTEN. */
   commitRefusal?: boolean;
+  /** Capability STREAM was negotiated (and overlap not turned off): a file that must be
+   * scanned and is larger than STREAM_WINDOW has its manifest streamed while it is hashed. */
+  stream?: boolean;
 }
 
 export interface ContentResult {
@@ -85,6 +97,8 @@ export interface ContentResult {
   matchedBytes: number;
   /** Tree sessions: the receiver could not write this file (its reason, receiver side). */
   refused?: string;
+  /** Receiver: bytes copied into place early, while the sender's manifest streamed in. */
+  placedEarly?: number;
 }
 
 /** True unless `a` is the same file in the same state as `b` (size, mtime, ctime, inode, device). */
@@ -96,15 +110,20 @@ export function identityChanged(a: BigIntStats | undefined, b: BigIntStats): boo
  * `unchanged()` on it to tell a file that changed mid-send). */
 export async function sendFileContent(conn: FramedConnection, o: SendContentOptions, holder: { source?: NativeChunkSource } = {}): Promise<ContentResult> {
   let scan = o.scan;
+  const streamed = !scan && Boolean(o.stream) && o.st.size > BigInt(STREAM_WINDOW);
   if (!scan) {
     scan = await conn.keepAlive(
-      inPhase(o.events, 'hashing', Number(o.st.size), (progress) => scanFile(o.path, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress })),
+      inPhase(o.events, 'hashing', Number(o.st.size), (progress) =>
+        streamed ? streamManifest(conn, o, progress) : scanFile(o.path, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress }),
+      ),
     );
   }
   if (BigInt(scan.size) !== o.st.size) {
     throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.label} changed size while it was being scanned; rerun to send the new version`);
   }
-  for (const part of manifestFrames(scan.manifest)) await conn.send(FrameType.MANIFEST, part);
+  // Streamed: the entries went ahead; the header (size, parameters, count, root) closes them.
+  const manifestOut = streamed ? scan.manifest.subarray(0, MANIFEST_HEADER) : scan.manifest;
+  for (const part of manifestFrames(manifestOut)) await conn.send(FrameType.MANIFEST, part);
   // A file that cannot be asked for its holes has none to tell (a file that vanished is
   // reported below, by the identity check, as exit 24).
   if (o.sparse) await conn.send(FrameType.HOLES, await fileHoles(o.path).catch(() => Buffer.alloc(4)));
@@ -186,6 +205,20 @@ export async function sendFileContent(conn: FramedConnection, o: SendContentOpti
   };
 }
 
+/** Scan in windows, sending each window's entries (MANIFEST_STREAM) as soon as it is hashed. */
+async function streamManifest(conn: FramedConnection, o: SendContentOptions, progress: (n: number) => void): Promise<ScanResult> {
+  const stream = await openScanStream(o.path, STREAM_WINDOW, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress });
+  try {
+    for (;;) {
+      const step = await call(stream.next());
+      if (step.result) return step.result;
+      for (const f of manifestStreamFrames(step.part!)) await conn.send(FrameType.MANIFEST_STREAM, f);
+    }
+  } finally {
+    stream.release();
+  }
+}
+
 /** Sleeps as needed so the average rate since the first call stays under `bytesPerSec`. */
 export function rateLimiter(bytesPerSec: number): (n: number) => Promise<void> {
   const t0 = Date.now();
@@ -224,13 +257,129 @@ export interface ReceiveContentOptions {
   sparse?: boolean;
   /** `--inplace`: write changed ranges into the target through a redo journal. */
   inplace?: boolean;
+  /** Capability STREAM was negotiated: the manifest may arrive as MANIFEST_STREAM frames. */
+  stream?: boolean;
+}
+
+/** Early placement while MANIFEST_STREAM frames arrive (one chain of native calls, in order).
+ * While the entries so far are exactly the old target's, nothing is placed: a file whose
+ * content is unchanged (only its mtime differs) must not cost a copy that is thrown away. */
+class EarlyPlacement {
+  private prefill?: NativePrefill;
+  private chain: Promise<void> = Promise.resolve();
+  private malformed?: Error;
+  private off = false;
+  /** Entries held back while they equal the old target's, and where they end in its list. */
+  private held: Buffer[] = [];
+  private heldBytes = 0;
+  private sameAsTarget: boolean;
+  constructor(private readonly o: ReceiveContentOptions) {
+    // Nothing local to place from, or --inplace (which never copies the whole file).
+    this.off = o.inplace === true || o.localPaths.length === 0;
+    this.sameAsTarget = o.targetReusable;
+  }
+
+  add(entries: Buffer): void {
+    if (this.off) return;
+    this.chain = this.chain.then(async () => {
+      if (this.off) return;
+      try {
+        const scanned = await this.o.locals;
+        if (this.sameAsTarget) {
+          const old = scanned[0].manifest;
+          const at = MANIFEST_HEADER + this.heldBytes;
+          if (old.length >= at + entries.length && old.subarray(at, at + entries.length).equals(entries)) {
+            this.held.push(entries);
+            this.heldBytes += entries.length;
+            return;
+          }
+          this.sameAsTarget = false;
+          if (this.heldBytes) await this.place(scanned, Buffer.concat(this.held));
+          this.held = [];
+        }
+        await this.place(scanned, entries);
+      } catch (e) {
+        // Entries that cannot belong to the offered file are the sender's fault (exit 12);
+        // anything else (a local scan that failed, no room for the temp file) only ends
+        // early placement: the normal plan reports it, if it matters, with its own error.
+        if ((e as FfsyncError).code === 'EMALFORMED') this.malformed = protocolError(`bad MANIFEST_STREAM: ${(e as Error).message}`);
+        this.off = true;
+        this.prefill?.release();
+        this.prefill = undefined;
+      }
+    });
+  }
+
+  private async place(scanned: ScanResult[], entries: Buffer): Promise<void> {
+    if (!this.prefill) {
+      this.prefill = await beginPrefill(
+        this.o.target,
+        Number(this.o.size),
+        this.o.localPaths.map((p, i) => ({ path: p, manifest: scanned[i].manifest })),
+      );
+    }
+    if (!this.prefill.active) {
+      this.off = true;
+      return;
+    }
+    await call(this.prefill.addEntries(entries));
+  }
+
+  /** Waits for placement to finish; the prefill to adopt, if any. */
+  async done(): Promise<NativePrefill | undefined> {
+    await this.chain;
+    if (this.malformed) throw this.malformed;
+    return this.prefill;
+  }
+
+  /** Ends placement (after `done`, or on an error path); removes an unadopted file. */
+  async release(): Promise<void> {
+    await this.chain.catch(() => undefined);
+    this.prefill?.release();
+  }
 }
 
 /** Receiver half. A dropped connection keeps the verified partial for a resume. */
 export async function receiveFileContent(conn: FramedConnection, o: ReceiveContentOptions): Promise<ContentResult> {
-  const assembler = new ManifestAssembler(maxManifestLength(o.size));
+  const maxLength = maxManifestLength(o.size);
+  const assembler = new ManifestAssembler(maxLength);
+  const early = new EarlyPlacement(o);
+  try {
+    return await receiveWithPlacement(conn, o, assembler, maxLength, early);
+  } finally {
+    await early.release();
+  }
+}
+
+async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOptions, assembler: ManifestAssembler, maxLength: number, early: EarlyPlacement): Promise<ContentResult> {
   let manifest: Buffer | undefined;
-  while (!manifest) manifest = assembler.push((await expect(conn, FrameType.MANIFEST)).payload);
+  const streamed: Buffer[] = [];
+  let streamedBytes = 0;
+  let streamedSize = 0;
+  const size = Number(o.size);
+  while (!manifest) {
+    const f = o.stream ? await expect(conn, FrameType.MANIFEST_STREAM, FrameType.MANIFEST) : await expect(conn, FrameType.MANIFEST);
+    if (f.type === FrameType.MANIFEST) {
+      manifest = assembler.push(f.payload);
+      continue;
+    }
+    const entries = Buffer.from(f.payload);
+    f.release?.();
+    if (entries.length === 0 || entries.length % MANIFEST_ENTRY !== 0) throw protocolError(`MANIFEST_STREAM of ${entries.length} bytes is not whole entries`);
+    streamedBytes += entries.length;
+    if (MANIFEST_HEADER + streamedBytes > maxLength) throw protocolError('MANIFEST_STREAM entries exceed what the offered file can have');
+    for (let at = 0; at < entries.length; at += MANIFEST_ENTRY) {
+      const len = entries.readUInt32LE(at);
+      streamedSize += len;
+      if (len === 0 || streamedSize > size) throw protocolError('MANIFEST_STREAM entries describe more than the offered file');
+    }
+    streamed.push(entries);
+    early.add(entries);
+  }
+  if (streamed.length) {
+    if (manifest.length !== MANIFEST_HEADER) throw protocolError('after MANIFEST_STREAM frames, MANIFEST must carry the header alone');
+    manifest = Buffer.concat([manifest, ...streamed]);
+  }
   const holes = o.sparse ? Buffer.from((await expect(conn, FrameType.HOLES)).payload) : undefined;
   const info = await decodeManifest(manifest);
   if (BigInt(info.size) !== o.size) throw protocolError(`manifest describes ${info.size} bytes, offer said ${o.size}`);
@@ -253,6 +402,8 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
     return { root: info.root, upToDate: true, literalBytes: 0, matchedBytes: Number(o.size) };
   }
 
+  // Chunks placed while the manifest streamed in are adopted by the plan (if they match it).
+  const prefill = await conn.keepAlive(early.done());
   // Plan, request what is missing, rebuild, verify, replace.
   let rec: NativeReconstruction | undefined;
   try {
@@ -267,6 +418,7 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
             (n) => o.events?.progress?.('receiving', n),
             holes,
             o.inplace,
+            prefill,
           ),
         ),
       );
@@ -333,10 +485,12 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
     rec = undefined;
     // Literal = bytes that crossed as data; a refined chunk's copies from our old bytes count as matched.
     const literal = r.literalBytes();
-    // Close its files now (not when the object is collected: serve runs for weeks).
-    r.release();
     await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.SYNCED, matchedBytes: BigInt(info.size - literal), literalBytes: BigInt(literal) }));
-    return { root: info.root, upToDate: false, literalBytes: literal, matchedBytes: info.size - literal };
+    // Close its files now (not when the object is collected: serve runs for weeks) — after
+    // RESULT: dropping the last handle on a replaced large target frees its blocks, which
+    // can take the kernel most of a second that the sender need not wait for.
+    r.release();
+    return { root: info.root, upToDate: false, literalBytes: literal, matchedBytes: info.size - literal, placedEarly: plan.placedBytes };
   } catch (e) {
     if (rec) {
       const err = e instanceof FfsyncError ? e : undefined;

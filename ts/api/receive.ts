@@ -253,10 +253,12 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
       refine: o.refine !== false && Boolean(negotiated.capabilities & Capability.REFINE),
       sparse: Boolean(negotiated.capabilities & Capability.SPARSE),
       inplace: o.inplace,
+      stream: Boolean(negotiated.capabilities & Capability.STREAM),
     });
     summary.root = r.root;
     if (r.upToDate) return done('scan-root');
     summary.literalBytes = r.literalBytes;
+    if (r.placedEarly !== undefined) summary.placedEarlyBytes = r.placedEarly;
     summary.matchedBytes = r.matchedBytes;
     summary.ok = true;
     return summary;

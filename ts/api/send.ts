@@ -54,6 +54,9 @@ export interface SendOptions {
   connectTimeoutMs?: number;
   /** `host:port/some/path`: the path under a `serve` daemon's root to push to. */
   remotePath?: string;
+  /** Overlapped phases (default on, when the peer supports them): stream a large file's
+   * manifest while it is being hashed. `--no-overlap` turns it off. */
+  overlap?: boolean;
 }
 
 export async function statSource(p: string): Promise<import('node:fs').BigIntStats> {
@@ -147,7 +150,7 @@ export async function runSender(
       sourceHolder = holder;
       // Compress only for a peer that said it can decode zstd.
       const level = negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
-      const r = await sendFileContent(conn, { path: o.path, st, scan, stateDir, checksum: o.checksum, level, bwlimitKiBps: o.bwlimitKiBps, events: o.events, label: o.path, refine: Boolean(negotiated.capabilities & Capability.REFINE), sparse: Boolean(negotiated.capabilities & Capability.SPARSE) }, holder);
+      const r = await sendFileContent(conn, { path: o.path, st, scan, stateDir, checksum: o.checksum, level, bwlimitKiBps: o.bwlimitKiBps, events: o.events, label: o.path, refine: Boolean(negotiated.capabilities & Capability.REFINE), sparse: Boolean(negotiated.capabilities & Capability.SPARSE), stream: o.overlap !== false && Boolean(negotiated.capabilities & Capability.STREAM) }, holder);
       summary.root = r.root;
       summary.upToDate = r.upToDate;
       summary.decidedBy = r.upToDate ? 'scan-root' : 'transfer';

@@ -211,6 +211,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
         sparse: Boolean(o.negotiated.capabilities & Capability.SPARSE),
         commitRefusal: Boolean(o.negotiated.capabilities & Capability.COMMIT_REFUSAL),
         inplace: o.inplace,
+        stream: Boolean(o.negotiated.capabilities & Capability.STREAM),
       });
       if (r.refused) {
         errors.push(`cannot write ${rel}: ${r.refused}`);

@@ -170,7 +170,8 @@ export function buildProgram(): Command {
     .addOption(new Option('--parallel <K>', 'trees: spread large files over K connections (QUIC: K streams, default 16)').argParser(intArg(1, 16)))
     .addOption(new Option('--max-size <SIZE>', "trees: leave files larger than SIZE alone (rsync's rules; e.g. 100M)").argParser(sizeArg))
     .addOption(new Option('--min-size <SIZE>', 'trees: leave files smaller than SIZE alone').argParser(sizeArg))
-    .action(async (source: string, addr: string, o: CommonOptions & TreeCli & { compressLevel: number; compress: boolean; bwlimit?: number; dryRun?: boolean; parallel?: number; maxSize?: number; minSize?: number }) => {
+    .option('--no-overlap', 'scan a large file completely before sending its manifest (default: stream it while hashing, so the receiver starts early)')
+    .action(async (source: string, addr: string, o: CommonOptions & TreeCli & { compressLevel: number; compress: boolean; bwlimit?: number; dryRun?: boolean; parallel?: number; maxSize?: number; minSize?: number; overlap: boolean }) => {
       await run(o, async (events, signal) => {
         const { host, port, path: remotePath } = parseRemote(addr);
         if (o.trust) parseFingerprint(o.trust);
@@ -192,6 +193,7 @@ export function buildProgram(): Command {
           interactive: true,
           events,
           signal,
+          overlap: o.overlap,
         });
       });
     });

@@ -18,6 +18,8 @@ export type NativeTreeSync = Binding.NativeTreeSync;
 export type NativeQuicListener = Binding.NativeQuicListener;
 export type NativeQuicConnection = Binding.NativeQuicConnection;
 export type NativeQuicStream = Binding.NativeQuicStream;
+export type NativeScanStream = Binding.NativeScanStream;
+export type NativePrefill = Binding.NativePrefill;
 export type { PlanCounts, LargeTransferInfo, SmallBatch, StepOutcome, TreeStats, WalkTreeOptions } from '../../binding/index.js';
 
 /** Await a native promise, turning `CODE: message` errors into FfsyncErrors. */
@@ -42,6 +44,17 @@ export function scanFile(path: string | Buffer, opts: ScanOptions = {}): Promise
   return call(native.scanFileNative(path, { stateDir: opts.stateDir, ignoreIndex: opts.ignoreIndex, paramsForSize: opts.paramsForSize }, progressCallback(opts.onProgress)));
 }
 
+/** Scan in windows of `window` bytes, handing out each window's manifest entries while the
+ * rest is still being hashed (overlapped phases, docs/protocol.md §4.15). */
+export function openScanStream(path: string | Buffer, window: number, opts: ScanOptions = {}): Promise<Binding.NativeScanStream> {
+  return call(() => native.NativeScanStream.open(path, window, { stateDir: opts.stateDir, ignoreIndex: opts.ignoreIndex }, progressCallback(opts.onProgress)));
+}
+
+/** Early placement of a streamed manifest's chunks (crates/ffsync_core/src/prefill.rs). */
+export function beginPrefill(target: string | Buffer, size: number, locals: { path: string | Buffer; manifest: Buffer }[]): Promise<Binding.NativePrefill> {
+  return call(native.NativePrefill.begin(target, size, locals));
+}
+
 export function decodeManifest(buf: Buffer): Promise<Binding.ManifestInfo> {
   return call(() => native.decodeManifest(buf));
 }
@@ -59,8 +72,10 @@ export function beginReconstruction(
   holes?: Buffer,
   /** Write changed ranges into the target itself through a redo journal (`--inplace`). */
   inplace?: boolean,
+  /** Chunks placed while the manifest streamed in (adopted if they match it). */
+  prefill?: Binding.NativePrefill,
 ): Promise<Binding.NativeReconstruction> {
-  return call(native.NativeReconstruction.begin(target, manifest, locals, progressCallback(onProgress), holes, inplace));
+  return call(native.NativeReconstruction.begin(target, manifest, locals, progressCallback(onProgress), holes, inplace, prefill));
 }
 
 /** Complete an interrupted `--inplace` commit of `target`, if any (message when one was). */

@@ -34,6 +34,7 @@ export const FrameType = {
   HOLES: 0x1a,
   REQUEST: 0x1b,
   ACCEPT: 0x1c,
+  MANIFEST_STREAM: 0x1d,
   ERROR: 0x7f,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];

@@ -30,8 +30,12 @@ export const Capability = {
    * cannot be replaced: an immutable file, a read-only bind mount) is answered with
    * RESULT status 2 = NOT_WRITTEN and reported, instead of failing the session (§4.9). */
   COMMIT_REFUSAL: 1 << 6,
+  /** Overlapped phases: a sender still scanning a large file streams its manifest entries
+   * in MANIFEST_STREAM frames, then sends the manifest's header alone in MANIFEST; the
+   * receiver places the chunks it has while the rest is hashed (§4.15). */
+  STREAM: 1 << 7,
 } as const;
-export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL;
+export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM;
 /** Most REFINE bytes one file transfer may carry (mirrors refine::MAX_TABLE_BYTES). */
 export const MAX_REFINE_TABLE = 64 * 1024 * 1024;
 /** REFINE payloads are cut at this size. */
@@ -209,6 +213,17 @@ export function* manifestFrames(manifest: Buffer): Generator<Buffer> {
     yield b;
     if (manifest.length === 0) break;
   }
+}
+
+/** Files larger than this are scanned in windows of this size and their manifest streamed
+ * (when STREAM is negotiated): big enough that per-window costs vanish (≈ 256 entries,
+ * 9 KiB a window), small enough that the receiver starts within a fraction of the scan. */
+export const STREAM_WINDOW = 64 * 1024 * 1024;
+
+/** MANIFEST_STREAM frames: whole manifest entries, `len u32 | blake3 [32]` each. */
+export function* manifestStreamFrames(entries: Buffer): Generator<Buffer> {
+  const per = Math.floor(MANIFEST_PART / MANIFEST_ENTRY) * MANIFEST_ENTRY;
+  for (let at = 0; at < entries.length; at += per) yield entries.subarray(at, at + per);
 }
 
 /**

@@ -22,6 +22,8 @@ pub struct PlanSummary {
     pub wire_chunks: u32,
     pub wire_bytes: f64,
     pub copy_bytes: f64,
+    /// Of `copy_bytes`, those placed early while the manifest streamed in.
+    pub placed_bytes: f64,
     pub in_place_bytes: f64,
     /// Bytes inside the sender's holes (recreated as holes, never sent).
     pub hole_bytes: f64,
@@ -42,6 +44,7 @@ pub struct NativeReconstruction {
 }
 
 pub struct BeginTask {
+    prefill: Option<ffsync_core::prefill::Prefill>,
     target: PathBuf,
     manifest: Vec<u8>,
     locals: Vec<(PathBuf, Vec<u8>)>,
@@ -75,6 +78,7 @@ impl Task for BeginTask {
                 BeginOptions {
                     holes,
                     inplace: self.inplace,
+                    prefill: self.prefill.take().map(|p| p.into_prefilled()),
                 },
             )
             .map_err(to_napi)?,
@@ -155,7 +159,8 @@ impl Task for FinishTask {
 #[napi]
 impl NativeReconstruction {
     /// Plan a reconstruction of `target` from the sender's manifest, reusing chunks of the
-    /// given local files and of a partial left by an interrupted run.
+    /// given local files, of a partial left by an interrupted run, and of `prefill` (chunks
+    /// placed while the manifest streamed in; adopted only if they match it).
     #[napi(ts_return_type = "Promise<NativeReconstruction>")]
     pub fn begin(
         #[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg,
@@ -164,8 +169,10 @@ impl NativeReconstruction {
         on_progress: Option<ProgressFn>,
         holes: Option<Buffer>,
         inplace: Option<bool>,
+        prefill: Option<&NativePrefill>,
     ) -> AsyncTask<BeginTask> {
         AsyncTask::new(BeginTask {
+            prefill: prefill.and_then(|p| p.take()),
             target: crate::path_arg(target),
             manifest: manifest.to_vec(),
             locals: locals
@@ -193,6 +200,7 @@ impl NativeReconstruction {
             wire_chunks: s.wire_chunks,
             wire_bytes: s.wire_bytes as f64,
             copy_bytes: s.copy_bytes as f64,
+            placed_bytes: s.placed_bytes as f64,
             in_place_bytes: s.in_place_bytes as f64,
             hole_bytes: s.hole_bytes as f64,
             cloned: s.cloned,
@@ -361,4 +369,105 @@ impl Task for RecoverTask {
 #[napi(ts_return_type = "Promise<string | null>")]
 pub fn recover_inplace(#[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg) -> AsyncTask<RecoverTask> {
     AsyncTask::new(RecoverTask(crate::path_arg(target)))
+}
+
+/// Early placement while a streamed manifest arrives (see crates/ffsync_core/src/prefill.rs).
+#[napi]
+pub struct NativePrefill {
+    inner: Arc<Mutex<Option<ffsync_core::prefill::Prefill>>>,
+}
+
+impl NativePrefill {
+    /// Hand the prefill over (to `NativeReconstruction.begin`); this object is then empty.
+    fn take(&self) -> Option<ffsync_core::prefill::Prefill> {
+        self.inner.lock().unwrap().take()
+    }
+}
+
+pub struct PrefillBeginTask {
+    target: PathBuf,
+    size: u64,
+    locals: Vec<(PathBuf, Vec<u8>)>,
+}
+impl Task for PrefillBeginTask {
+    type Output = Option<ffsync_core::prefill::Prefill>;
+    type JsValue = NativePrefill;
+    fn compute(&mut self) -> Result<Self::Output> {
+        let mut local = Vec::new();
+        for (path, buf) in self.locals.drain(..) {
+            local.push(LocalSource {
+                path,
+                manifest: Manifest::decode_local(&buf).map_err(to_napi)?,
+            });
+        }
+        ffsync_core::prefill::Prefill::new(&self.target, self.size, local).map_err(to_napi)
+    }
+    fn resolve(&mut self, _env: Env, p: Self::Output) -> Result<NativePrefill> {
+        Ok(NativePrefill {
+            inner: Arc::new(Mutex::new(p)),
+        })
+    }
+}
+
+pub struct PrefillAddTask {
+    inner: Arc<Mutex<Option<ffsync_core::prefill::Prefill>>>,
+    entries: Buffer,
+}
+impl Task for PrefillAddTask {
+    type Output = u64;
+    type JsValue = f64;
+    fn compute(&mut self) -> Result<u64> {
+        match self.inner.lock().unwrap().as_mut() {
+            Some(p) => p.add_entries(&self.entries).map_err(to_napi),
+            None => Ok(0),
+        }
+    }
+    fn resolve(&mut self, _env: Env, n: u64) -> Result<f64> {
+        Ok(n as f64)
+    }
+}
+
+#[napi]
+impl NativePrefill {
+    /// Start early placement into `target`'s provisional temp file for a `size`-byte file,
+    /// from the given local files. Inactive (every call a no-op) when it cannot help or a
+    /// resumable partial exists.
+    #[napi(ts_return_type = "Promise<NativePrefill>")]
+    pub fn begin(
+        #[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg,
+        size: f64,
+        locals: Vec<LocalFile>,
+    ) -> AsyncTask<PrefillBeginTask> {
+        AsyncTask::new(PrefillBeginTask {
+            target: crate::path_arg(target),
+            size: size as u64,
+            locals: locals
+                .into_iter()
+                .map(|l| (crate::path_arg(l.path), l.manifest.to_vec()))
+                .collect(),
+        })
+    }
+
+    /// Placement is running (not skipped, not handed over, not released).
+    #[napi(getter)]
+    pub fn active(&self) -> bool {
+        self.inner.lock().unwrap().is_some()
+    }
+
+    /// The next run of the sender's manifest entries: copies and proves every chunk a
+    /// local file has. Resolves to the bytes placed; rejects (EMALFORMED) on entries that
+    /// cannot belong to the offered file.
+    #[napi(ts_return_type = "Promise<number>")]
+    pub fn add_entries(&self, entries: Buffer) -> AsyncTask<PrefillAddTask> {
+        AsyncTask::new(PrefillAddTask {
+            inner: self.inner.clone(),
+            entries,
+        })
+    }
+
+    /// Give up early placement (its provisional file is removed).
+    #[napi]
+    pub fn release(&self) {
+        self.inner.lock().unwrap().take();
+    }
 }

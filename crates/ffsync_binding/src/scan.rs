@@ -5,7 +5,7 @@ use ffsync_core::scan::{scan_file, scan_file_with_params, ScanOptions};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 #[napi(object)]
@@ -174,4 +174,158 @@ pub fn load_index(path: String, state_dir: String) -> AsyncTask<LoadIndexTask> {
         path: path.into(),
         state_dir: state_dir.into(),
     })
+}
+
+/// One step of a streamed scan: the next window's manifest entries, or the end.
+#[napi(object)]
+pub struct ScanStep {
+    /// Packed entries (`len u32 | blake3 [32]` each) of the next window, in order.
+    pub part: Option<Buffer>,
+    /// Set on the last step: the whole scan (exactly what `scanFileNative` returns).
+    pub result: Option<ScanResult>,
+}
+
+enum StreamMsg {
+    Part(Vec<u8>),
+    Done(std::result::Result<Scanned, napi::Error>),
+}
+
+type StreamRx = Arc<std::sync::Mutex<Option<std::sync::mpsc::Receiver<StreamMsg>>>>;
+
+/// A scan that hands out its manifest window by window while it runs, on its own thread
+/// (see `ffsync_core::scan::scan_file_streaming`). Windows queue up to a small bound;
+/// dropping or releasing the stream cancels the scan.
+#[napi]
+pub struct NativeScanStream {
+    rx: StreamRx,
+    cancel: Arc<AtomicBool>,
+}
+
+/// Queue `msg` unless the stream was cancelled or dropped (false then). Never blocks for
+/// long: a reader that stopped reading without releasing must not pin the thread forever.
+fn offer(tx: &std::sync::mpsc::SyncSender<StreamMsg>, mut msg: StreamMsg, cancel: &AtomicBool) -> bool {
+    loop {
+        if cancel.load(Ordering::Acquire) {
+            return false;
+        }
+        match tx.try_send(msg) {
+            Ok(()) => return true,
+            Err(std::sync::mpsc::TrySendError::Full(m)) => {
+                msg = m;
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => return false,
+        }
+    }
+}
+
+pub struct NextTask(StreamRx);
+pub enum Step {
+    Part(Vec<u8>),
+    Done(Scanned),
+}
+impl Task for NextTask {
+    type Output = Step;
+    type JsValue = ScanStep;
+    fn compute(&mut self) -> Result<Step> {
+        let guard = self.0.lock().unwrap();
+        let rx = guard
+            .as_ref()
+            .ok_or_else(|| napi::Error::from_reason("EUSAGE: the scan stream was released"))?;
+        match rx.recv() {
+            Ok(StreamMsg::Part(p)) => Ok(Step::Part(p)),
+            Ok(StreamMsg::Done(r)) => r.map(Step::Done),
+            Err(_) => Err(napi::Error::from_reason("EUSAGE: the scan stream already ended")),
+        }
+    }
+    fn resolve(&mut self, _env: Env, s: Step) -> Result<ScanStep> {
+        Ok(match s {
+            Step::Part(p) => ScanStep {
+                part: Some(p.into()),
+                result: None,
+            },
+            Step::Done(o) => ScanStep {
+                part: None,
+                result: Some(o.into()),
+            },
+        })
+    }
+}
+
+/// Windows scanned ahead of the reader.
+const STREAM_QUEUE: usize = 4;
+
+#[napi]
+impl NativeScanStream {
+    /// Start scanning `path` in windows of `window` bytes (index-aware, like `scanFileNative`).
+    #[napi(factory)]
+    pub fn open(
+        #[napi(ts_arg_type = "string | Buffer")] path: crate::PathArg,
+        window: f64,
+        options: Option<ScanFileOptions>,
+        on_progress: Option<ProgressFn>,
+    ) -> Result<NativeScanStream> {
+        let path = crate::path_arg(path);
+        let state_dir = options.as_ref().and_then(|o| o.state_dir.clone()).map(PathBuf::from);
+        let ignore_index = options.as_ref().and_then(|o| o.ignore_index).unwrap_or(false);
+        let window = window.max(1.0) as usize;
+        let (tx, rx) = std::sync::mpsc::sync_channel::<StreamMsg>(STREAM_QUEUE);
+        let cancel = Arc::new(AtomicBool::new(false));
+        let cancelled = cancel.clone();
+        std::thread::Builder::new()
+            .name("ffsync-scan-stream".into())
+            .spawn(move || {
+                let counter = Arc::new(AtomicU64::new(0));
+                let c = counter.clone();
+                let mut ticker = Ticker::start(move || c.load(Ordering::Relaxed), on_progress);
+                let out = ffsync_core::scan::scan_file_streaming(
+                    &path,
+                    &ScanOptions {
+                        state_dir: state_dir.as_deref(),
+                        ignore_index,
+                        progress: Some(&counter),
+                    },
+                    window,
+                    &mut |chunks| {
+                        let mut b = Vec::with_capacity(chunks.len() * ffsync_core::manifest::ENTRY_LEN);
+                        for c in chunks {
+                            b.extend_from_slice(&c.len.to_le_bytes());
+                            b.extend_from_slice(&c.hash);
+                        }
+                        // A released or dropped stream cancels the scan.
+                        offer(&tx, StreamMsg::Part(b), &cancelled)
+                    },
+                );
+                ticker.stop();
+                let done = out.map_err(to_napi).map(|o| Scanned {
+                    root: o.manifest.root_hex(),
+                    size: o.manifest.size,
+                    chunks: o.manifest.chunks.len() as u32,
+                    manifest: o.manifest.encode(),
+                    from_index: o.from_index,
+                });
+                offer(&tx, StreamMsg::Done(done), &cancelled);
+            })
+            .map_err(|e| napi::Error::from_reason(format!("EIO: cannot start a scan thread: {e}")))?;
+        Ok(NativeScanStream {
+            rx: Arc::new(std::sync::Mutex::new(Some(rx))),
+            cancel,
+        })
+    }
+
+    /// The next window's entries, or (last) the whole scan's result.
+    #[napi(ts_return_type = "Promise<ScanStep>")]
+    pub fn next(&self) -> AsyncTask<NextTask> {
+        AsyncTask::new(NextTask(self.rx.clone()))
+    }
+
+    /// Stop the scan (if still running) and free its queue (never blocks: a `next` in
+    /// flight ends with the scan).
+    #[napi]
+    pub fn release(&self) {
+        self.cancel.store(true, Ordering::Release);
+        if let Ok(mut rx) = self.rx.try_lock() {
+            rx.take();
+        }
+    }
 }

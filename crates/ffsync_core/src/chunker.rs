@@ -183,6 +183,67 @@ pub fn chunk_parallel(
     out
 }
 
+/// Presents a window of a larger input to [`chunk_parallel`] with window-relative offsets,
+/// forwarding residency hints at the window's absolute position.
+struct Shifted<'a> {
+    base: usize,
+    inner: &'a dyn Residency,
+}
+
+impl Residency for Shifted<'_> {
+    fn prepare(&self, from: usize, to: usize) {
+        self.inner.prepare(self.base + from, self.base + to)
+    }
+    fn release(&self, from: usize, to: usize) {
+        self.inner.release(self.base + from, self.base + to)
+    }
+}
+
+/// Parallel chunking that hands out its result window by window, in order, while it runs
+/// (the streamed manifest of docs/protocol.md §4.15). Output is identical to
+/// [`chunk_sequential`]: each window is chunked in parallel, and only the chunks that start
+/// at least `max` bytes before the window's end are final (a cut depends only on the `max`
+/// bytes after the chunk's start); the next window starts where the first non-final chunk
+/// did. `emit` receives each window's final chunks (returning false stops the scan early:
+/// the result is then a prefix); `progress` the bytes they cover.
+pub fn chunk_windows(
+    data: &[u8],
+    params: ChunkParams,
+    window: usize,
+    progress: &(dyn Fn(u64) + Sync),
+    mem: &dyn Residency,
+    emit: &mut dyn FnMut(&[Chunk]) -> bool,
+) -> Vec<Chunk> {
+    // A window must hold several whole chunks, or no chunk would ever be final.
+    let window = window.max(4 * params.max as usize);
+    let mut out: Vec<Chunk> = Vec::with_capacity(data.len() / params.avg as usize + 16);
+    let mut pos = 0usize;
+    while pos < data.len() {
+        let end = data.len().min(pos + window);
+        let last = end == data.len();
+        let shifted = Shifted { base: pos, inner: mem };
+        let mut chunks = chunk_parallel(&data[pos..end], params, SEGMENT_LEN, &|_| {}, &shifted);
+        if !last {
+            let keep = chunks
+                .iter()
+                .take_while(|c| c.offset as usize + params.max as usize <= end - pos)
+                .count();
+            chunks.truncate(keep);
+        }
+        for c in chunks.iter_mut() {
+            c.offset += pos as u64;
+        }
+        let next = chunks.last().map_or(end, |c| c.end() as usize);
+        progress((next - pos) as u64);
+        out.extend_from_slice(&chunks);
+        pos = next;
+        if !emit(&chunks) {
+            break;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,5 +322,38 @@ mod tests {
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].len, 1);
         assert_eq!(chunk_parallel(&[9u8; 100], SMALL, 10, &|_| {}, &InMemory).len(), 1);
+    }
+
+    #[test]
+    fn windows_equal_sequential_and_come_in_order() {
+        let rand = pseudo_random(9_000_000 + 4321, 5);
+        let zeros = vec![0u8; 5_000_003];
+        let rep = repetitive(6_000_000, 4096);
+        for data in [&rand, &zeros, &rep] {
+            for p in [SMALL, LARGE] {
+                for window in [1usize, 2_000_000, 3 << 20, 64 << 20] {
+                    let mut parts: Vec<Vec<Chunk>> = Vec::new();
+                    let all = chunk_windows(data, p, window, &|_| {}, &InMemory, &mut |c| {
+                        parts.push(c.to_vec());
+                        true
+                    });
+                    let seq = chunk_sequential(data, p);
+                    assert_eq!(all, seq, "window {window}");
+                    assert_eq!(parts.concat(), seq, "emitted parts, window {window}");
+                    if window >= data.len() {
+                        assert_eq!(parts.len(), 1);
+                    } else if window > 4 * p.max as usize {
+                        assert!(parts.len() > 1, "window {window} gave one part");
+                    }
+                }
+            }
+        }
+        let mut calls = 0;
+        assert!(chunk_windows(&[], SMALL, 1 << 20, &|_| {}, &InMemory, &mut |_| {
+            calls += 1;
+            true
+        })
+        .is_empty());
+        assert_eq!(calls, 0);
     }
 }

@@ -23,6 +23,7 @@ pub mod inplace;
 pub mod io;
 pub mod manifest;
 pub mod params;
+pub mod prefill;
 pub mod quic;
 pub mod reconstruct;
 pub mod refine;

@@ -19,6 +19,7 @@ use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
 use crate::io::{copy_range, read_exact_at, PositionalWriter};
 use crate::manifest::Manifest;
+use crate::prefill::Prefilled;
 use crate::refine::{self, RefineRun};
 use crate::sparse::Hole;
 use crate::{chunk_batch, index};
@@ -35,10 +36,10 @@ pub const PARTIAL_SUFFIX: &str = ".ffsync-part";
 const SCRATCH_POOL: usize = 64;
 /// Longest single local copy: bounds work per task so copies spread over all cores and
 /// writeback starts early.
-const MAX_RUN: u64 = 16 << 20;
+pub(crate) const MAX_RUN: u64 = 16 << 20;
 
 /// Options of [`Reconstruction::begin_with`].
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct BeginOptions {
     /// The sender's holes (validated with [`crate::sparse::decode`]): chunks inside them
     /// are not requested, and the holes are punched into the result before it is verified
@@ -47,6 +48,9 @@ pub struct BeginOptions {
     /// Write into the target itself (changed ranges only) through a redo journal, instead of
     /// renaming a full copy over it. Ignored when the target is not an existing regular file.
     pub inplace: bool,
+    /// Chunks placed early while the manifest streamed in ([`crate::prefill`]): adopted
+    /// when they describe this very manifest (and no resumable partial exists), else dropped.
+    pub prefill: Option<Prefilled>,
 }
 
 /// A local file whose chunks may be reused, with its (scanned or indexed) manifest.
@@ -67,6 +71,11 @@ enum Origin {
     Hole,
     /// `--inplace`: already at its offset in the target itself (proven by hash).
     InTarget,
+    /// Placed early, while the manifest streamed in (proven by hash where it landed),
+    /// from `source` at `offset` (None: that file is not among our sources now).
+    Placed {
+        anchor: Option<(usize, u64)>,
+    },
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -75,6 +84,8 @@ pub struct PlanSummary {
     pub wire_chunks: u32,
     pub wire_bytes: u64,
     pub copy_bytes: u64,
+    /// Of `copy_bytes`, those placed early, while the manifest streamed in (already written).
+    pub placed_bytes: u64,
     pub in_place_bytes: u64,
     /// Chunks inside the sender's holes: recreated as holes, never sent.
     pub hole_bytes: u64,
@@ -177,6 +188,21 @@ pub fn partial_path(target: &Path, root: &Hash) -> PathBuf {
     target.with_file_name(os_name(&name))
 }
 
+/// The provisional temp file of early placement (its root is not known yet):
+/// `.<name>.streaming.ffsync-part`. Never resumed; adopted by renaming it to `partial_path`.
+pub fn streaming_path(target: &Path) -> PathBuf {
+    let mut name = partial_stem(target);
+    name.extend_from_slice(format!(".streaming{PARTIAL_SUFFIX}").as_bytes());
+    target.with_file_name(os_name(&name))
+}
+
+/// A partial of an earlier attempt at `target` exists (any version): a resume may use it.
+pub(crate) fn has_resumable_partial(target: &Path) -> bool {
+    let mut found = false;
+    for_each_partial(target, |_| found = true);
+    found
+}
+
 pub(crate) fn parent_of(p: &Path) -> PathBuf {
     match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
@@ -195,7 +221,7 @@ thread_local! {
 }
 
 /// Hash `len` bytes of `file` at `offset` (through a per-thread buffer: no fresh memory).
-fn hash_range(file: &File, offset: u64, len: usize) -> std::io::Result<Hash> {
+pub(crate) fn hash_range(file: &File, offset: u64, len: usize) -> std::io::Result<Hash> {
     READ_BUF.with(|b| {
         let mut b = b.borrow_mut();
         if b.len() < len {
@@ -222,17 +248,42 @@ impl Reconstruction {
         opts: BeginOptions,
     ) -> Result<Reconstruction> {
         crate::inplace::recover(target)?;
-        let BeginOptions { holes, inplace } = opts;
+        let BeginOptions {
+            holes,
+            inplace,
+            prefill,
+        } = opts;
         let dir = parent_of(target);
         let dmeta = fs::metadata(&dir).map_err(|e| CoreError::io(&dir, e))?;
         if !dmeta.is_dir() {
             return Err(CoreError::NotAFile { path: dir });
         }
         let temp = partial_path(target, &manifest.root);
+        // Early placement is adopted only for this very manifest, and never over a partial
+        // that a resume should use (dropping it removes its file).
+        let mut prefill = prefill.filter(|p| p.matches(&manifest) && !inplace);
+        if fs::symlink_metadata(&temp).is_ok() {
+            prefill = None;
+        }
+        let adopted = match prefill.as_mut().and_then(|p| p.take_file()) {
+            Some(f) => {
+                let from = &prefill.as_ref().unwrap().temp;
+                fs::rename(from, &temp).map_err(|e| {
+                    let _ = fs::remove_file(from);
+                    CoreError::io(&temp, e)
+                })?;
+                Some(f)
+            }
+            None => None,
+        };
         remove_stale_partials(target, &temp);
 
         let mut origins = vec![Origin::Wire; manifest.chunks.len()];
-        let resumed = match open_resumable(&temp, manifest.size)? {
+        let resumed = match adopted {
+            Some(_) => None,
+            None => open_resumable(&temp, manifest.size)?,
+        };
+        let resumed = match resumed {
             Some(file) => {
                 // Resume: chunks already present in the partial stay where they are.
                 let present: Vec<bool> = (0..manifest.chunks.len())
@@ -266,6 +317,19 @@ impl Reconstruction {
             }
             sources.push((src.path, f));
         }
+        if let (Some(p), Some(_)) = (&prefill, &adopted) {
+            for (o, placed) in origins.iter_mut().zip(&p.placed) {
+                if let Some((k, offset)) = *placed {
+                    // The anchor names a position in the local list; ours skips files that
+                    // could not be opened.
+                    let path = &p.source_paths[k];
+                    let source = sources.iter().position(|(sp, _)| sp == path);
+                    *o = Origin::Placed {
+                        anchor: source.map(|s| (s, offset)),
+                    };
+                }
+            }
+        }
         for (o, c) in origins.iter_mut().zip(&manifest.chunks) {
             if *o == Origin::Wire {
                 if let Some(&(source, offset)) = have.get(&c.hash) {
@@ -280,10 +344,12 @@ impl Reconstruction {
             inplace && old_target.is_some() && fs::symlink_metadata(target).is_ok_and(|m| m.file_type().is_file());
         let holes = if inplace { Vec::new() } else { holes };
         mark_holes(&manifest, &holes, &mut origins);
-        let (file, cloned) = match resumed {
-            Some(f) => (f, false),
-            None if inplace => (create_staging(&temp, manifest.size)?, false),
-            None => match old_target
+        let prefill_cloned = prefill.as_ref().is_some_and(|p| p.cloned);
+        let (file, cloned) = match (resumed, adopted) {
+            (_, Some(f)) => (f, prefill_cloned),
+            (Some(f), None) => (f, false),
+            (None, None) if inplace => (create_staging(&temp, manifest.size)?, false),
+            (None, None) => match old_target
                 .map(|old| clone_old_target(old, &temp, manifest.size))
                 .transpose()?
                 .flatten()
@@ -359,6 +425,10 @@ impl Reconstruction {
                     s.wire_bytes += c.len as u64;
                 }
                 Origin::Copy { .. } => s.copy_bytes += c.len as u64,
+                Origin::Placed { .. } => {
+                    s.copy_bytes += c.len as u64;
+                    s.placed_bytes += c.len as u64;
+                }
                 Origin::InPlace => s.in_place_bytes += c.len as u64,
                 Origin::Hole => s.hole_bytes += c.len as u64,
                 Origin::InTarget => s.in_place_bytes += c.len as u64,
@@ -401,6 +471,7 @@ impl Reconstruction {
             .zip(&self.manifest.chunks)
             .map(|(o, c)| match *o {
                 Origin::Copy { source, offset } => Some((source, offset)),
+                Origin::Placed { anchor } => anchor,
                 // Unmoved chunks of the old target: in the target itself (`--inplace`) or in
                 // its clone (every in-place chunk of a cloned temp file came from there).
                 Origin::InTarget => Some((0, c.offset)),
@@ -810,7 +881,8 @@ impl Drop for Reconstruction {
     }
 }
 
-fn remove_stale_partials(target: &Path, keep: &Path) {
+/// Calls `f` with each partial of `target` (`.<name>.<16 hex>.ffsync-part`, compared as bytes).
+fn for_each_partial(target: &Path, mut f: impl FnMut(PathBuf)) {
     let dir = parent_of(target);
     if target.file_name().is_none() {
         return;
@@ -820,15 +892,28 @@ fn remove_stale_partials(target: &Path, keep: &Path) {
     let Ok(rd) = fs::read_dir(&dir) else { return };
     for e in rd.flatten() {
         let n = crate::tree::path::name_bytes(&e.file_name());
-        // Exactly our pattern: ".<name>.<16 hex>.ffsync-part", compared as bytes.
         if let Some(mid) = n
             .strip_prefix(&prefix[..])
             .and_then(|r| r.strip_suffix(PARTIAL_SUFFIX.as_bytes()))
         {
-            if mid.len() == 16 && mid.iter().all(|b| b.is_ascii_hexdigit()) && e.path() != keep {
-                let _ = fs::remove_file(e.path());
+            if mid.len() == 16 && mid.iter().all(|b| b.is_ascii_hexdigit()) {
+                f(e.path());
             }
         }
+    }
+}
+
+fn remove_stale_partials(target: &Path, keep: &Path) {
+    for_each_partial(target, |p| {
+        if p != keep {
+            let _ = fs::remove_file(p);
+        }
+    });
+    // A provisional file of early placement that was not adopted (a receiver killed
+    // mid-stream) is never resumable.
+    let streaming = streaming_path(target);
+    if fs::symlink_metadata(&streaming).is_ok_and(|m| !m.is_dir()) {
+        let _ = fs::remove_file(streaming);
     }
 }
 
@@ -893,7 +978,7 @@ fn mark_holes(manifest: &Manifest, holes: &[Hole], origins: &mut [Origin]) {
     for (i, c) in manifest.chunks.iter().enumerate() {
         let k = holes.partition_point(|h| h.end() <= c.offset);
         let inside = holes.get(k).is_some_and(|h| h.offset <= c.offset && c.end() <= h.end());
-        if inside && origins[i] != Origin::InPlace {
+        if inside && matches!(origins[i], Origin::Wire | Origin::Copy { .. }) {
             let z = *zero_hash
                 .entry(c.len)
                 .or_insert_with(|| *blake3::hash(&vec![0u8; c.len as usize]).as_bytes());
@@ -906,7 +991,7 @@ fn mark_holes(manifest: &Manifest, holes: &[Hole], origins: &mut [Origin]) {
 
 /// Start the temp file as a reflink clone of the old target (source 0 when it is the target
 /// itself), sized to the new length. None where the filesystem cannot clone.
-fn clone_old_target(old: &File, temp: &Path, size: u64) -> Result<Option<File>> {
+pub(crate) fn clone_old_target(old: &File, temp: &Path, size: u64) -> Result<Option<File>> {
     let Some(f) = crate::io::clone_to_new(old, temp).map_err(|e| CoreError::io(temp, e))? else {
         return Ok(None);
     };
@@ -931,7 +1016,7 @@ fn create_staging(temp: &Path, size: u64) -> Result<File> {
     Ok(f)
 }
 
-fn create_temp(temp: &Path, size: u64) -> Result<File> {
+pub(crate) fn create_temp(temp: &Path, size: u64) -> Result<File> {
     let mut opts = File::options();
     opts.read(true).write(true).create_new(true);
     #[cfg(unix)]
@@ -1016,7 +1101,7 @@ impl Drop for InFlight<'_> {
 
 /// Ask the kernel to begin writing a range back now (Linux), so the fsync before the
 /// rename waits for less. Elsewhere the final fsync does all of it.
-fn start_writeback(file: &File, offset: u64, len: u64) {
+pub(crate) fn start_writeback(file: &File, offset: u64, len: u64) {
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::io::AsRawFd;

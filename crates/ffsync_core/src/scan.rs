@@ -1,7 +1,7 @@
 //! Scanner: turns a file into its manifest, from the index when the file is unchanged,
 //! otherwise by memory-mapping it and chunking + hashing on every core.
 
-use crate::chunker::{chunk_parallel, InMemory, Residency, SEGMENT_LEN};
+use crate::chunker::{chunk_parallel, chunk_windows, Chunk, InMemory, Residency, SEGMENT_LEN};
 use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
 use crate::index;
@@ -207,6 +207,73 @@ pub fn scan_file(path: &Path, opts: &ScanOptions) -> Result<ScanOutcome> {
     })
 }
 
+/// [`scan_file`] that hands out the manifest's chunks window by window while it scans
+/// (`emit` sees them in order; together they are the whole list), so a peer can start on
+/// the first parts of a large file before the last is hashed. A file the index covers is
+/// emitted at once. The result is exactly `scan_file`'s, and is indexed the same way.
+/// `emit` returning false cancels the scan (an error, nothing indexed).
+pub fn scan_file_streaming(
+    path: &Path,
+    opts: &ScanOptions,
+    window: usize,
+    emit: &mut dyn FnMut(&[Chunk]) -> bool,
+) -> Result<ScanOutcome> {
+    let key = index_key(path);
+    let meta = std::fs::metadata(path).map_err(|e| CoreError::io(path, e))?;
+    if !meta.is_file() {
+        return Err(CoreError::NotAFile {
+            path: path.to_path_buf(),
+        });
+    }
+    if let (Some(dir), false) = (opts.state_dir, opts.ignore_index) {
+        let id = FileIdentity::of(&meta);
+        if let Some(manifest) = index::load(dir, &key, &id) {
+            if let Some(p) = opts.progress {
+                p.fetch_add(id.size, Ordering::Relaxed);
+            }
+            if !emit(&manifest.chunks) {
+                return Err(CoreError::Usage("scan cancelled".into()));
+            }
+            return Ok(ScanOutcome {
+                manifest,
+                identity: id,
+                from_index: true,
+            });
+        }
+    }
+    let mapped = MappedFile::open(path)?;
+    let params = ChunkParams::for_file_size(mapped.identity.size);
+    let tick = |n: u64| {
+        if let Some(p) = opts.progress {
+            p.fetch_add(n, Ordering::Relaxed);
+        }
+    };
+    let mut cancelled = false;
+    let chunks = match &mapped.map {
+        Some(m) => chunk_windows(m, params, window, &tick, &MapResidency(m), &mut |c| {
+            cancelled = !emit(c);
+            !cancelled
+        }),
+        None => Vec::new(),
+    };
+    if cancelled {
+        return Err(CoreError::Usage("scan cancelled".into()));
+    }
+    let manifest = Manifest::from_chunks(mapped.identity.size, params, chunks);
+    if let Some(dir) = opts.state_dir {
+        if mapped.unchanged() {
+            index::store(dir, &key, &mapped.identity, &manifest)?;
+        } else {
+            index::remove(dir, &key);
+        }
+    }
+    Ok(ScanOutcome {
+        manifest,
+        identity: mapped.identity,
+        from_index: false,
+    })
+}
+
 /// Chunk a local file with another size's parameters (never indexed). When a file grows
 /// or shrinks across the 16 MiB parameter threshold, the receiver rechunks its old copy
 /// with the sender's parameters so unchanged regions still match.
@@ -268,5 +335,38 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let err = scan_file(dir.path(), &ScanOptions::default()).err().unwrap();
         assert_eq!(err.code(), "ENOTFILE");
+    }
+
+    #[test]
+    fn streaming_scan_emits_the_same_manifest_in_parts_and_indexes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let f = dir.path().join("data.bin");
+        std::fs::write(&f, pseudo_random(20_000_000, 9)).unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+        File::options().write(true).open(&f).unwrap().set_modified(old).unwrap();
+        let opts = ScanOptions {
+            state_dir: Some(&state),
+            ..Default::default()
+        };
+        let mut parts = Vec::new();
+        let a = scan_file_streaming(&f, &opts, 5 << 20, &mut |c| {
+            parts.push(c.len());
+            true
+        })
+        .unwrap();
+        assert!(!a.from_index);
+        assert!(parts.len() >= 3, "{parts:?}");
+        assert_eq!(parts.iter().sum::<usize>(), a.manifest.chunks.len());
+        let plain = scan_file(&f, &ScanOptions::default()).unwrap();
+        assert_eq!(a.manifest, plain.manifest);
+        let mut again = Vec::new();
+        let b = scan_file_streaming(&f, &opts, 5 << 20, &mut |c| {
+            again.extend_from_slice(c);
+            true
+        })
+        .unwrap();
+        assert!(b.from_index);
+        assert_eq!(again, plain.manifest.chunks);
     }
 }

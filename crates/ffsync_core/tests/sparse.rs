@@ -49,7 +49,7 @@ fn rebuild(src: &Path, dst: &Path, hole_list: Vec<Hole>, local: bool) -> ffsync_
         locals,
         BeginOptions {
             holes: hole_list,
-            inplace: false,
+            ..Default::default()
         },
     )?;
     let source = ChunkSource::open(src, s.manifest.clone(), s.identity, 0).unwrap();

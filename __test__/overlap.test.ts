@@ -1,0 +1,191 @@
+// Overlapped phases (capability STREAM, docs/protocol.md §4.15): a sender still hashing a
+// large file streams its manifest; the receiver copies what it already has into place
+// meanwhile and adopts it once the whole manifest has checked out. Real processes over
+// loopback, every result compared byte for byte; hostile streams end in exit 12 with the
+// target untouched and no provisional file left behind.
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { describe, it } from 'node:test';
+import { modify, partials, seeded, sha256, snapshot, startReceiver, sync, tmpdir } from './helpers/peers';
+import { encodeFrame, FrameType } from '../ts/protocol/frames';
+import { Capability, Decision, decodeDecision, encodeHello, encodeOffer, manifestFrames, OfferKind, Role, STREAM_WINDOW } from '../ts/protocol/messages';
+import { scanFile } from '../ts/native/binding';
+import { MANIFEST_HEADER } from '../ts/utils/manifest';
+
+const BIG = STREAM_WINDOW * 2 + 12_345_678; // three windows
+
+function large(seed: number) {
+  const dir = tmpdir();
+  const old = seeded(BIG, seed);
+  const target = path.join(dir, 'target.bin');
+  fs.writeFileSync(target, old);
+  const source = path.join(tmpdir(), 'source.bin');
+  return { dir, old, target, source, stateS: path.join(tmpdir(), 'ss'), stateR: path.join(tmpdir(), 'sr') };
+}
+
+/** No temp, partial or provisional (`.streaming.ffsync-part`) file is left beside the target. */
+function noLeftovers(dir: string) {
+  assert.deepEqual(partials(dir), []);
+  assert.deepEqual(
+    fs.readdirSync(dir).filter((n) => n.includes('ffsync-part')),
+    [],
+  );
+}
+
+describe('overlapped phases: streamed manifest, early placement', () => {
+  it('a large modified file: matched chunks are placed while the sender hashes; result identical', async () => {
+    const f = large(61);
+    const next = modify(f.old, 62);
+    fs.writeFileSync(f.source, next);
+    const { send, recv } = await sync(f.source, f.target, f);
+    assert.equal(send.code, 0, send.stderr);
+    assert.equal(recv.code, 0, recv.stderr);
+    assert.equal(sha256(f.target), sha256(f.source));
+    const s = recv.summary!;
+    assert.equal(s.decidedBy, 'transfer');
+    assert.ok(s.placedEarlyBytes > 0, `nothing placed early: ${JSON.stringify(s)}`);
+    assert.ok(s.placedEarlyBytes <= s.matchedBytes, 'placed bytes are part of the matched bytes');
+    // The old content is still almost all there: nearly all of it was placed early.
+    assert.ok(s.placedEarlyBytes > 0.9 * s.matchedBytes, `${s.placedEarlyBytes} of ${s.matchedBytes} placed early`);
+    noLeftovers(f.dir);
+  });
+
+  it('--no-overlap: the same result, nothing placed early', async () => {
+    const f = large(63);
+    const next = modify(f.old, 64);
+    fs.writeFileSync(f.source, next);
+    const { send, recv } = await sync(f.source, f.target, { ...f, sendArgs: ['--no-overlap'] });
+    assert.equal(send.code, 0, send.stderr);
+    assert.equal(recv.code, 0, recv.stderr);
+    assert.equal(sha256(f.target), sha256(f.source));
+    assert.equal(recv.summary!.placedEarlyBytes, 0);
+    noLeftovers(f.dir);
+  });
+
+  it('same content, new mtime, no index: up to date, and nothing was copied for nothing', async () => {
+    const f = large(65);
+    fs.writeFileSync(f.source, f.old);
+    fs.utimesSync(f.source, new Date(), new Date(Date.now() + 5000));
+    const before = fs.statSync(f.target).ino;
+    const { send, recv } = await sync(f.source, f.target, f);
+    assert.equal(send.code, 0, send.stderr);
+    assert.equal(recv.code, 0, recv.stderr);
+    assert.equal(recv.summary!.decidedBy, 'scan-root');
+    assert.equal(fs.statSync(f.target).ino, before, 'the target was kept, not rewritten');
+    noLeftovers(f.dir);
+  });
+
+  it('a grown file (old content first, a new window appended): rebuilt, the old part placed early', async () => {
+    const f = large(66);
+    const next = Buffer.concat([f.old.subarray(0, STREAM_WINDOW + 5_000_000), seeded(3_000_000, 67), f.old.subarray(STREAM_WINDOW + 5_000_000)]);
+    fs.writeFileSync(f.source, next);
+    const { send, recv } = await sync(f.source, f.target, f);
+    assert.equal(send.code, 0, send.stderr);
+    assert.equal(recv.code, 0, recv.stderr);
+    assert.equal(sha256(f.target), sha256(f.source));
+    assert.ok(recv.summary!.placedEarlyBytes > 0);
+    noLeftovers(f.dir);
+  });
+});
+
+/** A sender that speaks the protocol with capability STREAM and then misbehaves. */
+async function streamingHostile(port: number, size: number, script: (write: (type: number, p: Buffer) => void) => Promise<void> | void) {
+  const sock = net.connect({ host: '127.0.0.1', port });
+  await new Promise((r) => sock.once('connect', r));
+  sock.on('error', () => undefined);
+  let buf = Buffer.alloc(0);
+  const frames: { type: number; payload: Buffer }[] = [];
+  let wake: (() => void) | undefined;
+  sock.on('data', (d) => {
+    buf = Buffer.concat([buf, d]);
+    while (buf.length >= 5 && buf.length >= 4 + buf.readUInt32LE(0)) {
+      const len = buf.readUInt32LE(0);
+      frames.push({ type: buf[4], payload: buf.subarray(5, 4 + len) });
+      buf = buf.subarray(4 + len);
+    }
+    wake?.();
+  });
+  const next = async () => {
+    while (!frames.length) await new Promise<void>((r) => (wake = r));
+    return frames.shift()!;
+  };
+  const write = (type: number, p: Buffer) => void sock.write(encodeFrame(type as never, p));
+  write(FrameType.HELLO, encodeHello({ minVersion: 1, maxVersion: 1, capabilities: Capability.ZSTD | Capability.STREAM, role: Role.SENDER, software: 'hostile' }));
+  write(FrameType.OFFER, encodeOffer({ kind: OfferKind.FILE, size: BigInt(size), mtimeNs: 1n, mode: 0o644, flags: 0 }));
+  await next(); // HELLO
+  assert.equal(decodeDecision((await next()).payload).decision, Decision.SEND_MANIFEST);
+  await script(write);
+  await new Promise((r) => setTimeout(r, 300));
+  sock.end();
+}
+
+describe('hostile streamed manifests', () => {
+  async function victim(data: Buffer) {
+    const dir = tmpdir();
+    const target = path.join(dir, 'target.bin');
+    fs.writeFileSync(target, data);
+    const { peer, port } = await startReceiver(target, ['--state-dir', path.join(tmpdir(), 'state')]);
+    return { dir, peer, port, before: snapshot(dir) };
+  }
+
+  async function manifestOf(data: Buffer) {
+    const f = path.join(tmpdir(), 'src');
+    fs.writeFileSync(f, data);
+    return (await scanFile(f, {})).manifest;
+  }
+
+  it('entries describing more bytes than offered: exit 12, target untouched', async () => {
+    const old = seeded(3_000_000, 71);
+    const v = await victim(old);
+    const m = await manifestOf(old);
+    await streamingHostile(v.port, 1_000_000, (write) => write(FrameType.MANIFEST_STREAM, m.subarray(MANIFEST_HEADER)));
+    const r = await v.peer.done;
+    assert.equal(r.code, 12, r.stderr);
+    assert.match(r.stderr, /more than the offered file/);
+    assert.deepEqual(snapshot(v.dir), v.before);
+  });
+
+  it('a whole manifest after streamed entries (not the header alone): exit 12', async () => {
+    const old = seeded(3_000_000, 72);
+    const v = await victim(old);
+    const m = await manifestOf(old);
+    await streamingHostile(v.port, old.length, (write) => {
+      write(FrameType.MANIFEST_STREAM, m.subarray(MANIFEST_HEADER, MANIFEST_HEADER + 36));
+      for (const p of manifestFrames(m)) write(FrameType.MANIFEST, p);
+    });
+    const r = await v.peer.done;
+    assert.equal(r.code, 12, r.stderr);
+    assert.match(r.stderr, /header alone/);
+    assert.deepEqual(snapshot(v.dir), v.before);
+  });
+
+  it('streamed entries that the final root does not cover: exit 12, provisional file removed', async () => {
+    const old = seeded(3_000_000, 73);
+    const v = await victim(old);
+    const m = await manifestOf(old);
+    // The old file's own entries (so the receiver starts placing them: only the first
+    // differs), closed by a header whose root is another file's.
+    const entries = Buffer.from(m.subarray(MANIFEST_HEADER));
+    entries[4] ^= 0xff;
+    const header = Buffer.from(m.subarray(0, MANIFEST_HEADER));
+    await streamingHostile(v.port, old.length, (write) => {
+      write(FrameType.MANIFEST_STREAM, entries);
+      for (const p of manifestFrames(header)) write(FrameType.MANIFEST, p);
+    });
+    const r = await v.peer.done;
+    assert.equal(r.code, 12, r.stderr);
+    assert.match(r.stderr, /root does not match/);
+    assert.deepEqual(snapshot(v.dir), v.before);
+  });
+
+  it('a torn entry (not a multiple of 36 bytes): exit 12', async () => {
+    const old = seeded(1_000_000, 74);
+    const v = await victim(old);
+    await streamingHostile(v.port, old.length, (write) => write(FrameType.MANIFEST_STREAM, Buffer.alloc(35)));
+    const r = await v.peer.done;
+    assert.equal(r.code, 12, r.stderr);
+    assert.deepEqual(snapshot(v.dir), v.before);
+  });
+});
