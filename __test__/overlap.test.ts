@@ -77,6 +77,21 @@ describe('overlapped phases: streamed manifest, early placement', () => {
     noLeftovers(f.dir);
   });
 
+  it('nothing local (fresh target): every chunk arrives as early DATA while the sender hashes', async () => {
+    const f = large(68);
+    fs.rmSync(f.target);
+    fs.writeFileSync(f.source, f.old);
+    const { send, recv } = await sync(f.source, f.target, f);
+    assert.equal(send.code, 0, send.stderr);
+    assert.equal(recv.code, 0, recv.stderr);
+    assert.equal(sha256(f.target), sha256(f.source));
+    const s = recv.summary!;
+    assert.equal(s.placedEarlyBytes, BIG, 'the whole file was placed before the manifest was complete');
+    assert.equal(s.literalBytes, BIG);
+    assert.equal(send.summary!.literalBytes, BIG);
+    noLeftovers(f.dir);
+  });
+
   it('a grown file (old content first, a new window appended): rebuilt, the old part placed early', async () => {
     const f = large(66);
     const next = Buffer.concat([f.old.subarray(0, STREAM_WINDOW + 5_000_000), seeded(3_000_000, 67), f.old.subarray(STREAM_WINDOW + 5_000_000)]);
@@ -178,6 +193,41 @@ describe('hostile streamed manifests', () => {
     assert.equal(r.code, 12, r.stderr);
     assert.match(r.stderr, /root does not match/);
     assert.deepEqual(snapshot(v.dir), v.before);
+  });
+
+  it('early DATA to a receiver that has an old file (BASIS not empty): exit 12', async () => {
+    const old = seeded(1_000_000, 75);
+    const v = await victim(old);
+    await streamingHostile(v.port, STREAM_WINDOW + 1, (write) => write(FrameType.DATA, Buffer.alloc(13)));
+    const r = await v.peer.done;
+    assert.equal(r.code, 12, r.stderr);
+    assert.match(r.stderr, /did not ask for early DATA/);
+    assert.deepEqual(snapshot(v.dir), v.before);
+  });
+
+  it('early DATA whose bytes fail the streamed hash (fresh target): exit 12, nothing left behind', async () => {
+    const dir = tmpdir();
+    const target = path.join(dir, 'target.bin');
+    const { peer, port } = await startReceiver(target, ['--state-dir', path.join(tmpdir(), 'state')]);
+    const data = seeded(STREAM_WINDOW + 4_000_000, 76);
+    const m = await manifestOf(data);
+    const entry = m.subarray(MANIFEST_HEADER, MANIFEST_HEADER + 36);
+    const len = entry.readUInt32LE(0);
+    const record = Buffer.alloc(13 + len);
+    record.writeUInt32LE(0, 0); // chunk 0
+    record[4] = 0; // raw
+    record.writeUInt32LE(len, 5);
+    record.writeUInt32LE(len, 9);
+    data.copy(record, 13, 0, len);
+    record[13 + 7] ^= 1;
+    await streamingHostile(port, data.length, (write) => {
+      write(FrameType.MANIFEST_STREAM, entry);
+      write(FrameType.DATA, record);
+    });
+    const r = await peer.done;
+    assert.equal(r.code, 12, r.stderr);
+    assert.match(r.stderr, /failed its hash check|bad early DATA/);
+    assert.deepEqual(fs.readdirSync(dir), [], 'no target, no provisional file');
   });
 
   it('a torn entry (not a multiple of 36 bytes): exit 12', async () => {

@@ -5,10 +5,11 @@
 //
 // Each configuration runs `receive` + `send` (plain TCP, loopback; the 30 ms rows through
 // the TCP delay proxy of __test__/helpers/delay-proxy.ts), with overlap on (default) and
-// off (`send --no-overlap`), alternating, both peers from spawn to exit. Two receiver
-// states: "cold" (no index: the receiver hashes its old file too) and "warm" (the
-// receiver's index covers its old file, as after an earlier sync: the CI case). The sender
-// always hashes (its file changed). Every result is checked with SHA-256 against the source.
+// off (`send --no-overlap`), alternating, both peers from spawn to exit. Three receiver
+// states: "fresh" (nothing there: every chunk goes as early DATA while the sender hashes),
+// "cold" (the old file, no index: the receiver hashes it too) and "warm" (the receiver's
+// index covers its old file, as after an earlier sync: the CI case). The sender always
+// hashes (its file changed). Every result is checked with SHA-256 against the source.
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -37,18 +38,22 @@ interface Run {
   ok: boolean;
 }
 
-async function once(o: { old: string; source: string; want: string; warm: boolean; overlap: boolean; rttMs: number }): Promise<Run> {
+type State = 'fresh' | 'cold' | 'warm';
+
+async function once(o: { old: string; source: string; want: string; state: State; overlap: boolean; rttMs: number }): Promise<Run> {
   const dir = path.join(WORK, 'run');
   await rmf(dir);
   fs.mkdirSync(dir, { recursive: true });
   const target = path.join(dir, 'target.bin');
-  fs.copyFileSync(o.old, target);
-  // Old enough that an index of it is trusted (not "racily clean").
-  const past = new Date(Date.now() - 3600_000);
-  fs.utimesSync(target, past, past);
   const stateR = path.join(dir, 'state-r');
   const stateS = path.join(dir, 'state-s');
-  if (o.warm) await scanFile(target, { stateDir: stateR });
+  if (o.state !== 'fresh') {
+    fs.copyFileSync(o.old, target);
+    // Old enough that an index of it is trusted (not "racily clean").
+    const past = new Date(Date.now() - 3600_000);
+    fs.utimesSync(target, past, past);
+  }
+  if (o.state === 'warm') await scanFile(target, { stateDir: stateR });
   flushWorkFs(dir);
   const t0 = performance.now();
   const recv = new Proc('receive', [process.execPath, CLI, 'receive', target, '0', '--plaintext', '--json', '--state-dir', stateR]);
@@ -79,20 +84,20 @@ async function main() {
   const rows: string[][] = [];
   const gains: string[] = [];
   for (const rttMs of [0, 30]) {
-    for (const warm of [false, true]) {
+    for (const state of ['fresh', 'cold', 'warm'] as const) {
       const on: Run[] = [];
       const off: Run[] = [];
       for (let k = 0; k < RUNS; k++) {
         // Alternate the order so drift in machine load hits both modes alike.
         for (const overlap of k % 2 ? [false, true] : [true, false]) {
-          const r = await once({ old, source, want, warm, overlap, rttMs });
+          const r = await once({ old, source, want, state, overlap, rttMs });
           (overlap ? on : off).push(r);
-          console.error(`${rttMs} ms ${warm ? 'warm' : 'cold'} overlap=${overlap}: ${fmtS(r.wallMs)} s, placed early ${fmtBytes(r.placedEarly)}, verified ${r.ok}`);
+          console.error(`${rttMs} ms ${state} overlap=${overlap}: ${fmtS(r.wallMs)} s, placed early ${fmtBytes(r.placedEarly)}, verified ${r.ok}`);
         }
       }
       const mOn = median(on.map((r) => r.wallMs))!;
       const mOff = median(off.map((r) => r.wallMs))!;
-      const label = `${rttMs} ms RTT, receiver ${warm ? 'warm (indexed)' : 'cold (hashes too)'}`;
+      const label = `${rttMs} ms RTT, receiver ${state === 'fresh' ? 'fresh (nothing there)' : state === 'warm' ? 'warm (indexed old file)' : 'cold (hashes its old file)'}`;
       for (const [mode, runs, med] of [['overlap (default)', on, mOn], ['--no-overlap', off, mOff]] as const) {
         rows.push([
           label,
@@ -114,7 +119,7 @@ async function main() {
     '',
     `Command: \`npm run bench:overlap\` — ${m.date}, ${m.nproc} CPUs, ${m.kernel}, fs ${m.fs}, commit ${m.commit}, ${RUNS} run(s) per mode (median shown), file ${fmtBytes(SIZE)} (20 × 64 KiB overwrites, 5 × 4 KiB insertions, 5 × 8 KiB deletions), load at start ${m.load}`,
     '',
-    'Both peers on this 2-core machine over loopback (plain TCP), from spawning the receiver until both exited; the sender always hashes its (changed) file. "placed early" = bytes the receiver copied into place while the sender was still hashing. Every result checked with SHA-256.',
+    'Both peers on this 2-core machine over loopback (plain TCP), from spawning the receiver until both exited; the sender always hashes its (changed) file. "placed early" = bytes the receiver placed before the manifest was complete (copied from its old file, or received as early DATA when it had nothing). Every result checked with SHA-256.',
     '',
     '| configuration | --no-overlap | overlap | speedup | time saved |',
     '|---|---:|---:|---:|---:|',

@@ -49,6 +49,11 @@ export declare class NativePrefill {
    * cannot belong to the offered file.
    */
   addEntries(entries: Buffer): Promise<number>
+  /**
+   * Early DATA: verify a chunk batch against the streamed entries and write it in place.
+   * Rejects (EMALFORMED / ECHUNK) on anything the sender should not have sent.
+   */
+  addBatch(batch: Buffer): Promise<EarlyBatch>
   /** Give up early placement (its provisional file is removed). */
   release(): void
 }
@@ -124,8 +129,11 @@ export declare class NativeReconstruction {
  * dropping or releasing the stream cancels the scan.
  */
 export declare class NativeScanStream {
-  /** Start scanning `path` in windows of `window` bytes (index-aware, like `scanFileNative`). */
-  static open(path: string | Buffer, window: number, options?: ScanFileOptions | undefined | null, onProgress?: ProgressFn | undefined | null): NativeScanStream
+  /**
+   * Start scanning `path` in windows of `window` bytes (index-aware, like `scanFileNative`).
+   * With `early`, each window's entries are followed by its chunks as chunk batches.
+   */
+  static open(path: string | Buffer, window: number, options?: ScanFileOptions | undefined | null, onProgress?: ProgressFn | undefined | null, early?: EarlyData | undefined | null): NativeScanStream
   /** The next window's entries, or (last) the whole scan's result. */
   next(): Promise<ScanStep>
   /**
@@ -187,6 +195,19 @@ export declare class NativeTreeSync {
 /** Validate a packed manifest from an untrusted peer (bounds, lengths, root). */
 export declare function decodeManifest(manifest: Buffer): ManifestInfo
 
+export interface EarlyBatch {
+  chunks: number
+  rawBytes: number
+}
+
+/** Early DATA: every window's chunks also come as chunk batches (the receiver has nothing). */
+export interface EarlyData {
+  /** zstd level (0 = raw). */
+  level: number
+  /** Raw bytes per batch (at most). */
+  batchBytes: number
+}
+
 export interface EncodedBatch {
   /** Bytes of `out` holding the batch. */
   length: number
@@ -207,6 +228,9 @@ export interface GeneratedIdentity {
 
 /** A new self-signed TLS identity (ECDSA P-256, rcgen). The caller stores it. */
 export declare function generateIdentity(label: string): GeneratedIdentity
+
+/** A partial of an earlier attempt at `target` exists (a resume would use it). */
+export declare function hasPartial(target: string | Buffer): boolean
 
 export interface LargeTransferInfo {
   action: number
@@ -320,6 +344,11 @@ export interface ScanResult {
 export interface ScanStep {
   /** Packed entries (`len u32 | blake3 [32]` each) of the next window, in order. */
   part?: Buffer
+  /** Early DATA (when asked for): a chunk batch of the window just handed out. */
+  batch?: Buffer
+  /** Chunks and raw bytes in `batch`. */
+  batchChunks?: number
+  batchRaw?: number
   /** Set on the last step: the whole scan (exactly what `scanFileNative` returns). */
   result?: ScanResult
 }

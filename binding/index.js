@@ -847,6 +847,7 @@ module.exports.decodeManifest = nativeBinding.decodeManifest
 module.exports.excludesFromText = nativeBinding.excludesFromText
 module.exports.fileHoles = nativeBinding.fileHoles
 module.exports.generateIdentity = nativeBinding.generateIdentity
+module.exports.hasPartial = nativeBinding.hasPartial
 module.exports.loadIndex = nativeBinding.loadIndex
 module.exports.markUpToDate = nativeBinding.markUpToDate
 module.exports.quicConnect = nativeBinding.quicConnect

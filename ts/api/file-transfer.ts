@@ -17,8 +17,10 @@ import type { BigIntStats } from 'node:fs';
 import { FramedConnection, PeerClosedError } from '../transport/connection.js';
 import { FrameType, protocolError } from '../protocol/frames.js';
 import {
+  decodeBasis,
   decodeDataEnd,
   decodeNeedEnd,
+  encodeBasis,
   decodeResult,
   encodeDataEnd,
   encodeNeedEnd,
@@ -40,6 +42,7 @@ import {
   call,
   decodeManifest,
   fileHoles,
+  hasPartial,
   markUpToDate,
   type NativeChunkSource,
   type NativePrefill,
@@ -85,9 +88,12 @@ export interface SendContentOptions {
   sparse?: boolean;
   /** Tree session with COMMIT_REFUSAL negotiated: RESULT may say NOT_WRITTEN. */
   commitRefusal?: boolean;
-  /** Capability STREAM was negotiated (and overlap not turned off): a file that must be
-   * scanned and is larger than STREAM_WINDOW has its manifest streamed while it is hashed. */
+  /** Capability STREAM was negotiated: a file larger than STREAM_WINDOW starts with the
+   * receiver's BASIS frame, and (unless `overlap` is false) its manifest is streamed while it
+   * is hashed, with early DATA to a receiver that has nothing. */
   stream?: boolean;
+  /** Overlapped phases on (default); `send --no-overlap` turns them off. */
+  overlap?: boolean;
 }
 
 export interface ContentResult {
@@ -110,11 +116,17 @@ export function identityChanged(a: BigIntStats | undefined, b: BigIntStats): boo
  * `unchanged()` on it to tell a file that changed mid-send). */
 export async function sendFileContent(conn: FramedConnection, o: SendContentOptions, holder: { source?: NativeChunkSource } = {}): Promise<ContentResult> {
   let scan = o.scan;
-  const streamed = !scan && Boolean(o.stream) && o.st.size > BigInt(STREAM_WINDOW);
+  const basisExchanged = Boolean(o.stream) && o.st.size > BigInt(STREAM_WINDOW);
+  const emptyBasis = basisExchanged && decodeBasis((await expect(conn, FrameType.BASIS)).payload).empty;
+  const streamed = !scan && basisExchanged && o.overlap !== false;
+  const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : undefined;
+  const early = { chunks: 0, raw: 0 };
   if (!scan) {
     scan = await conn.keepAlive(
       inPhase(o.events, 'hashing', Number(o.st.size), (progress) =>
-        streamed ? streamManifest(conn, o, progress) : scanFile(o.path, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress }),
+        streamed
+          ? streamManifest(conn, o, progress, emptyBasis, early, limiter)
+          : scanFile(o.path, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress }),
       ),
     );
   }
@@ -162,11 +174,11 @@ export async function sendFileContent(conn: FramedConnection, o: SendContentOpti
     const batches = batchByBytes(scan.manifest, needed, BATCH_BYTES);
     const total = needed.reduce((a, i) => a + manifestChunkLength(scan!.manifest, i), 0);
     let raw = 0;
+    const limit = limiter ?? (async () => undefined);
     await inPhase(o.events, 'sending', total, async (progress) => {
       // Batches are encoded natively into recycled buffers, READ_AHEAD at a time, while
       // earlier ones are being written to the socket.
       const pool = new BufferPool(BATCH_BUFFER, READ_AHEAD + 2);
-      const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : async () => undefined;
       const read = async (k: number) => {
         const buf = await pool.acquire();
         const res = await call(src.readBatch(batches[k], buf));
@@ -185,10 +197,11 @@ export async function sendFileContent(conn: FramedConnection, o: SendContentOpti
         await conn.send(FrameType.DATA, buf.subarray(0, res.length), () => pool.release(buf));
         raw += res.rawBytes;
         progress(raw);
-        if (o.bwlimitKiBps) await limiter(res.length);
+        if (o.bwlimitKiBps) await limit(res.length);
       }
     });
-    await conn.send(FrameType.DATA_END, encodeDataEnd({ chunks: needed.length, rawBytes: BigInt(raw) }));
+    // Early DATA counts too: DATA_END totals every chunk this transfer sent.
+    await conn.send(FrameType.DATA_END, encodeDataEnd({ chunks: needed.length + early.chunks, rawBytes: BigInt(raw + early.raw) }));
   } finally {
     src.release();
   }
@@ -205,13 +218,31 @@ export async function sendFileContent(conn: FramedConnection, o: SendContentOpti
   };
 }
 
-/** Scan in windows, sending each window's entries (MANIFEST_STREAM) as soon as it is hashed. */
-async function streamManifest(conn: FramedConnection, o: SendContentOptions, progress: (n: number) => void): Promise<ScanResult> {
-  const stream = await openScanStream(o.path, STREAM_WINDOW, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress });
+/** Scan in windows, sending each window's entries (MANIFEST_STREAM) as soon as it is hashed
+ * and, to a receiver with an empty basis, the window's chunks as early DATA (every chunk is
+ * proven missing there; batches are encoded natively, a few windows ahead at most). */
+async function streamManifest(
+  conn: FramedConnection,
+  o: SendContentOptions,
+  progress: (n: number) => void,
+  emptyBasis: boolean,
+  early: { chunks: number; raw: number },
+  limiter?: (n: number) => Promise<void>,
+): Promise<ScanResult> {
+  const earlyData = emptyBasis ? { level: o.level, batchBytes: BATCH_BYTES } : undefined;
+  const stream = await openScanStream(o.path, STREAM_WINDOW, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress }, earlyData);
   try {
     for (;;) {
       const step = await call(stream.next());
       if (step.result) return step.result;
+      if (step.batch) {
+        await conn.send(FrameType.DATA, step.batch);
+        early.chunks += step.batchChunks!;
+        early.raw += step.batchRaw!;
+        o.events?.progress?.('sending', early.raw);
+        if (limiter) await limiter(step.batch.length);
+        continue;
+      }
       for (const f of manifestStreamFrames(step.part!)) await conn.send(FrameType.MANIFEST_STREAM, f);
     }
   } finally {
@@ -261,28 +292,37 @@ export interface ReceiveContentOptions {
   stream?: boolean;
 }
 
-/** Early placement while MANIFEST_STREAM frames arrive (one chain of native calls, in order).
- * While the entries so far are exactly the old target's, nothing is placed: a file whose
- * content is unchanged (only its mtime differs) must not cost a copy that is thrown away. */
+/** Early placement while MANIFEST_STREAM frames (and early DATA) arrive: one chain of
+ * native calls, in order. While the entries so far are exactly the old target's, nothing is
+ * placed: a file whose content is unchanged (only its mtime differs) must not cost a copy
+ * that is thrown away. */
 class EarlyPlacement {
   private prefill?: NativePrefill;
   private chain: Promise<void> = Promise.resolve();
-  private malformed?: Error;
+  /** Fatal: a malformed stream or early DATA (exit 12), or early DATA we could not store. */
+  private failure?: Error;
   private off = false;
   /** Entries held back while they equal the old target's, and where they end in its list. */
   private held: Buffer[] = [];
   private heldBytes = 0;
   private sameAsTarget: boolean;
-  constructor(private readonly o: ReceiveContentOptions) {
-    // Nothing local to place from, or --inplace (which never copies the whole file).
-    this.off = o.inplace === true || o.localPaths.length === 0;
+  /** Early DATA taken so far (for DATA_END's totals). */
+  readonly received = { chunks: 0, raw: 0 };
+  private pending = 0;
+  constructor(
+    private readonly o: ReceiveContentOptions,
+    /** We told the sender (BASIS) that we have nothing: early DATA will come. */
+    private readonly expectData: boolean,
+  ) {
+    // Nothing local to place from and no early DATA, or --inplace (never a whole copy).
+    this.off = o.inplace === true || (o.localPaths.length === 0 && !expectData);
     this.sameAsTarget = o.targetReusable;
   }
 
   add(entries: Buffer): void {
     if (this.off) return;
     this.chain = this.chain.then(async () => {
-      if (this.off) return;
+      if (this.off || this.failure) return;
       try {
         const scanned = await this.o.locals;
         if (this.sameAsTarget) {
@@ -302,12 +342,41 @@ class EarlyPlacement {
         // Entries that cannot belong to the offered file are the sender's fault (exit 12);
         // anything else (a local scan that failed, no room for the temp file) only ends
         // early placement: the normal plan reports it, if it matters, with its own error.
-        if ((e as FfsyncError).code === 'EMALFORMED') this.malformed = protocolError(`bad MANIFEST_STREAM: ${(e as Error).message}`);
+        if ((e as FfsyncError).code === 'EMALFORMED') this.failure = protocolError(`bad MANIFEST_STREAM: ${(e as Error).message}`);
+        else if (this.expectData) this.failure = e as Error;
         this.off = true;
         this.prefill?.release();
         this.prefill = undefined;
       }
     });
+  }
+
+  /** Early DATA (only after BASIS said "empty"): verified and written in place natively.
+   * Resolves when at most one more batch is queued (the socket waits meanwhile). */
+  async addBatch(batch: Buffer, release?: () => void): Promise<void> {
+    if (!this.expectData) {
+      release?.();
+      throw protocolError('DATA before the manifest is complete, but the receiver did not ask for early DATA');
+    }
+    this.pending++;
+    const p = (this.chain = this.chain.then(async () => {
+      try {
+        if (this.failure) return;
+        if (this.off || !this.prefill) throw new FfsyncError('EIO', ExitCode.FILE_IO, 'early DATA arrived but could not be placed');
+        const r = await call(this.prefill.addBatch(batch));
+        this.received.chunks += r.chunks;
+        this.received.raw += r.rawBytes;
+        this.o.events?.progress?.('receiving', this.received.raw);
+      } catch (e) {
+        const code = (e as FfsyncError).code;
+        this.failure = code === 'EMALFORMED' || code === 'ECHUNK' ? protocolError(`bad early DATA: ${(e as Error).message}`) : (e as Error);
+      } finally {
+        release?.();
+        this.pending--;
+      }
+    }));
+    if (this.pending > WRITES_IN_FLIGHT) await p;
+    if (this.failure) throw this.failure;
   }
 
   private async place(scanned: ScanResult[], entries: Buffer): Promise<void> {
@@ -325,10 +394,17 @@ class EarlyPlacement {
     await call(this.prefill.addEntries(entries));
   }
 
+  /** The reason placement failed, if it did, else `e`: a sender whose early DATA was bad
+   * and who then hung up is reported for its data, not for hanging up. */
+  async failureOr(e: unknown): Promise<unknown> {
+    await this.chain.catch(() => undefined);
+    return this.failure ?? e;
+  }
+
   /** Waits for placement to finish; the prefill to adopt, if any. */
   async done(): Promise<NativePrefill | undefined> {
     await this.chain;
-    if (this.malformed) throw this.malformed;
+    if (this.failure) throw this.failure;
     return this.prefill;
   }
 
@@ -343,7 +419,14 @@ class EarlyPlacement {
 export async function receiveFileContent(conn: FramedConnection, o: ReceiveContentOptions): Promise<ContentResult> {
   const maxLength = maxManifestLength(o.size);
   const assembler = new ManifestAssembler(maxLength);
-  const early = new EarlyPlacement(o);
+  // Large files with STREAM: tell the sender first whether we have anything to build from
+  // (old file, --from files, a partial to resume); with nothing, it sends DATA early.
+  let emptyBasis = false;
+  if (o.stream && o.size > BigInt(STREAM_WINDOW)) {
+    emptyBasis = o.localPaths.length === 0 && !o.inplace && !hasPartial(o.target);
+    await conn.send(FrameType.BASIS, encodeBasis({ empty: emptyBasis }));
+  }
+  const early = new EarlyPlacement(o, emptyBasis);
   try {
     return await receiveWithPlacement(conn, o, assembler, maxLength, early);
   } finally {
@@ -358,9 +441,18 @@ async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOpt
   let streamedSize = 0;
   const size = Number(o.size);
   while (!manifest) {
-    const f = o.stream ? await expect(conn, FrameType.MANIFEST_STREAM, FrameType.MANIFEST) : await expect(conn, FrameType.MANIFEST);
+    let f;
+    try {
+      f = o.stream ? await expect(conn, FrameType.MANIFEST_STREAM, FrameType.MANIFEST, FrameType.DATA) : await expect(conn, FrameType.MANIFEST);
+    } catch (e) {
+      throw await early.failureOr(e);
+    }
     if (f.type === FrameType.MANIFEST) {
       manifest = assembler.push(f.payload);
+      continue;
+    }
+    if (f.type === FrameType.DATA) {
+      await early.addBatch(f.payload, f.release);
       continue;
     }
     const entries = Buffer.from(f.payload);
@@ -448,8 +540,11 @@ async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOpt
         if (f.type === FrameType.DATA_END) {
           const end = decodeDataEnd(f.payload);
           await Promise.all(inflight);
-          if (end.chunks !== needed.length) throw protocolError(`sender ended after ${end.chunks} of ${needed.length} chunks`);
-          if (end.rawBytes !== BigInt(received)) throw protocolError(`sender claims ${end.rawBytes} bytes, ${received} arrived`);
+          // Early DATA is part of the totals (DATA_END counts every chunk this transfer sent).
+          const chunks = needed.length + early.received.chunks;
+          const raw = received + early.received.raw;
+          if (end.chunks !== chunks) throw protocolError(`sender ended after ${end.chunks} of ${chunks} chunks`);
+          if (end.rawBytes !== BigInt(raw)) throw protocolError(`sender claims ${end.rawBytes} bytes, ${raw} arrived`);
           break;
         }
         const w = call(r.writeBatch(f.payload)).then((n) => {

@@ -150,7 +150,7 @@ export async function runSender(
       sourceHolder = holder;
       // Compress only for a peer that said it can decode zstd.
       const level = negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
-      const r = await sendFileContent(conn, { path: o.path, st, scan, stateDir, checksum: o.checksum, level, bwlimitKiBps: o.bwlimitKiBps, events: o.events, label: o.path, refine: Boolean(negotiated.capabilities & Capability.REFINE), sparse: Boolean(negotiated.capabilities & Capability.SPARSE), stream: o.overlap !== false && Boolean(negotiated.capabilities & Capability.STREAM) }, holder);
+      const r = await sendFileContent(conn, { path: o.path, st, scan, stateDir, checksum: o.checksum, level, bwlimitKiBps: o.bwlimitKiBps, events: o.events, label: o.path, refine: Boolean(negotiated.capabilities & Capability.REFINE), sparse: Boolean(negotiated.capabilities & Capability.SPARSE), stream: Boolean(negotiated.capabilities & Capability.STREAM), overlap: o.overlap }, holder);
       summary.root = r.root;
       summary.upToDate = r.upToDate;
       summary.decidedBy = r.upToDate ? 'scan-root' : 'transfer';

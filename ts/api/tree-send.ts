@@ -184,7 +184,8 @@ async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTra
     refine: Boolean(o.negotiated.capabilities & Capability.REFINE),
     sparse: Boolean(o.negotiated.capabilities & Capability.SPARSE),
     commitRefusal: Boolean(o.negotiated.capabilities & Capability.COMMIT_REFUSAL),
-    stream: o.overlap !== false && Boolean(o.negotiated.capabilities & Capability.STREAM),
+    stream: Boolean(o.negotiated.capabilities & Capability.STREAM),
+    overlap: o.overlap,
   });
   if (r.refused) return; // the receiver reports it (TREE_RESULT)
   if (!identityChanged(await fs.lstat(abs, { bigint: true }).catch(() => undefined), st)) tree.claimRoot(lt.action, r.root);

@@ -46,8 +46,13 @@ export function scanFile(path: string | Buffer, opts: ScanOptions = {}): Promise
 
 /** Scan in windows of `window` bytes, handing out each window's manifest entries while the
  * rest is still being hashed (overlapped phases, docs/protocol.md §4.15). */
-export function openScanStream(path: string | Buffer, window: number, opts: ScanOptions = {}): Promise<Binding.NativeScanStream> {
-  return call(() => native.NativeScanStream.open(path, window, { stateDir: opts.stateDir, ignoreIndex: opts.ignoreIndex }, progressCallback(opts.onProgress)));
+export function openScanStream(path: string | Buffer, window: number, opts: ScanOptions = {}, early?: Binding.EarlyData): Promise<Binding.NativeScanStream> {
+  return call(() => native.NativeScanStream.open(path, window, { stateDir: opts.stateDir, ignoreIndex: opts.ignoreIndex }, progressCallback(opts.onProgress), early));
+}
+
+/** A partial of an earlier attempt at `target` exists (a resume would use it). One readdir. */
+export function hasPartial(target: string | Buffer): boolean {
+  return native.hasPartial(target);
 }
 
 /** Early placement of a streamed manifest's chunks (crates/ffsync_core/src/prefill.rs). */

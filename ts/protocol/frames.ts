@@ -35,6 +35,7 @@ export const FrameType = {
   REQUEST: 0x1b,
   ACCEPT: 0x1c,
   MANIFEST_STREAM: 0x1d,
+  BASIS: 0x1e,
   ERROR: 0x7f,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];

@@ -30,9 +30,11 @@ export const Capability = {
    * cannot be replaced: an immutable file, a read-only bind mount) is answered with
    * RESULT status 2 = NOT_WRITTEN and reported, instead of failing the session (§4.9). */
   COMMIT_REFUSAL: 1 << 6,
-  /** Overlapped phases: a sender still scanning a large file streams its manifest entries
-   * in MANIFEST_STREAM frames, then sends the manifest's header alone in MANIFEST; the
-   * receiver places the chunks it has while the rest is hashed (§4.15). */
+  /** Overlapped phases, for files larger than STREAM_WINDOW: the receiver first says in
+   * BASIS whether it has anything to build from; a sender still scanning streams its
+   * manifest entries in MANIFEST_STREAM frames (and, to an empty basis, each window's
+   * chunks as early DATA), then sends the manifest's header alone in MANIFEST; the
+   * receiver places what it has while the rest is hashed (§4.15). */
   STREAM: 1 << 7,
 } as const;
 export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM;
@@ -320,6 +322,19 @@ export interface NeedEnd {
   identical: boolean;
   /** Tree sessions: the receiver cannot write this file (reported, exit 23); no DATA follows. */
   refused?: boolean;
+}
+
+/** BASIS (capability STREAM, files larger than STREAM_WINDOW): the receiver's first word
+ * on a file's content. `empty`: it has nothing to build from (no old file, no --from file,
+ * no partial), so every chunk is proven missing and the sender may send each window's
+ * chunks as early DATA while it is still hashing (§4.15). */
+export function encodeBasis(b: { empty: boolean }): Buffer {
+  return Buffer.from([b.empty ? 1 : 0]);
+}
+
+export function decodeBasis(p: Buffer): { empty: boolean } {
+  if (p.length !== 1 || p[0] > 1) throw protocolError('bad BASIS');
+  return { empty: p[0] === 1 };
 }
 
 export function encodeNeedEnd(n: NeedEnd): Buffer {

@@ -409,6 +409,33 @@ impl Task for PrefillBeginTask {
     }
 }
 
+pub struct PrefillBatchTask {
+    inner: Arc<Mutex<Option<ffsync_core::prefill::Prefill>>>,
+    batch: Buffer,
+}
+impl Task for PrefillBatchTask {
+    type Output = (u32, u64);
+    type JsValue = EarlyBatch;
+    fn compute(&mut self) -> Result<(u32, u64)> {
+        match self.inner.lock().unwrap().as_mut() {
+            Some(p) => p.add_batch(&self.batch).map_err(to_napi),
+            None => Err(napi::Error::from_reason("EUSAGE: early placement is not running")),
+        }
+    }
+    fn resolve(&mut self, _env: Env, (chunks, raw): (u32, u64)) -> Result<EarlyBatch> {
+        Ok(EarlyBatch {
+            chunks,
+            raw_bytes: raw as f64,
+        })
+    }
+}
+
+#[napi(object)]
+pub struct EarlyBatch {
+    pub chunks: u32,
+    pub raw_bytes: f64,
+}
+
 pub struct PrefillAddTask {
     inner: Arc<Mutex<Option<ffsync_core::prefill::Prefill>>>,
     entries: Buffer,
@@ -465,9 +492,25 @@ impl NativePrefill {
         })
     }
 
+    /// Early DATA: verify a chunk batch against the streamed entries and write it in place.
+    /// Rejects (EMALFORMED / ECHUNK) on anything the sender should not have sent.
+    #[napi(ts_return_type = "Promise<EarlyBatch>")]
+    pub fn add_batch(&self, batch: Buffer) -> AsyncTask<PrefillBatchTask> {
+        AsyncTask::new(PrefillBatchTask {
+            inner: self.inner.clone(),
+            batch,
+        })
+    }
+
     /// Give up early placement (its provisional file is removed).
     #[napi]
     pub fn release(&self) {
         self.inner.lock().unwrap().take();
     }
+}
+
+/// A partial of an earlier attempt at `target` exists (a resume would use it).
+#[napi]
+pub fn has_partial(#[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg) -> bool {
+    ffsync_core::reconstruct::has_resumable_partial(&crate::path_arg(target))
 }

@@ -181,12 +181,27 @@ pub fn load_index(path: String, state_dir: String) -> AsyncTask<LoadIndexTask> {
 pub struct ScanStep {
     /// Packed entries (`len u32 | blake3 [32]` each) of the next window, in order.
     pub part: Option<Buffer>,
+    /// Early DATA (when asked for): a chunk batch of the window just handed out.
+    pub batch: Option<Buffer>,
+    /// Chunks and raw bytes in `batch`.
+    pub batch_chunks: Option<u32>,
+    pub batch_raw: Option<f64>,
     /// Set on the last step: the whole scan (exactly what `scanFileNative` returns).
     pub result: Option<ScanResult>,
 }
 
+/// Early DATA: every window's chunks also come as chunk batches (the receiver has nothing).
+#[napi(object)]
+pub struct EarlyData {
+    /// zstd level (0 = raw).
+    pub level: i32,
+    /// Raw bytes per batch (at most).
+    pub batch_bytes: u32,
+}
+
 enum StreamMsg {
     Part(Vec<u8>),
+    Batch(Vec<u8>, u32, u64),
     Done(std::result::Result<Scanned, napi::Error>),
 }
 
@@ -222,6 +237,7 @@ fn offer(tx: &std::sync::mpsc::SyncSender<StreamMsg>, mut msg: StreamMsg, cancel
 pub struct NextTask(StreamRx);
 pub enum Step {
     Part(Vec<u8>),
+    Batch(Vec<u8>, u32, u64),
     Done(Scanned),
 }
 impl Task for NextTask {
@@ -234,6 +250,7 @@ impl Task for NextTask {
             .ok_or_else(|| napi::Error::from_reason("EUSAGE: the scan stream was released"))?;
         match rx.recv() {
             Ok(StreamMsg::Part(p)) => Ok(Step::Part(p)),
+            Ok(StreamMsg::Batch(b, n, raw)) => Ok(Step::Batch(b, n, raw)),
             Ok(StreamMsg::Done(r)) => r.map(Step::Done),
             Err(_) => Err(napi::Error::from_reason("EUSAGE: the scan stream already ended")),
         }
@@ -242,10 +259,23 @@ impl Task for NextTask {
         Ok(match s {
             Step::Part(p) => ScanStep {
                 part: Some(p.into()),
+                batch: None,
+                batch_chunks: None,
+                batch_raw: None,
+                result: None,
+            },
+            Step::Batch(b, n, raw) => ScanStep {
+                part: None,
+                batch: Some(b.into()),
+                batch_chunks: Some(n),
+                batch_raw: Some(raw as f64),
                 result: None,
             },
             Step::Done(o) => ScanStep {
                 part: None,
+                batch: None,
+                batch_chunks: None,
+                batch_raw: None,
                 result: Some(o.into()),
             },
         })
@@ -258,13 +288,21 @@ const STREAM_QUEUE: usize = 4;
 #[napi]
 impl NativeScanStream {
     /// Start scanning `path` in windows of `window` bytes (index-aware, like `scanFileNative`).
+    /// With `early`, each window's entries are followed by its chunks as chunk batches.
     #[napi(factory)]
     pub fn open(
         #[napi(ts_arg_type = "string | Buffer")] path: crate::PathArg,
         window: f64,
         options: Option<ScanFileOptions>,
         on_progress: Option<ProgressFn>,
+        early: Option<EarlyData>,
     ) -> Result<NativeScanStream> {
+        let early = early.map(|e| {
+            (
+                ffsync_core::chunk_batch::CompressPolicy::new(e.level),
+                (e.batch_bytes as u64).max(1),
+            )
+        });
         let path = crate::path_arg(path);
         let state_dir = options.as_ref().and_then(|o| o.state_dir.clone()).map(PathBuf::from);
         let ignore_index = options.as_ref().and_then(|o| o.ignore_index).unwrap_or(false);
@@ -278,6 +316,7 @@ impl NativeScanStream {
                 let counter = Arc::new(AtomicU64::new(0));
                 let c = counter.clone();
                 let mut ticker = Ticker::start(move || c.load(Ordering::Relaxed), on_progress);
+                let mut next_index = 0u32;
                 let out = ffsync_core::scan::scan_file_streaming(
                     &path,
                     &ScanOptions {
@@ -286,14 +325,41 @@ impl NativeScanStream {
                         progress: Some(&counter),
                     },
                     window,
-                    &mut |chunks| {
+                    &mut |chunks, data| {
                         let mut b = Vec::with_capacity(chunks.len() * ffsync_core::manifest::ENTRY_LEN);
                         for c in chunks {
                             b.extend_from_slice(&c.len.to_le_bytes());
                             b.extend_from_slice(&c.hash);
                         }
                         // A released or dropped stream cancels the scan.
-                        offer(&tx, StreamMsg::Part(b), &cancelled)
+                        if !offer(&tx, StreamMsg::Part(b), &cancelled) {
+                            return false;
+                        }
+                        let first = next_index;
+                        next_index += chunks.len() as u32;
+                        let Some((policy, batch_bytes)) = &early else {
+                            return true;
+                        };
+                        let mut k = 0;
+                        while k < chunks.len() {
+                            let mut records = Vec::new();
+                            let mut raw = 0u64;
+                            while k < chunks.len() && (records.is_empty() || raw + chunks[k].len as u64 <= *batch_bytes)
+                            {
+                                let c = &chunks[k];
+                                let Some(bytes) = data.get(c.offset as usize..c.end() as usize) else {
+                                    return false;
+                                };
+                                records.push((first + k as u32, bytes));
+                                raw += c.len as u64;
+                                k += 1;
+                            }
+                            let batch = policy.encode_batch(&records);
+                            if !offer(&tx, StreamMsg::Batch(batch, records.len() as u32, raw), &cancelled) {
+                                return false;
+                            }
+                        }
+                        true
                     },
                 );
                 ticker.stop();

@@ -13,6 +13,7 @@
 use crate::error::{CoreError, Result};
 use crate::manifest::u32_at;
 use crate::manifest::Manifest;
+use rayon::prelude::*;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub const RECORD_HEADER: usize = 13;
@@ -113,6 +114,19 @@ impl CompressPolicy {
         slot[5..9].copy_from_slice(&(raw_len as u32).to_le_bytes());
         slot[9..13].copy_from_slice(&(payload_len as u32).to_le_bytes());
         Some(RECORD_HEADER + payload_len)
+    }
+
+    /// A whole batch of raw-or-zstd records (chunk index, raw bytes), encoded on every core.
+    pub fn encode_batch(&self, records: &[(u32, &[u8])]) -> Vec<u8> {
+        let encoded: Vec<Vec<u8>> = records
+            .par_iter()
+            .map(|&(index, raw)| {
+                let mut out = Vec::with_capacity(RECORD_HEADER + raw.len());
+                self.encode_record(index, raw, &mut out);
+                out
+            })
+            .collect();
+        encoded.concat()
     }
 
     /// Convenience for tests and small callers: append one encoded record to `out`.

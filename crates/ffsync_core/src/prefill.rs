@@ -8,6 +8,11 @@
 //! When the whole manifest has arrived and checked out, [`Reconstruction::begin_with`]
 //! adopts the file: placed chunks are neither copied again nor requested.
 //!
+//! A receiver with nothing local (no old file, no partial) also takes *early DATA*: chunk
+//! records the sender sends right after each window's entries, since every chunk is then
+//! proven missing. They are checked against the streamed entries (index, length, BLAKE3)
+//! and written at their offsets, exactly like `Reconstruction::write_batch`.
+//!
 //! Nothing here is trusted for correctness: a part is checked only for being a well-formed
 //! prefix of some manifest of the offered size; the adopting reconstruction compares the
 //! placed chunks with the verified manifest and discards the whole prefill on any
@@ -17,9 +22,10 @@
 //! [`Reconstruction::copy_local`]: crate::reconstruct::Reconstruction::copy_local
 //! [`Reconstruction::begin_with`]: crate::reconstruct::Reconstruction::begin_with
 
+use crate::chunk_batch;
 use crate::chunker::{Chunk, Hash};
 use crate::error::{CoreError, Result};
-use crate::io::copy_range;
+use crate::io::{copy_range, write_at};
 use crate::manifest::{Manifest, ENTRY_LEN};
 use crate::params::ChunkParams;
 use crate::reconstruct::{
@@ -34,6 +40,16 @@ use std::path::{Path, PathBuf};
 /// Where a placed chunk's bytes came from: (position in the local list, offset there).
 pub type Anchor = (usize, u64);
 
+/// What early placement did with one chunk of the streamed list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placed {
+    No,
+    /// Copied from a local file (or proven in place in a clone).
+    Copied(Anchor),
+    /// Received as early DATA.
+    Received,
+}
+
 pub struct Prefill {
     temp: PathBuf,
     file: Option<File>,
@@ -42,11 +58,14 @@ pub struct Prefill {
     /// Local files by their position in the list given to `new` (None: could not open).
     sources: Vec<Option<(PathBuf, File)>>,
     have: HashMap<Hash, (usize, u64, u32)>,
-    chunks: Vec<Chunk>,
-    placed: Vec<Option<Anchor>>,
+    /// The streamed entries so far (root unknown yet): what early DATA is checked against.
+    view: Manifest,
+    placed: Vec<Placed>,
     next_offset: u64,
     cloned: bool,
     placed_bytes: u64,
+    /// Bytes of early DATA (all literal: early DATA never carries deltas).
+    literal: u64,
 }
 
 /// A prefill handed over to the reconstruction (see module docs).
@@ -55,8 +74,10 @@ pub struct Prefilled {
     pub(crate) file: Option<File>,
     pub(crate) cloned: bool,
     pub(crate) chunks: Vec<Chunk>,
-    pub(crate) placed: Vec<Option<Anchor>>,
+    pub(crate) placed: Vec<Placed>,
     pub(crate) source_paths: Vec<PathBuf>,
+    /// Bytes of early DATA placed (literal data for RESULT).
+    pub(crate) literal: u64,
 }
 
 impl Prefilled {
@@ -81,10 +102,10 @@ impl Drop for Prefilled {
 
 impl Prefill {
     /// Start early placement into `target`'s provisional temp file for a file of `size`
-    /// bytes. `None` when it would not help or could interfere: an empty file, no local
-    /// files, or a partial of an earlier attempt that a resume should use instead.
+    /// bytes (from `local`, and from early DATA). `None` when it could interfere: an empty
+    /// file, or a partial of an earlier attempt that a resume should use instead.
     pub fn new(target: &Path, size: u64, local: Vec<LocalSource>) -> Result<Option<Prefill>> {
-        if size == 0 || local.is_empty() {
+        if size == 0 {
             return Ok(None);
         }
         let temp = streaming_path(target);
@@ -123,18 +144,25 @@ impl Prefill {
             Some(f) => (f, true),
             None => (create_temp(&temp, size)?, false),
         };
+        let params = ChunkParams::for_file_size(size);
         Ok(Some(Prefill {
             temp,
             file: Some(file),
             size,
-            params: ChunkParams::for_file_size(size),
+            params,
             sources,
             have,
-            chunks: Vec::new(),
+            view: Manifest {
+                size,
+                params,
+                chunks: Vec::new(),
+                root: [0; 32],
+            },
             placed: Vec::new(),
             next_offset: 0,
             cloned,
             placed_bytes: 0,
+            literal: 0,
         }))
     }
 
@@ -150,24 +178,24 @@ impl Prefill {
         if entries.len() % ENTRY_LEN != 0 {
             return Err(bad(format!("{} bytes is not a whole number of entries", entries.len())));
         }
-        let first = self.chunks.len();
+        let first = self.view.chunks.len();
         let max_chunks = self.params.max_chunks(self.size);
         for e in entries.chunks_exact(ENTRY_LEN) {
             let len = u32::from_le_bytes(e[0..4].try_into().unwrap());
             if len == 0 || len > self.params.max {
                 return Err(bad(format!("chunk length {len} is impossible")));
             }
-            if self.next_offset + len as u64 > self.size || self.chunks.len() as u64 >= max_chunks {
+            if self.next_offset + len as u64 > self.size || self.view.chunks.len() as u64 >= max_chunks {
                 return Err(bad("the parts describe more than the offered file".into()));
             }
             let mut hash = [0u8; 32];
             hash.copy_from_slice(&e[4..]);
-            self.chunks.push(Chunk {
+            self.view.chunks.push(Chunk {
                 offset: self.next_offset,
                 len,
                 hash,
             });
-            self.placed.push(None);
+            self.placed.push(Placed::No);
             self.next_offset += len as u64;
         }
         let Some(file) = self.file.as_ref() else {
@@ -177,8 +205,8 @@ impl Prefill {
         // already at their offset in the old target only need proving.
         // (source, source offset, first chunk, count, bytes, prove only)
         let mut runs: Vec<(usize, u64, usize, usize, u64, bool)> = Vec::new();
-        for i in first..self.chunks.len() {
-            let c = self.chunks[i];
+        for i in first..self.view.chunks.len() {
+            let c = self.view.chunks[i];
             let Some(&(source, offset, len)) = self.have.get(&c.hash) else {
                 continue;
             };
@@ -194,7 +222,7 @@ impl Prefill {
                 _ => runs.push((source, offset, i, 1, len as u64, prove)),
             }
         }
-        let chunks = &self.chunks;
+        let chunks = &self.view.chunks;
         let sources = &self.sources;
         let done: Vec<Vec<(usize, Anchor)>> = runs
             .par_iter()
@@ -222,11 +250,61 @@ impl Prefill {
             .collect();
         let mut bytes = 0;
         for (i, anchor) in done.into_iter().flatten() {
-            self.placed[i] = Some(anchor);
-            bytes += self.chunks[i].len as u64;
+            self.placed[i] = Placed::Copied(anchor);
+            bytes += self.view.chunks[i].len as u64;
         }
         self.placed_bytes += bytes;
         Ok(bytes)
+    }
+
+    /// Early DATA (a chunk batch, encodings raw or zstd, of chunks already streamed and not
+    /// placed): each chunk is checked against its streamed BLAKE3 and written at its offset.
+    /// Returns (chunks, raw bytes). Any bad record fails the whole batch (the sender's fault:
+    /// exit 12); nothing of it is marked placed then.
+    pub fn add_batch(&mut self, batch: &[u8]) -> Result<(u32, u64)> {
+        let records = chunk_batch::decode(batch, &self.view)?;
+        let mut seen = std::collections::HashSet::new();
+        for r in &records {
+            if r.is_delta() {
+                return Err(CoreError::malformed(
+                    "early DATA",
+                    format!("chunk {} is a delta", r.index),
+                ));
+            }
+            if self.placed[r.index as usize] != Placed::No || !seen.insert(r.index) {
+                return Err(CoreError::malformed(
+                    "early DATA",
+                    format!("chunk {} was already placed", r.index),
+                ));
+            }
+        }
+        let file = self
+            .file
+            .as_ref()
+            .ok_or_else(|| CoreError::Usage("early placement already handed over".into()))?;
+        let view = &self.view;
+        records.par_iter().try_for_each(|r| {
+            let mut buf = Vec::new();
+            let data = r.raw(&mut buf)?;
+            let c = &view.chunks[r.index as usize];
+            if blake3::hash(data).as_bytes() != &c.hash {
+                return Err(CoreError::ChunkCorrupt {
+                    index: r.index,
+                    origin: "received from the peer",
+                });
+            }
+            write_at(file, data, c.offset).map_err(|e| CoreError::io(&self.temp, e))?;
+            start_writeback(file, c.offset, c.len as u64);
+            Ok(())
+        })?;
+        let mut raw = 0;
+        for r in &records {
+            self.placed[r.index as usize] = Placed::Received;
+            raw += r.raw_len as u64;
+        }
+        self.placed_bytes += raw;
+        self.literal += raw;
+        Ok((records.len() as u32, raw))
     }
 
     /// Hand the placed chunks to the reconstruction (which checks them against the final
@@ -236,8 +314,9 @@ impl Prefill {
             temp: self.temp.clone(),
             file: self.file.take(),
             cloned: self.cloned,
-            chunks: std::mem::take(&mut self.chunks),
+            chunks: std::mem::take(&mut self.view.chunks),
             placed: std::mem::take(&mut self.placed),
+            literal: self.literal,
             source_paths: self
                 .sources
                 .iter()
@@ -408,5 +487,63 @@ mod tests {
         }];
         assert!(Prefill::new(&target, 3_000_000, local).unwrap().is_none());
         assert!(partial.exists());
+    }
+
+    #[test]
+    fn early_data_with_nothing_local_is_verified_placed_and_adopted() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("f.bin");
+        let data = pseudo_random(20_000_000, 45);
+        let src = dir.path().join("src.bin");
+        fs::write(&src, &data).unwrap();
+        let m = scan_file(&src, &ScanOptions::default()).unwrap().manifest;
+        let mut pf = Prefill::new(&target, m.size, Vec::new()).unwrap().unwrap();
+        let half = m.chunks.len() / 2;
+        pf.add_entries(&entries(&m)[..half * ENTRY_LEN]).unwrap();
+        let policy = crate::chunk_batch::CompressPolicy::new(1);
+        let recs: Vec<(u32, &[u8])> = (0..half)
+            .map(|i| (i as u32, &data[m.chunks[i].offset as usize..m.chunks[i].end() as usize]))
+            .collect();
+        // A corrupted chunk fails the whole batch and places nothing.
+        let mut bad = policy.encode_batch(&recs[..2]);
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        assert!(pf.add_batch(&bad).is_err());
+        // A chunk not streamed yet is out of range.
+        let c = m.chunks[half];
+        let ahead = policy.encode_batch(&[(half as u32, &data[c.offset as usize..c.end() as usize])]);
+        assert!(pf.add_batch(&ahead).is_err());
+        let (n, raw) = pf.add_batch(&policy.encode_batch(&recs)).unwrap();
+        assert_eq!(n as usize, half);
+        assert_eq!(raw, m.chunks[half].offset);
+        // The same chunk twice is refused.
+        assert!(pf.add_batch(&policy.encode_batch(&recs[..1])).is_err());
+        pf.add_entries(&entries(&m)[half * ENTRY_LEN..]).unwrap();
+        let r = Reconstruction::begin_with(
+            &target,
+            m.clone(),
+            Vec::new(),
+            BeginOptions {
+                prefill: Some(pf.into_prefilled()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let needed = r.needed();
+        assert_eq!(
+            needed.len(),
+            m.chunks.len() - half,
+            "early chunks are not requested again"
+        );
+        assert_eq!(r.literal_bytes(), raw, "early DATA is literal data of the transfer");
+        let mut batch = Vec::new();
+        for i in needed {
+            let c = m.chunks[i as usize];
+            policy.encode_record(i, &data[c.offset as usize..c.end() as usize], &mut batch);
+        }
+        r.write_batch(&batch).unwrap();
+        r.finish(None, None, None).unwrap();
+        assert_eq!(fs::read(&target).unwrap(), data);
+        assert_eq!(r.literal_bytes(), m.size);
     }
 }

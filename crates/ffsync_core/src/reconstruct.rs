@@ -197,7 +197,7 @@ pub fn streaming_path(target: &Path) -> PathBuf {
 }
 
 /// A partial of an earlier attempt at `target` exists (any version): a resume may use it.
-pub(crate) fn has_resumable_partial(target: &Path) -> bool {
+pub fn has_resumable_partial(target: &Path) -> bool {
     let mut found = false;
     for_each_partial(target, |_| found = true);
     found
@@ -319,14 +319,18 @@ impl Reconstruction {
         }
         if let (Some(p), Some(_)) = (&prefill, &adopted) {
             for (o, placed) in origins.iter_mut().zip(&p.placed) {
-                if let Some((k, offset)) = *placed {
-                    // The anchor names a position in the local list; ours skips files that
-                    // could not be opened.
-                    let path = &p.source_paths[k];
-                    let source = sources.iter().position(|(sp, _)| sp == path);
-                    *o = Origin::Placed {
-                        anchor: source.map(|s| (s, offset)),
-                    };
+                match *placed {
+                    crate::prefill::Placed::Copied((k, offset)) => {
+                        // The anchor names a position in the local list; ours skips files
+                        // that could not be opened.
+                        let path = &p.source_paths[k];
+                        let source = sources.iter().position(|(sp, _)| sp == path);
+                        *o = Origin::Placed {
+                            anchor: source.map(|s| (s, offset)),
+                        };
+                    }
+                    crate::prefill::Placed::Received => *o = Origin::Placed { anchor: None },
+                    crate::prefill::Placed::No => {}
                 }
             }
         }
@@ -345,6 +349,11 @@ impl Reconstruction {
         let holes = if inplace { Vec::new() } else { holes };
         mark_holes(&manifest, &holes, &mut origins);
         let prefill_cloned = prefill.as_ref().is_some_and(|p| p.cloned);
+        // Early DATA counts as literal data of this transfer (only if adopted).
+        let early_literal = match (&prefill, &adopted) {
+            (Some(p), Some(_)) => p.literal,
+            _ => 0,
+        };
         let (file, cloned) = match (resumed, adopted) {
             (_, Some(f)) => (f, prefill_cloned),
             (Some(f), None) => (f, false),
@@ -391,7 +400,7 @@ impl Reconstruction {
             scratch: Mutex::new(Vec::new()),
             state: Mutex::new(State::Open),
             written: AtomicU64::new(0),
-            literal: AtomicU64::new(0),
+            literal: AtomicU64::new(early_literal),
             copied_ok: AtomicU64::new(0),
             poisoned: std::sync::atomic::AtomicBool::new(false),
             in_flight: std::sync::atomic::AtomicUsize::new(0),
