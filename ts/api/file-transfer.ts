@@ -319,12 +319,20 @@ class EarlyPlacement {
     this.sameAsTarget = o.targetReusable;
   }
 
-  add(entries: Buffer): void {
+  /** Entries waiting for the chain: taken all at once, so a backlog (the receiver's own scan
+   * finished after several windows arrived) becomes one parallel placement, not many. */
+  private queued: Buffer[] = [];
+
+  add(part: Buffer): void {
     if (this.off) return;
+    this.queued.push(part);
+    if (this.queued.length > 1) return; // a drain is already scheduled
     this.chain = this.chain.then(async () => {
       if (this.off || this.failure) return;
       try {
         const scanned = await this.o.locals;
+        const entries = this.queued.length === 1 ? this.queued[0] : Buffer.concat(this.queued);
+        this.queued = [];
         if (this.sameAsTarget) {
           const old = scanned[0].manifest;
           const at = MANIFEST_HEADER + this.heldBytes;
