@@ -8,13 +8,14 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { modify, partials, seeded, sha256, snapshot, startReceiver, sync, tmpdir } from './helpers/peers';
+import { modify, partials, seeded, sender, sha256, snapshot, startReceiver, sync, tmpdir } from './helpers/peers';
 import { encodeFrame, FrameType } from '../ts/protocol/frames';
 import { Capability, Decision, decodeDecision, encodeHello, encodeOffer, manifestFrames, OfferKind, Role, STREAM_WINDOW } from '../ts/protocol/messages';
 import { scanFile } from '../ts/native/binding';
 import { MANIFEST_HEADER } from '../ts/utils/manifest';
 
 const BIG = STREAM_WINDOW * 2 + 12_345_678; // three windows
+const MiB = 1024 * 1024;
 
 function large(seed: number) {
   const dir = tmpdir();
@@ -89,6 +90,31 @@ describe('overlapped phases: streamed manifest, early placement', () => {
     assert.equal(s.placedEarlyBytes, BIG, 'the whole file was placed before the manifest was complete');
     assert.equal(s.literalBytes, BIG);
     assert.equal(send.summary!.literalBytes, BIG);
+    noLeftovers(f.dir);
+  });
+
+  it('a fresh streamed transfer killed mid-way keeps what arrived; the rerun sends only the rest', async () => {
+    const f = large(69);
+    fs.rmSync(f.target);
+    fs.writeFileSync(f.source, f.old);
+    const { peer: recv, port } = await startReceiver(f.target, ['--state-dir', f.stateR]);
+    // 48 MiB/s: about 3 s in all; kill the sender once 40 MiB arrived as early DATA.
+    const s = sender(f.source, port, ['--state-dir', f.stateS, '--bwlimit', String(48 * 1024)]);
+    await recv.waitFor((e) => e.event === 'progress' && e.phase === 'receiving' && e.doneBytes >= 40 * MiB);
+    s.child.kill('SIGKILL');
+    const r1 = await recv.done;
+    assert.notEqual(r1.code, 0);
+    assert.match(r1.stderr, /partial file kept/);
+    assert.ok(!fs.existsSync(f.target), 'no target before a verified commit');
+    assert.deepEqual(
+      fs.readdirSync(f.dir).filter((n) => n.endsWith('.ffsync-part')),
+      ['.target.bin.streaming.ffsync-part'],
+    );
+    const res = await sync(f.source, f.target, f);
+    assert.equal(res.recv.code, 0, res.recv.stderr);
+    assert.equal(sha256(f.target), sha256(f.source));
+    const second = res.recv.summary!.literalBytes as number;
+    assert.ok(second <= BIG - 40 * MiB + 8 * MiB, `second run sent ${second} of ${BIG}`);
     noLeftovers(f.dir);
   });
 

@@ -54,8 +54,11 @@ export declare class NativePrefill {
    * Rejects (EMALFORMED / ECHUNK) on anything the sender should not have sent.
    */
   addBatch(batch: Buffer): Promise<EarlyBatch>
-  /** Give up early placement (its provisional file is removed). */
-  release(): void
+  /**
+   * End early placement: its provisional file is removed, or with `keep` (a dropped
+   * connection) kept for the next attempt to resume from.
+   */
+  release(keep?: boolean | undefined | null): void
 }
 
 export declare class NativeQuicConnection {

@@ -416,10 +416,16 @@ class EarlyPlacement {
     return this.prefill;
   }
 
-  /** Ends placement (after `done`, or on an error path); removes an unadopted file. */
-  async release(): Promise<void> {
+  /** Placement is still running (not yet handed to the reconstruction). */
+  get placing(): boolean {
+    return this.prefill?.active === true;
+  }
+
+  /** Ends placement (after `done`, or on an error path): removes an unadopted file, or keeps
+   * it for a resume after a dropped connection. */
+  async release(keep = false): Promise<void> {
     await this.chain.catch(() => undefined);
-    this.prefill?.release();
+    this.prefill?.release(keep);
   }
 }
 
@@ -435,11 +441,23 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
     await conn.send(FrameType.BASIS, encodeBasis({ empty: emptyBasis }));
   }
   const early = new EarlyPlacement(o, emptyBasis);
+  let keep = false;
   try {
     return await receiveWithPlacement(conn, o, assembler, maxLength, early);
+  } catch (e) {
+    // A connection lost while the manifest was still streaming keeps what was placed (a
+    // fresh transfer's early DATA is most of it) for the rerun to resume from.
+    keep = connectionLost(e) && early.placing;
+    if (keep && e instanceof FfsyncError) throw new FfsyncError(e.code, e.exitCode, `${e.message}; partial file kept, rerun the same command to resume`, { cause: e });
+    throw e;
   } finally {
-    await early.release();
+    await early.release(keep);
   }
+}
+
+function connectionLost(e: unknown): boolean {
+  const err = e instanceof FfsyncError ? e : undefined;
+  return e instanceof PeerClosedError || err?.exitCode === ExitCode.SOCKET_IO || err?.exitCode === ExitCode.TIMEOUT;
 }
 
 async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOptions, assembler: ManifestAssembler, maxLength: number, early: EarlyPlacement): Promise<ContentResult> {
@@ -597,12 +615,12 @@ async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOpt
   } catch (e) {
     if (rec) {
       const err = e instanceof FfsyncError ? e : undefined;
-      const connectionLost = e instanceof PeerClosedError || err?.exitCode === ExitCode.SOCKET_IO || err?.exitCode === ExitCode.TIMEOUT;
+      const lost = connectionLost(e);
       // A dropped connection keeps the verified-so-far partial for the next run;
       // anything else (bad data, full disk, failed verification) removes it.
-      rec.abort(connectionLost);
+      rec.abort(lost);
       rec.release();
-      if (connectionLost && err) {
+      if (lost && err) {
         throw new FfsyncError(err.code, err.exitCode, `${err.message}; partial file kept, rerun the same command to resume`, { cause: err });
       }
     }

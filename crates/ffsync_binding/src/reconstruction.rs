@@ -502,10 +502,15 @@ impl NativePrefill {
         })
     }
 
-    /// Give up early placement (its provisional file is removed).
+    /// End early placement: its provisional file is removed, or with `keep` (a dropped
+    /// connection) kept for the next attempt to resume from.
     #[napi]
-    pub fn release(&self) {
-        self.inner.lock().unwrap().take();
+    pub fn release(&self, keep: Option<bool>) {
+        if let Some(p) = self.inner.lock().unwrap().take() {
+            if keep == Some(true) {
+                p.keep_for_resume();
+            }
+        }
     }
 }
 

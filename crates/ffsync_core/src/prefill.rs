@@ -109,14 +109,9 @@ impl Prefill {
             return Ok(None);
         }
         let temp = streaming_path(target);
-        // A provisional file left by a receiver that was killed is never resumable.
-        if let Ok(m) = fs::symlink_metadata(&temp) {
-            if m.is_dir() {
-                return Ok(None);
-            }
-            let _ = fs::remove_file(&temp);
-        }
-        if has_resumable_partial(target) {
+        // A provisional file kept after a dropped connection (or any partial) is resumed by
+        // the reconstruction instead (see `Reconstruction::begin_with`).
+        if fs::symlink_metadata(&temp).is_ok() || has_resumable_partial(target) {
             return Ok(None);
         }
         let mut have = HashMap::new();
@@ -305,6 +300,17 @@ impl Prefill {
         self.placed_bytes += raw;
         self.literal += raw;
         Ok((records.len() as u32, raw))
+    }
+
+    /// The connection dropped: keep the provisional file (what was placed stays placed) for
+    /// the next attempt, which resumes from it once it knows the manifest.
+    pub fn keep_for_resume(mut self) {
+        if self.placed_bytes == 0 {
+            return; // nothing worth keeping: Drop removes it
+        }
+        if let Some(f) = self.file.take() {
+            let _ = f.sync_data();
+        }
     }
 
     /// Hand the placed chunks to the reconstruction (which checks them against the final

@@ -189,7 +189,8 @@ pub fn partial_path(target: &Path, root: &Hash) -> PathBuf {
 }
 
 /// The provisional temp file of early placement (its root is not known yet):
-/// `.<name>.streaming.ffsync-part`. Never resumed; adopted by renaming it to `partial_path`.
+/// `.<name>.streaming.ffsync-part`. Adopted by renaming it to `partial_path`; kept after a
+/// dropped connection, and then resumed like a partial by the next attempt (`begin_with`).
 pub fn streaming_path(target: &Path) -> PathBuf {
     let mut name = partial_stem(target);
     name.extend_from_slice(format!(".streaming{PARTIAL_SUFFIX}").as_bytes());
@@ -198,7 +199,7 @@ pub fn streaming_path(target: &Path) -> PathBuf {
 
 /// A partial of an earlier attempt at `target` exists (any version): a resume may use it.
 pub fn has_resumable_partial(target: &Path) -> bool {
-    let mut found = false;
+    let mut found = fs::symlink_metadata(streaming_path(target)).is_ok_and(|m| m.is_file());
     for_each_partial(target, |_| found = true);
     found
 }
@@ -276,6 +277,14 @@ impl Reconstruction {
             }
             None => None,
         };
+        if adopted.is_none() && prefill.is_none() && fs::symlink_metadata(&temp).is_err() {
+            // What an interrupted streamed attempt placed (kept as `.streaming`) is resumed
+            // like a partial of this version: every chunk in it is re-verified below.
+            let kept = streaming_path(target);
+            if fs::symlink_metadata(&kept).is_ok_and(|m| m.is_file()) {
+                let _ = fs::rename(&kept, &temp);
+            }
+        }
         remove_stale_partials(target, &temp);
 
         let mut origins = vec![Origin::Wire; manifest.chunks.len()];
