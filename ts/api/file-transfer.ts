@@ -232,9 +232,14 @@ async function streamManifest(
   const earlyData = emptyBasis ? { level: o.level, batchBytes: BATCH_BYTES } : undefined;
   const stream = await openScanStream(o.path, STREAM_WINDOW, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress }, earlyData);
   try {
+    // One `next` is always in flight while the previous step is being sent (never two: the
+    // steps must arrive in order).
+    let pending = call(stream.next());
     for (;;) {
-      const step = await call(stream.next());
+      const step = await pending;
       if (step.result) return step.result;
+      pending = call(stream.next());
+      pending.catch(() => undefined);
       if (step.batch) {
         await conn.send(FrameType.DATA, step.batch);
         early.chunks += step.batchChunks!;
