@@ -116,17 +116,35 @@ impl CompressPolicy {
         Some(RECORD_HEADER + payload_len)
     }
 
-    /// A whole batch of raw-or-zstd records (chunk index, raw bytes), encoded on every core.
+    /// A whole batch of raw-or-zstd records (chunk index, raw bytes), encoded on every core
+    /// into one buffer: each chunk is copied once into its slot and compressed in place, then
+    /// the records are packed down (as `ChunkSource::read_batch_into` does).
     pub fn encode_batch(&self, records: &[(u32, &[u8])]) -> Vec<u8> {
-        let encoded: Vec<Vec<u8>> = records
-            .par_iter()
-            .map(|&(index, raw)| {
-                let mut out = Vec::with_capacity(RECORD_HEADER + raw.len());
-                self.encode_record(index, raw, &mut out);
-                out
+        let total: usize = records.iter().map(|(_, r)| RECORD_HEADER + r.len()).sum();
+        let mut out = vec![0u8; total];
+        let mut slots: Vec<&mut [u8]> = Vec::with_capacity(records.len());
+        let mut rest = &mut out[..];
+        for (_, raw) in records {
+            let (slot, tail) = rest.split_at_mut(RECORD_HEADER + raw.len());
+            slots.push(slot);
+            rest = tail;
+        }
+        let used: Vec<usize> = slots
+            .par_iter_mut()
+            .zip(records.par_iter())
+            .map(|(slot, &(index, raw))| {
+                slot[RECORD_HEADER..].copy_from_slice(raw);
+                self.encode_in_slot(index, slot)
             })
             .collect();
-        encoded.concat()
+        let (mut write, mut read) = (0usize, 0usize);
+        for (u, (_, raw)) in used.into_iter().zip(records) {
+            out.copy_within(read..read + u, write);
+            write += u;
+            read += RECORD_HEADER + raw.len();
+        }
+        out.truncate(write);
+        out
     }
 
     /// Convenience for tests and small callers: append one encoded record to `out`.

@@ -468,12 +468,16 @@ mod tests {
         let mut pf = Prefill::new(&target, 1_000_000, local()).unwrap().unwrap();
         let e = pf.add_entries(&entries(&lm)).err().unwrap();
         assert_eq!(e.code(), "EMALFORMED", "{e}");
+        // While a provisional file exists (this one, or one kept for a resume) no second
+        // placement starts.
+        assert!(Prefill::new(&target, 3_000_000, local()).unwrap().is_none());
+        drop(pf);
+        assert!(!streaming_path(&target).exists());
         let mut pf2 = Prefill::new(&target, 3_000_000, local()).unwrap().unwrap();
         assert!(pf2.add_entries(&[0u8; 35]).is_err());
         let mut zero = vec![0u8; ENTRY_LEN];
         zero[0..4].copy_from_slice(&0u32.to_le_bytes());
         assert!(pf2.add_entries(&zero).is_err());
-        drop(pf);
         drop(pf2);
         assert!(!streaming_path(&target).exists());
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "only the target remains");
