@@ -208,7 +208,9 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       receiving.catch(() => undefined);
       try {
         // Nothing crosses a wire: compressing would only burn CPU.
-        return await runSender(sendConn, { ...eng, compressLevel: 0, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial });
+        // No overlapped phases: both peers share this process's cores, where hashing on one
+        // side and writing on the other only compete (bench/RESULTS.md, "Overlapped phases").
+        return await runSender(sendConn, { ...eng, compressLevel: 0, overlap: false, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial });
       } finally {
         await receiving.catch(() => undefined);
       }
