@@ -4,6 +4,7 @@
 // loopback, every result compared byte for byte; hostile streams end in exit 12 with the
 // target untouched and no provisional file left behind.
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
@@ -116,6 +117,32 @@ describe('overlapped phases: streamed manifest, early placement', () => {
     const second = res.recv.summary!.literalBytes as number;
     assert.ok(second <= BIG - 40 * MiB + 8 * MiB, `second run sent ${second} of ${BIG}`);
     noLeftovers(f.dir);
+  });
+
+  it('a tree: a new large file into a directory it cannot write is refused (exit 23), its early DATA dropped, the rest synced', async (t) => {
+    const dir = tmpdir();
+    const [src, dst] = ['src', 'dst'].map((d) => path.join(dir, d));
+    fs.mkdirSync(path.join(src, 'locked'), { recursive: true });
+    fs.mkdirSync(path.join(dst, 'locked'), { recursive: true });
+    fs.writeFileSync(path.join(src, 'locked', 'big.bin'), seeded(BIG, 70));
+    fs.writeFileSync(path.join(src, 'z.bin'), seeded(3 * MiB, 71));
+    const locked = path.join(dst, 'locked');
+    try {
+      execFileSync('chattr', ['+i', locked], { stdio: 'ignore' });
+    } catch {
+      return t.skip('needs chattr +i (root, a filesystem with inode flags)');
+    }
+    try {
+      const res = await sync(src, dst, { stateS: path.join(dir, 'ss'), stateR: path.join(dir, 'sr') });
+      assert.equal(res.recv.code, 23, res.recv.stderr);
+      assert.match(res.recv.stderr, /big\.bin/);
+      assert.equal(sha256(path.join(dst, 'z.bin')), sha256(path.join(src, 'z.bin')));
+      assert.deepEqual(fs.readdirSync(locked), []);
+      assert.deepEqual(fs.readdirSync(dst).filter((n) => n.includes('ffsync-part')), []);
+    } finally {
+      execFileSync('chattr', ['-i', locked]);
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('a grown file (old content first, a new window appended): rebuilt, the old part placed early', async () => {

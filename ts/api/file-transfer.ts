@@ -311,6 +311,8 @@ class EarlyPlacement {
   private held: Buffer[] = [];
   private heldBytes = 0;
   private sameAsTarget: boolean;
+  /** Early DATA is counted, not placed (a tree file that will be refused). */
+  private discarding = false;
   /** Early DATA taken so far (for DATA_END's totals). */
   readonly received = { chunks: 0, raw: 0 };
   private pending = 0;
@@ -355,7 +357,11 @@ class EarlyPlacement {
         // Entries that cannot belong to the offered file are the sender's fault (exit 12);
         // anything else (a local scan that failed, no room for the temp file) only ends
         // early placement: the normal plan reports it, if it matters, with its own error.
-        if ((e as FfsyncError).code === 'EMALFORMED') this.failure = protocolError(`bad MANIFEST_STREAM: ${(e as Error).message}`);
+        const code = (e as FfsyncError).code;
+        if (code === 'EMALFORMED') this.failure = protocolError(`bad MANIFEST_STREAM: ${(e as Error).message}`);
+        // A tree file we cannot write (permission, a name the filesystem refuses) is
+        // refused after the manifest like any other; its early DATA is counted and dropped.
+        else if (this.expectData && this.o.refusable && code !== 'ENOSPC') this.discarding = true;
         else if (this.expectData) this.failure = e as Error;
         this.off = true;
         this.prefill?.release();
@@ -375,6 +381,12 @@ class EarlyPlacement {
     const p = (this.chain = this.chain.then(async () => {
       try {
         if (this.failure) return;
+        if (this.discarding) {
+          const n = countRecords(batch);
+          this.received.chunks += n.chunks;
+          this.received.raw += n.raw;
+          return;
+        }
         if (this.off || !this.prefill) throw new FfsyncError('EIO', ExitCode.FILE_IO, 'early DATA arrived but could not be placed');
         const r = await call(this.prefill.addBatch(batch));
         this.received.chunks += r.chunks;
@@ -458,6 +470,19 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
   } finally {
     await early.release(keep);
   }
+}
+
+/** Chunks and raw bytes in a chunk batch, from its record headers alone (§4.7). */
+function countRecords(batch: Buffer): { chunks: number; raw: number } {
+  let chunks = 0;
+  let raw = 0;
+  for (let at = 0; at < batch.length; chunks++) {
+    if (batch.length - at < 13) throw protocolError('bad early DATA: truncated record header');
+    raw += batch.readUInt32LE(at + 5);
+    at += 13 + batch.readUInt32LE(at + 9);
+    if (at > batch.length) throw protocolError('bad early DATA: a record runs past the frame');
+  }
+  return { chunks, raw };
 }
 
 function connectionLost(e: unknown): boolean {
