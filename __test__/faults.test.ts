@@ -3,12 +3,11 @@
 // and after a rerun without it. FFSYNC_FAULT_SEED=N replays a run; the soak is
 // `npm run bench:faults` (docs/reliability.md).
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { before, describe, it } from 'node:test';
 import { FAULT_KINDS, SHAPES, faultProxy, runFault } from './helpers/faults';
-import { seeded, sender, sha256, startReceiver, sync, tmpdir, writeAt } from './helpers/peers';
+import { makeImmutable, seeded, sender, sha256, startReceiver, sync, tmpdir, undoImmutable, writeAt } from './helpers/peers';
 
 const MiB = 1024 * 1024;
 
@@ -51,11 +50,7 @@ describe('regressions found by fault injection', () => {
     ];
     for (const [root, rel, data] of layout) writeAt(root, rel, data);
     const locked = path.join(dst, 'a.bin');
-    try {
-      execFileSync('chattr', ['+i', locked], { stdio: 'ignore' });
-    } catch {
-      return t.skip('needs chattr +i (root, a filesystem with inode flags)');
-    }
+    if (!makeImmutable(locked)) return t.skip('needs chattr +i (root, a filesystem with inode flags)');
     try {
       const before = sha256(locked);
       const res = await sync(src, dst, { stateS: path.join(dir, 'state-s'), stateR: path.join(dir, 'state-r') });
@@ -68,7 +63,7 @@ describe('regressions found by fault injection', () => {
       assert.equal(fs.readFileSync(path.join(dst, 'extra.txt'), 'utf8'), 'receiver only\n', 'nothing deleted');
       assert.deepEqual(fs.readdirSync(dst).filter((n) => n.includes('.ffsync-')), [], 'no temp file left');
     } finally {
-      execFileSync('chattr', ['-i', locked]);
+      undoImmutable(locked);
       fs.rmSync(dir, { recursive: true, force: true });
     }
   });

@@ -4,12 +4,11 @@
 // loopback, every result compared byte for byte; hostile streams end in exit 12 with the
 // target untouched and no provisional file left behind.
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { modify, partials, seeded, sender, sha256, snapshot, startReceiver, sync, tmpdir } from './helpers/peers';
+import { makeImmutable, modify, partials, seeded, sender, sha256, snapshot, startReceiver, sync, tmpdir, undoImmutable } from './helpers/peers';
 import { encodeFrame, FrameType } from '../ts/protocol/frames';
 import { Capability, Decision, decodeDecision, encodeHello, encodeOffer, manifestFrames, OfferKind, Role, STREAM_WINDOW } from '../ts/protocol/messages';
 import { scanFile } from '../ts/native/binding';
@@ -127,11 +126,7 @@ describe('overlapped phases: streamed manifest, early placement', () => {
     fs.writeFileSync(path.join(src, 'locked', 'big.bin'), seeded(BIG, 70));
     fs.writeFileSync(path.join(src, 'z.bin'), seeded(3 * MiB, 71));
     const locked = path.join(dst, 'locked');
-    try {
-      execFileSync('chattr', ['+i', locked], { stdio: 'ignore' });
-    } catch {
-      return t.skip('needs chattr +i (root, a filesystem with inode flags)');
-    }
+    if (!makeImmutable(locked)) return t.skip('needs chattr +i (root, a filesystem with inode flags)');
     try {
       const res = await sync(src, dst, { stateS: path.join(dir, 'ss'), stateR: path.join(dir, 'sr') });
       assert.equal(res.recv.code, 23, res.recv.stderr);
@@ -140,7 +135,7 @@ describe('overlapped phases: streamed manifest, early placement', () => {
       assert.deepEqual(fs.readdirSync(locked), []);
       assert.deepEqual(fs.readdirSync(dst).filter((n) => n.includes('ffsync-part')), []);
     } finally {
-      execFileSync('chattr', ['-i', locked]);
+      undoImmutable(locked);
       fs.rmSync(dir, { recursive: true, force: true });
     }
   });

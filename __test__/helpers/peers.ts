@@ -1,7 +1,7 @@
 // Runs real ffsync-native processes (the compiled CLI) over loopback and collects their
 // exit codes, JSON events and output.
 import assert from 'node:assert/strict';
-import { type ChildProcess, spawn } from 'node:child_process';
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -254,4 +254,19 @@ export function blocksPresent(part: string, data: Buffer): number {
   } finally {
     fs.closeSync(fd);
   }
+}
+
+/** `chattr +i`: not even root can then write `p` (or create files in it, for a directory).
+ * False where that is unavailable (not root, a filesystem without inode flags). */
+export function makeImmutable(p: string): boolean {
+  try {
+    execFileSync('chattr', ['+i', p], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+export function undoImmutable(p: string): void {
+  execFileSync('chattr', ['-i', p]);
 }
