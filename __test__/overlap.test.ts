@@ -13,6 +13,7 @@ import { encodeFrame, FrameType } from '../ts/protocol/frames';
 import { Capability, Decision, decodeDecision, encodeHello, encodeOffer, manifestFrames, OfferKind, Role, STREAM_WINDOW } from '../ts/protocol/messages';
 import { scanFile } from '../ts/native/binding';
 import { MANIFEST_HEADER } from '../ts/utils/manifest';
+import { receive, send } from '../ts/api/index';
 
 const BIG = STREAM_WINDOW * 2 + 12_345_678; // three windows
 const MiB = 1024 * 1024;
@@ -138,6 +139,23 @@ describe('overlapped phases: streamed manifest, early placement', () => {
       undoImmutable(locked);
       fs.rmSync(dir, { recursive: true, force: true });
     }
+  });
+
+  it('-W (whole file) over an existing target: no basis, so all early DATA; the old file is replaced', async () => {
+    const f = large(77);
+    const next = modify(f.old, 78);
+    fs.writeFileSync(f.source, next);
+    let port = 0;
+    let listening!: () => void;
+    const ready = new Promise<void>((r) => (listening = r));
+    const received = receive({ path: f.target, port: 0, plaintext: true, stateDir: f.stateR, events: { listening: (_h, p) => ((port = p), listening()) } });
+    await ready;
+    const [s, r] = await Promise.all([send({ path: f.source, host: '127.0.0.1', port, plaintext: true, stateDir: f.stateS, wholeFile: true }), received]);
+    assert.equal(s.ok && r.ok, true);
+    assert.equal(sha256(f.target), sha256(f.source));
+    assert.equal(r.literalBytes, next.length, 'whole file: every byte crossed');
+    assert.equal(r.placedEarlyBytes, next.length);
+    noLeftovers(f.dir);
   });
 
   it('a grown file (old content first, a new window appended): rebuilt, the old part placed early', async () => {

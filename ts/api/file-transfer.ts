@@ -323,7 +323,9 @@ class EarlyPlacement {
   ) {
     // Nothing local to place from and no early DATA, or --inplace (never a whole copy).
     this.off = o.inplace === true || (o.localPaths.length === 0 && !expectData);
-    this.sameAsTarget = o.targetReusable;
+    // localPaths[0] is the old target whenever it is reusable and there is a basis at all
+    // (`-W` keeps the target but builds from nothing).
+    this.sameAsTarget = o.targetReusable && o.localPaths.length > 0;
   }
 
   /** Entries waiting for the chain: taken all at once, so a backlog (the receiver's own scan
