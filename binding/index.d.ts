@@ -137,8 +137,11 @@ export declare class NativeScanStream {
    * With `early`, each window's entries are followed by its chunks as chunk batches.
    */
   static open(path: string | Buffer, window: number, options?: ScanFileOptions | undefined | null, onProgress?: ProgressFn | undefined | null, early?: EarlyData | undefined | null): NativeScanStream
-  /** The next window's entries, or (last) the whole scan's result. */
-  next(): Promise<ScanStep>
+  /**
+   * The next window's entries, an early DATA batch (copied into `into` when it fits), or
+   * (last) the whole scan's result.
+   */
+  next(into?: Buffer | undefined | null): Promise<ScanStep>
   /**
    * Stop the scan (if still running) and free its queue (never blocks: a `next` in
    * flight ends with the scan).
@@ -347,8 +350,13 @@ export interface ScanResult {
 export interface ScanStep {
   /** Packed entries (`len u32 | blake3 [32]` each) of the next window, in order. */
   part?: Buffer
-  /** Early DATA (when asked for): a chunk batch of the window just handed out. */
+  /**
+   * Early DATA (when asked for): a chunk batch of the window just handed out, here only
+   * when it did not fit the buffer given to `next` (else it was copied there).
+   */
   batch?: Buffer
+  /** Length of that batch (in the buffer given to `next`, or of `batch`). */
+  batchLen?: number
   /** Chunks and raw bytes in `batch`. */
   batchChunks?: number
   batchRaw?: number

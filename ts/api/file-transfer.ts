@@ -233,21 +233,37 @@ async function streamManifest(
   const stream = await openScanStream(o.path, STREAM_WINDOW, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress }, earlyData);
   try {
     // One `next` is always in flight while the previous step is being sent (never two: the
-    // steps must arrive in order).
-    let pending = call(stream.next());
+    // steps must arrive in order). Early DATA lands in recycled buffers, released once sent.
+    const pool = emptyBasis ? new BufferPool(BATCH_BUFFER, 4) : undefined;
+    const nextStep = async () => {
+      const buf = pool && (await pool.acquire());
+      const step = await call(stream.next(buf));
+      return { step, buf };
+    };
+    let pending = nextStep();
     for (;;) {
-      const step = await pending;
-      if (step.result) return step.result;
-      pending = call(stream.next());
+      const { step, buf } = await pending;
+      if (step.result) {
+        if (buf) pool!.release(buf);
+        return step.result;
+      }
+      pending = nextStep();
       pending.catch(() => undefined);
-      if (step.batch) {
-        await conn.send(FrameType.DATA, step.batch);
+      if (step.batchLen !== undefined && step.batchLen !== null) {
+        if (step.batch) {
+          // It did not fit the recycled buffer (never for batches of BATCH_BYTES): sent as is.
+          if (buf) pool!.release(buf);
+          await conn.send(FrameType.DATA, step.batch);
+        } else {
+          await conn.send(FrameType.DATA, buf!.subarray(0, step.batchLen), () => pool!.release(buf!));
+        }
         early.chunks += step.batchChunks!;
         early.raw += step.batchRaw!;
         o.events?.progress?.('sending', early.raw);
-        if (limiter) await limiter(step.batch.length);
+        if (limiter) await limiter(step.batchLen);
         continue;
       }
+      if (buf) pool!.release(buf);
       for (const f of manifestStreamFrames(step.part!)) await conn.send(FrameType.MANIFEST_STREAM, f);
     }
   } finally {

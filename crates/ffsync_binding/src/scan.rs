@@ -182,8 +182,11 @@ pub fn load_index(path: String, state_dir: String) -> AsyncTask<LoadIndexTask> {
 pub struct ScanStep {
     /// Packed entries (`len u32 | blake3 [32]` each) of the next window, in order.
     pub part: Option<Buffer>,
-    /// Early DATA (when asked for): a chunk batch of the window just handed out.
+    /// Early DATA (when asked for): a chunk batch of the window just handed out, here only
+    /// when it did not fit the buffer given to `next` (else it was copied there).
     pub batch: Option<Buffer>,
+    /// Length of that batch (in the buffer given to `next`, or of `batch`).
+    pub batch_len: Option<u32>,
     /// Chunks and raw bytes in `batch`.
     pub batch_chunks: Option<u32>,
     pub batch_raw: Option<f64>,
@@ -235,10 +238,12 @@ fn offer(tx: &std::sync::mpsc::SyncSender<StreamMsg>, mut msg: StreamMsg, cancel
     }
 }
 
-pub struct NextTask(StreamRx);
+pub struct NextTask(StreamRx, Option<Buffer>);
 pub enum Step {
     Part(Vec<u8>),
     Batch(Vec<u8>, u32, u64),
+    /// A batch copied into the caller's buffer: (length, chunks, raw bytes).
+    BatchInto(usize, u32, u64),
     Done(Scanned),
 }
 impl Task for NextTask {
@@ -251,7 +256,15 @@ impl Task for NextTask {
             .ok_or_else(|| napi::Error::from_reason("EUSAGE: the scan stream was released"))?;
         match rx.recv() {
             Ok(StreamMsg::Part(p)) => Ok(Step::Part(p)),
-            Ok(StreamMsg::Batch(b, n, raw)) => Ok(Step::Batch(b, n, raw)),
+            Ok(StreamMsg::Batch(b, n, raw)) => match self.1.as_mut() {
+                // Into the caller's recycled buffer: no fresh 2 MiB JavaScript buffer per batch
+                // waiting for the garbage collector.
+                Some(into) if into.len() >= b.len() => {
+                    into[..b.len()].copy_from_slice(&b);
+                    Ok(Step::BatchInto(b.len(), n, raw))
+                }
+                _ => Ok(Step::Batch(b, n, raw)),
+            },
             Ok(StreamMsg::Done(r)) => r.map(Step::Done),
             Err(_) => Err(napi::Error::from_reason("EUSAGE: the scan stream already ended")),
         }
@@ -261,13 +274,23 @@ impl Task for NextTask {
             Step::Part(p) => ScanStep {
                 part: Some(p.into()),
                 batch: None,
+                batch_len: None,
                 batch_chunks: None,
                 batch_raw: None,
                 result: None,
             },
             Step::Batch(b, n, raw) => ScanStep {
                 part: None,
+                batch_len: Some(b.len() as u32),
                 batch: Some(b.into()),
+                batch_chunks: Some(n),
+                batch_raw: Some(raw as f64),
+                result: None,
+            },
+            Step::BatchInto(len, n, raw) => ScanStep {
+                part: None,
+                batch: None,
+                batch_len: Some(len as u32),
                 batch_chunks: Some(n),
                 batch_raw: Some(raw as f64),
                 result: None,
@@ -275,6 +298,7 @@ impl Task for NextTask {
             Step::Done(o) => ScanStep {
                 part: None,
                 batch: None,
+                batch_len: None,
                 batch_chunks: None,
                 batch_raw: None,
                 result: Some(o.into()),
@@ -350,6 +374,11 @@ impl NativeScanStream {
                                         return false;
                                     }
                                 }
+                                // Resident memory stays flat however large the file (the scan's
+                                // own map does the same behind the chunker).
+                                if let (Some(a), Some(b)) = (chunks.first(), chunks.last()) {
+                                    mapped.release_range(a.offset as usize, b.end() as usize);
+                                }
                             }
                             true
                         })
@@ -408,10 +437,11 @@ impl NativeScanStream {
         })
     }
 
-    /// The next window's entries, or (last) the whole scan's result.
+    /// The next window's entries, an early DATA batch (copied into `into` when it fits), or
+    /// (last) the whole scan's result.
     #[napi(ts_return_type = "Promise<ScanStep>")]
-    pub fn next(&self) -> AsyncTask<NextTask> {
-        AsyncTask::new(NextTask(self.rx.clone()))
+    pub fn next(&self, into: Option<Buffer>) -> AsyncTask<NextTask> {
+        AsyncTask::new(NextTask(self.rx.clone(), into))
     }
 
     /// Stop the scan (if still running) and free its queue (never blocks: a `next` in

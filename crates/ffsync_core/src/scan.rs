@@ -150,6 +150,14 @@ fn page_range(from: usize, to: usize) -> (usize, usize) {
 }
 
 impl MappedFile {
+    /// Done with `[from, to)`: drop this process's page-table entries for it (the pages stay
+    /// in the page cache), so reading a whole file through the map keeps resident memory flat.
+    pub fn release_range(&self, from: usize, to: usize) {
+        if let Some(m) = &self.map {
+            MapResidency(m).release(from, to.min(m.len()));
+        }
+    }
+
     /// Chunk and hash the whole file on every core.
     pub fn manifest(&self, progress: Option<&AtomicU64>) -> Manifest {
         self.manifest_with(ChunkParams::for_file_size(self.identity.size), progress)
