@@ -16,7 +16,7 @@
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import { CLI, flushWorkFs, fmtBytes, fmtS, machineInfo, markdown, median, MiB, Proc, REPO, rmf, writeResultsSection } from './common';
+import { CLI, flushWorkFs, fmtBytes, fmtRss, fmtS, machineInfo, markdown, median, MiB, Proc, REPO, rmf, writeResultsSection } from './common';
 import { modify, seeded } from '../__test__/helpers/peers';
 import { tcpDelayProxy } from '../__test__/helpers/delay-proxy';
 import { scanFile } from '../ts/native/binding';
@@ -43,6 +43,8 @@ interface Run {
   placedEarly: number;
   wire: number;
   ok: boolean;
+  /** Peak RSS (KiB) of the sender and of the receiver. */
+  rssKb: [number, number];
 }
 
 type State = 'fresh' | 'cold' | 'warm';
@@ -63,18 +65,25 @@ async function once(o: { old: string; source: string; want: string; state: State
   if (o.state === 'warm') await scanFile(target, { stateDir: stateR });
   flushWorkFs(dir);
   const t0 = performance.now();
-  const recv = new Proc('receive', pinned(1, [process.execPath, CLI, 'receive', target, '0', '--plaintext', '--json', '--state-dir', stateR]));
+  const recv = new Proc('receive', pinned(1, [process.execPath, CLI, 'receive', target, '0', '--plaintext', '--json', '--state-dir', stateR]), {
+    rssFile: path.join(dir, 'rss-r.txt'),
+  });
   const listening = JSON.parse(await recv.waitForLine((l) => l.includes('"listening"'), 30_000));
   const proxy = o.rttMs > 0 ? await tcpDelayProxy(listening.port, o.rttMs / 2) : undefined;
   const port = proxy?.port ?? listening.port;
-  const send = new Proc('send', pinned(0, [process.execPath, CLI, 'send', o.source, `127.0.0.1:${port}`, '--plaintext', '--json', '--state-dir', stateS, ...(o.overlap ? [] : ['--no-overlap'])]));
+  const send = new Proc(
+    'send',
+    pinned(0, [process.execPath, CLI, 'send', o.source, `127.0.0.1:${port}`, '--plaintext', '--json', '--state-dir', stateS, ...(o.overlap ? [] : ['--no-overlap'])]),
+    { rssFile: path.join(dir, 'rss-s.txt') },
+  );
   const [se, re] = await Promise.all([send.exited, recv.exited]);
   const wallMs = performance.now() - t0;
   await proxy?.close();
   const summary = recv.lines.map((l) => (l.startsWith('{') ? JSON.parse(l) : undefined)).find((e) => e?.event === 'summary');
   if (se.code !== 0 || re.code !== 0 || !summary) throw new Error(`run failed: send ${se.code} ${send.stderr} / receive ${re.code} ${recv.stderr}`);
   const ok = sha256(target) === o.want;
-  return { wallMs, placedEarly: summary.placedEarlyBytes ?? 0, wire: summary.bytesOnWire.sent + summary.bytesOnWire.received, ok };
+  const rssKb: [number, number] = [(await send.peakRssKb()) ?? 0, (await recv.peakRssKb()) ?? 0];
+  return { wallMs, placedEarly: summary.placedEarlyBytes ?? 0, wire: summary.bytesOnWire.sent + summary.bytesOnWire.received, ok, rssKb };
 }
 
 async function main() {
@@ -123,6 +132,7 @@ async function main() {
           runs.map((r) => fmtS(r.wallMs)).join(', '),
           fmtBytes(median(runs.map((r) => r.placedEarly))),
           fmtBytes(median(runs.map((r) => r.wire))),
+          `${fmtRss(Math.max(...runs.map((r) => r.rssKb[0])))} / ${fmtRss(Math.max(...runs.map((r) => r.rssKb[1])))}`,
           runs.every((r) => r.ok) ? `yes (${runs.length}/${runs.length})` : 'NO',
         ]);
       }
@@ -139,13 +149,13 @@ async function main() {
     '',
     `Command: \`npm run bench:overlap\` — ${m.date}, ${m.nproc} CPUs, ${m.kernel}, fs ${m.fs}, commit ${m.commit}, ${RUNS} run(s) per mode, alternating, after one discarded warm-up run per configuration (median shown), file ${fmtBytes(SIZE)} (20 × 64 KiB overwrites, 5 × 4 KiB insertions, 5 × 8 KiB deletions), load at start ${m.load}`,
     '',
-    `${PIN ? 'Sender pinned to CPU 0, receiver to CPU 1 (taskset): two one-core "machines".' : 'Both peers share this 2-core machine.'} Loopback (plain TCP), from spawning the receiver until both exited; the sender always hashes its (changed) file. "placed early" = bytes the receiver placed before the manifest was complete (copied from its old file, or received as early DATA when it had nothing). Every result checked with SHA-256.`,
+    `${PIN ? 'Sender pinned to CPU 0, receiver to CPU 1 (taskset): two one-core "machines".' : 'Both peers share this 2-core machine.'} Loopback (plain TCP), from spawning the receiver until both exited; the sender always hashes its (changed) file. "placed early" = bytes the receiver placed before the manifest was complete (copied from its old file, or received as early DATA when it had nothing). Every result checked with SHA-256. Peak RSS: ${m.rssMethod}.`,
     '',
     '| configuration | --no-overlap | overlap | speedup | time saved |',
     '|---|---:|---:|---:|---:|',
     ...gains,
     '',
-    markdown({ head: ['configuration', 'mode', 'wall s (median)', 'each run', 'placed early', 'wire (both ways)', 'verified'], rows }),
+    markdown({ head: ['configuration', 'mode', 'wall s (median)', 'each run', 'placed early', 'wire (both ways)', 'peak RSS send / receive (max)', 'verified'], rows }),
     '',
     `Runs retried after a failure: ${retries} (see the run's stderr).`,
     '',

@@ -356,6 +356,7 @@ impl NativeScanStream {
                             for (first, chunks) in work_rx {
                                 let mut k = 0;
                                 while k < chunks.len() {
+                                    let from = chunks[k].offset as usize;
                                     let mut records = Vec::new();
                                     let mut raw = 0u64;
                                     while k < chunks.len()
@@ -370,14 +371,12 @@ impl NativeScanStream {
                                         k += 1;
                                     }
                                     let batch = policy.encode_batch(&records);
+                                    // Resident memory stays flat however large the file (the
+                                    // scan's own map does the same behind the chunker).
+                                    mapped.release_range(from, chunks[k - 1].end() as usize);
                                     if !offer(tx, StreamMsg::Batch(batch, records.len() as u32, raw), cancelled) {
                                         return false;
                                     }
-                                }
-                                // Resident memory stays flat however large the file (the scan's
-                                // own map does the same behind the chunker).
-                                if let (Some(a), Some(b)) = (chunks.first(), chunks.last()) {
-                                    mapped.release_range(a.offset as usize, b.end() as usize);
                                 }
                             }
                             true
