@@ -23,7 +23,9 @@ use crate::manifest::{u32_at, Manifest};
 use fast_rsync::{IndexedSignature, Signature, SignatureOptions};
 
 /// Bytes of MD4 kept per block: with the 32-bit rolling CRC, 64 bits per block decide a
-/// match (rsync's minimum too); a false match is caught by the chunk's BLAKE3 check.
+/// match; a false match is caught by the chunk's BLAKE3 check. (rsync trims its strong sum
+/// to the file, 2 bytes for a 4 MiB file, and re-sends a file whose whole-file checksum
+/// fails; there is no retry pass here, so the margin stays fixed: docs/decisions.md 28.)
 pub const HASH_BYTES: u32 = 4;
 pub const MIN_BLOCK: u32 = 512;
 pub const MAX_BLOCK: u32 = 128 * 1024;
