@@ -11,10 +11,13 @@ import path from 'node:path';
 import { describe, it } from 'node:test';
 import { makeImmutable, modify, partials, seeded, sender, sha256, snapshot, startReceiver, sync, tmpdir, undoImmutable } from './helpers/peers';
 import { encodeFrame, FrameType } from '../ts/protocol/frames';
-import { Capability, Decision, decodeDecision, encodeHello, encodeOffer, manifestFrames, OfferKind, Role, STREAM_WINDOW } from '../ts/protocol/messages';
+import { Capability, Decision, decodeDecision, encodeBasis, encodeHello, encodeOffer, manifestFrames, OfferKind, Role, STREAM_WINDOW } from '../ts/protocol/messages';
 import { scanFile } from '../ts/native/binding';
 import { MANIFEST_HEADER } from '../ts/utils/manifest';
 import { receive, send } from '../ts/api/index';
+import { sendFileContent } from '../ts/api/file-transfer';
+import { FramedConnection } from '../ts/transport/connection';
+import { ExitCode, FfsyncError } from '../ts/utils/errors';
 
 const BIG = STREAM_WINDOW * 2 + 12_345_678; // three windows
 const MiB = 1024 * 1024;
@@ -76,6 +79,7 @@ describe('overlapped phases: streamed manifest, early placement', () => {
     assert.equal(send.code, 0, send.stderr);
     assert.equal(recv.code, 0, recv.stderr);
     assert.equal(recv.summary!.decidedBy, 'scan-root');
+    assert.equal(recv.summary!.placedEarlyBytes, 0, 'no chunk was copied into a provisional file');
     assert.equal(fs.statSync(f.target).ino, before, 'the target was kept, not rewritten');
     noLeftovers(f.dir);
   });
@@ -336,6 +340,64 @@ describe('hostile streamed manifests', () => {
     await streamingHostile(v.port, old.length, (write) => write(FrameType.MANIFEST_STREAM, Buffer.alloc(35)));
     const r = await v.peer.done;
     assert.equal(r.code, 12, r.stderr);
+    assert.match(r.stderr, /not whole entries/);
     assert.deepEqual(snapshot(v.dir), v.before);
+  });
+
+  it('early DATA before any streamed entry (fresh target): exit 12, nothing left behind', async () => {
+    const dir = tmpdir();
+    const target = path.join(dir, 'target.bin');
+    const { peer, port } = await startReceiver(target, ['--state-dir', path.join(tmpdir(), 'state')]);
+    const data = seeded(STREAM_WINDOW + 4_000_000, 77);
+    const record = Buffer.alloc(13 + 100);
+    record.writeUInt32LE(0, 0);
+    record.writeUInt32LE(100, 5);
+    record.writeUInt32LE(100, 9);
+    data.copy(record, 13, 0, 100);
+    await streamingHostile(port, data.length, (write) => write(FrameType.DATA, record));
+    const r = await peer.done;
+    assert.equal(r.code, 12, r.stderr);
+    assert.match(r.stderr, /before any MANIFEST_STREAM entry/);
+    assert.deepEqual(fs.readdirSync(dir), [], 'no target, no provisional file');
+  });
+});
+
+describe('a sender whose file grew after its offer', () => {
+  it('stops before streaming entries past the offered size: exit 24 (source changed), not the receiver\'s exit 12', async () => {
+    const source = path.join(tmpdir(), 'source.bin');
+    fs.writeFileSync(source, seeded(STREAM_WINDOW * 2 + 1_000_000, 78));
+    // The offer's view of the file: one window and a bit (it "grew" by most of a window since).
+    const st = { ...fs.statSync(source, { bigint: true }), size: BigInt(STREAM_WINDOW + 4_000_000) } as fs.BigIntStats;
+    const srv = net.createServer();
+    await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+    const accepted = new Promise<net.Socket>((r) => srv.once('connection', r));
+    const c = net.connect((srv.address() as net.AddressInfo).port, '127.0.0.1');
+    const a = new FramedConnection(c, 20_000);
+    const b = new FramedConnection(await accepted, 20_000);
+    try {
+      // The receiver's side: BASIS "not empty" (no early DATA), then whatever comes.
+      await b.send(FrameType.BASIS, encodeBasis({ empty: false }));
+      let described = 0;
+      const reading = (async () => {
+        for (;;) {
+          const f = await b.recv();
+          if (f.type !== FrameType.MANIFEST_STREAM) return f.type;
+          for (let at = 0; at < f.payload.length; at += 36) described += f.payload.readUInt32LE(at);
+          f.release?.();
+        }
+      })();
+      reading.catch(() => undefined);
+      await assert.rejects(
+        sendFileContent(a, { path: source, st, scan: null, level: 0, label: 'source.bin', stream: true, stateDir: path.join(tmpdir(), 'ss') }),
+        (e: FfsyncError) => e.code === 'EVANISHED' && e.exitCode === ExitCode.VANISHED && /grew while it was being scanned/.test(e.message),
+      );
+      c.destroy();
+      await reading.catch(() => undefined);
+      assert.ok(described > 0, 'the first window went out');
+      assert.ok(described <= Number(st.size), `entries for ${described} bytes streamed, more than the ${st.size} offered`);
+    } finally {
+      c.destroy();
+      srv.close();
+    }
   });
 });

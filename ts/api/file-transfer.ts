@@ -241,6 +241,8 @@ async function streamManifest(
       return { step, buf };
     };
     let pending = nextStep();
+    const offered = Number(o.st.size);
+    let described = 0;
     for (;;) {
       const { step, buf } = await pending;
       if (step.result) {
@@ -264,7 +266,12 @@ async function streamManifest(
         continue;
       }
       if (buf) pool!.release(buf);
-      for (const f of manifestStreamFrames(step.part!)) await conn.send(FrameType.MANIFEST_STREAM, f);
+      const part = step.part!;
+      for (let at = 0; at < part.length; at += MANIFEST_ENTRY) described += part.readUInt32LE(at);
+      // Entries past the offered size would be the receiver's protocol error (exit 12); the
+      // file grew between the offer and the scan: that is ours to report, as exit 24.
+      if (described > offered) throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.label} grew while it was being scanned; rerun to send the new version`);
+      for (const f of manifestStreamFrames(part)) await conn.send(FrameType.MANIFEST_STREAM, f);
     }
   } finally {
     stream.release();
@@ -323,6 +330,11 @@ class EarlyPlacement {
   /** Fatal: a malformed stream or early DATA (exit 12), or early DATA we could not store. */
   private failure?: Error;
   private off = false;
+  /** The session failed or ended: a drain still waiting for the receiver's own scan must not
+   * start placing (a copy that would only be thrown away). */
+  private stopped = false;
+  /** At least one MANIFEST_STREAM frame came (early DATA may only follow entries). */
+  private sawEntries = false;
   /** Entries held back while they equal the old target's, and where they end in its list. */
   private held: Buffer[] = [];
   private heldBytes = 0;
@@ -331,6 +343,8 @@ class EarlyPlacement {
   private discarding = false;
   /** Early DATA taken so far (for DATA_END's totals). */
   readonly received = { chunks: 0, raw: 0 };
+  /** Bytes copied into place from local files so far. */
+  copied = 0;
   private pending = 0;
   constructor(
     private readonly o: ReceiveContentOptions,
@@ -349,13 +363,15 @@ class EarlyPlacement {
   private queued: Buffer[] = [];
 
   add(part: Buffer): void {
+    this.sawEntries = true;
     if (this.off) return;
     this.queued.push(part);
     if (this.queued.length > 1) return; // a drain is already scheduled
     this.chain = this.chain.then(async () => {
-      if (this.off || this.failure) return;
+      if (this.off || this.failure || this.stopped) return;
       try {
         const scanned = await this.o.locals;
+        if (this.stopped) return;
         const entries = this.queued.length === 1 ? this.queued[0] : Buffer.concat(this.queued);
         this.queued = [];
         if (this.sameAsTarget) {
@@ -394,6 +410,10 @@ class EarlyPlacement {
     if (!this.expectData) {
       release?.();
       throw protocolError('DATA before the manifest is complete, but the receiver did not ask for early DATA');
+    }
+    if (!this.sawEntries) {
+      release?.();
+      throw protocolError('bad early DATA: it came before any MANIFEST_STREAM entry');
     }
     this.pending++;
     const p = (this.chain = this.chain.then(async () => {
@@ -434,7 +454,7 @@ class EarlyPlacement {
       this.off = true;
       return;
     }
-    await call(this.prefill.addEntries(entries));
+    this.copied += await call(this.prefill.addEntries(entries));
   }
 
   /** The reason placement failed, if it did, else `e`: a sender whose early DATA was bad
@@ -451,7 +471,14 @@ class EarlyPlacement {
     return this.prefill;
   }
 
-  /** Placement is still running (not yet handed to the reconstruction). */
+  /** Error paths: no new placement starts; resolves once the native calls in flight ended. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    await this.chain.catch(() => undefined);
+  }
+
+  /** Placement is still running (not yet handed to the reconstruction). Only after `stop` or
+   * `done`: `active` waits for a native placement call in progress. */
   get placing(): boolean {
     return this.prefill?.active === true;
   }
@@ -459,7 +486,7 @@ class EarlyPlacement {
   /** Ends placement (after `done`, or on an error path): removes an unadopted file, or keeps
    * it for a resume after a dropped connection. */
   async release(keep = false): Promise<void> {
-    await this.chain.catch(() => undefined);
+    await this.stop();
     this.prefill?.release(keep);
   }
 }
@@ -482,6 +509,7 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
   } catch (e) {
     // A connection lost while the manifest was still streaming keeps what was placed (a
     // fresh transfer's early DATA is most of it) for the rerun to resume from.
+    await early.stop();
     keep = connectionLost(e) && early.placing;
     if (keep && e instanceof FfsyncError) throw new FfsyncError(e.code, e.exitCode, `${e.message}; partial file kept, rerun the same command to resume`, { cause: e });
     throw e;
@@ -561,11 +589,13 @@ async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOpt
   }
 
   if (o.targetReusable && scanned[0]?.root === info.root) {
+    // Reported, so that a copy made for nothing (the hold-back failing) would show.
+    await early.stop();
     await markUpToDate(o.target, manifest, o.mtimeNs, o.mode, o.stateDir);
     await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: 0, identical: true }));
     decodeDataEnd((await expect(conn, FrameType.DATA_END)).payload);
     await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.UP_TO_DATE, matchedBytes: o.size, literalBytes: 0n }));
-    return { root: info.root, upToDate: true, literalBytes: 0, matchedBytes: Number(o.size) };
+    return { root: info.root, upToDate: true, literalBytes: 0, matchedBytes: Number(o.size), placedEarly: early.copied };
   }
 
   // Chunks placed while the manifest streamed in are adopted by the plan (if they match it).

@@ -256,9 +256,9 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
       stream: Boolean(negotiated.capabilities & Capability.STREAM),
     });
     summary.root = r.root;
+    if (r.placedEarly !== undefined) summary.placedEarlyBytes = r.placedEarly;
     if (r.upToDate) return done('scan-root');
     summary.literalBytes = r.literalBytes;
-    if (r.placedEarly !== undefined) summary.placedEarlyBytes = r.placedEarly;
     summary.matchedBytes = r.matchedBytes;
     summary.ok = true;
     return summary;

@@ -1,6 +1,6 @@
 //! Early placement: the receiver's half of overlapped phases (docs/protocol.md §4.15).
 //!
-//! A sender that streams its manifest (MANIFEST_PART frames, while it is still scanning)
+//! A sender that streams its manifest (MANIFEST_STREAM frames, while it is still scanning)
 //! lets the receiver start rebuilding before the manifest — and its root, which names the
 //! temp file — is known. A `Prefill` takes the parts as they arrive, copies every chunk it
 //! already has locally to its final offset in a provisional temp file, and proves each
