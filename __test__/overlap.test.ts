@@ -12,7 +12,7 @@ import { describe, it } from 'node:test';
 import { makeImmutable, modify, partials, seeded, sender, sha256, snapshot, startReceiver, sync, tmpdir, undoImmutable } from './helpers/peers';
 import { encodeFrame, FrameType } from '../ts/protocol/frames';
 import { Capability, Decision, decodeDecision, encodeBasis, encodeHello, encodeOffer, manifestFrames, OfferKind, Role, STREAM_WINDOW } from '../ts/protocol/messages';
-import { scanFile } from '../ts/native/binding';
+import { openScanStream, scanFile } from '../ts/native/binding';
 import { MANIFEST_HEADER } from '../ts/utils/manifest';
 import { receive, send } from '../ts/api/index';
 import { sendFileContent } from '../ts/api/file-transfer';
@@ -359,6 +359,28 @@ describe('hostile streamed manifests', () => {
     assert.equal(r.code, 12, r.stderr);
     assert.match(r.stderr, /before any MANIFEST_STREAM entry/);
     assert.deepEqual(fs.readdirSync(dir), [], 'no target, no provisional file');
+  });
+});
+
+describe('scan streams and the libuv pool', () => {
+  it('streams waiting for their next window do not hold the libuv workers: fs calls go on meanwhile', async () => {
+    const file = path.join(tmpdir(), 'big.bin');
+    const fd = fs.openSync(file, 'w');
+    for (let at = 0; at < STREAM_WINDOW + 8 * MiB; at += 8 * MiB) fs.writeSync(fd, crypto.randomBytes(8 * MiB));
+    fs.closeSync(fd);
+    // More streams than libuv has workers (4 unless UV_THREADPOOL_SIZE says otherwise), each
+    // hashing a whole 64 MiB window before its first step.
+    const workers = Number(process.env.UV_THREADPOOL_SIZE ?? 4);
+    const streams = await Promise.all(Array.from({ length: workers + 1 }, () => openScanStream(file, STREAM_WINDOW, { stateDir: path.join(tmpdir(), 's') })));
+    try {
+      const order: string[] = [];
+      const steps = streams.map((st) => st.next().then(() => order.push('step')));
+      await fs.promises.stat(file).then(() => order.push('stat'));
+      await Promise.all(steps);
+      assert.equal(order[0], 'stat', `a stat waited for a whole window to be hashed: ${order.join(', ')}`);
+    } finally {
+      for (const st of streams) st.release();
+    }
   });
 });
 

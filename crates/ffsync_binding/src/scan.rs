@@ -238,72 +238,50 @@ fn offer(tx: &std::sync::mpsc::SyncSender<StreamMsg>, mut msg: StreamMsg, cancel
     }
 }
 
-pub struct NextTask(StreamRx, Option<Buffer>);
-pub enum Step {
-    Part(Vec<u8>),
-    Batch(Vec<u8>, u32, u64),
-    /// A batch copied into the caller's buffer: (length, chunks, raw bytes).
-    BatchInto(usize, u32, u64),
-    Done(Scanned),
-}
-impl Task for NextTask {
-    type Output = Step;
-    type JsValue = ScanStep;
-    fn compute(&mut self) -> Result<Step> {
-        let guard = self.0.lock().unwrap();
-        let rx = guard
-            .as_ref()
-            .ok_or_else(|| napi::Error::from_reason("EUSAGE: the scan stream was released"))?;
-        match rx.recv() {
-            Ok(StreamMsg::Part(p)) => Ok(Step::Part(p)),
-            Ok(StreamMsg::Batch(b, n, raw)) => match self.1.as_mut() {
+/// Waits for the stream's next message (blocking: runs on tokio's blocking pool, never on
+/// libuv's four workers, which a few streams waiting on whole windows would otherwise hold
+/// while every other native call and `fs` operation queued behind them).
+fn next_step(rx: &StreamRx, mut into: Option<Buffer>) -> Result<ScanStep> {
+    let guard = rx.lock().unwrap();
+    let rx = guard
+        .as_ref()
+        .ok_or_else(|| napi::Error::from_reason("EUSAGE: the scan stream was released"))?;
+    let empty = ScanStep {
+        part: None,
+        batch: None,
+        batch_len: None,
+        batch_chunks: None,
+        batch_raw: None,
+        result: None,
+    };
+    match rx.recv() {
+        Ok(StreamMsg::Part(p)) => Ok(ScanStep {
+            part: Some(p.into()),
+            ..empty
+        }),
+        Ok(StreamMsg::Batch(b, n, raw)) => {
+            let (batch_len, batch) = match into.as_mut() {
                 // Into the caller's recycled buffer: no fresh 2 MiB JavaScript buffer per batch
                 // waiting for the garbage collector.
                 Some(into) if into.len() >= b.len() => {
                     into[..b.len()].copy_from_slice(&b);
-                    Ok(Step::BatchInto(b.len(), n, raw))
+                    (b.len(), None)
                 }
-                _ => Ok(Step::Batch(b, n, raw)),
-            },
-            Ok(StreamMsg::Done(r)) => r.map(Step::Done),
-            Err(_) => Err(napi::Error::from_reason("EUSAGE: the scan stream already ended")),
+                _ => (b.len(), Some(b.into())),
+            };
+            Ok(ScanStep {
+                batch,
+                batch_len: Some(batch_len as u32),
+                batch_chunks: Some(n),
+                batch_raw: Some(raw as f64),
+                ..empty
+            })
         }
-    }
-    fn resolve(&mut self, _env: Env, s: Step) -> Result<ScanStep> {
-        Ok(match s {
-            Step::Part(p) => ScanStep {
-                part: Some(p.into()),
-                batch: None,
-                batch_len: None,
-                batch_chunks: None,
-                batch_raw: None,
-                result: None,
-            },
-            Step::Batch(b, n, raw) => ScanStep {
-                part: None,
-                batch_len: Some(b.len() as u32),
-                batch: Some(b.into()),
-                batch_chunks: Some(n),
-                batch_raw: Some(raw as f64),
-                result: None,
-            },
-            Step::BatchInto(len, n, raw) => ScanStep {
-                part: None,
-                batch: None,
-                batch_len: Some(len as u32),
-                batch_chunks: Some(n),
-                batch_raw: Some(raw as f64),
-                result: None,
-            },
-            Step::Done(o) => ScanStep {
-                part: None,
-                batch: None,
-                batch_len: None,
-                batch_chunks: None,
-                batch_raw: None,
-                result: Some(o.into()),
-            },
-        })
+        Ok(StreamMsg::Done(r)) => r.map(|o| ScanStep {
+            result: Some(o.into()),
+            ..empty
+        }),
+        Err(_) => Err(napi::Error::from_reason("EUSAGE: the scan stream already ended")),
     }
 }
 
@@ -438,9 +416,12 @@ impl NativeScanStream {
 
     /// The next window's entries, an early DATA batch (copied into `into` when it fits), or
     /// (last) the whole scan's result.
-    #[napi(ts_return_type = "Promise<ScanStep>")]
-    pub fn next(&self, into: Option<Buffer>) -> AsyncTask<NextTask> {
-        AsyncTask::new(NextTask(self.rx.clone(), into))
+    #[napi]
+    pub async fn next(&self, into: Option<Buffer>) -> Result<ScanStep> {
+        let rx = self.rx.clone();
+        napi::tokio::task::spawn_blocking(move || next_step(&rx, into))
+            .await
+            .map_err(|e| napi::Error::from_reason(format!("EIO: the scan stream's reader failed: {e}")))?
     }
 
     /// Stop the scan (if still running) and free its queue (never blocks: a `next` in
