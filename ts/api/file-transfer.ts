@@ -518,14 +518,17 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
   }
 }
 
+/** A chunk record's header (§4.7): index u32 | encoding u8 | raw length u32 | payload length u32. */
+const RECORD_HEADER = 13;
+
 /** Chunks and raw bytes in a chunk batch, from its record headers alone (§4.7). */
 function countRecords(batch: Buffer): { chunks: number; raw: number } {
   let chunks = 0;
   let raw = 0;
   for (let at = 0; at < batch.length; chunks++) {
-    if (batch.length - at < 13) throw protocolError('bad early DATA: truncated record header');
+    if (batch.length - at < RECORD_HEADER) throw protocolError('bad early DATA: truncated record header');
     raw += batch.readUInt32LE(at + 5);
-    at += 13 + batch.readUInt32LE(at + 9);
+    at += RECORD_HEADER + batch.readUInt32LE(at + 9);
     if (at > batch.length) throw protocolError('bad early DATA: a record runs past the frame');
   }
   return { chunks, raw };

@@ -369,7 +369,7 @@ impl NativeScanStream {
                             progress: Some(&counter),
                         },
                         window,
-                        &mut |chunks, _| {
+                        &mut |chunks| {
                             let mut b = Vec::with_capacity(chunks.len() * ffsync_core::manifest::ENTRY_LEN);
                             for c in chunks {
                                 b.extend_from_slice(&c.len.to_le_bytes());

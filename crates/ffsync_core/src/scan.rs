@@ -219,13 +219,13 @@ pub fn scan_file(path: &Path, opts: &ScanOptions) -> Result<ScanOutcome> {
 /// (`emit` sees them in order; together they are the whole list), so a peer can start on
 /// the first parts of a large file before the last is hashed. A file the index covers is
 /// emitted at once. The result is exactly `scan_file`'s, and is indexed the same way.
-/// `emit` gets each window's chunks and the whole file's bytes (to read chunks from);
-/// returning false cancels the scan (an error, nothing indexed).
+/// `emit` gets each window's chunks; returning false cancels the scan (an error, nothing
+/// indexed).
 pub fn scan_file_streaming(
     path: &Path,
     opts: &ScanOptions,
     window: usize,
-    emit: &mut dyn FnMut(&[Chunk], &[u8]) -> bool,
+    emit: &mut dyn FnMut(&[Chunk]) -> bool,
 ) -> Result<ScanOutcome> {
     let key = index_key(path);
     let meta = std::fs::metadata(path).map_err(|e| CoreError::io(path, e))?;
@@ -240,8 +240,7 @@ pub fn scan_file_streaming(
             if let Some(p) = opts.progress {
                 p.fetch_add(id.size, Ordering::Relaxed);
             }
-            let mapped = MappedFile::open(path)?;
-            if !emit(&manifest.chunks, mapped.bytes()) {
+            if !emit(&manifest.chunks) {
                 return Err(CoreError::Usage("scan cancelled".into()));
             }
             return Ok(ScanOutcome {
@@ -261,7 +260,7 @@ pub fn scan_file_streaming(
     let mut cancelled = false;
     let chunks = match &mapped.map {
         Some(m) => chunk_windows(m, params, window, &tick, &MapResidency(m), &mut |c| {
-            cancelled = !emit(c, m);
+            cancelled = !emit(c);
             !cancelled
         }),
         None => Vec::new(),
@@ -360,7 +359,7 @@ mod tests {
             ..Default::default()
         };
         let mut parts = Vec::new();
-        let a = scan_file_streaming(&f, &opts, 5 << 20, &mut |c, _| {
+        let a = scan_file_streaming(&f, &opts, 5 << 20, &mut |c| {
             parts.push(c.len());
             true
         })
@@ -371,7 +370,7 @@ mod tests {
         let plain = scan_file(&f, &ScanOptions::default()).unwrap();
         assert_eq!(a.manifest, plain.manifest);
         let mut again = Vec::new();
-        let b = scan_file_streaming(&f, &opts, 5 << 20, &mut |c, _| {
+        let b = scan_file_streaming(&f, &opts, 5 << 20, &mut |c| {
             again.extend_from_slice(c);
             true
         })
