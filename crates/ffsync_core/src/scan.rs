@@ -176,7 +176,15 @@ pub fn index_key(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
-pub fn scan_file(path: &Path, opts: &ScanOptions) -> Result<ScanOutcome> {
+/// A file the index covers (its manifest, no read), or the file mapped for chunking.
+enum Lookup {
+    Indexed(ScanOutcome),
+    Scan(PathBuf, MappedFile),
+}
+
+/// The index lookup shared by both scans: a regular file, and its cached manifest when the
+/// index entry's identity is the file's current one.
+fn lookup(path: &Path, opts: &ScanOptions) -> Result<Lookup> {
     let key = index_key(path);
     let meta = std::fs::metadata(path).map_err(|e| CoreError::io(path, e))?;
     if !meta.is_file() {
@@ -190,22 +198,25 @@ pub fn scan_file(path: &Path, opts: &ScanOptions) -> Result<ScanOutcome> {
             if let Some(p) = opts.progress {
                 p.fetch_add(id.size, Ordering::Relaxed);
             }
-            return Ok(ScanOutcome {
+            return Ok(Lookup::Indexed(ScanOutcome {
                 manifest,
                 identity: id,
                 from_index: true,
-            });
+            }));
         }
     }
-    let mapped = MappedFile::open(path)?;
-    let manifest = mapped.manifest(opts.progress);
-    // If the file changed while we read it the manifest may describe a mix of versions;
-    // it is still usable as a hint (everything is verified by hash), but never cached.
+    Ok(Lookup::Scan(key, MappedFile::open(path)?))
+}
+
+/// Index what was just chunked. If the file changed while we read it the manifest may
+/// describe a mix of versions; it is still usable as a hint (everything is verified by
+/// hash), but never cached.
+fn indexed(opts: &ScanOptions, key: &Path, mapped: MappedFile, manifest: Manifest) -> Result<ScanOutcome> {
     if let Some(dir) = opts.state_dir {
         if mapped.unchanged() {
-            index::store(dir, &key, &mapped.identity, &manifest)?;
+            index::store(dir, key, &mapped.identity, &manifest)?;
         } else {
-            index::remove(dir, &key);
+            index::remove(dir, key);
         }
     }
     Ok(ScanOutcome {
@@ -213,6 +224,16 @@ pub fn scan_file(path: &Path, opts: &ScanOptions) -> Result<ScanOutcome> {
         identity: mapped.identity,
         from_index: false,
     })
+}
+
+pub fn scan_file(path: &Path, opts: &ScanOptions) -> Result<ScanOutcome> {
+    match lookup(path, opts)? {
+        Lookup::Indexed(outcome) => Ok(outcome),
+        Lookup::Scan(key, mapped) => {
+            let manifest = mapped.manifest(opts.progress);
+            indexed(opts, &key, mapped, manifest)
+        }
+    }
 }
 
 /// [`scan_file`] that hands out the manifest's chunks window by window while it scans
@@ -227,30 +248,15 @@ pub fn scan_file_streaming(
     window: usize,
     emit: &mut dyn FnMut(&[Chunk]) -> bool,
 ) -> Result<ScanOutcome> {
-    let key = index_key(path);
-    let meta = std::fs::metadata(path).map_err(|e| CoreError::io(path, e))?;
-    if !meta.is_file() {
-        return Err(CoreError::NotAFile {
-            path: path.to_path_buf(),
-        });
-    }
-    if let (Some(dir), false) = (opts.state_dir, opts.ignore_index) {
-        let id = FileIdentity::of(&meta);
-        if let Some(manifest) = index::load(dir, &key, &id) {
-            if let Some(p) = opts.progress {
-                p.fetch_add(id.size, Ordering::Relaxed);
-            }
-            if !emit(&manifest.chunks) {
+    let (key, mapped) = match lookup(path, opts)? {
+        Lookup::Indexed(outcome) => {
+            if !emit(&outcome.manifest.chunks) {
                 return Err(CoreError::Usage("scan cancelled".into()));
             }
-            return Ok(ScanOutcome {
-                manifest,
-                identity: id,
-                from_index: true,
-            });
+            return Ok(outcome);
         }
-    }
-    let mapped = MappedFile::open(path)?;
+        Lookup::Scan(key, mapped) => (key, mapped),
+    };
     let params = ChunkParams::for_file_size(mapped.identity.size);
     let tick = |n: u64| {
         if let Some(p) = opts.progress {
@@ -269,18 +275,7 @@ pub fn scan_file_streaming(
         return Err(CoreError::Usage("scan cancelled".into()));
     }
     let manifest = Manifest::from_chunks(mapped.identity.size, params, chunks);
-    if let Some(dir) = opts.state_dir {
-        if mapped.unchanged() {
-            index::store(dir, &key, &mapped.identity, &manifest)?;
-        } else {
-            index::remove(dir, &key);
-        }
-    }
-    Ok(ScanOutcome {
-        manifest,
-        identity: mapped.identity,
-        from_index: false,
-    })
+    indexed(opts, &key, mapped, manifest)
 }
 
 /// Chunk a local file with another size's parameters (never indexed). When a file grows
