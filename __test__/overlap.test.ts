@@ -249,6 +249,24 @@ describe('hostile streamed manifests', () => {
     return { dir, peer, port, before: snapshot(dir) };
   }
 
+  /** A receiver with nothing at its target (BASIS "empty": early DATA expected). */
+  async function freshVictim() {
+    const dir = tmpdir();
+    const { peer, port } = await startReceiver(path.join(dir, 'target.bin'), ['--state-dir', path.join(tmpdir(), 'state')]);
+    return { dir, peer, port };
+  }
+
+  /** One raw chunk record (§4.7) of chunk `index`. */
+  function rawRecord(index: number, bytes: Buffer): Buffer {
+    const record = Buffer.alloc(13 + bytes.length);
+    record.writeUInt32LE(index, 0);
+    record[4] = 0; // raw
+    record.writeUInt32LE(bytes.length, 5);
+    record.writeUInt32LE(bytes.length, 9);
+    bytes.copy(record, 13);
+    return record;
+  }
+
   async function manifestOf(data: Buffer) {
     const f = path.join(tmpdir(), 'src');
     fs.writeFileSync(f, data);
@@ -310,19 +328,11 @@ describe('hostile streamed manifests', () => {
   });
 
   it('early DATA whose bytes fail the streamed hash (fresh target): exit 12, nothing left behind', async () => {
-    const dir = tmpdir();
-    const target = path.join(dir, 'target.bin');
-    const { peer, port } = await startReceiver(target, ['--state-dir', path.join(tmpdir(), 'state')]);
+    const { dir, peer, port } = await freshVictim();
     const data = seeded(STREAM_WINDOW + 4_000_000, 76);
     const m = await manifestOf(data);
     const entry = m.subarray(MANIFEST_HEADER, MANIFEST_HEADER + 36);
-    const len = entry.readUInt32LE(0);
-    const record = Buffer.alloc(13 + len);
-    record.writeUInt32LE(0, 0); // chunk 0
-    record[4] = 0; // raw
-    record.writeUInt32LE(len, 5);
-    record.writeUInt32LE(len, 9);
-    data.copy(record, 13, 0, len);
+    const record = rawRecord(0, data.subarray(0, entry.readUInt32LE(0)));
     record[13 + 7] ^= 1;
     await streamingHostile(port, data.length, (write) => {
       write(FrameType.MANIFEST_STREAM, entry);
@@ -345,16 +355,9 @@ describe('hostile streamed manifests', () => {
   });
 
   it('early DATA before any streamed entry (fresh target): exit 12, nothing left behind', async () => {
-    const dir = tmpdir();
-    const target = path.join(dir, 'target.bin');
-    const { peer, port } = await startReceiver(target, ['--state-dir', path.join(tmpdir(), 'state')]);
+    const { dir, peer, port } = await freshVictim();
     const data = seeded(STREAM_WINDOW + 4_000_000, 77);
-    const record = Buffer.alloc(13 + 100);
-    record.writeUInt32LE(0, 0);
-    record.writeUInt32LE(100, 5);
-    record.writeUInt32LE(100, 9);
-    data.copy(record, 13, 0, 100);
-    await streamingHostile(port, data.length, (write) => write(FrameType.DATA, record));
+    await streamingHostile(port, data.length, (write) => write(FrameType.DATA, rawRecord(0, data.subarray(0, 100))));
     const r = await peer.done;
     assert.equal(r.code, 12, r.stderr);
     assert.match(r.stderr, /before any MANIFEST_STREAM entry/);

@@ -296,15 +296,21 @@ mod tests {
     use super::*;
     use crate::testutil::pseudo_random;
 
+    /// A file of `len` seeded bytes whose mtime is a minute old, so an index entry for it is
+    /// trusted (not "racily clean").
+    fn backdated_file(dir: &Path, len: usize, seed: u64) -> PathBuf {
+        let f = dir.join("data.bin");
+        std::fs::write(&f, pseudo_random(len, seed)).unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+        File::options().write(true).open(&f).unwrap().set_modified(old).unwrap();
+        f
+    }
+
     #[test]
     fn second_scan_of_unchanged_file_comes_from_index_and_edit_invalidates_it() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
-        let f = dir.path().join("data.bin");
-        std::fs::write(&f, pseudo_random(500_000, 2)).unwrap();
-        // Backdate the mtime so the entry is not "racily clean".
-        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
-        File::options().write(true).open(&f).unwrap().set_modified(old).unwrap();
+        let f = backdated_file(dir.path(), 500_000, 2);
         let opts = ScanOptions {
             state_dir: Some(&state),
             ..Default::default()
@@ -327,6 +333,8 @@ mod tests {
         .unwrap();
         assert!(!forced.from_index);
 
+        // Same size and mtime as before the rewrite: only the ctime tells.
+        let old = std::fs::metadata(&f).unwrap().modified().unwrap();
         std::fs::write(&f, pseudo_random(500_000, 3)).unwrap();
         File::options().write(true).open(&f).unwrap().set_modified(old).unwrap();
         let c = scan_file(&f, &opts).unwrap();
@@ -345,10 +353,7 @@ mod tests {
     fn streaming_scan_emits_the_same_manifest_in_parts_and_indexes_it() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
-        let f = dir.path().join("data.bin");
-        std::fs::write(&f, pseudo_random(20_000_000, 9)).unwrap();
-        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
-        File::options().write(true).open(&f).unwrap().set_modified(old).unwrap();
+        let f = backdated_file(dir.path(), 20_000_000, 9);
         let opts = ScanOptions {
             state_dir: Some(&state),
             ..Default::default()
