@@ -92,6 +92,30 @@ describe('regressions found by fault injection', () => {
     fs.rmSync(dir, { recursive: true, force: true });
   });
 
+  it('a source rewritten while its chunks travel: exit 24 on both sides (the receiver waits for the sender to say so), not 12 (a bad chunk from the peer)', async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'src.bin');
+    const dst = path.join(dir, 'dst.bin');
+    // 12 MiB at 2 MiB/s: ~6 s of DATA; the sender reads two 2 MiB batches ahead, so the
+    // file's last MiB is read seconds after the first DATA arrives.
+    fs.writeFileSync(src, seeded(12 * MiB, 97));
+    const { peer, port } = await startReceiver(dst, ['--state-dir', path.join(dir, 'state-r')]);
+    const relay = await faultProxy(port);
+    const s = sender(src, relay.port, ['--state-dir', path.join(dir, 'state-s'), '--bwlimit', '2048']);
+    while (relay.upstreamBytes() < MiB) await new Promise((r) => setTimeout(r, 20));
+    const fd = fs.openSync(src, 'r+');
+    fs.writeSync(fd, seeded(256 * 1024, 98), 0, 256 * 1024, 11 * MiB + 4096);
+    fs.closeSync(fd);
+    const [sr, rr] = await Promise.all([s.done, peer.done]);
+    relay.close();
+    assert.equal(sr.code, 24, sr.stderr);
+    assert.equal(rr.code, 24, rr.stderr);
+    assert.match(rr.stderr, /ffsync-native: error: .*changed during the sync/);
+    assert.equal(rr.summary?.exitCode, 24);
+    assert.equal(fs.existsSync(dst), false, 'nothing committed');
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
   it('a same-size change under an unchanged future mtime is synced (index entries with future mtimes are trusted)', async () => {
     const dir = tmpdir();
     const src = path.join(dir, 'src.bin');

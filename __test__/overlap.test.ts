@@ -11,7 +11,7 @@ import path from 'node:path';
 import { describe, it } from 'node:test';
 import { makeImmutable, modify, partials, seeded, sender, sha256, snapshot, startReceiver, sync, tmpdir, undoImmutable } from './helpers/peers';
 import { encodeFrame, FrameType } from '../ts/protocol/frames';
-import { Capability, Decision, decodeDecision, encodeBasis, encodeHello, encodeOffer, manifestFrames, OfferKind, Role, STREAM_WINDOW } from '../ts/protocol/messages';
+import { Capability, Decision, decodeDecision, encodeBasis, encodeError, encodeHello, encodeOffer, manifestFrames, OfferKind, Role, STREAM_WINDOW } from '../ts/protocol/messages';
 import { openScanStream, scanFile } from '../ts/native/binding';
 import { MANIFEST_HEADER } from '../ts/utils/manifest';
 import { receive, send } from '../ts/api/index';
@@ -210,7 +210,7 @@ describe('overlapped phases: streamed manifest, early placement', () => {
 });
 
 /** A sender that speaks the protocol with capability STREAM and then misbehaves. */
-async function streamingHostile(port: number, size: number, script: (write: (type: number, p: Buffer) => void) => Promise<void> | void) {
+async function streamingHostile(port: number, size: number, script: (write: (type: number, p: Buffer) => void, next: () => Promise<{ type: number; payload: Buffer }>) => Promise<void> | void) {
   const sock = net.connect({ host: '127.0.0.1', port });
   await new Promise((r) => sock.once('connect', r));
   sock.on('error', () => undefined);
@@ -235,7 +235,7 @@ async function streamingHostile(port: number, size: number, script: (write: (typ
   write(FrameType.OFFER, encodeOffer({ kind: OfferKind.FILE, size: BigInt(size), mtimeNs: 1n, mode: 0o644, flags: 0 }));
   await next(); // HELLO
   assert.equal(decodeDecision((await next()).payload).decision, Decision.SEND_MANIFEST);
-  await script(write);
+  await script(write, next);
   await new Promise((r) => setTimeout(r, 300));
   sock.end();
 }
@@ -341,6 +341,33 @@ describe('hostile streamed manifests', () => {
     const r = await peer.done;
     assert.equal(r.code, 12, r.stderr);
     assert.match(r.stderr, /failed its hash check|bad early DATA/);
+    assert.deepEqual(fs.readdirSync(dir), [], 'no target, no provisional file');
+  });
+
+  it('early DATA that fails its hash, then the sender says its source changed (ERROR 24): the receiver exits 24, nothing left behind', async () => {
+    const { dir, peer, port } = await freshVictim();
+    const data = seeded(STREAM_WINDOW + 4_000_000, 78);
+    const m = await manifestOf(data);
+    const entries = m.subarray(MANIFEST_HEADER, MANIFEST_HEADER + 72);
+    const first = entries.readUInt32LE(0);
+    const record = rawRecord(0, data.subarray(0, first));
+    record[13 + 7] ^= 1; // what a sender reads after its file changed under it
+    await streamingHostile(port, data.length, async (write, next) => {
+      write(FrameType.MANIFEST_STREAM, entries);
+      write(FrameType.DATA, record);
+      // A real sender goes on sending: the next batch is where the receiver reports the
+      // bad chunk (its placement runs behind the frames).
+      await new Promise((r) => setTimeout(r, 200));
+      write(FrameType.DATA, rawRecord(1, data.subarray(first, first + entries.readUInt32LE(36))));
+      // The receiver reports the bad chunk, then waits for our verdict.
+      let f = await next();
+      while (f.type !== FrameType.ERROR) f = await next();
+      assert.equal(f.payload.readUInt16LE(0), ExitCode.PROTOCOL_STREAM);
+      write(FrameType.ERROR, encodeError(ExitCode.VANISHED, 'EVANISHED', 'source /src changed during the sync; rerun to send the new version'));
+    });
+    const r = await peer.done;
+    assert.equal(r.code, 24, r.stderr);
+    assert.match(r.stderr, /ffsync-native: error: peer: source \/src changed during the sync/);
     assert.deepEqual(fs.readdirSync(dir), [], 'no target, no provisional file');
   });
 

@@ -268,6 +268,8 @@ export interface FaultProxy {
   corruptAt(offset: number): void;
   /** While on, the receiver -> sender direction is held back (delivered when turned off). */
   hold(on: boolean): void;
+  /** Bytes relayed so far from the sender to the receiver. */
+  upstreamBytes(): number;
   close(): void;
 }
 
@@ -328,6 +330,7 @@ export async function faultProxy(targetPort: number): Promise<FaultProxy> {
       holding = on;
       if (!on) for (const release of held.splice(0)) release();
     },
+    upstreamBytes: () => upstream,
     close: () => {
       for (const s of sockets) s.destroy();
       server.close();

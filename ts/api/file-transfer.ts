@@ -432,7 +432,9 @@ class EarlyPlacement {
         this.o.events?.progress?.('receiving', this.received.raw);
       } catch (e) {
         const code = (e as FfsyncError).code;
-        this.failure = code === 'EMALFORMED' || code === 'ECHUNK' ? protocolError(`bad early DATA: ${(e as Error).message}`) : (e as Error);
+        // A chunk that fails its hash keeps its code: the sender may say its source changed.
+        if (code === 'ECHUNK') this.failure = new FfsyncError('ECHUNK', ExitCode.PROTOCOL_STREAM, `bad early DATA: ${(e as Error).message}`);
+        else this.failure = code === 'EMALFORMED' ? protocolError(`bad early DATA: ${(e as Error).message}`) : (e as Error);
       } finally {
         release?.();
         this.pending--;

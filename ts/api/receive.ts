@@ -10,7 +10,7 @@ import { Capability, Decision, DecisionReason, decodeOffer, encodeDecision, Offe
 import { loadIndex, markUpToDate, scanFile, type ScanResult, recoverInplace } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { resolveStateDir } from '../utils/state-dir.js';
-import { abortable, authenticatePeer, endSession, expect, handshake, type Negotiated, reportError, requestPath } from './session.js';
+import { abortable, authenticatePeer, endSession, expect, handshake, type Negotiated, reportError, requestPath, senderVerdict } from './session.js';
 import { tlsListenOnce } from '../transport/tls.js';
 import { QuicListener } from '../transport/quic.js';
 import { overQuic } from './over-quic.js';
@@ -263,8 +263,9 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
     summary.ok = true;
     return summary;
   } catch (e) {
-    const err = e instanceof FfsyncError ? e : fromSystemError(e, 'receive failed');
+    let err = e instanceof FfsyncError ? e : fromSystemError(e, 'receive failed');
     await reportError(conn, err);
+    err = await senderVerdict(conn, err);
     err.summary = summary;
     throw err;
   } finally {

@@ -167,15 +167,20 @@ export async function runSender(
     let err = e instanceof FfsyncError ? e : fromSystemError(e, 'send failed');
     // The receiver may have explained its failure before our write failed: prefer that.
     const peerError = conn.takePeerError();
-    if (peerError && !err.message.startsWith('peer: ')) err = decodeError(peerError.payload);
+    // (Not over our own "source changed" verdict: that is what the receiver waits for.)
+    if (peerError && !err.message.startsWith('peer: ') && err.exitCode !== ExitCode.VANISHED) err = decodeError(peerError.payload);
     const source = sourceHolder.source;
+    // Our own reason, or the peer's when it is one a changed source explains.
+    const detail = err.message.startsWith('peer: ') ? '' : ` (${err.message})`;
     if (source && !source.unchanged()) {
-      err = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.path} changed during the sync (${err.message}); rerun to send the new version`, { cause: err });
-    } else if (!st.isDirectory() && err.exitCode === ExitCode.FILE_IO && !err.message.startsWith('peer: ') && identityChanged(await fs.stat(o.path, { bigint: true }).catch(() => undefined), st)) {
+      err = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.path} changed during the sync${detail}; rerun to send the new version`, { cause: err });
+    } else if (!st.isDirectory() && (err.code === 'ECHUNK' || (err.exitCode === ExitCode.FILE_IO && !err.message.startsWith('peer: '))) && identityChanged(await fs.stat(o.path, { bigint: true }).catch(() => undefined), st)) {
       // The fault suite found a source removed between the first stat and the scan reported
-      // as a file I/O error (exit 11, "No such file or directory") on both sides: it is the
-      // documented "source changed" (24).
-      err = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.path} vanished or changed during the sync (${err.message}); rerun to send the new version`, { cause: err });
+      // as a file I/O error (exit 11, "No such file or directory") on both sides, and a
+      // source rewritten after a streamed window was hashed, before its early DATA was read,
+      // reported as the receiver's failed chunk (12): both are the documented "source
+      // changed" (24). The receiver waits for this verdict (senderVerdict).
+      err = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.path} vanished or changed during the sync${detail}; rerun to send the new version`, { cause: err });
     }
     await reportError(conn, err);
     err.summary = summary;

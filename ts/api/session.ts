@@ -126,6 +126,21 @@ export async function reportError(conn: FramedConnection, e: FfsyncError): Promi
   }
 }
 
+/** How long a receiver waits for the sender's verdict on a chunk that failed its hash check. */
+const VERDICT_MS = 3000;
+
+/**
+ * A chunk from the peer failed our hash check: either the wire or the peer is bad (exit
+ * 12), or the sender's source changed after it was hashed (exit 24, "rerun"). Only the
+ * sender can tell: it answers our ERROR with its own, and says 24 when its source changed.
+ * Call after `reportError`; returns the error to exit with.
+ */
+export async function senderVerdict(conn: FramedConnection, err: FfsyncError): Promise<FfsyncError> {
+  if (err.code !== 'ECHUNK' || conn.isClosed) return err;
+  const f = await conn.awaitPeerError(VERDICT_MS);
+  const verdict = f && decodeError(f.payload);
+  return verdict && verdict.exitCode === ExitCode.VANISHED ? verdict : err;
+}
 
 /** Reject with a signal error when `signal` aborts first (and run `onAbort`). */
 export function abortable<T>(p: Promise<T>, signal: AbortSignal | undefined, onAbort: () => void): Promise<T> {

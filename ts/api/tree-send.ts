@@ -186,6 +186,14 @@ async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTra
     commitRefusal: Boolean(o.negotiated.capabilities & Capability.COMMIT_REFUSAL),
     stream: Boolean(o.negotiated.capabilities & Capability.STREAM),
     overlap: o.overlap,
+  }).catch(async (e: unknown) => {
+    // A chunk the receiver rejected because this file changed after it was hashed: say so
+    // (exit 24, "rerun"); the receiver waits for this verdict before it exits.
+    const err = e as FfsyncError;
+    if (err.code === 'ECHUNK' && identityChanged(await fs.lstat(abs, { bigint: true }).catch(() => undefined), st)) {
+      throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${showTreePath(lt.path)} changed during the sync; rerun to send the new version`, { cause: e });
+    }
+    throw e;
   });
   if (r.refused) return; // the receiver reports it (TREE_RESULT)
   if (!identityChanged(await fs.lstat(abs, { bigint: true }).catch(() => undefined), st)) tree.claimRoot(lt.action, r.root);

@@ -6,6 +6,7 @@ import type { Duplex } from 'node:stream';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { createGarbageRelief } from '../utils/gc.js';
 import { encodeFrameHeader, type Frame, FrameDecoder, FrameType, frameName } from '../protocol/frames.js';
+import { decodeError } from '../protocol/messages.js';
 
 const HIGH_WATER = 4 * 1024 * 1024;
 const LOW_WATER = 1024 * 1024;
@@ -87,11 +88,17 @@ export class FramedConnection {
     } catch (e) {
       bad = e as Error;
     }
+    let peerError: FfsyncError | undefined;
     for (const f of frames) {
       if (f.type === FrameType.KEEPALIVE) continue; // only refreshes lastActivity
+      if (f.type === FrameType.ERROR && !peerError) peerError = decodeError(f.payload);
       this.queue.push(f);
       this.queuedBytes += f.payload.length;
     }
+    // An ERROR frame ends the session: stop sending at once (a sender busy writing DATA
+    // would otherwise notice only when its next read or write fails, and the peer's reason
+    // could be lost). Frames queued before it are still delivered in order, ERROR last.
+    if (peerError) this.fail(peerError);
     if (bad) this.fail(bad);
     // Track how long a frame has been incomplete (see the idle timer).
     if (this.decoder.bufferedBytes === 0) this.partialSince = 0;
@@ -215,10 +222,46 @@ export class FramedConnection {
     }
   }
 
+  /**
+   * After we reported an error: wait up to `ms` for the peer's own ERROR frame (discarding
+   * anything else it still sends), e.g. its verdict on a chunk that failed our hash check
+   * (a sender whose source changed says so). Undefined when the peer closed or stayed silent.
+   */
+  async awaitPeerError(ms: number): Promise<Frame | undefined> {
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<undefined>((resolve) => {
+      timer = setTimeout(() => resolve(undefined), ms);
+    });
+    try {
+      for (;;) {
+        const queued = this.takePeerError();
+        if (queued) return queued;
+        while (this.queue.length) this.shift().release?.();
+        const next = this.recv();
+        next.catch(() => undefined);
+        const f = await Promise.race([next, timeout]);
+        if (!f) {
+          this.waiter = undefined;
+          return undefined;
+        }
+        if (f.type === FrameType.ERROR) return f;
+        f.release?.();
+      }
+    } catch {
+      // closed, timed out or failed: no verdict
+      return undefined;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
   /** An ERROR frame the peer sent that is still queued (read before reporting our own). */
   takePeerError(): Frame | undefined {
     const k = this.queue.findIndex((f) => f.type === FrameType.ERROR);
-    return k >= 0 ? this.queue.splice(k, 1)[0] : undefined;
+    if (k < 0) return undefined;
+    const f = this.queue.splice(k, 1)[0];
+    this.queuedBytes -= f.payload.length;
+    return f;
   }
 
   /** True once the underlying stream is gone (nothing more can be sent). */
