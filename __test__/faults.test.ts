@@ -96,15 +96,20 @@ describe('regressions found by fault injection', () => {
     const dir = tmpdir();
     const src = path.join(dir, 'src.bin');
     const dst = path.join(dir, 'dst.bin');
-    // 12 MiB at 2 MiB/s: ~6 s of DATA; the sender reads two 2 MiB batches ahead, so the
-    // file's last MiB is read seconds after the first DATA arrives.
-    fs.writeFileSync(src, seeded(12 * MiB, 97));
+    // 10 MiB in 2 MiB batches at 512 KiB/s: the sender pauses ~4 s after each batch and reads
+    // two batches ahead, so the fourth batch (6-8 MiB) is read ~4 s after the first DATA
+    // arrives, well after the rewrite, and sent ~12 s in. The receiver rejects it at once and
+    // waits 3 s for a verdict; the sender is then in a 4 s pause, which must end at the
+    // receiver's ERROR for the verdict to come in time (measured: both exit within 20 ms).
+    fs.writeFileSync(src, seeded(10 * MiB, 97));
     const { peer, port } = await startReceiver(dst, ['--state-dir', path.join(dir, 'state-r')]);
     const relay = await faultProxy(port);
-    const s = sender(src, relay.port, ['--state-dir', path.join(dir, 'state-s'), '--bwlimit', '2048']);
-    while (relay.upstreamBytes() < MiB) await new Promise((r) => setTimeout(r, 20));
+    const s = sender(src, relay.port, ['--state-dir', path.join(dir, 'state-s'), '--bwlimit', '512']);
+    let ended = false;
+    void s.done.then(() => (ended = true));
+    while (relay.upstreamBytes() < MiB && !ended) await new Promise((r) => setTimeout(r, 20));
     const fd = fs.openSync(src, 'r+');
-    fs.writeSync(fd, seeded(256 * 1024, 98), 0, 256 * 1024, 11 * MiB + 4096);
+    fs.writeSync(fd, seeded(256 * 1024, 98), 0, 256 * 1024, 6.5 * MiB);
     fs.closeSync(fd);
     const [sr, rr] = await Promise.all([s.done, peer.done]);
     relay.close();
@@ -113,6 +118,36 @@ describe('regressions found by fault injection', () => {
     assert.match(rr.stderr, /ffsync-native: error: .*changed during the sync/);
     assert.equal(rr.summary?.exitCode, 24);
     assert.equal(fs.existsSync(dst), false, 'nothing committed');
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('--parallel: a large file rewritten while it travels on a lane: exit 24 on both sides, nothing deleted', async () => {
+    const dir = tmpdir();
+    const [src, dst] = ['src', 'dst'].map((d) => path.join(dir, d));
+    // Two large files, so the second connection (a lane) carries one of them; both are
+    // rewritten in their fourth 2 MiB batch (see the test above for the timing).
+    writeAt(src, 'a.bin', seeded(10 * MiB, 99));
+    writeAt(src, 'b.bin', seeded(10 * MiB, 100));
+    writeAt(dst, 'extra.txt', 'receiver only\n');
+    const { peer, port } = await startReceiver(dst, ['--state-dir', path.join(dir, 'state-r')]);
+    const relay = await faultProxy(port);
+    const s = sender(src, relay.port, ['--state-dir', path.join(dir, 'state-s'), '--bwlimit', '512', '--parallel', '2']);
+    let ended = false;
+    void s.done.then(() => (ended = true));
+    while (relay.upstreamBytes() < 3 * MiB && !ended) await new Promise((r) => setTimeout(r, 20));
+    for (const name of ['a.bin', 'b.bin']) {
+      const fd = fs.openSync(path.join(src, name), 'r+');
+      fs.writeSync(fd, seeded(256 * 1024, 101), 0, 256 * 1024, 6.5 * MiB);
+      fs.closeSync(fd);
+    }
+    const [sr, rr] = await Promise.all([s.done, peer.done]);
+    relay.close();
+    assert.equal(sr.summary?.tree?.lanes, 2, 'the session used a lane');
+    assert.equal(sr.code, 24, sr.stderr);
+    assert.equal(rr.code, 24, rr.stderr);
+    assert.match(rr.stderr, /ffsync-native: error: .*changed during the sync/);
+    assert.equal(fs.readFileSync(path.join(dst, 'extra.txt'), 'utf8'), 'receiver only\n', 'nothing deleted');
+    assert.deepEqual(fs.readdirSync(dst).filter((n) => n.endsWith('.bin')), [], 'nothing committed');
     fs.rmSync(dir, { recursive: true, force: true });
   });
 

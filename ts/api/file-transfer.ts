@@ -197,7 +197,7 @@ export async function sendFileContent(conn: FramedConnection, o: SendContentOpti
         await conn.send(FrameType.DATA, buf.subarray(0, res.length), () => pool.release(buf));
         raw += res.rawBytes;
         progress(raw);
-        if (o.bwlimitKiBps) await limit(res.length);
+        if (o.bwlimitKiBps) await conn.orFailure(limit(res.length));
       }
     });
     // Early DATA counts too: DATA_END totals every chunk this transfer sent.
@@ -262,7 +262,7 @@ async function streamManifest(
         early.chunks += step.batchChunks!;
         early.raw += step.batchRaw!;
         o.events?.progress?.('sending', early.raw);
-        if (limiter) await limiter(step.batchLen);
+        if (limiter) await conn.orFailure(limiter(step.batchLen));
         continue;
       }
       if (buf) pool!.release(buf);
@@ -329,6 +329,10 @@ class EarlyPlacement {
   private chain: Promise<void> = Promise.resolve();
   /** Fatal: a malformed stream or early DATA (exit 12), or early DATA we could not store. */
   private failure?: Error;
+  private rejectFailed!: (e: Error) => void;
+  /** Rejects with the failure the moment it happens: the frame loop races it, so a bad batch
+   * ends the session now, not when the next frame arrives. */
+  readonly failed = new Promise<never>((_, reject) => (this.rejectFailed = reject));
   private off = false;
   /** The session failed or ended: a drain still waiting for the receiver's own scan must not
    * start placing (a copy that would only be thrown away). */
@@ -351,6 +355,7 @@ class EarlyPlacement {
     /** We told the sender (BASIS) that we have nothing: early DATA will come. */
     private readonly expectData: boolean,
   ) {
+    this.failed.catch(() => undefined); // reported through `failure` when nobody races it
     // Nothing local to place from and no early DATA, or --inplace (never a whole copy).
     this.off = o.inplace === true || (o.localPaths.length === 0 && !expectData);
     // localPaths[0] is the old target whenever it is reusable and there is a basis at all
@@ -392,11 +397,11 @@ class EarlyPlacement {
         // anything else (a local scan that failed, no room for the temp file) only ends
         // early placement: the normal plan reports it, if it matters, with its own error.
         const code = (e as FfsyncError).code;
-        if (code === 'EMALFORMED') this.failure = protocolError(`bad MANIFEST_STREAM: ${(e as Error).message}`);
+        if (code === 'EMALFORMED') this.fail(protocolError(`bad MANIFEST_STREAM: ${(e as Error).message}`));
         // A tree file we cannot write (permission, a name the filesystem refuses) is
         // refused after the manifest like any other; its early DATA is counted and dropped.
         else if (this.expectData && this.o.refusable && code !== 'ENOSPC') this.discarding = true;
-        else if (this.expectData) this.failure = e as Error;
+        else if (this.expectData) this.fail(e as Error);
         this.off = true;
         this.prefill?.release();
         this.prefill = undefined;
@@ -433,8 +438,8 @@ class EarlyPlacement {
       } catch (e) {
         const code = (e as FfsyncError).code;
         // A chunk that fails its hash keeps its code: the sender may say its source changed.
-        if (code === 'ECHUNK') this.failure = new FfsyncError('ECHUNK', ExitCode.PROTOCOL_STREAM, `bad early DATA: ${(e as Error).message}`);
-        else this.failure = code === 'EMALFORMED' ? protocolError(`bad early DATA: ${(e as Error).message}`) : (e as Error);
+        if (code === 'ECHUNK') this.fail(new FfsyncError('ECHUNK', ExitCode.PROTOCOL_STREAM, `bad early DATA: ${(e as Error).message}`));
+        else this.fail(code === 'EMALFORMED' ? protocolError(`bad early DATA: ${(e as Error).message}`) : (e as Error));
       } finally {
         release?.();
         this.pending--;
@@ -457,6 +462,12 @@ class EarlyPlacement {
       return;
     }
     this.copied += await call(this.prefill.addEntries(entries));
+  }
+
+  private fail(e: Error): void {
+    if (this.failure) return;
+    this.failure = e;
+    this.rejectFailed(e);
   }
 
   /** The reason placement failed, if it did, else `e`: a sender whose early DATA was bad
@@ -550,7 +561,9 @@ async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOpt
   while (!manifest) {
     let f;
     try {
-      f = o.stream ? await expect(conn, FrameType.MANIFEST_STREAM, FrameType.MANIFEST, FrameType.DATA) : await expect(conn, FrameType.MANIFEST);
+      const next = o.stream ? expect(conn, FrameType.MANIFEST_STREAM, FrameType.MANIFEST, FrameType.DATA) : expect(conn, FrameType.MANIFEST);
+      next.catch(() => undefined); // abandoned when placement fails first
+      f = await Promise.race([next, early.failed]);
     } catch (e) {
       throw await early.failureOr(e);
     }
@@ -644,8 +657,16 @@ async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOpt
     let received = 0;
     await inPhase(o.events, 'receiving', plan.wireBytes, async (progress) => {
       const inflight = new Set<Promise<number>>();
+      // A batch that fails (a chunk failing its hash, a full disk) ends the loop at once, not
+      // when the next frame arrives (seconds later under --bwlimit): the sender stops sooner,
+      // and its verdict on a bad chunk (§7.2) comes while it is still listening.
+      let writeFailed!: (e: unknown) => void;
+      const failed = new Promise<never>((_, reject) => (writeFailed = reject));
+      failed.catch(() => undefined);
       for (;;) {
-        const f = await expect(conn, FrameType.DATA, FrameType.DATA_END);
+        const next = expect(conn, FrameType.DATA, FrameType.DATA_END);
+        next.catch(() => undefined); // abandoned when a write fails first
+        const f = await Promise.race([next, failed]);
         if (f.type === FrameType.DATA_END) {
           const end = decodeDataEnd(f.payload);
           await Promise.all(inflight);
@@ -665,7 +686,7 @@ async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOpt
         inflight.add(w);
         w.then(
           () => inflight.delete(w),
-          () => undefined,
+          (e: unknown) => writeFailed(e),
         );
         if (inflight.size >= WRITES_IN_FLIGHT) await Promise.race(inflight);
       }

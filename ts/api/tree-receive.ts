@@ -27,7 +27,7 @@ import {
 import { call, type LargeTransferInfo, type NativeTreeSync, scanFile, type StepOutcome, walkTree } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { joinTreePath, showTreePath } from '../utils/tree-path.js';
-import { countLaneBytes, expect, type Negotiated } from './session.js';
+import { countLaneBytes, expect, type Negotiated, reportError, senderVerdict } from './session.js';
 import type { Listener } from '../transport/tcp.js';
 import { acceptLanes, LANE_TOKEN_BYTES } from './lanes.js';
 import { inPhase, type SyncSummary } from './events.js';
@@ -236,8 +236,14 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
           await receiveLarge(c, f.payload);
         }
       })();
-      w.catch((e) => {
-        laneFailure ??= e instanceof FfsyncError ? e : fromSystemError(e, 'lane failed');
+      w.catch(async (e) => {
+        let err = e instanceof FfsyncError ? e : fromSystemError(e, 'lane failed');
+        if (err.code === 'ECHUNK') {
+          // The sender's verdict on this lane's bad chunk (its file may have changed, §7.2).
+          await reportError(c, err);
+          err = await senderVerdict(c, err);
+        }
+        laneFailure ??= err;
         failLanes(laneFailure);
       });
       laneWork.push(w);

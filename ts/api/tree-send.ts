@@ -28,7 +28,7 @@ import { openLane } from './lanes.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { BufferPool } from '../utils/buffer-pool.js';
 import { joinTreePath, showTreePath } from '../utils/tree-path.js';
-import { countLaneBytes, expect } from './session.js';
+import { countLaneBytes, expect, reportError } from './session.js';
 import type { Negotiated } from './session.js';
 import { inPhase, type SyncSummary } from './events.js';
 import type { SendOptions } from './send.js';
@@ -191,7 +191,11 @@ async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTra
     // (exit 24, "rerun"); the receiver waits for this verdict before it exits.
     const err = e as FfsyncError;
     if (err.code === 'ECHUNK' && identityChanged(await fs.lstat(abs, { bigint: true }).catch(() => undefined), st)) {
-      throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${showTreePath(lt.path)} changed during the sync; rerun to send the new version`, { cause: e });
+      const changed = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${showTreePath(lt.path)} changed during the sync; rerun to send the new version`, { cause: e });
+      // On the connection that carried the file: a lane's receiver waits there (the
+      // session's own report on the first connection follows, once).
+      await reportError(c, changed);
+      throw changed;
     }
     throw e;
   });
@@ -220,7 +224,7 @@ async function sendSmallFiles(conn: FramedConnection, tree: NativeTreeSync, leve
       next?.catch(() => undefined);
       if (res.length > 0) {
         await conn.send(FrameType.FILE_BATCH, buf.subarray(0, res.length), () => pool.release(buf));
-        if (limiter) await limiter(res.length);
+        if (limiter) await conn.orFailure(limiter(res.length));
       } else pool.release(buf);
       raw += res.rawBytes;
       progress(raw);

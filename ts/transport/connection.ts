@@ -38,6 +38,13 @@ export class FramedConnection {
   private readonly relieve = createGarbageRelief();
   private readonly keepAliveMs: number;
   private idleTimer: NodeJS.Timeout | undefined;
+  /** Woken when the connection fails or closes (see `orFailure`). */
+  private readonly failureWaiters = new Set<() => void>();
+  /** Woken on every arrival, end or close (see `awaitPeerError`). */
+  private readonly arrivalWaiters = new Set<() => void>();
+  /** The first ERROR frame the peer sent, kept apart from the queue: a reader that gave up
+   * (an `expect` abandoned in a race) may take the queued copy. */
+  private peerErrorFrame: Frame | undefined;
 
   constructor(
     private readonly stream: Duplex,
@@ -48,11 +55,14 @@ export class FramedConnection {
     stream.on('end', () => {
       this.ended = true;
       this.wake();
+      this.wakeArrivalWaiters();
     });
     stream.on('close', () => {
       this.ended = true;
       this.closed = true;
       this.wake();
+      this.wakeFailureWaiters();
+      this.wakeArrivalWaiters();
     });
     stream.on('error', (e: NodeJS.ErrnoException) => {
       this.fail(new FfsyncError(e.code ?? 'ESOCKET', ExitCode.SOCKET_IO, `connection error: ${e.message}`, { cause: e }));
@@ -91,7 +101,10 @@ export class FramedConnection {
     let peerError: FfsyncError | undefined;
     for (const f of frames) {
       if (f.type === FrameType.KEEPALIVE) continue; // only refreshes lastActivity
-      if (f.type === FrameType.ERROR && !peerError) peerError = decodeError(f.payload);
+      if (f.type === FrameType.ERROR && !peerError) {
+        peerError = decodeError(f.payload);
+        this.peerErrorFrame ??= { type: f.type, payload: Buffer.from(f.payload) };
+      }
       this.queue.push(f);
       this.queuedBytes += f.payload.length;
     }
@@ -105,12 +118,41 @@ export class FramedConnection {
     else if (frames.length > 0 || this.partialSince === 0) this.partialSince = Date.now();
     if (this.queuedBytes > HIGH_WATER) this.stream.pause();
     this.wake();
+    this.wakeArrivalWaiters();
+  }
+
+  private wakeArrivalWaiters(): void {
+    for (const w of this.arrivalWaiters) w();
+    this.arrivalWaiters.clear();
   }
 
   private fail(e: Error): void {
     if (!this.failure) this.failure = e;
     this.wake();
+    this.wakeFailureWaiters();
     this.stream.emit('ffsync-failed');
+  }
+
+  private wakeFailureWaiters(): void {
+    for (const w of this.failureWaiters) w();
+    this.failureWaiters.clear();
+  }
+
+  /**
+   * Wait for `work` (a rate-limit pause, say), but no longer than the connection is
+   * healthy: a peer's ERROR or a close ends the wait at once, so the next send reports it
+   * (a sender pausing for --bwlimit must still answer a receiver's ERROR within its wait).
+   */
+  async orFailure(work: Promise<void>): Promise<void> {
+    if (this.failure || this.closed) return;
+    let wake!: () => void;
+    const failed = new Promise<void>((resolve) => (wake = resolve));
+    this.failureWaiters.add(wake);
+    try {
+      await Promise.race([work, failed]);
+    } finally {
+      this.failureWaiters.delete(wake);
+    }
   }
 
   private wake(): void {
@@ -228,30 +270,22 @@ export class FramedConnection {
    * (a sender whose source changed says so). Undefined when the peer closed or stayed silent.
    */
   async awaitPeerError(ms: number): Promise<Frame | undefined> {
-    let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<undefined>((resolve) => {
-      timer = setTimeout(() => resolve(undefined), ms);
-    });
-    try {
-      for (;;) {
-        const queued = this.takePeerError();
-        if (queued) return queued;
-        while (this.queue.length) this.shift().release?.();
-        const next = this.recv();
-        next.catch(() => undefined);
-        const f = await Promise.race([next, timeout]);
-        if (!f) {
-          this.waiter = undefined;
-          return undefined;
-        }
-        if (f.type === FrameType.ERROR) return f;
-        f.release?.();
-      }
-    } catch {
-      // closed, timed out or failed: no verdict
-      return undefined;
-    } finally {
-      clearTimeout(timer);
+    const deadline = Date.now() + ms;
+    for (;;) {
+      if (this.peerErrorFrame) return this.peerErrorFrame;
+      // Nothing else will be read: drop it, so a paused stream resumes and the ERROR can come.
+      while (this.queue.length) this.shift().release?.();
+      const left = deadline - Date.now();
+      if (this.ended || this.closed || left <= 0) return undefined;
+      await new Promise<void>((resolve) => {
+        const done = () => {
+          clearTimeout(timer);
+          this.arrivalWaiters.delete(done);
+          resolve();
+        };
+        const timer = setTimeout(done, left);
+        this.arrivalWaiters.add(done);
+      });
     }
   }
 
