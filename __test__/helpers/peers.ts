@@ -96,8 +96,24 @@ export async function sync(
   return { send: s, recv: r };
 }
 
+/** Every directory tmpdir() made in this process, removed when it exits (a full `npm test`
+ * otherwise leaves ~4 GB of fixtures behind; CI disks can be small). FFSYNC_KEEP_TMP=1 keeps them. */
+const madeDirs: string[] = [];
+process.once('exit', () => {
+  if (process.env.FFSYNC_KEEP_TMP) return;
+  for (const d of madeDirs) {
+    try {
+      fs.rmSync(d, { recursive: true, force: true });
+    } catch {
+      // e.g. a file a failed test left immutable: it stays, as it would have anyway
+    }
+  }
+});
+
 export function tmpdir(prefix = 'ffsync-test-'): string {
-  return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  const d = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  madeDirs.push(d);
+  return d;
 }
 
 /** Deterministic pseudo-random bytes (AES-128-CTR keystream of the seed). */
