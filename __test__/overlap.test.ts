@@ -273,6 +273,16 @@ describe('hostile streamed manifests', () => {
     return (await scanFile(f, {})).manifest;
   }
 
+  /** A file of just over one window, its first streamed entry, and that chunk's raw record
+   * with one byte flipped (it fails the streamed hash). */
+  async function badFirstChunk(seed: number) {
+    const data = seeded(STREAM_WINDOW + 4_000_000, seed);
+    const entry = (await manifestOf(data)).subarray(MANIFEST_HEADER, MANIFEST_HEADER + 36);
+    const record = rawRecord(0, data.subarray(0, entry.readUInt32LE(0)));
+    record[13 + 7] ^= 1;
+    return { data, entry, record };
+  }
+
   it('entries describing more bytes than offered: exit 12, target untouched', async () => {
     const old = seeded(3_000_000, 71);
     const v = await victim(old);
@@ -329,11 +339,7 @@ describe('hostile streamed manifests', () => {
 
   it('early DATA whose bytes fail the streamed hash (fresh target): exit 12, nothing left behind', async () => {
     const { dir, peer, port } = await freshVictim();
-    const data = seeded(STREAM_WINDOW + 4_000_000, 76);
-    const m = await manifestOf(data);
-    const entry = m.subarray(MANIFEST_HEADER, MANIFEST_HEADER + 36);
-    const record = rawRecord(0, data.subarray(0, entry.readUInt32LE(0)));
-    record[13 + 7] ^= 1;
+    const { data, entry, record } = await badFirstChunk(76);
     await streamingHostile(port, data.length, (write) => {
       write(FrameType.MANIFEST_STREAM, entry);
       write(FrameType.DATA, record);
@@ -346,13 +352,10 @@ describe('hostile streamed manifests', () => {
 
   it('early DATA that fails its hash, then the sender says its source changed (ERROR 24): the receiver exits 24, nothing left behind', async () => {
     const { dir, peer, port } = await freshVictim();
-    const data = seeded(STREAM_WINDOW + 4_000_000, 78);
-    const m = await manifestOf(data);
-    const entries = m.subarray(MANIFEST_HEADER, MANIFEST_HEADER + 72);
-    const record = rawRecord(0, data.subarray(0, entries.readUInt32LE(0)));
-    record[13 + 7] ^= 1; // what a sender reads after its file changed under it
+    // A flipped byte: what a sender reads after its file changed under it.
+    const { data, entry, record } = await badFirstChunk(78);
     await streamingHostile(port, data.length, async (write, next) => {
-      write(FrameType.MANIFEST_STREAM, entries);
+      write(FrameType.MANIFEST_STREAM, entry);
       write(FrameType.DATA, record);
       // Nothing more is sent: the receiver must notice the bad batch by itself (not at the
       // next frame), report it, then wait for our verdict.

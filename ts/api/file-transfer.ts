@@ -55,7 +55,7 @@ import {
 import { batchByBytes, MANIFEST_ENTRY, MANIFEST_HEADER, manifestChunkCount, manifestChunkLength, manifestParamsKey } from '../utils/manifest.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { BufferPool } from '../utils/buffer-pool.js';
-import { expect } from './session.js';
+import { expect, expectUnless } from './session.js';
 import { inPhase, type SyncEvents } from './events.js';
 
 /** Raw bytes per DATA frame: large enough to amortize framing, small enough to pipeline and
@@ -561,9 +561,7 @@ async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOpt
   while (!manifest) {
     let f;
     try {
-      const next = o.stream ? expect(conn, FrameType.MANIFEST_STREAM, FrameType.MANIFEST, FrameType.DATA) : expect(conn, FrameType.MANIFEST);
-      next.catch(() => undefined); // abandoned when placement fails first
-      f = await Promise.race([next, early.failed]);
+      f = o.stream ? await expectUnless(conn, early.failed, FrameType.MANIFEST_STREAM, FrameType.MANIFEST, FrameType.DATA) : await expect(conn, FrameType.MANIFEST);
     } catch (e) {
       throw await early.failureOr(e);
     }
@@ -664,9 +662,7 @@ async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOpt
       const failed = new Promise<never>((_, reject) => (writeFailed = reject));
       failed.catch(() => undefined);
       for (;;) {
-        const next = expect(conn, FrameType.DATA, FrameType.DATA_END);
-        next.catch(() => undefined); // abandoned when a write fails first
-        const f = await Promise.race([next, failed]);
+        const f = await expectUnless(conn, failed, FrameType.DATA, FrameType.DATA_END);
         if (f.type === FrameType.DATA_END) {
           const end = decodeDataEnd(f.payload);
           await Promise.all(inflight);

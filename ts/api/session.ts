@@ -137,9 +137,16 @@ const VERDICT_MS = 3000;
  */
 export async function senderVerdict(conn: FramedConnection, err: FfsyncError): Promise<FfsyncError> {
   if (err.code !== 'ECHUNK' || conn.isClosed) return err;
-  const f = await conn.awaitPeerError(VERDICT_MS);
-  const verdict = f && decodeError(f.payload);
-  return verdict && verdict.exitCode === ExitCode.VANISHED ? verdict : err;
+  const verdict = await conn.awaitPeerError(VERDICT_MS);
+  return verdict?.exitCode === ExitCode.VANISHED ? verdict : err;
+}
+
+/** `expect`, unless `failed` (a local failure of the same session) rejects first; then the
+ * abandoned read is left to settle quietly. */
+export function expectUnless(conn: FramedConnection, failed: Promise<never>, ...types: FrameType[]): Promise<Frame> {
+  const next = expect(conn, ...types);
+  next.catch(() => undefined);
+  return Promise.race([next, failed]);
 }
 
 /** Reject with a signal error when `signal` aborts first (and run `onAbort`). */

@@ -27,7 +27,7 @@ import {
 import { call, type LargeTransferInfo, type NativeTreeSync, scanFile, type StepOutcome, walkTree } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { joinTreePath, showTreePath } from '../utils/tree-path.js';
-import { countLaneBytes, expect, type Negotiated, reportError, senderVerdict } from './session.js';
+import { countLaneBytes, expect, expectUnless, type Negotiated, reportError, senderVerdict } from './session.js';
 import type { Listener } from '../transport/tcp.js';
 import { acceptLanes, LANE_TOKEN_BYTES } from './lanes.js';
 import { inPhase, type SyncSummary } from './events.js';
@@ -254,7 +254,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
       const inflight = new Set<Promise<void>>();
       const drain = () => Promise.all(inflight);
       for (;;) {
-        const f = await Promise.race([expect(conn, FrameType.FILE_BATCH, FrameType.FILE_BEGIN, FrameType.TREE_END, ...(attrTable && !attrBytes ? [FrameType.TREE_ATTRS] : [])), laneFailed]);
+        const f = await expectUnless(conn, laneFailed, FrameType.FILE_BATCH, FrameType.FILE_BEGIN, FrameType.TREE_END, ...(attrTable && !attrBytes ? [FrameType.TREE_ATTRS] : []));
         if (f.type === FrameType.TREE_ATTRS) {
           attrBytes = attrTable!.push(f.payload);
           continue;

@@ -38,13 +38,11 @@ export class FramedConnection {
   private readonly relieve = createGarbageRelief();
   private readonly keepAliveMs: number;
   private idleTimer: NodeJS.Timeout | undefined;
-  /** Woken when the connection fails or closes (see `orFailure`). */
-  private readonly failureWaiters = new Set<() => void>();
-  /** Woken on every arrival, end or close (see `awaitPeerError`). */
-  private readonly arrivalWaiters = new Set<() => void>();
-  /** The first ERROR frame the peer sent, kept apart from the queue: a reader that gave up
-   * (an `expect` abandoned in a race) may take the queued copy. */
-  private peerErrorFrame: Frame | undefined;
+  /** Woken on every arrival, end, close or failure (see `nextChange`). */
+  private readonly changeWaiters = new Set<() => void>();
+  /** The peer's first ERROR, decoded, kept apart from the queue: a reader that gave up (an
+   * `expect` abandoned in a race) may take the queued frame. */
+  private peerFailure: FfsyncError | undefined;
 
   constructor(
     private readonly stream: Duplex,
@@ -55,14 +53,13 @@ export class FramedConnection {
     stream.on('end', () => {
       this.ended = true;
       this.wake();
-      this.wakeArrivalWaiters();
+      this.wakeChangeWaiters();
     });
     stream.on('close', () => {
       this.ended = true;
       this.closed = true;
       this.wake();
-      this.wakeFailureWaiters();
-      this.wakeArrivalWaiters();
+      this.wakeChangeWaiters();
     });
     stream.on('error', (e: NodeJS.ErrnoException) => {
       this.fail(new FfsyncError(e.code ?? 'ESOCKET', ExitCode.SOCKET_IO, `connection error: ${e.message}`, { cause: e }));
@@ -98,44 +95,48 @@ export class FramedConnection {
     } catch (e) {
       bad = e as Error;
     }
-    let peerError: FfsyncError | undefined;
     for (const f of frames) {
       if (f.type === FrameType.KEEPALIVE) continue; // only refreshes lastActivity
-      if (f.type === FrameType.ERROR && !peerError) {
-        peerError = decodeError(f.payload);
-        this.peerErrorFrame ??= { type: f.type, payload: Buffer.from(f.payload) };
-      }
+      if (f.type === FrameType.ERROR) this.peerFailure ??= decodeError(f.payload);
       this.queue.push(f);
       this.queuedBytes += f.payload.length;
     }
     // An ERROR frame ends the session: stop sending at once (a sender busy writing DATA
     // would otherwise notice only when its next read or write fails, and the peer's reason
     // could be lost). Frames queued before it are still delivered in order, ERROR last.
-    if (peerError) this.fail(peerError);
+    if (this.peerFailure) this.fail(this.peerFailure);
     if (bad) this.fail(bad);
     // Track how long a frame has been incomplete (see the idle timer).
     if (this.decoder.bufferedBytes === 0) this.partialSince = 0;
     else if (frames.length > 0 || this.partialSince === 0) this.partialSince = Date.now();
     if (this.queuedBytes > HIGH_WATER) this.stream.pause();
     this.wake();
-    this.wakeArrivalWaiters();
-  }
-
-  private wakeArrivalWaiters(): void {
-    for (const w of this.arrivalWaiters) w();
-    this.arrivalWaiters.clear();
+    this.wakeChangeWaiters();
   }
 
   private fail(e: Error): void {
     if (!this.failure) this.failure = e;
     this.wake();
-    this.wakeFailureWaiters();
+    this.wakeChangeWaiters();
     this.stream.emit('ffsync-failed');
   }
 
-  private wakeFailureWaiters(): void {
-    for (const w of this.failureWaiters) w();
-    this.failureWaiters.clear();
+  private wakeChangeWaiters(): void {
+    for (const w of this.changeWaiters) w();
+    this.changeWaiters.clear();
+  }
+
+  /** Resolves at the next arrival, end, close or failure, or after `ms` (if given). */
+  private nextChange(ms?: number): Promise<void> {
+    return new Promise<void>((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.changeWaiters.delete(done);
+        resolve();
+      };
+      const timer = ms === undefined ? undefined : setTimeout(done, ms);
+      this.changeWaiters.add(done);
+    });
   }
 
   /**
@@ -144,15 +145,9 @@ export class FramedConnection {
    * (a sender pausing for --bwlimit must still answer a receiver's ERROR within its wait).
    */
   async orFailure(work: Promise<void>): Promise<void> {
-    if (this.failure || this.closed) return;
-    let wake!: () => void;
-    const failed = new Promise<void>((resolve) => (wake = resolve));
-    this.failureWaiters.add(wake);
-    try {
-      await Promise.race([work, failed]);
-    } finally {
-      this.failureWaiters.delete(wake);
-    }
+    let finished = false;
+    const w = work.then(() => (finished = true));
+    while (!finished && !this.failure && !this.closed) await Promise.race([w, this.nextChange()]);
   }
 
   private wake(): void {
@@ -269,23 +264,15 @@ export class FramedConnection {
    * anything else it still sends), e.g. its verdict on a chunk that failed our hash check
    * (a sender whose source changed says so). Undefined when the peer closed or stayed silent.
    */
-  async awaitPeerError(ms: number): Promise<Frame | undefined> {
+  async awaitPeerError(ms: number): Promise<FfsyncError | undefined> {
     const deadline = Date.now() + ms;
     for (;;) {
-      if (this.peerErrorFrame) return this.peerErrorFrame;
+      if (this.peerFailure) return this.peerFailure;
       // Nothing else will be read: drop it, so a paused stream resumes and the ERROR can come.
       while (this.queue.length) this.shift().release?.();
       const left = deadline - Date.now();
       if (this.ended || this.closed || left <= 0) return undefined;
-      await new Promise<void>((resolve) => {
-        const done = () => {
-          clearTimeout(timer);
-          this.arrivalWaiters.delete(done);
-          resolve();
-        };
-        const timer = setTimeout(done, left);
-        this.arrivalWaiters.add(done);
-      });
+      await this.nextChange(left);
     }
   }
 
