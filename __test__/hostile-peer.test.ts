@@ -6,9 +6,9 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { seeded, snapshot, startReceiver, sync, tmpdir } from './helpers/peers';
+import { seeded, sender, snapshot, snapshotTree, startReceiver, sync, tmpdir } from './helpers/peers';
 import { encodeFrame, FrameType } from '../ts/protocol/frames';
-import { Decision, decodeDecision, encodeDataEnd, encodeHello, encodeOffer, manifestFrames, OfferKind, Role } from '../ts/protocol/messages';
+import { Decision, decodeDecision, decodeFilter, encodeDataEnd, encodeFilter, encodeHello, encodeOffer, manifestFrames, OfferKind, Role } from '../ts/protocol/messages';
 import { scanFile, openChunkSource } from '../ts/native/binding';
 
 const hello = () => encodeFrame(FrameType.HELLO, encodeHello({ minVersion: 1, maxVersion: 1, capabilities: 1, role: Role.SENDER, software: 'hostile' }));
@@ -208,4 +208,80 @@ describe('symlinks around the target', () => {
     assert.equal(fs.readFileSync(outside, 'utf8'), 'do not touch');
     assert.deepEqual(fs.readFileSync(target), data);
   });
+});
+
+/**
+ * A man in the middle of a plaintext session that adds `extra` to the sender's FILTER:
+ * the receiver's walk then never looks at those paths, while the (honest) sender still
+ * lists what it has under them. This is what a hostile sender can do on its own.
+ */
+async function filterRewriter(receiverPort: number, extra: string[]): Promise<{ port: number; close: () => void }> {
+  const server = net.createServer((client) => {
+    const upstream = net.connect({ host: '127.0.0.1', port: receiverPort });
+    client.on('error', () => undefined);
+    upstream.on('error', () => undefined);
+    upstream.pipe(client);
+    let buf = Buffer.alloc(0);
+    client.on('data', (d: Buffer) => {
+      buf = Buffer.concat([buf, d]);
+      while (buf.length >= 5 && buf.length >= 4 + buf.readUInt32LE(0)) {
+        const len = buf.readUInt32LE(0);
+        const type = buf[4];
+        let payload = buf.subarray(5, 4 + len);
+        buf = buf.subarray(4 + len);
+        if (type === FrameType.FILTER) payload = encodeFilter([...decodeFilter(payload), ...extra]);
+        upstream.write(encodeFrame(type as FrameType, payload));
+      }
+    });
+    client.on('end', () => upstream.end());
+    upstream.on('end', () => client.end());
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return { port: (server.address() as net.AddressInfo).port, close: () => server.close() };
+}
+
+describe('writes never escape the target through links the receiver did not look at', () => {
+  /** A receiver target holding `link -> <outside>`; the sender has a real `link/` tree
+   * (small files, a deeper dir, a large file) and the receiver is told to exclude `link`. */
+  async function attack(recvArgs: string[] = []) {
+    const base = tmpdir();
+    const outside = path.join(base, 'outside');
+    const sibling = path.join(base, 'sibling');
+    fs.mkdirSync(outside);
+    fs.mkdirSync(sibling);
+    fs.writeFileSync(path.join(outside, 'victim.txt'), 'precious');
+    fs.writeFileSync(path.join(outside, 'big.bin'), 'precious too');
+    fs.writeFileSync(path.join(sibling, 'keep.txt'), 'sibling');
+    const target = path.join(base, 'target');
+    fs.mkdirSync(target);
+    fs.symlinkSync(outside, path.join(target, 'link'));
+    const src = tmpdir();
+    fs.writeFileSync(path.join(src, 'ok.txt'), 'fine');
+    fs.mkdirSync(path.join(src, 'link', 'sub'), { recursive: true });
+    fs.writeFileSync(path.join(src, 'link', 'victim.txt'), 'overwritten!');
+    fs.writeFileSync(path.join(src, 'link', 'new.txt'), 'created outside');
+    fs.writeFileSync(path.join(src, 'link', 'sub', 'deep.txt'), 'deeper');
+    fs.writeFileSync(path.join(src, 'link', 'big.bin'), seeded(3 << 20, 9));
+    const before = { outside: snapshotTree(outside), sibling: snapshotTree(sibling), parent: fs.readdirSync(base).sort() };
+    const { peer, port } = await startReceiver(target, ['--state-dir', path.join(base, 'state-r'), ...recvArgs]);
+    const mitm = await filterRewriter(port, ['link']);
+    const send = await sender(src, mitm.port, ['--state-dir', path.join(base, 'state-s')]).done;
+    const recv = await peer.done;
+    mitm.close();
+    return { base, outside, sibling, target, before, send, recv };
+  }
+
+  for (const variant of [{ name: 'out of place', args: [] }, { name: '--inplace', args: ['--inplace'] }]) {
+    it(`FILE_BATCH files, a large file and a deeper directory under a hidden link (${variant.name}): per-path failures, nothing outside changed`, async () => {
+      const a = await attack(variant.args);
+      assert.deepEqual(snapshotTree(a.outside), a.before.outside, 'nothing outside the target changed');
+      assert.deepEqual(snapshotTree(a.sibling), a.before.sibling, 'a sibling directory is untouched');
+      assert.deepEqual(fs.readdirSync(a.base).filter((n) => !n.startsWith('state-')).sort(), a.before.parent.filter((n) => !n.startsWith('state-')).sort());
+      assert.equal(a.recv.code, 23, a.recv.stderr);
+      assert.match(a.recv.stderr, /link/);
+      assert.equal(fs.readFileSync(path.join(a.target, 'ok.txt'), 'utf8'), 'fine', 'the rest of the tree synced');
+      assert.ok(fs.lstatSync(path.join(a.target, 'link')).isSymbolicLink(), 'the link itself is left as it was');
+      assert.deepEqual(fs.readdirSync(a.target).filter((n) => n.includes('ffsync-part')), [], 'no partial left behind');
+    });
+  }
 });

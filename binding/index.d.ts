@@ -40,7 +40,7 @@ export declare class NativePrefill {
    * from the given local files. Inactive (every call a no-op) when it cannot help or a
    * resumable partial exists.
    */
-  static begin(target: string | Buffer, size: number, locals: Array<LocalFile>): Promise<NativePrefill>
+  static begin(target: string | Buffer, size: number, locals: Array<LocalFile>, beneath?: string | undefined | null): Promise<NativePrefill>
   /** Placement is running (not skipped, not handed over, not released). */
   get active(): boolean
   /**
@@ -99,9 +99,11 @@ export declare class NativeReconstruction {
   /**
    * Plan a reconstruction of `target` from the sender's manifest, reusing chunks of the
    * given local files, of a partial left by an interrupted run, and of `prefill` (chunks
-   * placed while the manifest streamed in; adopted only if they match it).
+   * placed while the manifest streamed in; adopted only if they match it). With
+   * `beneath`, `target` is a relative path under that directory (a tree's root),
+   * resolved without following any link.
    */
-  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ProgressFn | undefined | null, holes?: Buffer | undefined | null, inplace?: boolean | undefined | null, prefill?: NativePrefill | undefined | null): Promise<NativeReconstruction>
+  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ProgressFn | undefined | null, holes?: Buffer | undefined | null, inplace?: boolean | undefined | null, prefill?: NativePrefill | undefined | null, beneath?: string | undefined | null): Promise<NativeReconstruction>
   /** Indices of chunks that must come over the wire, ascending. */
   needed(): Uint32Array
   summary(): PlanSummary
@@ -158,6 +160,8 @@ export declare class NativeTreeSync {
   /** Our manifest in wire form (zstd-compressed). */
   manifest(): Buffer
   stats(): TreeStats
+  /** The session is over: close the directory handle the receiver resolves paths from. */
+  releaseHandles(): void
   /** Feed one part of the peer's manifest (wire form) as it arrives. */
   pushPeerManifestPart(part: Buffer): void
   /** All parts pushed: decode and validate the peer's manifest. */
@@ -221,6 +225,14 @@ export interface EncodedBatch {
   rawBytes: number
 }
 
+/**
+ * Make sure `rel` (a '/'-separated relative path) is a real directory under `root`,
+ * creating what is missing with `create`; any link or non-directory on the way is an
+ * error (EIO with "not followed"), never followed. Used for the `serve` request paths and
+ * a pull's local directory before anything is written there.
+ */
+export declare function ensureDirBeneath(root: string, rel: string | Buffer, create: boolean): void
+
 /** Patterns of an --exclude-from file (blank lines and `#` comments skipped). */
 export declare function excludesFromText(text: string): Array<string>
 
@@ -236,7 +248,7 @@ export interface GeneratedIdentity {
 export declare function generateIdentity(label: string): GeneratedIdentity
 
 /** A partial of an earlier attempt at `target` exists (a resume would use it). */
-export declare function hasPartial(target: string | Buffer): boolean
+export declare function hasPartial(target: string | Buffer, beneath?: string | undefined | null): boolean
 
 export interface LargeTransferInfo {
   action: number
@@ -264,7 +276,7 @@ export interface ManifestInfo {
 }
 
 /** The target already has the sender's content: apply mtime/mode and refresh its index. */
-export declare function markUpToDate(target: string | Buffer, manifest: Buffer, mtimeNs?: bigint | undefined | null, mode?: number | undefined | null, stateDir?: string | undefined | null): Promise<void>
+export declare function markUpToDate(target: string | Buffer, manifest: Buffer, mtimeNs?: bigint | undefined | null, mode?: number | undefined | null, stateDir?: string | undefined | null, beneath?: string | undefined | null): Promise<void>
 
 export interface PlanCounts {
   mkdirs: number
@@ -320,7 +332,7 @@ export interface QuicWireBytes {
  * Complete an interrupted `--inplace` commit of `target` (redo journal), if any: resolves
  * to a message when one was completed, rejects (EVERIFY) when it could not be.
  */
-export declare function recoverInplace(target: string | Buffer): Promise<string | null>
+export declare function recoverInplace(target: string | Buffer, beneath?: string | undefined | null): Promise<string | null>
 
 /** Chunk and hash a file on every core (or load its manifest from the index). */
 export declare function scanFileNative(path: string | Buffer, options?: ScanFileOptions | undefined | null, onProgress?: ProgressFn | undefined | null): Promise<ScanResult>

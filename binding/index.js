@@ -844,6 +844,7 @@ module.exports.NativeReconstruction = nativeBinding.NativeReconstruction
 module.exports.NativeScanStream = nativeBinding.NativeScanStream
 module.exports.NativeTreeSync = nativeBinding.NativeTreeSync
 module.exports.decodeManifest = nativeBinding.decodeManifest
+module.exports.ensureDirBeneath = nativeBinding.ensureDirBeneath
 module.exports.excludesFromText = nativeBinding.excludesFromText
 module.exports.fileHoles = nativeBinding.fileHoles
 module.exports.generateIdentity = nativeBinding.generateIdentity

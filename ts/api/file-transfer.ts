@@ -14,7 +14,7 @@
 
 import fs from 'node:fs/promises';
 import type { BigIntStats } from 'node:fs';
-import { FramedConnection, PeerClosedError } from '../transport/connection.js';
+import { FramedConnection, PeerClosedError, workMeter } from '../transport/connection.js';
 import { FrameType, protocolError } from '../protocol/frames.js';
 import {
   decodeBasis,
@@ -122,12 +122,15 @@ export async function sendFileContent(conn: FramedConnection, o: SendContentOpti
   const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : undefined;
   const early = { chunks: 0, raw: 0 };
   if (!scan) {
+    // KEEPALIVEs carry the bytes hashed: the receiver counts them as progress (§4.11).
+    const hashed = workMeter();
     scan = await conn.keepAlive(
-      inPhase(o.events, 'hashing', Number(o.st.size), (progress) =>
+      inPhase(o.events, 'hashing', Number(o.st.size), (p, progress = hashed.tap(p)) =>
         streamed
           ? streamManifest(conn, o, progress, emptyBasis, early, limiter)
           : scanFile(o.path, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress }),
       ),
+      hashed,
     );
   }
   if (BigInt(scan.size) !== o.st.size) {
@@ -290,7 +293,10 @@ export function rateLimiter(bytesPerSec: number): (n: number) => Promise<void> {
 }
 
 export interface ReceiveContentOptions {
+  /** The file to build; with `beneath`, a relative path under that directory. */
   target: string | Buffer;
+  /** A tree's root: `target` is resolved beneath it without following any link. */
+  beneath?: string;
   size: bigint;
   mtimeNs: bigint;
   mode: number;
@@ -455,6 +461,7 @@ class EarlyPlacement {
         this.o.target,
         Number(this.o.size),
         this.o.localPaths.map((p, i) => ({ path: p, manifest: scanned[i].manifest })),
+        this.o.beneath,
       );
     }
     if (!this.prefill.active) {
@@ -512,7 +519,7 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
   // (old file, --from files, a partial to resume); with nothing, it sends DATA early.
   let emptyBasis = false;
   if (o.stream && o.size > BigInt(STREAM_WINDOW)) {
-    emptyBasis = o.localPaths.length === 0 && !o.inplace && !hasPartial(o.target);
+    emptyBasis = o.localPaths.length === 0 && !o.inplace && !hasPartial(o.target, o.beneath);
     await conn.send(FrameType.BASIS, encodeBasis({ empty: emptyBasis }));
   }
   const early = new EarlyPlacement(o, emptyBasis);
@@ -598,8 +605,10 @@ async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOpt
   // differently on each side: rechunk our copies with the sender's parameters.
   for (let i = 0; i < scanned.length; i++) {
     if (scanned[i].size > 0 && manifestParamsKey(scanned[i].manifest) !== manifestParamsKey(manifest)) {
+      const hashed = workMeter();
       scanned[i] = await conn.keepAlive(
-        inPhase(o.events, 'hashing', scanned[i].size, (progress) => scanFile(o.localPaths[i], { paramsForSize: info.size, onProgress: progress })),
+        inPhase(o.events, 'hashing', scanned[i].size, (p) => scanFile(o.localPaths[i], { paramsForSize: info.size, onProgress: hashed.tap(p) })),
+        hashed,
       );
     }
   }
@@ -607,9 +616,11 @@ async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOpt
   if (o.targetReusable && scanned[0]?.root === info.root) {
     // Reported, so that a copy made for nothing (the hold-back failing) would show.
     await early.stop();
-    await markUpToDate(o.target, manifest, o.mtimeNs, o.mode, o.stateDir);
     await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: 0, identical: true }));
     decodeDataEnd((await expect(conn, FrameType.DATA_END)).payload);
+    // The sender's mtime and mode only once its end of the session checked out: a sender
+    // that goes on with DATA instead (refused, exit 12) must leave the target untouched.
+    await markUpToDate(o.target, manifest, o.mtimeNs, o.mode, o.stateDir, o.beneath);
     await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.UP_TO_DATE, matchedBytes: o.size, literalBytes: 0n }));
     return { root: info.root, upToDate: true, literalBytes: 0, matchedBytes: Number(o.size), placedEarly: early.copied };
   }
@@ -631,6 +642,7 @@ async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOpt
             holes,
             o.inplace,
             prefill,
+            o.beneath,
           ),
         ),
       );

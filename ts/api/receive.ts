@@ -3,7 +3,7 @@
 
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { FramedConnection } from '../transport/connection.js';
+import { FramedConnection, workMeter } from '../transport/connection.js';
 import { listenOnce } from '../transport/tcp.js';
 import { FrameType } from '../protocol/frames.js';
 import { Capability, Decision, DecisionReason, decodeOffer, encodeDecision, OfferFlag, OfferKind, RequestOp, Role } from '../protocol/messages.js';
@@ -215,7 +215,7 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
       return done('index-root');
     }
     if (!targetIsLink && !local && !checksum && dst && dst.size === offer.size && dst.mtimeNs === offer.mtimeNs) {
-      if (Number(dst.mode & 0o1777n) !== (mode & 0o1777)) await fs.chmod(target, mode & 0o1777);
+      if (Number(dst.mode & 0o1777n) !== (mode & 0o1777)) await chmodNoFollow(target, mode & 0o1777);
       await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.SIZE_MTIME));
       return done('size-mtime');
     }
@@ -226,7 +226,8 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
     const wholeFile = (offer.flags & OfferFlag.WHOLE_FILE) !== 0;
     const localPaths = wholeFile ? [] : [...(dst ? [target] : []), ...(o.from ?? [])];
     const localTotal = (dst ? Number(dst.size) : 0) + (await Promise.all((o.from ?? []).map((f) => fs.stat(f)))).reduce((a, s) => a + s.size, 0);
-    const locals: Promise<ScanResult[]> = conn.keepAlive(inPhase(o.events, 'hashing', localTotal, async (progress) => {
+    const hashed = workMeter(); // KEEPALIVEs carry the bytes hashed (§4.11)
+    const locals: Promise<ScanResult[]> = conn.keepAlive(inPhase(o.events, 'hashing', localTotal, async (phase, progress = hashed.tap(phase)) => {
       const out: ScanResult[] = [];
       let base = 0;
       for (const p of localPaths) {
@@ -238,7 +239,7 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
         out.push(r);
       }
       return out;
-    }));
+    }), hashed);
     locals.catch(() => undefined);
     const r = await receiveFileContent(conn, {
       target,
@@ -279,5 +280,19 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
     summary.decidedBy = decidedBy;
     summary.matchedBytes = summary.size;
     return summary;
+  }
+}
+
+/** chmod through a descriptor opened without following a link: a link swapped in at the
+ * target since it was examined fails (ELOOP) instead of changing the file it points to. */
+async function chmodNoFollow(target: string, mode: number): Promise<void> {
+  const flags = fs.constants.O_RDONLY | (fs.constants.O_NOFOLLOW ?? 0) | (fs.constants.O_NONBLOCK ?? 0);
+  const fh = await fs.open(target, flags).catch((e: NodeJS.ErrnoException) => {
+    throw fromSystemError(e, `cannot set the mode of ${target}`);
+  });
+  try {
+    await fh.chmod(mode);
+  } finally {
+    await fh.close();
   }
 }

@@ -35,6 +35,7 @@ export async function handshake(conn: FramedConnection, role: number): Promise<N
   const sent = conn.send(FrameType.HELLO, encodeHello({ minVersion: PROTOCOL_MIN, maxVersion: PROTOCOL_MAX, capabilities: OUR_CAPABILITIES, role, software: `ffsync-native/${VERSION}` }));
   // If the peer's reply (or its absence) fails first, this rejection must not go unhandled.
   sent.catch(() => undefined);
+  conn.requireHello();
   const peer = await peerHello(conn);
   await sent;
   if (peer.role === role) {
@@ -62,6 +63,7 @@ function negotiate(peer: Hello): Negotiated {
  * with Capability.SERVE. The client's HELLO always goes first, so nobody waits on anybody.
  */
 export async function daemonHandshake(conn: FramedConnection): Promise<Negotiated & { role: number }> {
+  conn.requireHello();
   const peer = await peerHello(conn);
   const role = peer.role === Role.SENDER ? Role.RECEIVER : Role.SENDER;
   await conn.send(FrameType.HELLO, encodeHello({ minVersion: PROTOCOL_MIN, maxVersion: PROTOCOL_MAX, capabilities: OUR_CAPABILITIES | Capability.SERVE, role, software: `ffsync-native/${VERSION}` }));

@@ -9,8 +9,9 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { Duplex, Transform } from 'node:stream';
+import type { Duplex } from 'node:stream';
 import { FramedConnection } from '../transport/connection.js';
+import { joinStreams, pipePair } from '../transport/stream-pair.js';
 import { type Listener, SocketQueue } from '../transport/tcp.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { decodeQuicOffer, decodeQuicReady, encodeQuicOffer, encodeQuicReady, Role } from '../protocol/messages.js';
@@ -165,18 +166,6 @@ function localLanes(): { listener: Listener; dial: () => Promise<Duplex> } {
 
 /** Large-file lanes of a local tree sync unless --jobs says otherwise. */
 export const LOCAL_LANES = 4;
-
-/**
- * An in-memory, socket-free connection pair for local-to-local syncs. Bytes are copied
- * across, as a socket would: a writer reuses its buffer once the write completes (the
- * sender's batch pool does), while the reader may still hold a frame that points into it.
- */
-function pipePair(): [Duplex, Duplex] {
-  const copying = () => new Transform({ highWaterMark: 4 * 1024 * 1024, transform: (chunk: Buffer, _enc, cb) => cb(null, Buffer.from(chunk)) });
-  const ab = copying();
-  const ba = copying();
-  return [Duplex.from({ readable: ba, writable: ab }), Duplex.from({ readable: ab, writable: ba })];
-}
 
 export async function sync(o: SyncOptions): Promise<SyncSummary> {
   const src = parseLocation(o.src);
@@ -344,7 +333,7 @@ function startRemote(o: SyncOptions, host: string, serverArgs: string[]): { run:
         child.once('exit', (code) => resolve({ code }));
         child.once('error', (error) => resolve({ code: null, error }));
       });
-      const conn = new FramedConnection(Duplex.from({ readable: child.stdout!, writable: child.stdin! }), o.timeoutMs ?? 60_000);
+      const conn = new FramedConnection(joinStreams(child.stdout!, child.stdin!), o.timeoutMs ?? 60_000);
       try {
         return await body(conn);
       } catch (e) {
@@ -396,7 +385,7 @@ export async function serveStdio(o: {
   inplace?: boolean;
 }): Promise<SyncSummary> {
   const stateDir = resolveStateDir(o.stateDir);
-  const conn = new FramedConnection(Duplex.from({ readable: process.stdin, writable: process.stdout }), o.timeoutMs ?? 60_000);
+  const conn = new FramedConnection(joinStreams(process.stdin, process.stdout), o.timeoutMs ?? 60_000);
   if (o.quic) return serveQuic(conn, o, stateDir);
   return serveRole(conn, o, stateDir);
 }

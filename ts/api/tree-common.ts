@@ -1,7 +1,7 @@
 // Steps both peers of a tree session run the same way: exchange manifests, supply the
 // content roots the other side's index calls for, and count the plan for the summary.
 
-import { FramedConnection } from '../transport/connection.js';
+import { FramedConnection, workMeter } from '../transport/connection.js';
 import { FrameType, protocolError } from '../protocol/frames.js';
 import { ManifestAssembler, manifestFrames, MAX_TREE_WIRE_BYTES } from '../protocol/messages.js';
 import { call, type NativeTreeSync, type PlanCounts, type TreeStats } from '../native/binding.js';
@@ -52,7 +52,8 @@ export async function exchangeManifestsAndRoots(conn: FramedConnection, tree: Na
   await conn.keepAlive(recvManifest(conn, tree));
   await sent;
   const mine = tree.rootsToSupply(checksum);
-  const roots = await conn.keepAlive(inPhase(events, 'hashing', 0, (progress) => call(tree.hashEntries(mine, progress))));
+  const hashed = workMeter();
+  const roots = await conn.keepAlive(inPhase(events, 'hashing', 0, (p) => call(tree.hashEntries(mine, hashed.tap(p)))), hashed);
   const rootsSent = sendParts(conn, FrameType.ROOTS, roots);
   rootsSent.catch(() => undefined);
   const theirs = await conn.keepAlive(recvParts(conn, FrameType.ROOTS, 4));

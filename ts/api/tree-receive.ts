@@ -134,6 +134,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     if (dryRun) root = scratch = await fs.mkdtemp(path.join(os.tmpdir(), 'ffsync-dry-'));
     else await fs.mkdir(o.target).catch((e) => { throw fromSystemError(e, `cannot create target directory ${o.target}`); });
   }
+  let opened: NativeTreeSync | undefined;
   try {
     // The prewalk fits if the sender excludes nothing, it did not ask for --checksum (the
     // prewalk used the index), and it finished moments ago (or is still running).
@@ -147,6 +148,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
             walkTree(root, { excludes, protect: o.tree?.protect, stateDir: scratch ? undefined : o.stateDir, ignoreIndex: checksum, isSender: false, oneFileSystem }, progress),
           ),
     );
+    opened = tree;
     const stats = tree.stats();
     await exchangeManifestsAndRoots(conn, tree, checksum, o.events);
     const counts = tree.triage(checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0, limits.maxSize, limits.minSize);
@@ -196,7 +198,10 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
       const locals = basis.length ? c.keepAlive(scanFile(abs, { stateDir: o.stateDir, ignoreIndex: checksum })).then((r) => [r]) : Promise.resolve([]);
       locals.catch(() => undefined);
       const r = await receiveFileContent(c, {
-        target: abs,
+        // Resolved beneath the root handle in the core: a link planted on the way (even one
+        // the walk never saw) fails this file; nothing is written through it.
+        target: lt.path,
+        beneath: root,
         size: BigInt(lt.size),
         mtimeNs: lt.mtimeNs,
         mode: lt.mode,
@@ -330,6 +335,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
       throw new FfsyncError(exitCode === ExitCode.VANISHED ? 'EVANISHED' : 'EPARTIAL', exitCode, `${what}: ${summary.errors.length} path(s) not synced\n${message}`);
     }
   } finally {
+    opened?.releaseHandles();
     o.listener?.close();
     for (const l of lanes) {
       countLaneBytes(o.summary, l);

@@ -21,6 +21,11 @@ interface ServeCli {
   timeout: number;
   grace: number;
   maxSessions: number;
+  maxHandshakes: number;
+  maxHandshakesPerAddress: number;
+  handshakeRate: number;
+  handshakeTimeout: number;
+  maxMemory: number;
   compressLevel: number;
   compress: boolean;
   logFile?: string;
@@ -42,7 +47,14 @@ export function serveCommand(program: Command, intArg: (min: number, max: number
     .option('--log-file <file>', 'also append the session lines to this file')
     .addOption(new Option('--timeout <seconds>', 'end a session whose client is silent this long').argParser(intArg(1, 86400)).default(60))
     .addOption(new Option('--grace <seconds>', 'on SIGTERM, how long running sessions may take to finish').argParser(intArg(0, 86400)).default(30))
-    .addOption(new Option('--max-sessions <n>', 'refuse more concurrent sessions than this').argParser(intArg(1, 4096)).default(64))
+    .addOption(new Option('--max-sessions <n>', 'refuse more concurrent sessions than this (counted once a client is authorized)').argParser(intArg(1, 4096)).default(64))
+    .addOption(
+      new Option('--max-handshakes <n>', 'connections not yet authorized (TLS, HELLO, REQUEST) at once; a newcomer pushes out the oldest unauthenticated one').argParser(intArg(1, 4096)).default(128),
+    )
+    .addOption(new Option('--max-handshakes-per-address <n>', '… of which from one source address').argParser(intArg(1, 4096)).default(64))
+    .addOption(new Option('--handshake-rate <n>', 'new connections per second from one address, after a burst of --max-handshakes-per-address; faster ones are dropped before TLS').argParser(intArg(1, 100000)).default(8))
+    .addOption(new Option('--handshake-timeout <seconds>', 'a connection must be authorized this soon after connecting, TLS included').argParser(intArg(1, 600)).default(5))
+    .addOption(new Option('--max-memory <MiB>', 'memory budget: refuse sessions beyond it (16 MiB reserved per session, or the resident set over it)').argParser(intArg(64, 1048576)).default(1024))
     .addOption(new Option('--compress-level <n>', 'zstd level for pulled data').argParser(intArg(1, 19)).default(1))
     .option('--no-compress', 'send pulled data uncompressed')
     .action(async (root: string, port: number, o: ServeCli) => {
@@ -62,6 +74,11 @@ export function serveCommand(program: Command, intArg: (min: number, max: number
           configFile: o.config,
           timeoutMs: o.timeout * 1000,
           maxSessions: o.maxSessions,
+          maxHandshakes: o.maxHandshakes,
+          maxHandshakesPerAddress: o.maxHandshakesPerAddress,
+          handshakeRatePerAddress: o.handshakeRate,
+          handshakeTimeoutMs: o.handshakeTimeout * 1000,
+          maxMemoryBytes: o.maxMemory * 1024 * 1024,
           quic: o.quic,
           compressLevel: o.compress ? o.compressLevel : 0,
           events: {

@@ -50,14 +50,21 @@ export function openScanStream(path: string | Buffer, window: number, opts: Scan
   return call(() => native.NativeScanStream.open(path, window, { stateDir: opts.stateDir, ignoreIndex: opts.ignoreIndex }, progressCallback(opts.onProgress), early));
 }
 
-/** A partial of an earlier attempt at `target` exists (a resume would use it). One readdir. */
-export function hasPartial(target: string | Buffer): boolean {
-  return native.hasPartial(target);
+/** A partial of an earlier attempt at `target` exists (a resume would use it). One readdir.
+ * With `beneath`, `target` is a relative path under that directory (resolved without
+ * following links, crates/ffsync_core/src/beneath.rs), as for every call below that takes it. */
+export function hasPartial(target: string | Buffer, beneath?: string): boolean {
+  return native.hasPartial(target, beneath);
+}
+
+/** `rel` under `root` is a real directory (created with `create`); a link on the way is an error. */
+export function ensureDirBeneath(root: string, rel: string | Buffer, create: boolean): void {
+  call(() => native.ensureDirBeneath(root, rel, create));
 }
 
 /** Early placement of a streamed manifest's chunks (crates/ffsync_core/src/prefill.rs). */
-export function beginPrefill(target: string | Buffer, size: number, locals: { path: string | Buffer; manifest: Buffer }[]): Promise<Binding.NativePrefill> {
-  return call(native.NativePrefill.begin(target, size, locals));
+export function beginPrefill(target: string | Buffer, size: number, locals: { path: string | Buffer; manifest: Buffer }[], beneath?: string): Promise<Binding.NativePrefill> {
+  return call(native.NativePrefill.begin(target, size, locals, beneath));
 }
 
 export function decodeManifest(buf: Buffer): Promise<Binding.ManifestInfo> {
@@ -79,13 +86,14 @@ export function beginReconstruction(
   inplace?: boolean,
   /** Chunks placed while the manifest streamed in (adopted if they match it). */
   prefill?: Binding.NativePrefill,
+  beneath?: string,
 ): Promise<Binding.NativeReconstruction> {
-  return call(native.NativeReconstruction.begin(target, manifest, locals, progressCallback(onProgress), holes, inplace, prefill));
+  return call(native.NativeReconstruction.begin(target, manifest, locals, progressCallback(onProgress), holes, inplace, prefill, beneath));
 }
 
 /** Complete an interrupted `--inplace` commit of `target`, if any (message when one was). */
-export function recoverInplace(target: string | Buffer): Promise<string | null> {
-  return call(native.recoverInplace(target));
+export function recoverInplace(target: string | Buffer, beneath?: string): Promise<string | null> {
+  return call(native.recoverInplace(target, beneath));
 }
 
 /** The holes of a file (SEEK_HOLE / SEEK_DATA) as a HOLES payload. */
@@ -93,8 +101,8 @@ export function fileHoles(path: string | Buffer): Promise<Buffer> {
   return call(native.fileHoles(path));
 }
 
-export function markUpToDate(target: string | Buffer, manifest: Buffer, mtimeNs: bigint | undefined, mode: number | undefined, stateDir?: string): Promise<void> {
-  return call(native.markUpToDate(target, manifest, mtimeNs, mode, stateDir));
+export function markUpToDate(target: string | Buffer, manifest: Buffer, mtimeNs: bigint | undefined, mode: number | undefined, stateDir?: string, beneath?: string): Promise<void> {
+  return call(native.markUpToDate(target, manifest, mtimeNs, mode, stateDir, beneath));
 }
 
 /** Walk a directory tree on every core (entries counted through `onProgress`). */

@@ -77,12 +77,25 @@ export function encodeFrame(type: FrameType, payload: Uint8Array = Buffer.alloc(
  * protocol error (exit 12) on an oversized or zero length or an unknown frame type.
  */
 export class FrameDecoder {
+  /** Buffered reads, consumed from `head` (no Array.shift: O(1) per frame however many are buffered). */
   private parts: Buffer[] = [];
+  private head = 0;
   private buffered = 0;
   private sawStart = false;
+  /** Small reads are copied into this accumulator instead of being kept as separate
+   * buffers: a peer dribbling a frame in 1-byte TLS records must not cost ~100 bytes of
+   * Buffer object per byte it sent. `tailEnd`: bytes of it in use. */
+  private tail: Buffer | undefined;
+  private tailEnd = 0;
+  private readonly scratch = Buffer.alloc(8);
   /** Frames larger than this that span several reads are assembled in pooled buffers. */
   static readonly POOLED_MIN = 256 * 1024;
-  private readonly pool = new BufferPool(2 * 1024 * 1024 + 64 * 1024, 6);
+  /** Reads shorter than this are coalesced into 64 KiB accumulators. */
+  static readonly SMALL_READ = 4096;
+  private static readonly TAIL_SIZE = 64 * 1024;
+  // Two buffers: one frame being assembled, one still held by the session. (It was six:
+  // 12 MiB per connection kept for the life of the connection, ~800 MiB for 64 serve sessions.)
+  private readonly pool = new BufferPool(2 * 1024 * 1024 + 64 * 1024, 2);
 
   get bufferedBytes(): number {
     return this.buffered;
@@ -93,8 +106,7 @@ export class FrameDecoder {
    * decoded before it are still in `out` when the error is thrown.
    */
   push(chunk: Buffer, out: Frame[] = []): Frame[] {
-    this.parts.push(chunk);
-    this.buffered += chunk.length;
+    this.append(chunk);
     if (!this.sawStart && this.buffered >= 3) {
       this.sawStart = true;
       // A TLS record (ClientHello: 16 03 0x) where our first frame should be: the peer
@@ -117,24 +129,66 @@ export class FrameDecoder {
       if (pooled) frame.release = () => this.pool.release(pooled);
       out.push(frame);
     }
+    if (this.head === this.parts.length) {
+      this.parts = [];
+      this.head = 0;
+    } else if (this.head > 64 && this.head * 2 > this.parts.length) {
+      this.parts = this.parts.slice(this.head);
+      this.head = 0;
+    }
     return out;
   }
 
+  private append(chunk: Buffer): void {
+    this.buffered += chunk.length;
+    if (chunk.length >= FrameDecoder.SMALL_READ) {
+      this.parts.push(chunk);
+      this.tail = undefined;
+      return;
+    }
+    const t = this.tail;
+    if (t && this.tailEnd + chunk.length <= t.length) {
+      // Bytes before tailEnd may belong to frames already handed out: only write past it.
+      chunk.copy(t, this.tailEnd);
+      const last = this.head < this.parts.length ? this.parts[this.parts.length - 1] : undefined;
+      if (last && last.buffer === t.buffer && last.byteOffset + last.length === t.byteOffset + this.tailEnd) {
+        this.parts[this.parts.length - 1] = t.subarray(last.byteOffset - t.byteOffset, this.tailEnd + chunk.length);
+      } else {
+        this.parts.push(t.subarray(this.tailEnd, this.tailEnd + chunk.length));
+      }
+      this.tailEnd += chunk.length;
+      return;
+    }
+    const fresh = Buffer.allocUnsafeSlow(FrameDecoder.TAIL_SIZE);
+    chunk.copy(fresh, 0);
+    this.tail = fresh;
+    this.tailEnd = chunk.length;
+    this.parts.push(fresh.subarray(0, chunk.length));
+  }
+
+  /** The first `n` (≤ 8) buffered bytes, copied across reads if they span several (never
+   * merging everything buffered: that was O(buffered) per call). */
   private peek(n: number): Buffer {
-    if (this.parts[0].length >= n) return this.parts[0];
-    const merged = Buffer.concat(this.parts);
-    this.parts = [merged];
-    return merged;
+    const first = this.parts[this.head];
+    if (first.length >= n) return first;
+    let filled = 0;
+    for (let i = this.head; filled < n; i++) {
+      const p = this.parts[i];
+      const k = Math.min(p.length, n - filled);
+      p.copy(this.scratch, filled, 0, k);
+      filled += k;
+    }
+    return this.scratch;
   }
 
   private take(n: number): { whole: Buffer; pooled?: Buffer } {
-    const first = this.parts[0];
+    const first = this.parts[this.head];
     let out: Buffer;
     let pooled: Buffer | undefined;
     if (first.length >= n) {
       out = first.subarray(0, n);
-      if (first.length === n) this.parts.shift();
-      else this.parts[0] = first.subarray(n);
+      if (first.length === n) this.head++;
+      else this.parts[this.head] = first.subarray(n);
     } else {
       if (n >= FrameDecoder.POOLED_MIN) {
         pooled = this.pool.take(n);
@@ -144,15 +198,36 @@ export class FrameDecoder {
       }
       let filled = 0;
       while (filled < n) {
-        const p = this.parts[0];
+        const p = this.parts[this.head];
         const k = Math.min(p.length, n - filled);
         p.copy(out, filled, 0, k);
         filled += k;
-        if (k === p.length) this.parts.shift();
-        else this.parts[0] = p.subarray(k);
+        if (k === p.length) this.head++;
+        else this.parts[this.head] = p.subarray(k);
       }
     }
     this.buffered -= n;
     return { whole: out, pooled };
+  }
+}
+
+/**
+ * Frames that cannot move a session forward, whatever state it is in: a peer sending them
+ * is flooding (docs/protocol.md §8). Returns why, or undefined. O(payload) at most.
+ */
+export function pointlessFrame(type: number, payload: Buffer): string | undefined {
+  switch (type) {
+    case FrameType.DATA:
+    case FrameType.REFINE:
+    case FrameType.MANIFEST_STREAM:
+    case FrameType.FILE_BATCH:
+      return payload.length === 0 ? `an empty ${frameName(type)} frame` : undefined;
+    case FrameType.NEED: {
+      if (payload.length < 5) return undefined; // malformed: the NEED decoder says so
+      for (let i = 4; i < payload.length; i++) if (payload[i] !== 0) return undefined;
+      return 'a NEED frame that asks for nothing';
+    }
+    default:
+      return undefined;
   }
 }

@@ -7,12 +7,16 @@
 // logged (./session-log.ts).
 
 import fs from 'node:fs/promises';
+import type net from 'node:net';
 import path from 'node:path';
+import v8 from 'node:v8';
+import vm from 'node:vm';
 import { FramedConnection, PeerClosedError } from '../transport/connection.js';
 import { FrameType } from '../protocol/frames.js';
 import { decodeRequest, encodeError, RequestOp, Role } from '../protocol/messages.js';
 import { daemonHandshake, expect, reportError } from '../api/session.js';
 import { checkTarget, runReceiver } from '../api/receive.js';
+import { ensureDirBeneath } from '../native/binding.js';
 import { runSender, statSource } from '../api/send.js';
 import type { SyncSummary } from '../api/events.js';
 import { peerFingerprint, type SecureStream } from '../transport/peer-identity.js';
@@ -35,8 +39,22 @@ export interface ServeOptions {
   configFile?: string;
   /** Idle timeout per session (exit 30 for that session). Default 60 s. */
   timeoutMs?: number;
-  /** More concurrent sessions than this are refused ("busy"). Default 64. */
+  /** More concurrent sessions than this are refused ("busy"). Default 64. A slot is taken
+   * only once the client is authenticated and its REQUEST authorized. */
   maxSessions?: number;
+  /** Connections that have not completed TLS + HELLO + REQUEST + authorization yet, at most
+   * (the oldest unauthenticated one is dropped for a newcomer). Default 128. */
+  maxHandshakes?: number;
+  /** … of which from one source address. Default 64 (a fleet behind one NAT connects at once). */
+  maxHandshakesPerAddress?: number;
+  /** New connections per second from one address (after a burst of maxHandshakesPerAddress);
+   * faster ones are dropped before TLS. Default 8. */
+  handshakeRatePerAddress?: number;
+  /** Deadline for all of it, from the TCP accept (exit 30 for that connection). Default 5 s. */
+  handshakeTimeoutMs?: number;
+  /** Memory budget of the daemon (bytes): a session is refused ("busy") when the resident set
+   * is over it, or when the sessions admitted would reserve more. Default 1 GiB. */
+  maxMemoryBytes?: number;
   /** Also accept QUIC on the same port number (UDP). */
   quic?: boolean;
   /** zstd level for pulls (0 = raw). Default 1. */
@@ -47,6 +65,150 @@ export interface ServeOptions {
     /** One entry per session, when it ends (accepted or refused). */
     session?(entry: SessionLog): void;
   };
+}
+
+/** What one admitted session may cost the daemon, for the memory budget: a receive queue
+ * (4 MiB + 1,024 frames), a frame being assembled (≤ 2 MiB pooled + the reads holding it), two
+ * batches verifying, native buffers. Measured ≈ 6-12 MiB under floods (bench/hostile.ts). */
+export const SESSION_MEMORY_ESTIMATE = 16 * 1024 * 1024;
+
+/**
+ * The pre-authentication budget: every TCP connection is admitted here before its TLS
+ * handshake and leaves once its REQUEST is authorized (or it is gone). At most `max` at
+ * once and `perAddress` from one address; a newcomer over either limit pushes out the
+ * oldest connection that has not yet authenticated (presented a configured client
+ * certificate) of its own address, or else of the address with the most connections
+ * pending — so a flood of idle connections cannot hold the door shut, and a source flooding
+ * the budget pushes out its own connections, not a real client's (whose handshake takes
+ * milliseconds). A connection still here at the deadline is dropped.
+ */
+export class HandshakeBudget {
+  private readonly pending = new Map<string, Ticket>();
+  private readonly perAddr = new Map<string, number>();
+  /** New connections per source address: a token bucket (burst perAddress, refilled at
+   * `ratePerAddress` per second); a connection over it is dropped before its TLS handshake,
+   * which is what costs the daemon CPU. */
+  private readonly buckets = new Map<string, { tokens: number; at: number }>();
+  /** Connections dropped to make room or at the deadline (for logs and tests). */
+  evicted = 0;
+  /** Connections dropped for arriving too fast from their address. */
+  throttled = 0;
+
+  constructor(
+    private readonly max: number,
+    private readonly perAddress: number,
+    readonly deadlineMs: number,
+    private readonly ratePerAddress = 8,
+  ) {}
+
+  private rateOk(addr: string, now: number): boolean {
+    const burst = this.perAddress;
+    let b = this.buckets.get(addr);
+    if (!b) {
+      if (this.buckets.size >= 4096) {
+        for (const [a, x] of this.buckets) if (x.tokens + ((now - x.at) * this.ratePerAddress) / 1000 >= burst) this.buckets.delete(a);
+      }
+      b = { tokens: burst, at: now };
+      this.buckets.set(addr, b);
+    }
+    b.tokens = Math.min(burst, b.tokens + ((now - b.at) * this.ratePerAddress) / 1000);
+    b.at = now;
+    if (b.tokens < 1) return false;
+    b.tokens--;
+    return true;
+  }
+
+  get size(): number {
+    return this.pending.size;
+  }
+
+  admit(raw: net.Socket): void {
+    const addr = raw.remoteAddress ?? '?';
+    const key = `${addr}:${raw.remotePort}`;
+    if (!this.rateOk(addr, Date.now())) {
+      this.throttled++;
+      return void raw.destroy();
+    }
+    if ((this.perAddr.get(addr) ?? 0) >= this.perAddress && !this.evictOldest(addr)) return void raw.destroy();
+    if (this.pending.size >= this.max && !this.evictOldest()) return void raw.destroy();
+    const t: Ticket = { key, addr, t0: Date.now(), raw, authenticated: false, timer: undefined as unknown as NodeJS.Timeout };
+    // Backstop: whatever stage it is in, a connection is gone a second after its deadline.
+    t.timer = setTimeout(() => {
+      this.evicted++;
+      this.drop(t);
+    }, this.deadlineMs + 1000);
+    t.timer.unref();
+    this.pending.set(key, t);
+    this.perAddr.set(addr, (this.perAddr.get(addr) ?? 0) + 1);
+    raw.once('close', () => this.leave(t));
+  }
+
+  /** The ticket of a connection that completed TLS (undefined: it was already dropped). */
+  claim(sock: { remoteAddress?: string; remotePort?: number }): Ticket | undefined {
+    return this.pending.get(`${sock.remoteAddress}:${sock.remotePort}`);
+  }
+
+  leave(t: Ticket): void {
+    if (this.pending.get(t.key) !== t) return;
+    clearTimeout(t.timer);
+    this.pending.delete(t.key);
+    const n = (this.perAddr.get(t.addr) ?? 1) - 1;
+    if (n > 0) this.perAddr.set(t.addr, n);
+    else this.perAddr.delete(t.addr);
+  }
+
+  /** Drops the oldest unauthenticated connection of `addr`, or else of the address with the
+   * most connections pending (so one source flooding the budget pushes out its own). O(budget). */
+  private evictOldest(addr?: string): boolean {
+    let heaviest = addr;
+    if (heaviest === undefined) {
+      let most = 0;
+      for (const t of this.pending.values()) {
+        if (t.authenticated) continue;
+        const n = this.perAddr.get(t.addr) ?? 0;
+        if (n > most) [most, heaviest] = [n, t.addr];
+      }
+    }
+    for (const t of this.pending.values()) {
+      if (t.authenticated || t.addr !== heaviest) continue;
+      this.evicted++;
+      this.drop(t);
+      return true;
+    }
+    return false;
+  }
+
+  private drop(t: Ticket): void {
+    this.leave(t);
+    t.sock?.destroy();
+    t.raw.destroy();
+  }
+}
+
+interface Ticket {
+  key: string;
+  addr: string;
+  t0: number;
+  raw: net.Socket;
+  /** The TLS socket, once the handshake completed. */
+  sock?: { destroy(): void };
+  /** It presented the certificate of a configured (not revoked) client: never pushed out. */
+  authenticated: boolean;
+  timer: NodeJS.Timeout;
+}
+
+let gc: ((o?: { type?: 'major' | 'minor' }) => void) | undefined | null = null;
+/** A full GC once the daemon goes idle, so a burst of sessions' memory is given back. */
+function collectGarbage(): void {
+  if (gc === null) {
+    try {
+      v8.setFlagsFromString('--expose-gc');
+      gc = vm.runInNewContext('gc') as typeof gc;
+    } catch {
+      gc = undefined;
+    }
+  }
+  gc?.({ type: 'major' });
 }
 
 interface Running {
@@ -80,6 +242,10 @@ export class ServeDaemon {
   private config: AuthorizationConfig;
   private readonly locks = new PathLocks();
   private readonly running = new Set<Running>();
+  /** Sessions past authorization (they hold a --max-sessions slot). */
+  private active = 0;
+  private handshakes: HandshakeBudget;
+  private idleGc: NodeJS.Timeout | undefined;
   private stopping = false;
   private nextId = 1;
   private closeListeners: (() => void)[] = [];
@@ -90,6 +256,12 @@ export class ServeDaemon {
     config: AuthorizationConfig,
   ) {
     this.config = config;
+    this.handshakes = new HandshakeBudget(o.maxHandshakes ?? 128, o.maxHandshakesPerAddress ?? 64, o.handshakeTimeoutMs ?? 5000, o.handshakeRatePerAddress ?? 8);
+  }
+
+  /** Connections in the pre-authentication stage now, and how many were dropped so far. */
+  get handshaking(): { pending: number; evicted: number; throttled: number } {
+    return { pending: this.handshakes.size, evicted: this.handshakes.evicted, throttled: this.handshakes.throttled };
   }
 
   /** Validate root and config, then listen. Errors here are start-up errors. */
@@ -142,7 +314,23 @@ export class ServeDaemon {
   private async listen(): Promise<void> {
     const { host = '0.0.0.0', port } = this.o;
     const id = loadOrCreateIdentity(this.o.stateDir);
-    const tls = await tlsListen(host, port, id, (e, remote) => this.o.events?.info?.(`TLS handshake with ${remote} failed: ${e.message}`));
+    let tlsFailures = 0;
+    let tlsFailuresReported = 0;
+    const tls = await tlsListen(
+      host,
+      port,
+      id,
+      (e, remote) => {
+        // A flood of failed handshakes must not become a flood of notices: the first 10,
+        // then one per 1,000.
+        tlsFailures++;
+        if (tlsFailures <= 10 || tlsFailures - tlsFailuresReported >= 1000) {
+          tlsFailuresReported = tlsFailures;
+          this.o.events?.info?.(`TLS handshake with ${remote} failed: ${e.message}${tlsFailures > 10 ? ` (${tlsFailures} so far)` : ''}`);
+        }
+      },
+      { handshakeTimeoutMs: this.handshakes.deadlineMs, onConnection: (raw) => (this.stopping ? raw.destroy() : this.handshakes.admit(raw)) },
+    );
     this.closeListeners.push(() => tls.close());
     let quic: QuicListener | undefined;
     if (this.o.quic) {
@@ -155,9 +343,26 @@ export class ServeDaemon {
       () => tls.accept(),
       (sock) => `${sock.remoteAddress}:${sock.remotePort}`,
       (sock, entry, register) => {
+        const ticket = this.handshakes.claim(sock);
+        if (!ticket) {
+          // Pushed out of the pre-authentication budget while its TLS handshake finished.
+          sock.destroy();
+          entry.ok = false;
+          entry.exitCode = ExitCode.SOCKET_IO;
+          entry.error = 'dropped: too many connections were handshaking';
+          return Promise.reject(new FfsyncError('EBUSY', ExitCode.SOCKET_IO, entry.error));
+        }
+        ticket.sock = sock;
+        let fp: string | undefined;
+        try {
+          fp = peerFingerprint(sock);
+        } catch {
+          fp = undefined;
+        }
+        ticket.authenticated = fp !== undefined && this.config.clients.has(fp) && !this.config.revoked.has(fp);
         const conn = new FramedConnection(sock, timeoutMs);
         register(conn);
-        return this.session(conn, sock, entry);
+        return this.session(conn, sock, entry, ticket);
       },
     );
     if (quic) {
@@ -218,75 +423,66 @@ export class ServeDaemon {
         entry.durationMs = Date.now() - entry.startedAt;
         this.running.delete(running);
         this.o.events?.session?.(entry);
+        if (this.running.size === 0) {
+          // Idle again: give a burst's memory back (V8 otherwise keeps the heap it grew).
+          clearTimeout(this.idleGc);
+          this.idleGc = setTimeout(() => this.running.size === 0 && collectGarbage(), 1000);
+          this.idleGc.unref();
+        }
       }
     })();
     this.running.add(running);
   }
 
-  private async session(conn: FramedConnection, sock: SecureStream, entry: SessionLog): Promise<SyncSummary> {
+  private async session(conn: FramedConnection, sock: SecureStream, entry: SessionLog, ticket?: Ticket): Promise<SyncSummary> {
     let release: (() => void) | undefined;
     let handedOver = false;
+    let slot = false;
+    const t0 = ticket?.t0 ?? Date.now();
+    const deadlineMs = this.handshakes.deadlineMs;
+    let deadline: NodeJS.Timeout | undefined;
     try {
       entry.client = peerFingerprint(sock);
-      if (this.running.size > (this.o.maxSessions ?? 64)) {
-        throw new FfsyncError('EBUSY', ExitCode.UNTRUSTED, `server busy: ${this.o.maxSessions ?? 64} sessions are running; retry later`);
-      }
-      const negotiated = await daemonHandshake(conn);
-      const f = await expect(conn, FrameType.REQUEST, FrameType.OFFER);
-      if (f.type === FrameType.OFFER) {
-        throw new FfsyncError('EUSAGE', ExitCode.USAGE, 'this is a serve daemon: address a path under its root, e.g. host:port/some/path');
-      }
-      const req = decodeRequest(f.payload);
-      const op: Access = req.op === RequestOp.PUSH ? 'push' : 'pull';
-      entry.op = op;
-      entry.path = req.path;
-      if ((op === 'push') !== (negotiated.role === Role.RECEIVER)) throw new FfsyncError('EPROTOROLE', ExitCode.PROTOCOL_STREAM, `a ${op} REQUEST from a client whose HELLO said otherwise`);
-      const rel = normalizeRequestPath(req.path);
-      entry.path = rel;
-      // The config in force when the request arrives decides (a reload affects later sessions).
-      const verdict = authorize(this.config, entry.client, op, rel);
-      if (!verdict.ok) throw new FfsyncError(verdict.code, ExitCode.UNTRUSTED, `refused: ${verdict.reason}`);
+      // Until the REQUEST is authorized the client has `deadlineMs` from its TCP connect, TLS
+      // included; KEEPALIVE does not extend it (and before HELLO it is a protocol error).
+      const overdue = new Promise<never>((_, reject) => {
+        deadline = setTimeout(
+          () => reject(new FfsyncError('ETIMEDOUT', ExitCode.TIMEOUT, `handshake not completed within ${deadlineMs / 1000} s of connecting (HELLO, REQUEST)`)),
+          Math.max(0, t0 + deadlineMs - Date.now()),
+        );
+      });
+      overdue.catch(() => undefined);
+      const { negotiated, op, rel, verdict } = await Promise.race([this.preAuth(conn, entry), overdue]);
+      clearTimeout(deadline);
+      if (ticket) this.handshakes.leave(ticket);
       entry.clientNote = verdict.client.note || undefined;
+      // Only now, authenticated and authorized, does the client take a session slot.
+      const max = this.o.maxSessions ?? 64;
+      if (this.active >= max) throw new FfsyncError('EBUSY', ExitCode.UNTRUSTED, `server busy: ${max} sessions are running; retry later`);
+      const budget = this.o.maxMemoryBytes ?? 1024 * 1024 * 1024;
+      const rss = process.memoryUsage.rss();
+      if ((this.active + 1) * SESSION_MEMORY_ESTIMATE > budget || rss > budget) {
+        throw new FfsyncError('EBUSY', ExitCode.UNTRUSTED, `server busy: its memory budget (${Math.round(budget / 1048576)} MiB) is taken by ${this.active} sessions; retry later`);
+      }
+      this.active++;
+      slot = true;
       const abs = await resolveUnderRoot(this.o.root, rel, op);
       // Wait for conflicting sessions (KEEPALIVEs keep the client from timing out meanwhile).
       const waitFrom = Date.now();
-      release = await conn.keepAlive(this.locks.acquire(rel, op === 'push' ? 'write' : 'read'));
+      // A client that leaves while waiting withdraws its request at once (it would otherwise
+      // keep its slot, and its place in the queue, until its turn came).
+      const withdraw = new AbortController();
+      const acquiring = this.locks.acquire(rel, op === 'push' ? 'write' : 'read', withdraw.signal);
+      acquiring.catch(() => undefined);
+      await conn.keepAlive(conn.orFailure(acquiring.then(() => undefined)));
+      release = await Promise.race([acquiring, Promise.resolve(undefined)]);
+      if (!release) withdraw.abort();
+      if (!release || conn.isClosed || conn.failedWith) throw conn.failedWith ?? new PeerClosedError('while it waited for the lock on its path');
       entry.lockWaitMs = Date.now() - waitFrom;
       if (this.stopping) throw new FfsyncError('ESHUTDOWN', ExitCode.SOCKET_IO, 'the server is shutting down; rerun to sync');
       await conn.send(FrameType.ACCEPT);
       handedOver = true;
-      const t0 = Date.now();
-      let summary: SyncSummary;
-      if (op === 'push') {
-        summary = await runReceiver(conn, {
-          path: abs,
-          target: abs,
-          port: 0,
-          stateDir: this.o.stateDir,
-          timeoutMs: this.o.timeoutMs,
-          negotiated,
-          tree: {},
-          resolveTarget: (kind) => prepareTarget(this.o.root, rel, abs, kind),
-        });
-        entry.bytesWritten = summary.tree ? summary.tree.transferBytes : summary.upToDate ? 0 : summary.size;
-      } else {
-        const st = await statSource(abs);
-        summary = await runSender(conn, {
-          path: abs,
-          host: sock.remoteAddress ?? 'client',
-          port: sock.remotePort ?? 0,
-          stateDir: this.o.stateDir,
-          timeoutMs: this.o.timeoutMs,
-          compressLevel: this.o.compressLevel,
-          negotiated,
-          st,
-          t0,
-        });
-        entry.bytesRead = summary.literalBytes;
-      }
-      fill(entry, summary);
-      entry.ok = true;
-      return summary;
+      return await this.serveRequest(conn, sock, entry, negotiated, op, rel, abs);
     } catch (e) {
       const err = e instanceof FfsyncError ? e : fromSystemError(e, 'session failed');
       entry.ok = false;
@@ -302,8 +498,75 @@ export class ServeDaemon {
       }
       throw err;
     } finally {
+      clearTimeout(deadline);
+      if (ticket) this.handshakes.leave(ticket);
       release?.();
+      if (slot) this.active--;
+      conn.destroy();
     }
+  }
+
+  /** HELLO, REQUEST and authorization: everything before a session slot is taken. */
+  private async preAuth(conn: FramedConnection, entry: SessionLog) {
+    const negotiated = await daemonHandshake(conn);
+    const f = await expect(conn, FrameType.REQUEST, FrameType.OFFER);
+    if (f.type === FrameType.OFFER) {
+      throw new FfsyncError('EUSAGE', ExitCode.USAGE, 'this is a serve daemon: address a path under its root, e.g. host:port/some/path');
+    }
+    const req = decodeRequest(f.payload);
+    const op: Access = req.op === RequestOp.PUSH ? 'push' : 'pull';
+    entry.op = op;
+    entry.path = req.path;
+    if ((op === 'push') !== (negotiated.role === Role.RECEIVER)) throw new FfsyncError('EPROTOROLE', ExitCode.PROTOCOL_STREAM, `a ${op} REQUEST from a client whose HELLO said otherwise`);
+    const rel = normalizeRequestPath(req.path);
+    entry.path = rel;
+    // The config in force when the request arrives decides (a reload affects later sessions).
+    const verdict = authorize(this.config, entry.client!, op, rel);
+    if (!verdict.ok) throw new FfsyncError(verdict.code, ExitCode.UNTRUSTED, `refused: ${verdict.reason}`);
+    return { negotiated, op, rel, verdict };
+  }
+
+  private async serveRequest(
+    conn: FramedConnection,
+    sock: SecureStream,
+    entry: SessionLog,
+    negotiated: Awaited<ReturnType<typeof daemonHandshake>>,
+    op: Access,
+    rel: string,
+    abs: string,
+  ): Promise<SyncSummary> {
+    const t0 = Date.now();
+    let summary: SyncSummary;
+    if (op === 'push') {
+      summary = await runReceiver(conn, {
+        path: abs,
+        target: abs,
+        port: 0,
+        stateDir: this.o.stateDir,
+        timeoutMs: this.o.timeoutMs,
+        negotiated,
+        tree: {},
+        resolveTarget: (kind) => prepareTarget(this.o.root, rel, abs, kind),
+      });
+      entry.bytesWritten = summary.tree ? summary.tree.transferBytes : summary.upToDate ? 0 : summary.size;
+    } else {
+      const st = await statSource(abs);
+      summary = await runSender(conn, {
+        path: abs,
+        host: sock.remoteAddress ?? 'client',
+        port: sock.remotePort ?? 0,
+        stateDir: this.o.stateDir,
+        timeoutMs: this.o.timeoutMs,
+        compressLevel: this.o.compressLevel,
+        negotiated,
+        st,
+        t0,
+      });
+      entry.bytesRead = summary.literalBytes;
+    }
+    fill(entry, summary);
+    entry.ok = true;
+    return summary;
   }
 }
 
@@ -360,14 +623,12 @@ async function prepareTarget(root: string, rel: string, abs: string, kind: 'file
   if (kind === 'file' && rel === '') throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, 'a single file cannot replace the server root: address a file path under it');
   await resolveUnderRoot(root, rel, 'push');
   const segs = rel ? rel.split('/') : [];
-  let at = root;
-  for (const s of segs.slice(0, -1)) {
-    at = path.join(at, s);
-    await fs.mkdir(at).catch((e: NodeJS.ErrnoException) => {
-      if (e.code !== 'EEXIST') throw fromSystemError(e, `cannot create ${path.relative(root, at)} on the server`);
-    });
-    const st = await fs.lstat(at);
-    if (!st.isDirectory()) throw new FfsyncError('ENOTDIR', ExitCode.FILE_SELECTION, `'${path.relative(root, at)}' is not a directory on the server`);
+  // Created from a handle of the root, component by component, never through a link
+  // (crates/ffsync_core/src/beneath.rs): a link planted since the check above is refused.
+  try {
+    ensureDirBeneath(root, segs.slice(0, -1).join('/'), true);
+  } catch (e) {
+    throw new FfsyncError('ENOTDIR', ExitCode.FILE_SELECTION, `cannot create '${rel}' on the server: ${(e as Error).message}`);
   }
   if (kind === 'file') await checkTarget(abs);
   else {

@@ -18,9 +18,11 @@ interface Holder {
 export class PathLocks {
   private readonly queue: Holder[] = [];
 
-  /** Resolves with a release function once no conflicting earlier request is pending or held. */
-  acquire(path: string, mode: LockMode): Promise<() => void> {
-    return new Promise((resolve) => {
+  /** Resolves with a release function once no conflicting earlier request is pending or held.
+   * `signal` withdraws a request not granted yet (its session is gone: it must not keep a
+   * place in the queue, nor hold later requests behind it); the promise then rejects. */
+  acquire(path: string, mode: LockMode, signal?: AbortSignal): Promise<() => void> {
+    return new Promise((resolve, reject) => {
       const h: Holder = {
         path,
         mode,
@@ -36,6 +38,16 @@ export class PathLocks {
         },
       };
       this.queue.push(h);
+      signal?.addEventListener(
+        'abort',
+        () => {
+          if (h.granted) return;
+          this.queue.splice(this.queue.indexOf(h), 1);
+          this.pump();
+          reject(new Error('lock request withdrawn'));
+        },
+        { once: true },
+      );
       this.pump();
     });
   }

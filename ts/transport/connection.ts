@@ -5,13 +5,61 @@
 import type { Duplex } from 'node:stream';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { createGarbageRelief } from '../utils/gc.js';
-import { encodeFrameHeader, type Frame, FrameDecoder, FrameType, frameName } from '../protocol/frames.js';
+import { encodeFrameHeader, type Frame, FrameDecoder, FrameType, frameName, pointlessFrame, protocolError } from '../protocol/frames.js';
 import { decodeError } from '../protocol/messages.js';
 
 const HIGH_WATER = 4 * 1024 * 1024;
 const LOW_WATER = 1024 * 1024;
+/** Flow control counts frames too: a queue of millions of empty frames holds no payload
+ * but ~150 bytes of bookkeeping each (docs/protocol.md §8). */
+const HIGH_FRAMES = 1024;
+const LOW_FRAMES = 256;
 /** How often a peer busy with local work proves it is alive. */
 export const KEEPALIVE_MS = 5000;
+/** A peer that only proves it is alive (empty KEEPALIVE frames, or a work counter that does
+ * not advance) is given this many idle timeouts in a row, then cut off (docs/protocol.md §7.4). */
+export const STALL_FACTOR = 4;
+/** KEEPALIVE frames a peer may send in a burst, and per second on average: ours send one
+ * every ≥ 50 ms per connection; a flood is cut off (exit 12). */
+const KEEPALIVE_BURST = 100;
+const KEEPALIVE_PER_S = 25;
+/** The work-proxy (keepAlive without a progress source) counts CPU time only in intervals
+ * where the process used at least this share of one core (an idle process uses ~0). */
+const CPU_BUSY_SHARE = 0.05;
+
+/** A progress source for `keepAlive`: a monotonic count of local work (bytes hashed…). */
+export interface WorkMeter {
+  done: number;
+  /** Wraps a progress callback (done bytes of one phase) so that it also feeds the meter. */
+  tap(progress: (n: number) => void): (n: number) => void;
+}
+
+/** A meter fed by native progress callbacks (phases may restart at 0: deltas are added). */
+export function workMeter(): WorkMeter {
+  const m: WorkMeter = {
+    done: 0,
+    tap(progress) {
+      let last = 0;
+      return (n) => {
+        if (n > last) m.done += n - last;
+        last = n;
+        progress(n);
+      };
+    },
+  };
+  return m;
+}
+
+/** Local work of this process when the caller has no byte counter: CPU time (µs, counted
+ * only when busy) plus block I/O operations. */
+function processWork(): { cpuUs: number; io: number } {
+  const u = process.resourceUsage();
+  return { cpuUs: u.userCPUTime + u.systemCPUTime, io: u.fsRead + u.fsWrite };
+}
+
+function keepAliveBeforeHello(): FfsyncError {
+  return protocolError("KEEPALIVE before the peer's HELLO: a peer may only say it is alive once the session started");
+}
 
 export class PeerClosedError extends FfsyncError {
   constructor(detail: string) {
@@ -25,13 +73,39 @@ export class FramedConnection {
   errorSent = false;
   bytesReceived = 0;
   private readonly decoder = new FrameDecoder();
-  private readonly queue: Frame[] = [];
+  /** Received frames not yet taken, from `qHead` (no Array.shift: O(1) per frame). */
+  private queue: Frame[] = [];
+  private qHead = 0;
   private queuedBytes = 0;
   private waiter: { resolve: (f: Frame) => void; reject: (e: Error) => void } | undefined;
   private failure: Error | undefined;
   private ended = false;
   private closed = false;
+  /** Last progress: a frame that moves the session forward arrived (anything but KEEPALIVE),
+   * a KEEPALIVE whose work counter advanced, a frame we wrote, a drain, or the start of a wait. */
   private lastActivity = Date.now();
+  /** Last byte received (liveness: an empty KEEPALIVE is only this). */
+  private lastBytes = Date.now();
+  /** The peer's KEEPALIVE work counter, as last seen. */
+  private peerWork = -1n;
+  /** Our own KEEPALIVE work counter (u64 on the wire). */
+  private workSent = 0n;
+  /** keepAlive() calls running now: their meter (none: the process-work proxy) and its last reading. */
+  private readonly workSources = new Set<{ meter?: WorkMeter; last: number }>();
+  private workTimer: NodeJS.Timeout | undefined;
+  private lastProcessWork = processWork();
+  private lastWorkTick = Date.now();
+  /** Token bucket for the peer's KEEPALIVE frames. */
+  private keepAliveTokens = KEEPALIVE_BURST;
+  private keepAliveRefilled = Date.now();
+  /** The peer sent a frame other than KEEPALIVE (its HELLO comes first). */
+  private peerSpoke = false;
+  /** A KEEPALIVE came before any other frame; `requireHello` turns it into a protocol error. */
+  private earlyKeepAlive = false;
+  private helloRequired = false;
+  /** The peer sent a frame that breaks the rules (flood, KEEPALIVE before HELLO): nothing it
+   * sends after that is decoded (its ERROR neither: it is not waited for). */
+  private flooded = false;
   /** When the frame now being received started arriving (0: none in progress). */
   private partialSince = 0;
   private drainWaiters = 0;
@@ -73,9 +147,22 @@ export class FramedConnection {
       this.idleTimer = setInterval(() => {
         const waiting = this.waiter !== undefined || this.drainWaiters > 0;
         const now = Date.now();
-        if (now - this.lastActivity > idleTimeoutMs && waiting) {
+        const stalled = now - this.lastActivity;
+        if (stalled > idleTimeoutMs && waiting && now - this.lastBytes > idleTimeoutMs) {
           this.fail(new FfsyncError('ETIMEDOUT', ExitCode.TIMEOUT, `peer sent nothing for ${Math.round(idleTimeoutMs / 1000)} s`));
-        } else if (this.partialSince > 0 && now - this.partialSince > idleTimeoutMs) {
+        } else if (stalled > idleTimeoutMs * STALL_FACTOR && waiting) {
+          // Alive (empty KEEPALIVEs, or a counter that does not move) but no progress: an old
+          // peer gets STALL_FACTOR timeouts of grace, a hostile one no more than that.
+          this.fail(
+            new FfsyncError(
+              'ETIMEDOUT',
+              ExitCode.TIMEOUT,
+              `peer made no progress for ${Math.round(stalled / 1000)} s (only keep-alives; the limit is ${STALL_FACTOR} × --timeout ${Math.round(idleTimeoutMs / 1000)} s)`,
+            ),
+          );
+        } else if (this.partialSince > 0 && now - this.partialSince > idleTimeoutMs && !this.stream.isPaused()) {
+          // (A frame half-read when we paused the stream ourselves, flow control, is not the
+          // peer's trickle: the clock restarts when we resume.)
           // Bytes keep trickling in but no frame completes: as good as silent.
           this.fail(new FfsyncError('ETIMEDOUT', ExitCode.TIMEOUT, `peer trickles data: no frame completed in ${Math.round(idleTimeoutMs / 1000)} s`));
         }
@@ -86,8 +173,11 @@ export class FramedConnection {
 
   private onData(chunk: Buffer): void {
     this.bytesReceived += chunk.length;
+    // A flooding peer is not listened to any more: its bytes are dropped undecoded.
+    if (this.flooded) return;
     this.relieve(chunk.length);
-    this.lastActivity = Date.now();
+    const now = Date.now();
+    this.lastBytes = now;
     const frames: Frame[] = [];
     let bad: Error | undefined;
     try {
@@ -96,7 +186,20 @@ export class FramedConnection {
       bad = e as Error;
     }
     for (const f of frames) {
-      if (f.type === FrameType.KEEPALIVE) continue; // only refreshes lastActivity
+      let why: Error | undefined;
+      if (f.type === FrameType.KEEPALIVE) why = this.onKeepAlive(f.payload, now);
+      else {
+        this.peerSpoke = true;
+        this.lastActivity = now;
+        const pointless = f.type === FrameType.ERROR ? undefined : pointlessFrame(f.type, f.payload);
+        if (pointless) why = protocolError(`the peer sent ${pointless}: pointless frames are a flood, not a session`);
+      }
+      if (why) {
+        this.flooded = true;
+        this.fail(why);
+        break;
+      }
+      if (f.type === FrameType.KEEPALIVE) continue;
       if (f.type === FrameType.ERROR) this.peerFailure ??= decodeError(f.payload);
       this.queue.push(f);
       this.queuedBytes += f.payload.length;
@@ -109,9 +212,45 @@ export class FramedConnection {
     // Track how long a frame has been incomplete (see the idle timer).
     if (this.decoder.bufferedBytes === 0) this.partialSince = 0;
     else if (frames.length > 0 || this.partialSince === 0) this.partialSince = Date.now();
-    if (this.queuedBytes > HIGH_WATER) this.stream.pause();
+    if (this.queuedBytes > HIGH_WATER || this.queued > HIGH_FRAMES) this.stream.pause();
     this.wake();
     this.wakeChangeWaiters();
+  }
+
+  /** KEEPALIVE: liveness always; progress only when its work counter advanced (§4.11).
+   * Returns a protocol error for a KEEPALIVE that is itself a violation. */
+  private onKeepAlive(payload: Buffer, now: number): Error | undefined {
+    if (!this.peerSpoke) {
+      if (this.helloRequired) return keepAliveBeforeHello();
+      this.earlyKeepAlive = true;
+    }
+    this.keepAliveTokens = Math.min(KEEPALIVE_BURST, this.keepAliveTokens + ((now - this.keepAliveRefilled) * KEEPALIVE_PER_S) / 1000);
+    this.keepAliveRefilled = now;
+    if (--this.keepAliveTokens < 0) return protocolError(`KEEPALIVE flood: more than ${KEEPALIVE_PER_S} per second`);
+    if (payload.length === 0) return undefined; // an old peer: liveness only
+    if (payload.length !== 8) return protocolError(`KEEPALIVE with a payload of ${payload.length} bytes (0 or 8 expected)`);
+    const work = payload.readBigUInt64LE(0);
+    if (work > this.peerWork) {
+      this.peerWork = work;
+      this.lastActivity = now;
+    }
+    return undefined;
+  }
+
+  /**
+   * The peer's next frame must be its HELLO (or ERROR): a KEEPALIVE before it — already
+   * received or still to come — is a protocol error, exit 12 (§4.1, §4.11).
+   */
+  requireHello(): void {
+    this.helloRequired = true;
+    if (this.earlyKeepAlive && !this.peerSpoke) {
+      this.flooded = true;
+      this.fail(keepAliveBeforeHello());
+    }
+  }
+
+  private get queued(): number {
+    return this.queue.length - this.qHead;
   }
 
   private fail(e: Error): void {
@@ -153,7 +292,7 @@ export class FramedConnection {
   private wake(): void {
     const w = this.waiter;
     if (!w) return;
-    if (this.queue.length) {
+    if (this.queued) {
       this.waiter = undefined;
       w.resolve(this.shift());
     } else if (this.failure) {
@@ -166,15 +305,26 @@ export class FramedConnection {
   }
 
   private shift(): Frame {
-    const f = this.queue.shift()!;
+    const f = this.queue[this.qHead];
+    this.queue[this.qHead++] = undefined as unknown as Frame;
+    if (this.qHead === this.queue.length) {
+      this.queue = [];
+      this.qHead = 0;
+    } else if (this.qHead > 1024 && this.qHead * 2 > this.queue.length) {
+      this.queue = this.queue.slice(this.qHead);
+      this.qHead = 0;
+    }
     this.queuedBytes -= f.payload.length;
-    if (this.queuedBytes < LOW_WATER && this.stream.isPaused()) this.stream.resume();
+    if (this.queuedBytes < LOW_WATER && this.queued < LOW_FRAMES && this.stream.isPaused()) {
+      if (this.partialSince > 0) this.partialSince = Date.now();
+      this.stream.resume();
+    }
     return f;
   }
 
   /** Next frame; rejects on close, stream error, protocol error or idle timeout. */
   recv(): Promise<Frame> {
-    if (this.queue.length) return Promise.resolve(this.shift());
+    if (this.queued) return Promise.resolve(this.shift());
     if (this.failure) return Promise.reject(this.failure);
     if (this.ended) return Promise.reject(new PeerClosedError('before the session finished'));
     this.lastActivity = Date.now();
@@ -199,7 +349,8 @@ export class FramedConnection {
     this.stream.write(header);
     const ok = this.stream.write(payload, onWritten && (() => onWritten()));
     this.stream.uncork();
-    this.lastActivity = Date.now();
+    // Our own KEEPALIVE is not the peer's progress.
+    if (type !== FrameType.KEEPALIVE) this.lastActivity = Date.now();
     if (ok) return Promise.resolve();
     this.drainWaiters++;
     return new Promise((resolve, reject) => {
@@ -227,6 +378,9 @@ export class FramedConnection {
   /** Flush and half-close; resolves when the peer has closed too (or after a grace period). */
   async close(graceMs = 2000): Promise<void> {
     if (this.idleTimer) clearInterval(this.idleTimer);
+    if (this.workTimer) clearInterval(this.workTimer);
+    // A peer that flooded us gets our ERROR, not our patience.
+    if (this.flooded) graceMs = Math.min(graceMs, 250);
     if (this.closed || this.stream.destroyed) return;
     await new Promise<void>((resolve) => {
       const t = setTimeout(() => {
@@ -244,19 +398,55 @@ export class FramedConnection {
   }
 
   /**
-   * Run long local work (hashing, fsync) while telling the peer we are alive: a
-   * KEEPALIVE frame every KEEPALIVE_MS (or a third of our own idle timeout, if shorter),
-   * so the peer's idle timeout measures the network, not our disk.
+   * Run long local work (hashing, fsync) while telling the peer how far it got: a KEEPALIVE
+   * frame every KEEPALIVE_MS (or a third of our own idle timeout, if shorter) carrying our
+   * work counter (u64, monotonic), which advances by the bytes `meter` reports or, without
+   * one, by this process's CPU time (when busy) and block I/O. The peer counts a KEEPALIVE
+   * whose counter advanced as progress; one that did not as liveness only (§4.11, §7.4).
+   * Overlapping calls share one timer.
    */
-  async keepAlive<T>(work: Promise<T>): Promise<T> {
-    const timer = setInterval(() => {
-      if (!this.isClosed && !this.failure) void this.send(FrameType.KEEPALIVE).catch(() => undefined);
-    }, this.keepAliveMs);
+  async keepAlive<T>(work: Promise<T>, meter?: WorkMeter): Promise<T> {
+    const entry = { meter, last: meter?.done ?? 0 };
+    this.workSources.add(entry);
+    if (!this.workTimer) {
+      this.lastProcessWork = processWork();
+      this.lastWorkTick = Date.now();
+      this.workTimer = setInterval(() => this.tickKeepAlive(), this.keepAliveMs);
+    }
     try {
       return await work;
     } finally {
-      clearInterval(timer);
+      this.workSources.delete(entry);
+      if (this.workSources.size === 0 && this.workTimer) {
+        clearInterval(this.workTimer);
+        this.workTimer = undefined;
+      }
     }
+  }
+
+  private tickKeepAlive(): void {
+    if (this.isClosed || this.failure) return;
+    let advanced = 0;
+    let proxied = false;
+    for (const src of this.workSources) {
+      if (src.meter) {
+        advanced += Math.max(0, src.meter.done - src.last);
+        src.last = src.meter.done;
+      } else proxied = true;
+    }
+    const now = Date.now();
+    const pw = processWork();
+    if (advanced === 0 && proxied) {
+      const cpu = pw.cpuUs - this.lastProcessWork.cpuUs;
+      const busy = cpu >= (now - this.lastWorkTick) * 1000 * CPU_BUSY_SHARE;
+      advanced = (busy ? cpu : 0) + Math.max(0, pw.io - this.lastProcessWork.io);
+    }
+    this.lastProcessWork = pw;
+    this.lastWorkTick = now;
+    this.workSent += BigInt(Math.max(0, Math.floor(advanced)));
+    const payload = Buffer.allocUnsafe(8);
+    payload.writeBigUInt64LE(this.workSent);
+    void this.send(FrameType.KEEPALIVE, payload).catch(() => undefined);
   }
 
   /**
@@ -269,7 +459,7 @@ export class FramedConnection {
     for (;;) {
       if (this.peerFailure) return this.peerFailure;
       // Nothing else will be read: drop it, so a paused stream resumes and the ERROR can come.
-      while (this.queue.length) this.shift().release?.();
+      while (this.queued) this.shift().release?.();
       const left = deadline - Date.now();
       if (this.ended || this.closed || left <= 0) return undefined;
       await this.nextChange(left);
@@ -278,11 +468,16 @@ export class FramedConnection {
 
   /** An ERROR frame the peer sent that is still queued (read before reporting our own). */
   takePeerError(): Frame | undefined {
-    const k = this.queue.findIndex((f) => f.type === FrameType.ERROR);
+    const k = this.queue.findIndex((f, i) => i >= this.qHead && f.type === FrameType.ERROR);
     if (k < 0) return undefined;
     const f = this.queue.splice(k, 1)[0];
     this.queuedBytes -= f.payload.length;
     return f;
+  }
+
+  /** The failure this connection recorded (peer ERROR, protocol violation, timeout), if any. */
+  get failedWith(): Error | undefined {
+    return this.failure;
   }
 
   /** True once the underlying stream is gone (nothing more can be sent). */
@@ -292,6 +487,7 @@ export class FramedConnection {
 
   destroy(): void {
     if (this.idleTimer) clearInterval(this.idleTimer);
+    if (this.workTimer) clearInterval(this.workTimer);
     this.stream.destroy();
   }
 }

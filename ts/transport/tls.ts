@@ -47,9 +47,18 @@ export async function tlsListenOnce(host: string, port: number, id: Identity): P
 /**
  * A listener for the `serve` daemon: every connection that completes the TLS handshake is
  * handed out; one that fails it is reported to `onClientError` and changes nothing else.
+ * `onConnection` sees each TCP connection before its TLS handshake starts (the daemon's
+ * pre-authentication budget admits, times or drops it); `handshakeTimeoutMs` bounds the TLS
+ * handshake itself.
  */
-export function tlsListen(host: string, port: number, id: Identity, onClientError: (e: FfsyncError, remote: string) => void): Promise<Listener> {
-  return listenTls(host, port, id, Infinity, { onClientError: (e, remote) => onClientError(e, remote) });
+export function tlsListen(
+  host: string,
+  port: number,
+  id: Identity,
+  onClientError: (e: FfsyncError, remote: string) => void,
+  o: { handshakeTimeoutMs?: number; onConnection?: (raw: net.Socket) => void } = {},
+): Promise<Listener> {
+  return listenTls(host, port, id, Infinity, { onClientError: (e, remote) => onClientError(e, remote), onConnection: o.onConnection }, o.handshakeTimeoutMs);
 }
 
 async function listenTls(
@@ -57,9 +66,11 @@ async function listenTls(
   port: number,
   id: Identity,
   backlog: number,
-  on: { onSecure?: () => void; onClientError: (e: FfsyncError, remote: string, fail: (e: Error) => void) => void },
+  on: { onSecure?: () => void; onClientError: (e: FfsyncError, remote: string, fail: (e: Error) => void) => void; onConnection?: (raw: net.Socket) => void },
+  handshakeTimeoutMs?: number,
 ): Promise<Listener> {
-  const server = tls.createServer({ ...BASE, key: id.keyPem, cert: id.certPem, requestCert: true });
+  const server = tls.createServer({ ...BASE, key: id.keyPem, cert: id.certPem, requestCert: true, ...(handshakeTimeoutMs ? { handshakeTimeout: handshakeTimeoutMs } : {}) });
+  if (on.onConnection) server.on('connection', on.onConnection);
   const queue = new SocketQueue<tls.TLSSocket>(backlog);
   server.on('secureConnection', (sock) => {
     on.onSecure?.();

@@ -1,10 +1,18 @@
 use crate::progress::{ProgressFn, Ticker};
 use crate::{bigint_to_i64, to_napi};
+use ffsync_core::beneath::Target;
 use ffsync_core::manifest::Manifest;
-use ffsync_core::reconstruct::{touch_up_to_date, BeginOptions, LocalSource, Reconstruction};
+use ffsync_core::reconstruct::{touch_up_to_date_at, BeginOptions, LocalSource, Reconstruction};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The target of a receive: `target` itself (a path the local user chose), or with
+/// `beneath` a relative path under that directory, resolved without following links.
+fn resolve(target: &Path, beneath: Option<&Path>) -> Result<Target> {
+    let shown = beneath.map_or_else(|| target.to_path_buf(), |r| r.join(target));
+    Target::resolve(beneath, target).map_err(|e| to_napi(ffsync_core::CoreError::io(shown, e)))
+}
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -46,6 +54,7 @@ pub struct NativeReconstruction {
 pub struct BeginTask {
     prefill: Option<ffsync_core::prefill::Prefill>,
     target: PathBuf,
+    beneath: Option<PathBuf>,
     manifest: Vec<u8>,
     locals: Vec<(PathBuf, Vec<u8>)>,
     holes: Option<Vec<u8>>,
@@ -71,8 +80,8 @@ impl Task for BeginTask {
             None => Vec::new(),
         };
         Ok(Arc::new(
-            Reconstruction::begin_with(
-                &self.target,
+            Reconstruction::begin_at(
+                resolve(&self.target, self.beneath.as_deref())?,
                 m,
                 local,
                 BeginOptions {
@@ -160,8 +169,11 @@ impl Task for FinishTask {
 impl NativeReconstruction {
     /// Plan a reconstruction of `target` from the sender's manifest, reusing chunks of the
     /// given local files, of a partial left by an interrupted run, and of `prefill` (chunks
-    /// placed while the manifest streamed in; adopted only if they match it).
+    /// placed while the manifest streamed in; adopted only if they match it). With
+    /// `beneath`, `target` is a relative path under that directory (a tree's root),
+    /// resolved without following any link.
     #[napi(ts_return_type = "Promise<NativeReconstruction>")]
+    #[allow(clippy::too_many_arguments)]
     pub fn begin(
         #[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg,
         manifest: Buffer,
@@ -170,10 +182,12 @@ impl NativeReconstruction {
         holes: Option<Buffer>,
         inplace: Option<bool>,
         prefill: Option<&NativePrefill>,
+        beneath: Option<String>,
     ) -> AsyncTask<BeginTask> {
         AsyncTask::new(BeginTask {
             prefill: prefill.and_then(|p| p.take()),
             target: crate::path_arg(target),
+            beneath: beneath.map(PathBuf::from),
             manifest: manifest.to_vec(),
             locals: locals
                 .into_iter()
@@ -288,6 +302,7 @@ impl NativeReconstruction {
 
 pub struct TouchTask {
     target: PathBuf,
+    beneath: Option<PathBuf>,
     mtime_ns: Option<i64>,
     mode: Option<u32>,
     state_dir: Option<PathBuf>,
@@ -297,10 +312,11 @@ impl Task for TouchTask {
     type Output = ();
     type JsValue = ();
     fn compute(&mut self) -> Result<()> {
-        let id = touch_up_to_date(&self.target, self.mtime_ns, self.mode).map_err(to_napi)?;
+        let t = resolve(&self.target, self.beneath.as_deref())?;
+        let id = touch_up_to_date_at(&t, self.mtime_ns, self.mode).map_err(to_napi)?;
         if let Some(dir) = &self.state_dir {
             let m = Manifest::decode(&self.manifest).map_err(to_napi)?;
-            let _ = ffsync_core::index::store(dir, &ffsync_core::scan::index_key(&self.target), &id, &m);
+            let _ = ffsync_core::index::store(dir, &ffsync_core::scan::index_key(&t.shown()), &id, &m);
         }
         Ok(())
     }
@@ -317,9 +333,11 @@ pub fn mark_up_to_date(
     mtime_ns: Option<BigInt>,
     mode: Option<u32>,
     state_dir: Option<String>,
+    beneath: Option<String>,
 ) -> AsyncTask<TouchTask> {
     AsyncTask::new(TouchTask {
         target: crate::path_arg(target),
+        beneath: beneath.map(PathBuf::from),
         mtime_ns: mtime_ns.as_ref().map(bigint_to_i64),
         mode,
         state_dir: state_dir.map(PathBuf::from),
@@ -352,12 +370,12 @@ pub fn file_holes(#[napi(ts_arg_type = "string | Buffer")] path: crate::PathArg)
     AsyncTask::new(HolesTask(crate::path_arg(path)))
 }
 
-pub struct RecoverTask(PathBuf);
+pub struct RecoverTask(PathBuf, Option<PathBuf>);
 impl Task for RecoverTask {
     type Output = Option<String>;
     type JsValue = Option<String>;
     fn compute(&mut self) -> Result<Option<String>> {
-        ffsync_core::inplace::recover(&self.0).map_err(to_napi)
+        ffsync_core::inplace::recover_at(&resolve(&self.0, self.1.as_deref())?).map_err(to_napi)
     }
     fn resolve(&mut self, _env: Env, m: Option<String>) -> Result<Option<String>> {
         Ok(m)
@@ -367,8 +385,11 @@ impl Task for RecoverTask {
 /// Complete an interrupted `--inplace` commit of `target` (redo journal), if any: resolves
 /// to a message when one was completed, rejects (EVERIFY) when it could not be.
 #[napi(ts_return_type = "Promise<string | null>")]
-pub fn recover_inplace(#[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg) -> AsyncTask<RecoverTask> {
-    AsyncTask::new(RecoverTask(crate::path_arg(target)))
+pub fn recover_inplace(
+    #[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg,
+    beneath: Option<String>,
+) -> AsyncTask<RecoverTask> {
+    AsyncTask::new(RecoverTask(crate::path_arg(target), beneath.map(PathBuf::from)))
 }
 
 /// Early placement while a streamed manifest arrives (see crates/ffsync_core/src/prefill.rs).
@@ -386,6 +407,7 @@ impl NativePrefill {
 
 pub struct PrefillBeginTask {
     target: PathBuf,
+    beneath: Option<PathBuf>,
     size: u64,
     locals: Vec<(PathBuf, Vec<u8>)>,
 }
@@ -400,7 +422,8 @@ impl Task for PrefillBeginTask {
                 manifest: Manifest::decode_local(&buf).map_err(to_napi)?,
             });
         }
-        ffsync_core::prefill::Prefill::new(&self.target, self.size, local).map_err(to_napi)
+        let t = resolve(&self.target, self.beneath.as_deref())?;
+        ffsync_core::prefill::Prefill::new_at(&t, self.size, local).map_err(to_napi)
     }
     fn resolve(&mut self, _env: Env, p: Self::Output) -> Result<NativePrefill> {
         Ok(NativePrefill {
@@ -464,9 +487,11 @@ impl NativePrefill {
         #[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg,
         size: f64,
         locals: Vec<LocalFile>,
+        beneath: Option<String>,
     ) -> AsyncTask<PrefillBeginTask> {
         AsyncTask::new(PrefillBeginTask {
             target: crate::path_arg(target),
+            beneath: beneath.map(PathBuf::from),
             size: size as u64,
             locals: locals
                 .into_iter()
@@ -516,6 +541,25 @@ impl NativePrefill {
 
 /// A partial of an earlier attempt at `target` exists (a resume would use it).
 #[napi]
-pub fn has_partial(#[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg) -> bool {
-    ffsync_core::reconstruct::has_resumable_partial(&crate::path_arg(target))
+pub fn has_partial(#[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg, beneath: Option<String>) -> bool {
+    let target = crate::path_arg(target);
+    resolve(&target, beneath.as_deref().map(Path::new))
+        .is_ok_and(|t| ffsync_core::reconstruct::has_resumable_partial_at(&t))
+}
+
+/// Make sure `rel` (a '/'-separated relative path) is a real directory under `root`,
+/// creating what is missing with `create`; any link or non-directory on the way is an
+/// error (EIO with "not followed"), never followed. Used for the `serve` request paths and
+/// a pull's local directory before anything is written there.
+#[napi]
+pub fn ensure_dir_beneath(
+    root: String,
+    #[napi(ts_arg_type = "string | Buffer")] rel: crate::PathArg,
+    create: bool,
+) -> Result<()> {
+    let rel = crate::path_arg(rel);
+    let bytes = ffsync_core::tree::path::name_bytes(rel.as_os_str());
+    let shown = Path::new(&root).join(&rel);
+    ffsync_core::beneath::ensure_dir(Path::new(&root), &bytes, create)
+        .map_err(|e| to_napi(ffsync_core::CoreError::io(shown, e)))
 }

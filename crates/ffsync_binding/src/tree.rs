@@ -313,6 +313,12 @@ impl NativeTreeSync {
         }
     }
 
+    /// The session is over: close the directory handle the receiver resolves paths from.
+    #[napi]
+    pub fn release_handles(&self) {
+        self.inner.read().unwrap().release_handles();
+    }
+
     /// Feed one part of the peer's manifest (wire form) as it arrives.
     #[napi]
     pub fn push_peer_manifest_part(&self, part: Buffer) -> Result<()> {

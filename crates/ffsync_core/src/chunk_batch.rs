@@ -391,4 +391,35 @@ mod tests {
             .unwrap_or(true));
         assert!(decode(&good[..5], &m).is_err());
     }
+
+    #[test]
+    fn a_zstd_bomb_in_a_record_is_decompressed_into_the_chunk_length_only() {
+        let (_, m) = fixture();
+        // Chunk 0's record, its payload 1 GiB of zeros (a few KiB of zstd).
+        let bomb = {
+            use std::io::Write;
+            let mut e = zstd::stream::write::Encoder::new(Vec::new(), 1).unwrap();
+            let z = vec![0u8; 1 << 20];
+            for _ in 0..1024 {
+                e.write_all(&z).unwrap();
+            }
+            e.finish().unwrap()
+        };
+        let mut b = Vec::new();
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.push(ENC_ZSTD);
+        b.extend_from_slice(&m.chunks[0].len.to_le_bytes());
+        b.extend_from_slice(&(bomb.len() as u32).to_le_bytes());
+        b.extend_from_slice(&bomb);
+        let recs = decode(&b, &m).unwrap();
+        let t0 = std::time::Instant::now();
+        let mut buf = Vec::new();
+        let e = recs[0].raw(&mut buf).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("does not decompress"), "{e}");
+        assert!(
+            buf.capacity() <= m.chunks[0].len as usize,
+            "output bounded by the chunk"
+        );
+        assert!(t0.elapsed() < std::time::Duration::from_secs(1));
+    }
 }

@@ -17,10 +17,11 @@
 //! again is idempotent — verifies the whole target against the journal's manifest, and
 //! finishes; if the staged data is gone or does not verify, it says so and how to repair.
 
+use crate::beneath::Target;
 use crate::error::{CoreError, Result};
 use crate::io::copy_range;
 use crate::manifest::{u32_at, Manifest};
-use std::fs::{self, File};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 pub const JOURNAL_SUFFIX: &str = ".ffsync-journal";
@@ -31,6 +32,17 @@ pub fn journal_path(target: &Path) -> PathBuf {
     let mut name = crate::reconstruct::partial_stem(target);
     name.extend_from_slice(JOURNAL_SUFFIX.as_bytes());
     target.with_file_name(crate::reconstruct::os_name(&name))
+}
+
+/// The journal of `target`, a sibling in its directory handle.
+pub fn journal_of(target: &Target) -> Target {
+    let mut name = crate::reconstruct::partial_stem(Path::new(&target.name));
+    name.extend_from_slice(JOURNAL_SUFFIX.as_bytes());
+    target.sibling(crate::reconstruct::os_name(&name))
+}
+
+fn user_target(target: &Path) -> Result<Target> {
+    Target::from_user_path(target).map_err(|e| CoreError::io(target, e))
 }
 
 /// What a commit writes where: `ranges` of `staged` go to the same offsets of the target.
@@ -116,31 +128,35 @@ impl Journal {
 
 /// Step 1: make the commit durable-decided.
 pub fn write_journal(target: &Path, journal: &Journal) -> Result<()> {
-    let path = journal_path(target);
-    let mut tmp_name = path.file_name().map(crate::tree::path::name_bytes).unwrap_or_default();
+    write_journal_at(&user_target(target)?, journal)
+}
+
+/// As [`write_journal`], in the target's directory handle.
+pub fn write_journal_at(target: &Target, journal: &Journal) -> Result<()> {
+    let path = journal_of(target);
+    let mut tmp_name = path.name_bytes();
     tmp_name.extend_from_slice(b".tmp");
-    let tmp = path.with_file_name(crate::reconstruct::os_name(&tmp_name));
-    let _ = fs::remove_file(&tmp);
-    let mut opts = File::options();
-    opts.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-    let f = opts.open(&tmp).map_err(|e| CoreError::io(&tmp, e))?;
-    crate::io::write_at(&f, &journal.encode(), 0).map_err(|e| CoreError::io(&tmp, e))?;
-    f.sync_all().map_err(|e| CoreError::io(&tmp, e))?;
-    fs::rename(&tmp, &path).map_err(|e| CoreError::io(&path, e))?;
-    crate::reconstruct::sync_dir(&crate::reconstruct::parent_of(target));
+    let tmp = path.sibling(crate::reconstruct::os_name(&tmp_name));
+    let _ = tmp.unlink();
+    let f = tmp.create_new(0o600).map_err(|e| CoreError::io(tmp.shown(), e))?;
+    crate::io::write_at(&f, &journal.encode(), 0).map_err(|e| CoreError::io(tmp.shown(), e))?;
+    f.sync_all().map_err(|e| CoreError::io(tmp.shown(), e))?;
+    tmp.rename_to(&path).map_err(|e| CoreError::io(path.shown(), e))?;
+    let _ = target.dir.sync();
     Ok(())
 }
 
 /// Step 2 (also the redo of a recovery): staged ranges into the target, length, metadata,
 /// fsync. `verify` re-hashes the target's chunks that the ranges touched.
 pub fn apply(target: &Path, staged: &File, journal: &Journal) -> Result<File> {
-    let t = File::options()
-        .read(true)
-        .write(true)
-        .open(target)
-        .map_err(|e| CoreError::io(target, e))?;
+    apply_at(&user_target(target)?, staged, journal)
+}
+
+/// As [`apply`]: the target opened through its directory handle, never through a link.
+pub fn apply_at(target_at: &Target, staged: &File, journal: &Journal) -> Result<File> {
+    let shown = target_at.shown();
+    let target = shown.as_path();
+    let t = target_at.open_rw().map_err(|e| CoreError::io(target, e))?;
     let crash_after = test_crash_after();
     for (k, &(off, len)) in journal.ranges.iter().enumerate() {
         if crash_after == Some(k) {
@@ -157,10 +173,10 @@ pub fn apply(target: &Path, staged: &File, journal: &Journal) -> Result<File> {
 }
 
 /// Step 3.
-pub fn finish(target: &Path, staged: &Path) {
-    let _ = fs::remove_file(staged);
-    let _ = fs::remove_file(journal_path(target));
-    crate::reconstruct::sync_dir(&crate::reconstruct::parent_of(target));
+pub fn finish_at(target: &Target, staged: &Target) {
+    let _ = staged.unlink();
+    let _ = journal_of(target).unlink();
+    let _ = target.dir.sync();
 }
 
 fn test_crash_after() -> Option<usize> {
@@ -172,10 +188,22 @@ fn test_crash_after() -> Option<usize> {
 /// completed; the journal is removed so the next run re-syncs, and the error says the target
 /// may be inconsistent.
 pub fn recover(target: &Path) -> Result<Option<String>> {
-    let jp = journal_path(target);
-    let Ok(buf) = fs::read(&jp) else { return Ok(None) };
+    recover_at(&user_target(target)?)
+}
+
+/// As [`recover`], in the target's directory handle.
+pub fn recover_at(target_at: &Target) -> Result<Option<String>> {
+    let shown = target_at.shown();
+    let target = shown.as_path();
+    let jp = journal_of(target_at);
+    let Ok(buf) = jp.open_read().and_then(|f| {
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut &f, &mut v).map(|_| v)
+    }) else {
+        return Ok(None);
+    };
     let fail = |why: String| -> Result<Option<String>> {
-        let _ = fs::remove_file(&jp);
+        let _ = jp.unlink();
         Err(CoreError::VerifyFailed(format!(
             "an interrupted --inplace sync of {} could not be completed ({why}); the file may be half-written: sync it again (without --inplace to be safe)",
             target.display()
@@ -185,22 +213,26 @@ pub fn recover(target: &Path) -> Result<Option<String>> {
         Ok(j) => j,
         Err(e) => return fail(e.to_string()),
     };
-    let staged_path = target.with_file_name(crate::reconstruct::os_name(&journal.staged_name));
-    let staged = match File::open(&staged_path) {
-        Ok(f) => f,
-        Err(e) => return fail(format!("staged data {}: {e}", staged_path.display())),
-    };
-    if let Err(e) = apply(target, &staged, &journal) {
-        return fail(e.to_string());
+    if journal.staged_name.is_empty() || journal.staged_name.contains(&b'/') {
+        return fail("the journal names no staging file beside the target".into());
     }
-    let scanned = match crate::scan::scan_file_with_params(target, journal.manifest.params, None) {
-        Ok(s) => s,
+    let staged_at = target_at.sibling(crate::reconstruct::os_name(&journal.staged_name));
+    let staged = match staged_at.open_read() {
+        Ok(f) => f,
+        Err(e) => return fail(format!("staged data {}: {e}", staged_at.shown().display())),
+    };
+    let t = match apply_at(target_at, &staged, &journal) {
+        Ok(t) => t,
         Err(e) => return fail(e.to_string()),
     };
-    if scanned.manifest.root != journal.manifest.root {
+    let mapped = match crate::scan::MappedFile::from_open(target, t) {
+        Ok(m) => m,
+        Err(e) => return fail(e.to_string()),
+    };
+    if mapped.manifest_with(journal.manifest.params, None).root != journal.manifest.root {
         return fail("the result does not match the sender's content root".into());
     }
-    finish(target, &staged_path);
+    finish_at(target_at, &staged_at);
     Ok(Some(format!(
         "completed an interrupted --inplace sync of {} (verified)",
         target.display()
@@ -212,6 +244,7 @@ mod tests {
     use super::*;
     use crate::chunker::InMemory;
     use crate::scan::manifest_of_bytes;
+    use std::fs;
 
     #[test]
     fn journal_round_trip_and_damage() {

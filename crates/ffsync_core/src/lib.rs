@@ -9,8 +9,10 @@
 //! - [`refine`]: sub-chunk refinement (rsync block signatures and deltas for missing chunks)
 //! - [`sparse`]: sparse files, holes found with SEEK_HOLE/SEEK_DATA and punched on the receiver
 //! - [`io`]: positional and in-kernel copy primitives
+//! - [`beneath`]: filesystem access confined beneath a directory handle (no link followed)
 //! - [`identity`]: this peer's self-signed TLS identity (rcgen)
 
+pub mod beneath;
 pub mod chunk_batch;
 pub mod chunk_source;
 pub mod chunker;

@@ -22,6 +22,7 @@
 //! [`Reconstruction::copy_local`]: crate::reconstruct::Reconstruction::copy_local
 //! [`Reconstruction::begin_with`]: crate::reconstruct::Reconstruction::begin_with
 
+use crate::beneath::Target;
 use crate::chunk_batch;
 use crate::chunker::{Chunk, Hash};
 use crate::error::{CoreError, Result};
@@ -29,12 +30,12 @@ use crate::io::{copy_range, write_at};
 use crate::manifest::{Manifest, ENTRY_LEN};
 use crate::params::ChunkParams;
 use crate::reconstruct::{
-    clone_old_target, create_temp, has_resumable_partial, hash_range, start_writeback, streaming_path, LocalSource,
+    clone_old_target, create_temp, has_resumable_partial_at, hash_range, start_writeback, streaming_of, LocalSource,
     MAX_RUN,
 };
 use rayon::prelude::*;
 use std::collections::HashMap;
-use std::fs::{self, File};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 /// Where a placed chunk's bytes came from: (position in the local list, offset there).
@@ -51,7 +52,7 @@ pub enum Placed {
 }
 
 pub struct Prefill {
-    temp: PathBuf,
+    temp: Target,
     file: Option<File>,
     size: u64,
     params: ChunkParams,
@@ -70,7 +71,7 @@ pub struct Prefill {
 
 /// A prefill handed over to the reconstruction (see module docs).
 pub struct Prefilled {
-    pub(crate) temp: PathBuf,
+    pub(crate) temp: Target,
     pub(crate) file: Option<File>,
     pub(crate) cloned: bool,
     pub(crate) chunks: Vec<Chunk>,
@@ -95,7 +96,7 @@ impl Prefilled {
 impl Drop for Prefilled {
     fn drop(&mut self) {
         if self.file.take().is_some() {
-            let _ = fs::remove_file(&self.temp);
+            let _ = self.temp.unlink();
         }
     }
 }
@@ -105,19 +106,33 @@ impl Prefill {
     /// bytes (from `local`, and from early DATA). `None` when it could interfere: an empty
     /// file, or a partial of an earlier attempt that a resume should use instead.
     pub fn new(target: &Path, size: u64, local: Vec<LocalSource>) -> Result<Option<Prefill>> {
+        let target = Target::from_user_path(target).map_err(|e| crate::CoreError::io(target, e))?;
+        Self::new_at(&target, size, local)
+    }
+
+    /// As `new`, for a target resolved beneath a directory handle.
+    pub fn new_at(target: &Target, size: u64, local: Vec<LocalSource>) -> Result<Option<Prefill>> {
         if size == 0 {
             return Ok(None);
         }
-        let temp = streaming_path(target);
+        let temp = streaming_of(target);
         // A provisional file kept after a dropped connection (or any partial) is resumed by
-        // the reconstruction instead (see `Reconstruction::begin_with`).
-        if fs::symlink_metadata(&temp).is_ok() || has_resumable_partial(target) {
+        // the reconstruction instead (see `Reconstruction::begin_at`). Anything else at the
+        // provisional name (a planted link) is left alone: no early placement then.
+        if temp.lstat().ok().flatten().is_some() || has_resumable_partial_at(target) {
             return Ok(None);
         }
+        let target_path = target.shown();
         let mut have = HashMap::new();
         let mut sources = Vec::new();
         for (k, src) in local.into_iter().enumerate() {
-            match File::open(&src.path) {
+            // The old target through the directory handle (never a link); --from files by path.
+            let opened = if src.path == target_path {
+                target.open_read()
+            } else {
+                File::open(&src.path)
+            };
+            match opened {
                 Ok(f) => {
                     for c in &src.manifest.chunks {
                         have.entry(c.hash).or_insert((k, c.offset, c.len));
@@ -128,7 +143,7 @@ impl Prefill {
             }
         }
         let old_target = match sources.first() {
-            Some(Some((p, f))) if p == target => Some(f),
+            Some(Some((p, f))) if *p == target_path => Some(f),
             _ => None,
         };
         let (file, cloned) = match old_target
@@ -288,7 +303,7 @@ impl Prefill {
                     origin: "received from the peer",
                 });
             }
-            write_at(file, data, c.offset).map_err(|e| CoreError::io(&self.temp, e))?;
+            write_at(file, data, c.offset).map_err(|e| CoreError::io(self.temp.shown(), e))?;
             start_writeback(file, c.offset, c.len as u64);
             Ok(())
         })?;
@@ -335,7 +350,7 @@ impl Prefill {
 impl Drop for Prefill {
     fn drop(&mut self) {
         if self.file.take().is_some() {
-            let _ = fs::remove_file(&self.temp);
+            let _ = self.temp.unlink();
         }
     }
 }
@@ -343,9 +358,10 @@ impl Drop for Prefill {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconstruct::{BeginOptions, Reconstruction};
+    use crate::reconstruct::{streaming_path, BeginOptions, Reconstruction};
     use crate::scan::{scan_file, ScanOptions};
     use crate::testutil::pseudo_random;
+    use std::fs;
 
     fn entries(m: &Manifest) -> Vec<u8> {
         m.encode()[crate::manifest::HEADER_LEN..].to_vec()

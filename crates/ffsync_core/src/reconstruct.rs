@@ -14,6 +14,7 @@
 //!    Only then is the temp file fsynced and renamed over the target, and the directory
 //!    fsynced. Any failure leaves the target untouched.
 
+use crate::beneath::{Dir, Target};
 use crate::chunker::Hash;
 use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
@@ -105,8 +106,10 @@ enum State {
 }
 
 pub struct Reconstruction {
-    target: PathBuf,
-    temp: PathBuf,
+    /// Where the result goes: a directory handle resolved without following links, and a name.
+    target: Target,
+    /// The partial, a sibling of the target in the same directory handle.
+    temp: Target,
     file: File,
     manifest: Manifest,
     sources: Vec<(PathBuf, File)>,
@@ -150,7 +153,11 @@ const NAME_MAX: usize = 255;
 /// `.<name>` — or, for a name too long to carry our suffix within NAME_MAX, a prefix of it
 /// plus a hash of the whole name (still unique per target name).
 pub(crate) fn partial_stem(target: &Path) -> Vec<u8> {
-    let name = crate::tree::path::name_bytes(target.file_name().unwrap_or_default());
+    partial_stem_of(&crate::tree::path::name_bytes(target.file_name().unwrap_or_default()))
+}
+
+fn partial_stem_of(name: &[u8]) -> Vec<u8> {
+    let name = name.to_vec();
     let room = NAME_MAX - 1 - 1 - 16 - PARTIAL_SUFFIX.len();
     let mut stem = vec![b'.'];
     if name.len() <= room {
@@ -181,34 +188,53 @@ pub(crate) fn os_name(bytes: &[u8]) -> std::ffi::OsString {
 }
 
 pub fn partial_path(target: &Path, root: &Hash) -> PathBuf {
+    let name = crate::tree::path::name_bytes(target.file_name().unwrap_or_default());
+    target.with_file_name(partial_name(&name, root))
+}
+
+/// The partial's name for target name `name` and the sender's root.
+pub fn partial_name(name: &[u8], root: &Hash) -> std::ffi::OsString {
     // Built from the name's own bytes: two names that differ only in bytes that are not
     // UTF-8 must not share a temp file.
-    let mut name = partial_stem(target);
+    let mut name = partial_stem_of(name);
     name.extend_from_slice(format!(".{}{PARTIAL_SUFFIX}", crate::manifest::hex(&root[..8])).as_bytes());
-    target.with_file_name(os_name(&name))
+    os_name(&name)
+}
+
+/// The partial of `target` for the sender's root: a sibling in the same directory handle.
+pub fn partial_of(target: &Target, root: &Hash) -> Target {
+    target.sibling(partial_name(&target.name_bytes(), root))
 }
 
 /// The provisional temp file of early placement (its root is not known yet):
 /// `.<name>.streaming.ffsync-part`. Adopted by renaming it to `partial_path`; kept after a
 /// dropped connection, and then resumed like a partial by the next attempt (`begin_with`).
 pub fn streaming_path(target: &Path) -> PathBuf {
-    let mut name = partial_stem(target);
+    let name = crate::tree::path::name_bytes(target.file_name().unwrap_or_default());
+    target.with_file_name(streaming_name(&name))
+}
+
+fn streaming_name(name: &[u8]) -> std::ffi::OsString {
+    let mut name = partial_stem_of(name);
     name.extend_from_slice(format!(".streaming{PARTIAL_SUFFIX}").as_bytes());
-    target.with_file_name(os_name(&name))
+    os_name(&name)
+}
+
+/// The provisional early-placement file of `target`, a sibling in its directory handle.
+pub fn streaming_of(target: &Target) -> Target {
+    target.sibling(streaming_name(&target.name_bytes()))
 }
 
 /// A partial of an earlier attempt at `target` exists (any version): a resume may use it.
 pub fn has_resumable_partial(target: &Path) -> bool {
-    let mut found = fs::symlink_metadata(streaming_path(target)).is_ok_and(|m| m.is_file());
-    for_each_partial(target, |_| found = true);
-    found
+    Target::from_user_path(target).is_ok_and(|t| has_resumable_partial_at(&t))
 }
 
-pub(crate) fn parent_of(p: &Path) -> PathBuf {
-    match p.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
+/// As [`has_resumable_partial`], for a target resolved beneath a directory handle.
+pub fn has_resumable_partial_at(target: &Target) -> bool {
+    let mut found = streaming_of(target).lstat().ok().flatten().is_some_and(|m| m.is_file());
+    for_each_partial(target, |_| found = true);
+    found
 }
 
 fn range(m: &Manifest, i: usize) -> (u64, usize) {
@@ -248,49 +274,58 @@ impl Reconstruction {
         local: Vec<LocalSource>,
         opts: BeginOptions,
     ) -> Result<Reconstruction> {
-        crate::inplace::recover(target)?;
+        let target = Target::from_user_path(target).map_err(|e| CoreError::io(target, e))?;
+        Self::begin_at(target, manifest, local, opts)
+    }
+
+    /// As `begin_with`, for a target whose directory was resolved beneath a handle (a
+    /// tree's root): every file operation of the reconstruction stays in that directory.
+    pub fn begin_at(
+        target: Target,
+        manifest: Manifest,
+        local: Vec<LocalSource>,
+        opts: BeginOptions,
+    ) -> Result<Reconstruction> {
+        crate::inplace::recover_at(&target)?;
         let BeginOptions {
             holes,
             inplace,
             prefill,
         } = opts;
-        let dir = parent_of(target);
-        let dmeta = fs::metadata(&dir).map_err(|e| CoreError::io(&dir, e))?;
-        if !dmeta.is_dir() {
-            return Err(CoreError::NotAFile { path: dir });
-        }
-        let temp = partial_path(target, &manifest.root);
+        let temp = partial_of(&target, &manifest.root);
+        let exists = |t: &Target| t.lstat().ok().flatten().is_some();
         // Early placement is adopted only for this very manifest, and never over a partial
         // that a resume should use (dropping it removes its file).
         let mut prefill = prefill.filter(|p| p.matches(&manifest) && !inplace);
-        if fs::symlink_metadata(&temp).is_ok() {
+        if exists(&temp) {
             prefill = None;
         }
         let adopted = match prefill.as_mut().and_then(|p| p.take_file()) {
             Some(f) => {
                 let from = &prefill.as_ref().unwrap().temp;
-                fs::rename(from, &temp).map_err(|e| {
-                    let _ = fs::remove_file(from);
-                    CoreError::io(&temp, e)
+                from.rename_to(&temp).map_err(|e| {
+                    let _ = from.unlink();
+                    CoreError::io(temp.shown(), e)
                 })?;
                 Some(f)
             }
             None => None,
         };
-        if adopted.is_none() && prefill.is_none() && fs::symlink_metadata(&temp).is_err() {
+        if adopted.is_none() && prefill.is_none() && !exists(&temp) {
             // What an interrupted streamed attempt placed (kept as `.streaming`) is resumed
             // like a partial of this version: every chunk in it is re-verified below.
-            let kept = streaming_path(target);
-            if fs::symlink_metadata(&kept).is_ok_and(|m| m.is_file()) {
-                let _ = fs::rename(&kept, &temp);
+            let kept = streaming_of(&target);
+            if kept.lstat().ok().flatten().is_some_and(|m| m.is_file()) {
+                let _ = kept.rename_to(&temp);
             }
         }
-        remove_stale_partials(target, &temp);
+        remove_stale_partials(&target, &temp);
 
         let mut origins = vec![Origin::Wire; manifest.chunks.len()];
+        let mut temp = temp;
         let resumed = match adopted {
             Some(_) => None,
-            None => open_resumable(&temp, manifest.size)?,
+            None => open_resumable(&mut temp, manifest.size)?,
         };
         let resumed = match resumed {
             Some(file) => {
@@ -316,10 +351,23 @@ impl Reconstruction {
 
         let mut sources = Vec::new();
         let mut have: HashMap<Hash, (usize, u64)> = HashMap::new();
+        let target_path = target.shown();
+        let mut first_is_target = false;
         for src in local {
-            let Ok(f) = File::open(&src.path) else {
+            // The old target is opened through the directory handle, never through a link;
+            // other local sources (`--from` files) are the local user's own paths.
+            let is_target = src.path == target_path;
+            let opened = if is_target {
+                target.open_read()
+            } else {
+                File::open(&src.path)
+            };
+            let Ok(f) = opened else {
                 continue;
             };
+            if sources.is_empty() {
+                first_is_target = is_target;
+            }
             let id = sources.len();
             for c in &src.manifest.chunks {
                 have.entry(c.hash).or_insert((id, c.offset));
@@ -352,9 +400,8 @@ impl Reconstruction {
         }
         // In place only over a regular file that is our first source (the old target).
         // The old target itself, when it is our first local source (clone and in-place need it).
-        let old_target = sources.first().filter(|(p, _)| p == target).map(|(_, f)| f);
-        let inplace =
-            inplace && old_target.is_some() && fs::symlink_metadata(target).is_ok_and(|m| m.file_type().is_file());
+        let old_target = sources.first().filter(|_| first_is_target).map(|(_, f)| f);
+        let inplace = inplace && old_target.is_some() && target.lstat().ok().flatten().is_some_and(|m| m.is_file());
         let holes = if inplace { Vec::new() } else { holes };
         mark_holes(&manifest, &holes, &mut origins);
         let prefill_cloned = prefill.as_ref().is_some_and(|p| p.cloned);
@@ -392,7 +439,7 @@ impl Reconstruction {
             .map(|(_, f)| f.metadata().ok().map(|m| FileIdentity::of(&m)))
             .collect();
         Ok(Reconstruction {
-            target: target.to_path_buf(),
+            target,
             temp,
             file,
             manifest,
@@ -421,8 +468,8 @@ impl Reconstruction {
         self.literal.load(Ordering::Relaxed)
     }
 
-    pub fn temp_path(&self) -> &Path {
-        &self.temp
+    pub fn temp_path(&self) -> PathBuf {
+        self.temp.shown()
     }
 
     pub fn writer_backend(&self) -> &'static str {
@@ -601,12 +648,12 @@ impl Reconstruction {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     CoreError::VerifyFailed(format!("{} changed during the sync", path.display()))
                 } else {
-                    CoreError::io(&self.temp, e)
+                    CoreError::io(self.temp.shown(), e)
                 }
             })?;
             for i in first..first + count {
                 let (off, clen) = range(&self.manifest, i);
-                let h = hash_range(&self.file, off, clen).map_err(|e| CoreError::io(&self.temp, e))?;
+                let h = hash_range(&self.file, off, clen).map_err(|e| CoreError::io(self.temp.shown(), e))?;
                 if h != self.manifest.chunks[i].hash {
                     return Err(CoreError::VerifyFailed(format!(
                         "chunk {i} copied from {} does not match (was it modified during the sync?)",
@@ -720,7 +767,7 @@ impl Reconstruction {
                 .collect();
             self.writer
                 .write_batch(&self.file, &writes)
-                .map_err(|e| CoreError::io(&self.temp, e))?;
+                .map_err(|e| CoreError::io(self.temp.shown(), e))?;
             for (off, data) in &writes {
                 start_writeback(&self.file, *off, data.len() as u64);
             }
@@ -756,36 +803,41 @@ impl Reconstruction {
                 _ => ranges.push((c.offset, c.len as u64)),
             }
         }
-        self.file.sync_all().map_err(|e| CoreError::io(&self.temp, e))?;
+        self.file.sync_all().map_err(|e| CoreError::io(self.temp.shown(), e))?;
         let journal = crate::inplace::Journal {
             manifest: self.manifest.clone(),
             mtime_ns,
             mode,
-            staged_name: crate::tree::path::name_bytes(self.temp.file_name().unwrap_or_default()),
+            staged_name: self.temp.name_bytes(),
             ranges,
         };
-        crate::inplace::write_journal(&self.target, &journal)?;
+        crate::inplace::write_journal_at(&self.target, &journal)?;
         *self.state.lock().unwrap() = State::Finished;
-        let t = crate::inplace::apply(&self.target, &self.file, &journal)?;
+        let t = crate::inplace::apply_at(&self.target, &self.file, &journal)?;
         let written: Vec<usize> = (0..self.origins.len())
             .filter(|&i| self.origins[i] != Origin::InTarget)
             .collect();
         written.par_iter().try_for_each(|&i| {
             let (off, len) = range(&self.manifest, i);
-            let h = hash_range(&t, off, len).map_err(|e| CoreError::io(&self.target, e))?;
+            let h = hash_range(&t, off, len).map_err(|e| CoreError::io(self.target.shown(), e))?;
             if h == self.manifest.chunks[i].hash {
                 Ok(())
             } else {
                 Err(CoreError::VerifyFailed(format!(
                     "chunk {i} of {} does not match after the in-place commit (was the file changed meanwhile?); the next run completes or reports it",
-                    self.target.display()
+                    self.target.shown().display()
                 )))
             }
         })?;
-        crate::inplace::finish(&self.target, &self.temp);
-        let identity = FileIdentity::of(&t.metadata().map_err(|e| CoreError::io(&self.target, e))?);
+        crate::inplace::finish_at(&self.target, &self.temp);
+        let identity = FileIdentity::of(&t.metadata().map_err(|e| CoreError::io(self.target.shown(), e))?);
         if let Some(dir) = state_dir {
-            let _ = index::store(dir, &crate::scan::index_key(&self.target), &identity, &self.manifest);
+            let _ = index::store(
+                dir,
+                &crate::scan::index_key(&self.target.shown()),
+                &identity,
+                &self.manifest,
+            );
         }
         Ok(identity)
     }
@@ -798,7 +850,7 @@ impl Reconstruction {
             return Ok(());
         }
         for h in &self.holes {
-            crate::sparse::punch(&self.file, h.offset, h.len).map_err(|e| CoreError::io(&self.temp, e))?;
+            crate::sparse::punch(&self.file, h.offset, h.len).map_err(|e| CoreError::io(self.temp.shown(), e))?;
         }
         let touched: Vec<usize> = (0..self.manifest.chunks.len())
             .filter(|&i| {
@@ -809,7 +861,7 @@ impl Reconstruction {
             .collect();
         touched.par_iter().try_for_each(|&i| {
             let (off, len) = range(&self.manifest, i);
-            let h = hash_range(&self.file, off, len).map_err(|e| CoreError::io(&self.temp, e))?;
+            let h = hash_range(&self.file, off, len).map_err(|e| CoreError::io(self.temp.shown(), e))?;
             if h == self.manifest.chunks[i].hash {
                 Ok(())
             } else {
@@ -822,7 +874,7 @@ impl Reconstruction {
 
     /// Flush the temp file's data (tests measure what it allocated before the commit).
     pub fn temp_file_sync(&self) -> Result<()> {
-        self.file.sync_data().map_err(|e| CoreError::io(&self.temp, e))
+        self.file.sync_data().map_err(|e| CoreError::io(self.temp.shown(), e))
     }
 
     /// Verify, commit and rename over the target. `mtime_ns`/`mode` are the sender's.
@@ -863,14 +915,28 @@ impl Reconstruction {
             return self.commit_in_place(mtime_ns, mode, state_dir);
         }
         self.punch_holes()?;
-        apply_metadata(&self.file, &self.temp, mtime_ns, mode)?;
-        self.file.sync_all().map_err(|e| CoreError::io(&self.temp, e))?;
-        fs::rename(&self.temp, &self.target).map_err(|e| CoreError::io(&self.target, e))?;
+        apply_metadata(&self.file, &self.temp.shown(), mtime_ns, mode)?;
+        self.file.sync_all().map_err(|e| CoreError::io(self.temp.shown(), e))?;
+        // A directory at the target (a tree entry that changed kind) is the caller's to
+        // clear first; a link there is replaced itself, never followed.
+        self.temp
+            .rename_to(&self.target)
+            .map_err(|e| CoreError::io(self.target.shown(), e))?;
         *self.state.lock().unwrap() = State::Finished;
-        sync_dir(&parent_of(&self.target));
-        let identity = FileIdentity::of(&self.file.metadata().map_err(|e| CoreError::io(&self.target, e))?);
+        let _ = self.target.dir.sync();
+        let identity = FileIdentity::of(
+            &self
+                .file
+                .metadata()
+                .map_err(|e| CoreError::io(self.target.shown(), e))?,
+        );
         if let Some(dir) = state_dir {
-            let _ = index::store(dir, &crate::scan::index_key(&self.target), &identity, &self.manifest);
+            let _ = index::store(
+                dir,
+                &crate::scan::index_key(&self.target.shown()),
+                &identity,
+                &self.manifest,
+            );
         }
         Ok(identity)
     }
@@ -884,7 +950,7 @@ impl Reconstruction {
         }
         *st = State::Aborted;
         if !keep_partial {
-            let _ = fs::remove_file(&self.temp);
+            let _ = self.temp.unlink();
         }
     }
 }
@@ -894,68 +960,101 @@ impl Drop for Reconstruction {
         // A reconstruction dropped while open (caller bug or process teardown) removes its
         // temp file rather than leaving an unexplained file beside the target.
         if *self.state.lock().unwrap() == State::Open {
-            let _ = fs::remove_file(&self.temp);
+            let _ = self.temp.unlink();
         }
     }
 }
 
 /// Calls `f` with each partial of `target` (`.<name>.<16 hex>.ffsync-part`, compared as bytes).
-fn for_each_partial(target: &Path, mut f: impl FnMut(PathBuf)) {
-    let dir = parent_of(target);
-    if target.file_name().is_none() {
-        return;
-    }
-    let mut prefix = partial_stem(target);
+fn for_each_partial(target: &Target, mut f: impl FnMut(Target)) {
+    let mut prefix = partial_stem_of(&target.name_bytes());
     prefix.push(b'.');
-    let Ok(rd) = fs::read_dir(&dir) else { return };
-    for e in rd.flatten() {
-        let n = crate::tree::path::name_bytes(&e.file_name());
+    let Ok(names) = target.dir.names() else { return };
+    for name in names {
+        let n = crate::tree::path::name_bytes(&name);
         if let Some(mid) = n
             .strip_prefix(&prefix[..])
             .and_then(|r| r.strip_suffix(PARTIAL_SUFFIX.as_bytes()))
         {
             if mid.len() == 16 && mid.iter().all(|b| b.is_ascii_hexdigit()) {
-                f(e.path());
+                f(target.sibling(name));
             }
         }
     }
 }
 
-fn remove_stale_partials(target: &Path, keep: &Path) {
+fn remove_stale_partials(target: &Target, keep: &Target) {
     for_each_partial(target, |p| {
-        if p != keep {
-            let _ = fs::remove_file(p);
+        // Only our own stale partials go: a name planted by someone else (a hard link to a
+        // file elsewhere, another user's file) is not ours to remove or reuse.
+        if p.name != keep.name && p.open_read().is_ok_and(|f| crate::beneath::is_private_regular(&f)) {
+            let _ = p.unlink();
         }
     });
     // A provisional file of early placement that was not adopted (a receiver killed
     // mid-stream) is never resumable.
-    let streaming = streaming_path(target);
-    if fs::symlink_metadata(&streaming).is_ok_and(|m| !m.is_dir()) {
-        let _ = fs::remove_file(streaming);
+    let streaming = streaming_of(target);
+    if streaming
+        .open_read()
+        .is_ok_and(|f| crate::beneath::is_private_regular(&f))
+    {
+        let _ = streaming.unlink();
     }
 }
 
-/// Reopen an existing partial for resuming, if it is a plain regular file.
-fn open_resumable(temp: &Path, size: u64) -> Result<Option<File>> {
-    match fs::symlink_metadata(temp) {
-        Ok(m) if m.file_type().is_file() => {
-            let f = File::options()
-                .read(true)
-                .write(true)
-                .open(temp)
-                .map_err(|e| CoreError::io(temp, e))?;
-            if m.len() != size {
-                f.set_len(size).map_err(|e| CoreError::io(temp, e))?;
+/// Reopen an existing partial for resuming: only a regular file with one link, owned by
+/// us (opened without following a link, then checked through the open descriptor). A
+/// name held by anything else is left alone and the partial gets a fresh name.
+fn open_resumable(temp: &mut Target, size: u64) -> Result<Option<File>> {
+    match temp.lstat() {
+        Ok(Some(_)) => {
+            let ours = temp.open_rw().ok().filter(crate::beneath::is_private_regular);
+            let Some(f) = ours else {
+                *temp = fresh_sibling(temp)?;
+                return Ok(None);
+            };
+            let len = f.metadata().map_err(|e| CoreError::io(temp.shown(), e))?.len();
+            if len != size {
+                f.set_len(size).map_err(|e| CoreError::io(temp.shown(), e))?;
             }
             Ok(Some(f))
         }
-        Ok(_) => {
-            // Something else squats on the name (a symlink, a directory): never follow it.
-            fs::remove_file(temp).map_err(|e| CoreError::io(temp, e))?;
-            Ok(None)
-        }
-        Err(_) => Ok(None),
+        _ => Ok(None),
     }
+}
+
+/// Create a fresh temp file at `temp` (`O_EXCL`, never through a link). A stale file of
+/// ours at the name (a regular file with one link, owned by us: an earlier run killed
+/// mid-write) is replaced; anything else there is left alone and a fresh name is used.
+pub fn create_exclusive(temp: Target) -> std::io::Result<(Target, File)> {
+    match temp.create_new(0o600) {
+        Ok(f) => return Ok((temp, f)),
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        Err(_) => {}
+    }
+    if temp.open_read().is_ok_and(|f| crate::beneath::is_private_regular(&f)) {
+        temp.unlink()?;
+        return temp.create_new(0o600).map(|f| (temp, f));
+    }
+    let fresh = fresh_sibling(&temp).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let f = fresh.create_new(0o600)?;
+    Ok((fresh, f))
+}
+
+/// A free name beside `taken` (`<taken>.<n>`), for when a planted entry holds the name.
+fn fresh_sibling(taken: &Target) -> Result<Target> {
+    for n in 1..1000u32 {
+        let mut name = taken.name_bytes();
+        name.extend_from_slice(format!(".{n}").as_bytes());
+        let t = taken.sibling(os_name(&name));
+        if t.lstat().map_err(|e| CoreError::io(t.shown(), e))?.is_none() {
+            return Ok(t);
+        }
+    }
+    Err(CoreError::io(
+        taken.shown(),
+        std::io::Error::new(std::io::ErrorKind::AlreadyExists, "no free temp name beside it"),
+    ))
 }
 
 /// Chunks the old target (source 0) has at the very offset the new version needs them,
@@ -1009,61 +1108,58 @@ fn mark_holes(manifest: &Manifest, holes: &[Hole], origins: &mut [Origin]) {
 
 /// Start the temp file as a reflink clone of the old target (source 0 when it is the target
 /// itself), sized to the new length. None where the filesystem cannot clone.
-pub(crate) fn clone_old_target(old: &File, temp: &Path, size: u64) -> Result<Option<File>> {
-    let Some(f) = crate::io::clone_to_new(old, temp).map_err(|e| CoreError::io(temp, e))? else {
+pub(crate) fn clone_old_target(old: &File, temp: &Target, size: u64) -> Result<Option<File>> {
+    let Some(f) = crate::io::clone_to_new_at(old, &temp.dir, &temp.name).map_err(|e| CoreError::io(temp.shown(), e))?
+    else {
         return Ok(None);
     };
     if let Err(e) = f.set_len(size) {
-        let _ = fs::remove_file(temp);
-        return Err(CoreError::io(temp, e));
+        let _ = temp.unlink();
+        return Err(CoreError::io(temp.shown(), e));
     }
     Ok(Some(f))
 }
 
 /// `--inplace` staging file: sparse (only the changed chunks are ever written to it).
-fn create_staging(temp: &Path, size: u64) -> Result<File> {
-    let mut opts = File::options();
-    opts.read(true).write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-    let f = opts.open(temp).map_err(|e| CoreError::io(temp, e))?;
+fn create_staging(temp: &Target, size: u64) -> Result<File> {
+    let f = temp.create_new(0o600).map_err(|e| CoreError::io(temp.shown(), e))?;
     if let Err(e) = f.set_len(size) {
-        let _ = fs::remove_file(temp);
-        return Err(CoreError::io(temp, e));
+        let _ = temp.unlink();
+        return Err(CoreError::io(temp.shown(), e));
     }
     Ok(f)
 }
 
-pub(crate) fn create_temp(temp: &Path, size: u64) -> Result<File> {
-    let mut opts = File::options();
-    opts.read(true).write(true).create_new(true);
+/// The temp file, sized but not allocated: space is committed only as verified data is
+/// written into it, never on the peer's word (an offer of 1 TiB followed by a disconnect
+/// must not leave 1 TiB allocated). A disk that cannot hold the result still fails before
+/// any byte crosses the wire: the free space is checked against the size first.
+pub(crate) fn create_temp(temp: &Target, size: u64) -> Result<File> {
+    check_free_space(&temp.dir, size).map_err(|e| CoreError::io(temp.shown(), e))?;
+    let f = temp.create_new(0o600).map_err(|e| CoreError::io(temp.shown(), e))?;
+    if let Err(e) = f.set_len(size) {
+        let _ = temp.unlink();
+        return Err(CoreError::io(temp.shown(), e));
+    }
+    Ok(f)
+}
+
+/// ENOSPC now, when the filesystem of `dir` has fewer than `size` bytes available.
+fn check_free_space(dir: &Dir, size: u64) -> std::io::Result<()> {
     #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-    let f = opts.open(temp).map_err(|e| CoreError::io(temp, e))?;
-    if let Err(e) = reserve(&f, size) {
-        let _ = fs::remove_file(temp);
-        return Err(CoreError::io(temp, e));
-    }
-    Ok(f)
-}
-
-/// Pre-size the temp file, reserving the blocks where the OS can, so a disk that cannot
-/// hold the result fails before any byte crosses the wire.
-fn reserve(f: &File, size: u64) -> std::io::Result<()> {
-    #[cfg(target_os = "linux")]
     if size > 0 {
-        use std::os::unix::io::AsRawFd;
-        // Safety: valid fd.
-        let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, size as libc::off_t) };
-        if r == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
-            return Err(e);
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // Safety: valid fd, st is writable.
+        if unsafe { libc::fstatvfs(dir.raw_fd(), &mut st) } == 0 {
+            let avail = (st.f_bavail as u64).saturating_mul(st.f_frsize as u64);
+            if avail < size {
+                return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+            }
         }
     }
-    f.set_len(size)
+    #[cfg(not(unix))]
+    let _ = (dir, size);
+    Ok(())
 }
 
 pub fn system_time_from_ns(ns: i64) -> SystemTime {
@@ -1093,12 +1189,16 @@ pub fn apply_metadata(file: &File, path: &Path, mtime_ns: Option<i64>, mode: Opt
 
 /// Update an up-to-date target's metadata in place (identical content, other mtime/mode).
 pub fn touch_up_to_date(target: &Path, mtime_ns: Option<i64>, mode: Option<u32>) -> Result<FileIdentity> {
-    let f = File::options()
-        .write(true)
-        .open(target)
-        .map_err(|e| CoreError::io(target, e))?;
-    apply_metadata(&f, target, mtime_ns, mode)?;
-    Ok(FileIdentity::of(&f.metadata().map_err(|e| CoreError::io(target, e))?))
+    let t = Target::from_user_path(target).map_err(|e| CoreError::io(target, e))?;
+    touch_up_to_date_at(&t, mtime_ns, mode)
+}
+
+/// As [`touch_up_to_date`], never through a link at the target's name.
+pub fn touch_up_to_date_at(target: &Target, mtime_ns: Option<i64>, mode: Option<u32>) -> Result<FileIdentity> {
+    let shown = target.shown();
+    let f = target.open_read().map_err(|e| CoreError::io(&shown, e))?;
+    apply_metadata(&f, &shown, mtime_ns, mode)?;
+    Ok(FileIdentity::of(&f.metadata().map_err(|e| CoreError::io(&shown, e))?))
 }
 
 /// Counts an operation in flight for as long as the guard lives.
@@ -1130,13 +1230,4 @@ pub(crate) fn start_writeback(file: &File, offset: u64, len: u64) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = (file, offset, len);
-}
-
-pub(crate) fn sync_dir(dir: &Path) {
-    #[cfg(unix)]
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    #[cfg(not(unix))]
-    let _ = dir;
 }

@@ -52,6 +52,11 @@ impl MappedFile {
         Self::from_file(path, file)
     }
 
+    /// Map a file the caller opened (e.g. through a directory handle); `path` is for messages.
+    pub fn from_open(path: &Path, file: File) -> Result<MappedFile> {
+        Self::from_file(path, file)
+    }
+
     fn from_file(path: &Path, file: File) -> Result<MappedFile> {
         let meta = file.metadata().map_err(|e| CoreError::io(path, e))?;
         if !meta.is_file() {

@@ -981,3 +981,229 @@ fn owners_groups_and_xattrs_travel_in_the_attribute_table() {
     .unwrap();
     assert!(out.r.apply_attrs(&bogus).is_err());
 }
+
+/// Everything under `dir` (never following links), for before/after comparisons.
+fn outside_snapshot(dir: &Path) -> BTreeMap<String, Node> {
+    snapshot(dir)
+}
+
+/// A receiver-side link that its own walk never looked at (a FILTER pattern from the
+/// sender hides it) meets a sender directory of the same name with small files, a deeper
+/// directory, a large file, a local copy and attributes under it. Nothing may be written
+/// through the link: every path under it fails on its own, the rest of the tree syncs.
+#[test]
+fn a_link_hidden_by_the_filter_is_never_written_through() {
+    let (src, dst) = (Side::new(), Side::new());
+    let outside = tempfile::tempdir().unwrap();
+    fs::write(outside.path().join("victim.txt"), b"precious").unwrap();
+    src.put("ok.txt", b"fine");
+    src.put("link/victim.txt", b"overwritten!");
+    src.put("link/new.txt", b"created outside");
+    src.put("link/sub/deep.txt", b"deeper");
+    src.put("link/big.bin", &bytes(3 << 20, 5));
+    src.put("same.txt", b"same bytes");
+    src.put("link/copy.txt", b"same bytes");
+    symlink(outside.path(), dst.p("link")).unwrap();
+    dst.put("same.txt", b"same bytes");
+    let before = outside_snapshot(outside.path());
+    // The hostile sender walks without the pattern but tells the receiver to exclude `link`.
+    let no_filter = Filter::new(&[]).unwrap();
+    let wire = Filter::new(&patterns(&["link"])).unwrap();
+    let mut s = open(&src, &no_filter, None, true);
+    let mut r = open(&dst, &wire, None, false);
+    assert!(
+        r.local.manifest.find(b"link").is_none(),
+        "the receiver's walk never saw its link"
+    );
+    s.set_peer_manifest(&r.local.manifest.encode_compressed()).unwrap();
+    r.set_peer_manifest(&s.local.manifest.encode_compressed()).unwrap();
+    let (si, ri) = (s.roots_to_supply(false), r.roots_to_supply(false));
+    let (sb, rb) = (s.hash_entries(&si, None), r.hash_entries(&ri, None));
+    s.set_peer_roots(&rb).unwrap();
+    r.set_peer_roots(&sb).unwrap();
+    let t = TriageOptions::default();
+    s.triage(t);
+    r.triage(t);
+    let mut errors = r.prepare().unwrap().errors;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut cursor = Some(0);
+    while let Some(c) = cursor {
+        let (n, next, _) = s.read_small(c, &mut buf, 1).unwrap();
+        let o = r.write_small(&buf[..n]).unwrap();
+        errors.extend(o.errors);
+        cursor = next;
+    }
+    // The large file: its place cannot even be resolved, and the restorer refuses it.
+    for lt in r.large_transfers() {
+        assert!(r.place(&lt.path).is_err(), "{:?}", lt.path.escape_ascii().to_string());
+        let m = ffsync_core::scan::scan_file(&src.p("link/big.bin"), &Default::default())
+            .unwrap()
+            .manifest;
+        let root = ffsync_core::beneath::Dir::open_root(&dst.tree).unwrap();
+        let placed = ffsync_core::beneath::Target::beneath(&root, &lt.path)
+            .map_err(|e| ffsync_core::CoreError::io(dst.p("x"), e))
+            .and_then(|t| ffsync_core::reconstruct::Reconstruction::begin_at(t, m, Vec::new(), Default::default()));
+        assert!(placed.is_err());
+    }
+    let table =
+        s.collect_attrs(ffsync_core::tree::attrs::attr_flags::GROUP | ffsync_core::tree::attrs::attr_flags::XATTRS);
+    errors.extend(r.apply_attrs(&table).unwrap().errors);
+    errors.extend(r.finish_receiver(true).unwrap().errors);
+    assert_eq!(
+        outside_snapshot(outside.path()),
+        before,
+        "nothing outside the target changed"
+    );
+    assert_eq!(fs::read(dst.p("ok.txt")).unwrap(), b"fine");
+    assert!(fs::symlink_metadata(dst.p("link")).unwrap().file_type().is_symlink());
+    let joined = errors.join("\n");
+    assert!(
+        joined.contains("link"),
+        "the paths under the link are reported: {joined}"
+    );
+    assert!(
+        joined.contains("not followed") || joined.contains("not a directory"),
+        "{joined}"
+    );
+}
+
+/// The receiver's tree changes after its walk: a directory is swapped for a link to
+/// another place (a local user, or a race). Writes, local copies, links, metadata and
+/// deletions planned for paths under it all stay inside the target.
+#[test]
+fn a_directory_swapped_for_a_link_after_the_walk_is_never_written_through() {
+    let (src, dst) = (Side::new(), Side::new());
+    let outside = tempfile::tempdir().unwrap();
+    for name in ["a.txt", "gone.txt", "moved.txt"] {
+        fs::write(outside.path().join(name), b"precious").unwrap();
+    }
+    fs::create_dir(outside.path().join("sub")).unwrap();
+    // A first sync leaves both indexes, so the second one serves a move from local disk.
+    let moved = bytes(100_000, 31);
+    src.put("elsewhere.bin", &moved);
+    src.put("d/a.txt", b"old content");
+    src.put("d/gone.txt", b"to delete");
+    fs::create_dir(src.p("d/sub")).unwrap();
+    sync_ok(&src, &dst, Opts::default());
+    fs::rename(src.p("elsewhere.bin"), src.p("d/moved.bin")).unwrap();
+    fs::remove_file(src.p("d/gone.txt")).unwrap();
+    src.put("d/a.txt", b"new content, longer");
+    src.put("d/sub/x.txt", b"x");
+    symlink("a.txt", src.p("d/ln")).unwrap();
+    let (s, r) = negotiate(
+        &src,
+        &dst,
+        Opts {
+            delete: true,
+            ..Default::default()
+        },
+    );
+    assert!(!s.plan().actions.is_empty());
+    // After triage: `d` becomes a link to the outside directory.
+    let aside = dst.base.join("d.real");
+    fs::rename(dst.p("d"), &aside).unwrap();
+    symlink(outside.path(), dst.p("d")).unwrap();
+    let before = outside_snapshot(outside.path());
+    let (_records, mut errors) = execute_inside(&s, &r);
+    let ops = |op: Op| s.plan().actions.iter().filter(|a| a.op == op).count();
+    assert!(
+        ops(Op::LocalCopy) > 0 && ops(Op::Delete) > 0 && ops(Op::Symlink) > 0 && ops(Op::Transfer) > 0,
+        "{}",
+        s.describe()
+    );
+    use ffsync_core::tree::attrs::attr_flags;
+    let table = s.collect_attrs(attr_flags::GROUP | attr_flags::XATTRS | attr_flags::NUMERIC_IDS);
+    errors.extend(r.apply_attrs(&table).unwrap().errors);
+    assert_eq!(
+        outside_snapshot(outside.path()),
+        before,
+        "nothing outside the target changed"
+    );
+    assert!(!errors.is_empty(), "the paths under the swapped directory are reported");
+}
+
+/// As `execute`, with large files left out (none in these trees) and errors collected.
+fn execute_inside(s: &TreeSync, r: &TreeSync) -> (Vec<u32>, Vec<String>) {
+    let mut errors = r.prepare().unwrap().errors;
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut cursor, mut records) = (Some(0), Vec::new());
+    while let Some(c) = cursor {
+        let (n, next, _) = s.read_small(c, &mut buf, 1).unwrap();
+        records.extend(file_batch::decode(&buf[..n]).unwrap().iter().map(|rec| rec.action));
+        let o = r.write_small(&buf[..n]).unwrap();
+        errors.extend(o.errors.into_iter().chain(o.vanished));
+        cursor = next;
+    }
+    assert!(r.large_transfers().is_empty());
+    errors.extend(r.finish_receiver(true).unwrap().errors);
+    (records, errors)
+}
+
+/// Partials: a hard link or a symlink planted at the name the restorer will use for its
+/// temp file never gets written through; the planted entry is left alone and a fresh name
+/// is used; the result is still right.
+#[test]
+fn a_link_planted_at_the_partial_name_is_left_alone() {
+    use ffsync_core::reconstruct::{partial_path, Reconstruction};
+    let t = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let twin = outside.path().join("twin");
+    fs::write(&twin, b"precious twin").unwrap();
+    let data = bytes(3 << 20, 77);
+    let src = t.path().join("src.bin");
+    fs::write(&src, &data).unwrap();
+    let m = ffsync_core::scan::scan_file(&src, &Default::default())
+        .unwrap()
+        .manifest;
+    for planted in ["hardlink", "symlink"] {
+        let dst = t.path().join(format!("dst-{planted}.bin"));
+        let partial = partial_path(&dst, &m.root);
+        match planted {
+            "hardlink" => fs::hard_link(&twin, &partial).unwrap(),
+            _ => symlink(&twin, &partial).unwrap(),
+        }
+        let r = Reconstruction::begin(&dst, m.clone(), Vec::new()).unwrap();
+        assert_ne!(r.temp_path(), partial, "{planted}: a fresh temp name");
+        let need = r.needed();
+        let id = ffsync_core::file_identity::FileIdentity::of(&fs::metadata(&src).unwrap());
+        let cs = ffsync_core::chunk_source::ChunkSource::open(&src, m.clone(), id, 0).unwrap();
+        let (batch, _) = cs.read_batch(&need).unwrap();
+        r.write_batch(&batch).unwrap();
+        r.finish(None, None, None).unwrap();
+        assert_eq!(fs::read(&dst).unwrap(), data);
+        assert_eq!(
+            fs::read(&twin).unwrap(),
+            b"precious twin",
+            "{planted}: the twin is untouched"
+        );
+        assert!(
+            fs::symlink_metadata(&partial).is_ok(),
+            "{planted}: the planted entry is left alone"
+        );
+    }
+}
+
+/// Space is committed with verified data, not with the peer's claim: a temp file for a
+/// large offer allocates (almost) nothing until chunks arrive.
+#[test]
+fn a_large_offer_allocates_nothing_before_data() {
+    use ffsync_core::reconstruct::Reconstruction;
+    let t = tempfile::tempdir().unwrap();
+    let data = bytes(64 << 20, 78);
+    let src = t.path().join("src.bin");
+    fs::write(&src, &data).unwrap();
+    let m = ffsync_core::scan::scan_file(&src, &Default::default())
+        .unwrap()
+        .manifest;
+    let dst = t.path().join("dst.bin");
+    let r = Reconstruction::begin(&dst, m, Vec::new()).unwrap();
+    r.temp_file_sync().unwrap();
+    let st = fs::metadata(r.temp_path()).unwrap();
+    assert_eq!(st.len(), 64 << 20, "sized to the offer");
+    assert!(
+        st.blocks() * 512 < 1 << 20,
+        "but not allocated: {} bytes",
+        st.blocks() * 512
+    );
+    r.abort(true);
+}

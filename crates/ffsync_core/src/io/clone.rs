@@ -56,6 +56,45 @@ pub fn clone_to_new(src: &File, dst: &Path) -> io::Result<Option<File>> {
     }
 }
 
+/// As [`clone_to_new`], for `name` in the directory handle `dir` (never through a link).
+pub fn clone_to_new_at(src: &File, dir: &crate::beneath::Dir, name: &std::ffi::OsStr) -> io::Result<Option<File>> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::io::AsRawFd;
+        let f = dir.create_new(name, 0o600)?;
+        // Safety: both descriptors are valid for the duration of the call.
+        let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::FICLONE, src.as_raw_fd()) };
+        if r == 0 {
+            return Ok(Some(f));
+        }
+        let e = io::Error::last_os_error();
+        drop(f);
+        let _ = dir.unlink(name);
+        return if unsupported(&e) { Ok(None) } else { Err(e) };
+    }
+    #[cfg(target_os = "macos")]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::io::AsRawFd;
+        let c = std::ffi::CString::new(name.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // Safety: valid descriptors and NUL-terminated name. CLONE_NOFOLLOW = 1.
+        let r = unsafe { libc::fclonefileat(src.as_raw_fd(), dir.raw_fd(), c.as_ptr(), 0x0001) };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            return if unsupported(&e) { Ok(None) } else { Err(e) };
+        }
+        let f = dir.open_rw(name)?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        return Ok(Some(f));
+    }
+    #[allow(unreachable_code)]
+    {
+        let _ = (src, dir, name);
+        Ok(None)
+    }
+}
+
 #[cfg(unix)]
 fn unsupported(e: &io::Error) -> bool {
     matches!(

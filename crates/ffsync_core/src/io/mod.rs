@@ -8,6 +8,6 @@ pub mod positional;
 #[cfg(target_os = "linux")]
 mod uring;
 
-pub use clone::clone_to_new;
+pub use clone::{clone_to_new, clone_to_new_at};
 pub use copy::copy_range;
 pub use positional::{read_exact_at, write_at, PositionalWriter};

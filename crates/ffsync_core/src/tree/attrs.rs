@@ -86,8 +86,42 @@ impl AttrTable {
     /// Validates everything against `entries` (the sender's manifest length): indices
     /// ascending and in range, names and values bounded.
     pub fn decode(b: &[u8], entries: usize) -> Result<Self> {
+        Self::decode_from(&mut Cursor { b, at: 0 }, entries)
+    }
+
+    /// The TREE_ATTRS wire form (one zstd frame of the table), decoded as it decompresses:
+    /// every field is checked as soon as its bytes are out, so output that breaks a rule
+    /// (a bomb of zeros, say) stops the decompression there. Nothing is sized from a
+    /// declared length beyond one bounded field (a name ≤ 255 B, a value ≤ 64 KiB); memory
+    /// grows with validated entries only, and the whole table may not exceed [`MAX_TABLE`].
+    pub fn decode_compressed(compressed: &[u8], entries: usize) -> Result<Self> {
+        let bad = |r: String| CoreError::malformed("attribute table", r);
+        let mut d = zstd::stream::read::Decoder::with_buffer(compressed)
+            .map_err(|e| bad(e.to_string()))?
+            .single_frame();
+        // The window is never larger than the table (allocated lazily by zstd as it fills).
+        d.window_log_max(MAX_TABLE.trailing_zeros())
+            .map_err(|e| bad(e.to_string()))?;
+        let mut src = Stream {
+            r: d,
+            buf: Vec::new(),
+            read: 0,
+            error: None,
+        };
+        let r = Self::decode_from(&mut src, entries);
+        if let Some(e) = src.error {
+            return Err(bad(e));
+        }
+        let table = r?;
+        // One frame, nothing after it.
+        if !src.r.finish().is_empty() {
+            return Err(bad("data after the table's zstd frame".into()));
+        }
+        Ok(table)
+    }
+
+    fn decode_from<S: Src>(c: &mut S, entries: usize) -> Result<Self> {
         let bad = |r: &str| CoreError::malformed("attribute table", r.to_string());
-        let mut c = Cursor { b, at: 0 };
         if c.take(4).ok_or_else(|| bad("short"))? != MAGIC {
             return Err(bad("bad magic"));
         }
@@ -95,7 +129,7 @@ impl AttrTable {
         if flags & !attr_flags::ALL != 0 {
             return Err(bad("unknown flags"));
         }
-        let names = |c: &mut Cursor| -> Result<Vec<(u32, Vec<u8>)>> {
+        let names = |c: &mut S| -> Result<Vec<(u32, Vec<u8>)>> {
             let n = c.u32().ok_or_else(|| bad("short"))? as usize;
             if n > entries.max(1) * 2 + 64 {
                 return Err(bad("too many names"));
@@ -112,13 +146,14 @@ impl AttrTable {
             }
             Ok(v)
         };
-        let users = names(&mut c)?;
-        let groups = names(&mut c)?;
+        let users = names(c)?;
+        let groups = names(c)?;
         let n = c.u32().ok_or_else(|| bad("short"))? as usize;
         if n > entries {
             return Err(bad("more entries than the manifest"));
         }
-        let mut out = Vec::with_capacity(n);
+        // Sized by validated entries as they come, not by the count (at most the manifest's).
+        let mut out = Vec::with_capacity(n.min(4096));
         let mut last: Option<u32> = None;
         for _ in 0..n {
             let i = c.u32().ok_or_else(|| bad("short"))?;
@@ -150,7 +185,7 @@ impl AttrTable {
             }
             out.push((i, a));
         }
-        if c.at != b.len() {
+        if !c.at_end() {
             return Err(bad("trailing bytes"));
         }
         Ok(Self {
@@ -162,17 +197,12 @@ impl AttrTable {
     }
 }
 
-struct Cursor<'a> {
-    b: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let s = self.b.get(self.at..self.at.checked_add(n)?)?;
-        self.at += n;
-        Some(s)
-    }
+/// Where a table is decoded from: a buffer, or a decompressing stream.
+trait Src {
+    /// The next `n` bytes (None: there are fewer).
+    fn take(&mut self, n: usize) -> Option<&[u8]>;
+    /// Nothing follows.
+    fn at_end(&mut self) -> bool;
     fn u8(&mut self) -> Option<u8> {
         self.take(1).map(|s| s[0])
     }
@@ -181,6 +211,61 @@ impl<'a> Cursor<'a> {
     }
     fn u32(&mut self) -> Option<u32> {
         self.take(4).map(|s| u32::from_le_bytes(s.try_into().unwrap()))
+    }
+}
+
+struct Cursor<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Src for Cursor<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        let s = self.b.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+    fn at_end(&mut self) -> bool {
+        self.at == self.b.len()
+    }
+}
+
+/// Decompressed bytes pulled field by field; one field's bytes are held at a time.
+struct Stream<R: std::io::Read> {
+    r: R,
+    buf: Vec<u8>,
+    read: usize,
+    /// Why the stream failed (not decompressible, over MAX_TABLE), reported over "short".
+    error: Option<String>,
+}
+
+impl<R: std::io::Read> Src for Stream<R> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        if self.read.checked_add(n)? > MAX_TABLE {
+            self.error = Some(format!("decompresses beyond {MAX_TABLE} bytes"));
+            return None;
+        }
+        // `n` is a field length decode has already bounded (≤ 64 KiB).
+        self.buf.resize(n, 0);
+        if let Err(e) = self.r.read_exact(&mut self.buf) {
+            if e.kind() != std::io::ErrorKind::UnexpectedEof {
+                self.error = Some(format!("does not decompress: {e}"));
+            }
+            return None;
+        }
+        self.read += n;
+        Some(&self.buf)
+    }
+    fn at_end(&mut self) -> bool {
+        let mut one = [0u8; 1];
+        match self.r.read(&mut one) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => {
+                self.error = Some(format!("does not decompress: {e}"));
+                false
+            }
+        }
     }
 }
 
@@ -288,8 +373,10 @@ pub fn collect(
 
 /// Receiver: apply `table` to the entries of the sender's `manifest` under `root`. Returns
 /// problems (paths whose attributes could not be set) and warnings.
+/// Every path is resolved beneath the `root` handle without following links; owners are
+/// changed with `fchownat(AT_SYMLINK_NOFOLLOW)` and xattrs through descriptors we opened.
 #[cfg(unix)]
-pub fn apply(root: &std::path::Path, manifest: &TreeManifest, table: &AttrTable) -> (Vec<String>, Vec<String>) {
+pub fn apply(root: &crate::beneath::Dir, manifest: &TreeManifest, table: &AttrTable) -> (Vec<String>, Vec<String>) {
     use std::collections::HashMap;
     use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
@@ -315,9 +402,25 @@ pub fn apply(root: &std::path::Path, manifest: &TreeManifest, table: &AttrTable)
     let mut xattrs_unsupported = false;
     for (i, a) in &table.entries {
         let rel = manifest.entry(*i as usize).path;
-        let p = crate::tree::path::join(root, rel);
-        let Ok(m) = std::fs::symlink_metadata(&p) else {
-            continue; // not there (skipped, vanished, failed): nothing to adjust
+        // The root itself is adjusted through its handle; anything else through its
+        // parent's handle (`place`), never through a link.
+        let place = if rel.is_empty() {
+            None
+        } else {
+            match crate::beneath::Target::beneath(root, rel) {
+                Ok(t) => Some(t),
+                Err(_) => continue, // a link or non-directory on the way: nothing to adjust
+            }
+        };
+        let (now_uid, now_gid, is_link) = match &place {
+            None => match root.as_file().and_then(|f| f.metadata()) {
+                Ok(m) => (m.uid(), m.gid(), false),
+                Err(_) => continue,
+            },
+            Some(t) => match t.lstat() {
+                Ok(Some(st)) => (st.uid, st.gid, st.is_symlink()),
+                _ => continue, // not there (skipped, vanished, failed): nothing to adjust
+            },
         };
         let show = || crate::tree::path::display(if rel.is_empty() { b"." } else { rel });
         // The id to set, if asked for and different: the sender's, mapped by name.
@@ -325,18 +428,31 @@ pub fn apply(root: &std::path::Path, manifest: &TreeManifest, table: &AttrTable)
             let id = if numeric { id } else { *by_name.get(&id).unwrap_or(&id) };
             (want && id != now).then_some(id)
         };
-        let uid = target(want_owner, a.uid, &users, m.uid());
-        let gid = target(want_group, a.gid, &groups, m.gid());
+        let uid = target(want_owner, a.uid, &users, now_uid);
+        let gid = target(want_group, a.gid, &groups, now_gid);
         if uid.is_some() || gid.is_some() {
-            if let Err(e) = std::os::unix::fs::lchown(&p, uid, gid) {
+            let (u, g) = (uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX));
+            let res = match &place {
+                Some(t) => t.dir.lchown(&t.name, u, g),
+                None => root.as_file().and_then(|f| std::os::unix::fs::fchown(&f, uid, gid)),
+            };
+            if let Err(e) = res {
                 // A group the (non-root) user does not belong to: rsync leaves it too.
                 if e.kind() != std::io::ErrorKind::PermissionDenied || root_user {
                     problems.push(format!("cannot change owner of {}: {e}", show()));
                 }
             }
         }
-        if table.flags & attr_flags::XATTRS != 0 && !xattrs_unsupported && !m.file_type().is_symlink() {
-            if let Err(e) = sync_xattrs(&p, &a.xattrs, root_user) {
+        if table.flags & attr_flags::XATTRS != 0 && !xattrs_unsupported && !is_link {
+            // Through a descriptor of the entry itself (a file, or a directory opened
+            // beneath its parent without following a link).
+            let handle = match &place {
+                None => root.as_file(),
+                Some(t) => t
+                    .open_read()
+                    .or_else(|_| t.dir.open_dir(&t.name).and_then(|d| d.as_file())),
+            };
+            if let Err(e) = handle.and_then(|f| sync_xattrs(&f, &a.xattrs, root_user)) {
                 if e.raw_os_error() == Some(libc::ENOTSUP) || e.raw_os_error() == Some(libc::EOPNOTSUPP) {
                     warnings.push(format!(
                         "the target filesystem does not support extended attributes ({})",
@@ -354,26 +470,27 @@ pub fn apply(root: &std::path::Path, manifest: &TreeManifest, table: &AttrTable)
 
 /// Make `p`'s copyable xattrs exactly `want`: set what differs, remove what the sender lacks.
 #[cfg(unix)]
-fn sync_xattrs(p: &std::path::Path, want: &[(Vec<u8>, Vec<u8>)], root_user: bool) -> std::io::Result<()> {
+fn sync_xattrs(f: &std::fs::File, want: &[(Vec<u8>, Vec<u8>)], root_user: bool) -> std::io::Result<()> {
     use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
-    for n in xattr::list(p)? {
+    use xattr::FileExt;
+    for n in f.list_xattr()? {
         let nb = n.as_bytes();
         if copyable(nb, root_user) && !want.iter().any(|(w, _)| w == nb) {
-            xattr::remove(p, &n)?;
+            f.remove_xattr(&n)?;
         }
     }
     for (n, v) in want {
         let name = OsStr::from_bytes(n);
-        if xattr::get(p, name)?.as_deref() != Some(v.as_slice()) {
-            xattr::set(p, name, v)?;
+        if f.get_xattr(name)?.as_deref() != Some(v.as_slice()) {
+            f.set_xattr(name, v)?;
         }
     }
     Ok(())
 }
 
 #[cfg(not(unix))]
-pub fn apply(_root: &std::path::Path, _manifest: &TreeManifest, _table: &AttrTable) -> (Vec<String>, Vec<String>) {
+pub fn apply(_root: &crate::beneath::Dir, _manifest: &TreeManifest, _table: &AttrTable) -> (Vec<String>, Vec<String>) {
     (
         Vec::new(),
         vec!["owners, groups and extended attributes are not applied on this platform".into()],
@@ -383,6 +500,69 @@ pub fn apply(_root: &std::path::Path, _manifest: &TreeManifest, _table: &AttrTab
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn zstd_of(head: &[u8], zeros: u64) -> Vec<u8> {
+        use std::io::Write;
+        let mut e = zstd::stream::write::Encoder::new(Vec::new(), 1).unwrap();
+        e.write_all(head).unwrap();
+        let z = vec![0u8; 1 << 20];
+        let mut left = zeros;
+        while left > 0 {
+            let n = left.min(z.len() as u64) as usize;
+            e.write_all(&z[..n]).unwrap();
+            left -= n as u64;
+        }
+        e.finish().unwrap()
+    }
+
+    #[test]
+    fn compressed_tables_decode_as_they_decompress_and_bombs_stop_early() {
+        let t = AttrTable {
+            flags: attr_flags::OWNER | attr_flags::XATTRS,
+            users: vec![(1000, b"alice".to_vec())],
+            groups: vec![],
+            entries: vec![(
+                1,
+                EntryAttrs {
+                    uid: 1000,
+                    gid: 0,
+                    xattrs: vec![(b"user.k".to_vec(), vec![7; 70_000 / 2])],
+                },
+            )],
+        };
+        let wire = zstd::bulk::compress(&t.encode(), 3).unwrap();
+        assert_eq!(AttrTable::decode_compressed(&wire, 2).unwrap(), t);
+        assert!(AttrTable::decode_compressed(&wire, 1).is_err());
+        // Two frames, or garbage: refused.
+        let mut two = wire.clone();
+        two.extend_from_slice(&wire);
+        assert!(AttrTable::decode_compressed(&two, 2).is_err());
+        assert!(AttrTable::decode_compressed(&[0x28, 0xb5, 0x2f, 0xfd, 1, 2, 3], 2).is_err());
+        // 1 GiB of zeros (a few KiB compressed): refused at the magic, in a moment.
+        let t0 = std::time::Instant::now();
+        let e = AttrTable::decode_compressed(&zstd_of(b"", 1 << 30), 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bad magic"), "{e}");
+        // A valid empty table followed by zeros: refused at the first trailing byte.
+        let mut head = MAGIC.to_vec();
+        head.push(attr_flags::XATTRS);
+        head.extend_from_slice(&[0; 12]);
+        let e = AttrTable::decode_compressed(&zstd_of(&head, 1 << 30), 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("trailing"), "{e}");
+        // An entry count the manifest cannot have: refused before any entry.
+        let mut head = MAGIC.to_vec();
+        head.push(attr_flags::OWNER);
+        head.extend_from_slice(&[0; 8]);
+        head.extend_from_slice(&u32::MAX.to_le_bytes());
+        let e = AttrTable::decode_compressed(&zstd_of(&head, 1 << 30), 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("more entries"), "{e}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(2), "{:?}", t0.elapsed());
+    }
 
     #[test]
     fn table_round_trips_and_hostile_tables_are_refused() {

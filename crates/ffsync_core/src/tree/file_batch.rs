@@ -92,6 +92,14 @@ pub fn decode(batch: &[u8]) -> Result<Vec<FileRecord<'_>>> {
         if !zstd && status == FileStatus::Ok && plen != raw_len as usize {
             return Err(bad("raw payload length differs from the file length".into()));
         }
+        // Decompression is sized by raw_len: never more than a small file can be (the
+        // receiver also requires the manifest's length), and nothing for a skipped file.
+        if status == FileStatus::Ok && raw_len as u64 > crate::tree::triage::NEW_FILE_BATCH_MAX {
+            return Err(bad(format!("record of {raw_len} bytes is larger than any small file")));
+        }
+        if status != FileStatus::Ok && (raw_len != 0 || plen != 0 || zstd) {
+            return Err(bad("a skipped file's record carries data".into()));
+        }
         out.push(FileRecord {
             action: u(o),
             status,
@@ -151,5 +159,27 @@ mod tests {
                 assert!(rs.len() < 3);
             }
         }
+    }
+
+    #[test]
+    fn declared_lengths_are_bounded_before_anything_is_decompressed() {
+        let header = |status: u8, enc: u8, raw_len: u32, plen: u32| {
+            let mut b = Vec::new();
+            b.extend_from_slice(&1u32.to_le_bytes());
+            b.extend_from_slice(&[status, enc]);
+            b.extend_from_slice(&raw_len.to_le_bytes());
+            b.extend_from_slice(&plen.to_le_bytes());
+            b.extend_from_slice(&[0; 32]);
+            b.extend(std::iter::repeat_n(0u8, plen as usize));
+            b
+        };
+        // A zstd record claiming 4 GiB of output: refused at its header.
+        assert!(decode(&header(0, 1, u32::MAX, 16)).is_err());
+        assert!(decode(&header(0, 1, (1 << 20) + 1, 16)).is_err());
+        assert!(decode(&header(0, 1, 1 << 20, 16)).is_ok());
+        // A vanished or unreadable file carries nothing.
+        assert!(decode(&header(1, 0, 0, 0)).is_ok());
+        assert!(decode(&header(1, 1, 1 << 20, 16)).is_err());
+        assert!(decode(&header(2, 0, 0, 4)).is_err());
     }
 }

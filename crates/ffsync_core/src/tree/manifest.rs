@@ -190,60 +190,9 @@ impl TreeManifest {
 
     /// Decode and validate a manifest from a peer (or our own, after the wire).
     pub fn decode(buf: Vec<u8>) -> Result<TreeManifest> {
-        let bad = |r: String| CoreError::malformed("tree manifest", r);
-        if buf.len() < HEADER_LEN || &buf[0..4] != MAGIC || buf[4] != 1 {
-            return Err(bad("unknown format".into()));
-        }
-        let count = u32::from_le_bytes(buf[8..12].try_into().unwrap());
-        // The smallest entry is 24 bytes: a count the buffer cannot hold is a lie.
-        if count > MAX_ENTRIES || count as usize > (buf.len() - HEADER_LEN) / 24 + 1 || count == 0 {
-            return Err(bad(format!("entry count {count} does not fit the buffer")));
-        }
-        let mut offsets = Vec::with_capacity(count as usize);
-        let mut o = HEADER_LEN;
-        // Directories that are ancestors of the current position (pre-order stack).
-        let mut dirs: Vec<(usize, usize)> = Vec::new(); // (offset of path, len)
-        let mut prev: Option<(usize, usize)> = None;
-        for i in 0..count as usize {
-            let (e, next) = parse_entry(&buf, o).ok_or_else(|| bad(format!("entry {i} is truncated or invalid")))?;
-            let path_at = o + 2;
-            if i == 0 {
-                if !e.path.is_empty() || e.kind != Kind::Dir {
-                    return Err(bad("entry 0 must be the tree root directory".into()));
-                }
-            } else {
-                if !is_valid_rel(e.path) {
-                    return Err(bad(format!(
-                        "entry {i} has an unsafe path {:?}",
-                        super::path::display(e.path)
-                    )));
-                }
-                if let Some((po, pl)) = prev {
-                    if cmp_tree_path(&buf[po..po + pl], e.path) != Ordering::Less {
-                        return Err(bad(format!("entry {i} is out of order")));
-                    }
-                }
-                let parent = parent_of(e.path);
-                while let Some(&(d, l)) = dirs.last() {
-                    if buf[d..d + l] == *parent {
-                        break;
-                    }
-                    dirs.pop();
-                }
-                if dirs.is_empty() && !parent.is_empty() {
-                    return Err(bad(format!("entry {i} has no parent directory entry")));
-                }
-            }
-            if e.kind == Kind::Dir {
-                dirs.push((path_at, e.path.len()));
-            }
-            prev = Some((path_at, e.path.len()));
-            offsets.push(o as u32);
-            o = next;
-        }
-        if o != buf.len() {
-            return Err(bad(format!("{} trailing bytes", buf.len() - o)));
-        }
+        let mut v = Validator::new(&buf, buf.len())?;
+        v.advance(&buf)?;
+        let offsets = v.finish(&buf)?;
         Ok(TreeManifest { buf, offsets })
     }
 
@@ -262,14 +211,184 @@ impl TreeManifest {
     }
 }
 
-/// Decodes the wire form ([`TreeManifest::encode_compressed`]) from parts as they arrive,
-/// decompressing as it goes: the compressed form is never assembled whole. Refuses a
-/// declared size above `max_len` and any output beyond the declared size.
+/// Smallest encoded entry: path_len, an empty path (only the root's) and the fixed fields.
+pub const MIN_ENTRY_LEN: usize = 24;
+/// Largest encoded entry: the longest path and the longest symlink target (a root is
+/// only for files, a target only for symlinks).
+pub const MAX_ENTRY_LEN: usize = 2 + MAX_REL_PATH + 22 + 2 + u16::MAX as usize;
+/// Decompressed bytes produced per step of the streaming decoder: what may sit beyond the
+/// last validated entry is at most this plus one entry.
+const STEP: usize = 64 * 1024;
+
+/// What the entry count in a header allows the raw length to be. A declared length outside
+/// `[12 + 24 × count, 12 + MAX_ENTRY_LEN × count]` cannot be a manifest of `count` entries.
+fn check_count(count: u32, raw_len: usize) -> std::result::Result<(), String> {
+    let n = count as u64;
+    let (lo, hi) = (
+        HEADER_LEN as u64 + MIN_ENTRY_LEN as u64 * n,
+        HEADER_LEN as u64 + MAX_ENTRY_LEN as u64 * n,
+    );
+    if count == 0 || count > MAX_ENTRIES || (raw_len as u64) < lo || raw_len as u64 > hi {
+        return Err(format!(
+            "entry count {count} does not fit the buffer of {raw_len} bytes"
+        ));
+    }
+    Ok(())
+}
+
+/// Where the entry at `o` ends, once enough of it is there to tell (None: need more bytes).
+/// Err for an entry no later byte can make valid.
+fn entry_end(b: &[u8], o: usize) -> std::result::Result<Option<usize>, ()> {
+    if b.len() < o + 2 {
+        return Ok(None);
+    }
+    let plen = u16_at(b, o);
+    if plen > MAX_REL_PATH {
+        return Err(());
+    }
+    let fixed = o + 2 + plen;
+    if b.len() < fixed + 22 {
+        return Ok(None);
+    }
+    let kind = Kind::from_u8(b[fixed]).ok_or(())?;
+    let fl = b[fixed + 1];
+    if fl & !flags::KNOWN != 0 {
+        return Err(());
+    }
+    let mut next = fixed + 22;
+    if fl & flags::HAS_ROOT != 0 {
+        next += 32;
+    }
+    if kind == Kind::Symlink {
+        if b.len() < next + 2 {
+            return Ok(None);
+        }
+        next += 2 + u16_at(b, next);
+    }
+    Ok((b.len() >= next).then_some(next))
+}
+
+/// Validates entries as they become complete, so a peer's manifest is checked while it
+/// is still arriving: the first entry that breaks a rule stops the decoding.
+struct Validator {
+    count: u32,
+    at: usize,
+    offsets: Vec<u32>,
+    /// Directories that are ancestors of the current position (pre-order stack):
+    /// (offset of path, len).
+    dirs: Vec<(usize, usize)>,
+    prev: Option<(usize, usize)>,
+}
+
+impl Validator {
+    /// `b` holds at least the header; `raw_len` is the whole manifest's length.
+    fn new(b: &[u8], raw_len: usize) -> Result<Validator> {
+        let bad = |r: String| CoreError::malformed("tree manifest", r);
+        if b.len() < HEADER_LEN || &b[0..4] != MAGIC || b[4] != 1 {
+            return Err(bad("unknown format".into()));
+        }
+        let count = u32::from_le_bytes(b[8..12].try_into().unwrap());
+        check_count(count, raw_len).map_err(bad)?;
+        Ok(Validator {
+            count,
+            at: HEADER_LEN,
+            // Grows with validated entries only, never with the count a peer declares.
+            offsets: Vec::new(),
+            dirs: Vec::new(),
+            prev: None,
+        })
+    }
+
+    /// Validate every complete entry from where the last call stopped.
+    fn advance(&mut self, buf: &[u8]) -> Result<()> {
+        let bad = |r: String| CoreError::malformed("tree manifest", r);
+        while self.at < buf.len() {
+            let i = self.offsets.len();
+            if i == self.count as usize {
+                return Err(bad(format!("bytes after the {} entries it declares", self.count)));
+            }
+            let o = self.at;
+            let next = match entry_end(buf, o) {
+                Ok(Some(n)) => n,
+                Ok(None) => return Ok(()),
+                Err(()) => return Err(bad(format!("entry {i} is truncated or invalid"))),
+            };
+            let (e, end) =
+                parse_entry(&buf[..next], o).ok_or_else(|| bad(format!("entry {i} is truncated or invalid")))?;
+            debug_assert_eq!(end, next);
+            let path_at = o + 2;
+            if i == 0 {
+                if !e.path.is_empty() || e.kind != Kind::Dir {
+                    return Err(bad("entry 0 must be the tree root directory".into()));
+                }
+            } else {
+                if !is_valid_rel(e.path) {
+                    return Err(bad(format!(
+                        "entry {i} has an unsafe path {:?}",
+                        super::path::display(e.path)
+                    )));
+                }
+                if let Some((po, pl)) = self.prev {
+                    if cmp_tree_path(&buf[po..po + pl], e.path) != Ordering::Less {
+                        return Err(bad(format!("entry {i} is out of order")));
+                    }
+                }
+                let parent = parent_of(e.path);
+                while let Some(&(d, l)) = self.dirs.last() {
+                    if buf[d..d + l] == *parent {
+                        break;
+                    }
+                    self.dirs.pop();
+                }
+                if self.dirs.is_empty() && !parent.is_empty() {
+                    return Err(bad(format!("entry {i} has no parent directory entry")));
+                }
+            }
+            if e.kind == Kind::Dir {
+                self.dirs.push((path_at, e.path.len()));
+            }
+            self.prev = Some((path_at, e.path.len()));
+            self.offsets.push(o as u32);
+            self.at = next;
+        }
+        Ok(())
+    }
+
+    fn finish(self, buf: &[u8]) -> Result<Vec<u32>> {
+        let bad = |r: String| CoreError::malformed("tree manifest", r);
+        if self.offsets.len() != self.count as usize || self.at != buf.len() {
+            return Err(bad(format!(
+                "{} of {} entries complete, {} bytes left over",
+                self.offsets.len(),
+                self.count,
+                buf.len() - self.at
+            )));
+        }
+        let mut offsets = self.offsets;
+        offsets.shrink_to_fit();
+        Ok(offsets)
+    }
+}
+
+/// Decodes the wire form ([`TreeManifest::encode_compressed`]) from parts as they arrive.
+/// Nothing is sized from what the peer declares: the compressed form is never assembled,
+/// decompression runs in steps of [`STEP`] bytes, each step's entries are validated before
+/// the next, and decoding stops at the first entry that breaks a rule. So memory grows
+/// only with validated entries (plus one step), whatever the declared length or count,
+/// and a compression bomb is refused after its first few bytes. The declared length must
+/// be in `[36, max_len]` and fit the header's entry count ([`check_count`]); the output
+/// may not run past it. After any error the reader holds nothing.
 pub struct CompressedManifestReader {
     max_len: usize,
     header: Vec<u8>,
     raw_len: usize,
-    decoder: Option<zstd::stream::write::Decoder<'static, Vec<u8>>>,
+    decoder: Option<zstd::stream::raw::Decoder<'static>>,
+    buf: Vec<u8>,
+    v: Option<Validator>,
+    frame_done: bool,
+    failed: bool,
+    /// Most bytes ever held decoded (kept after an error, for tests and diagnostics).
+    high_water: usize,
 }
 
 impl CompressedManifestReader {
@@ -279,50 +398,147 @@ impl CompressedManifestReader {
             header: Vec::with_capacity(8),
             raw_len: 0,
             decoder: None,
+            buf: Vec::new(),
+            v: None,
+            frame_done: false,
+            failed: false,
+            high_water: 0,
         }
     }
 
-    pub fn push(&mut self, mut part: &[u8]) -> Result<()> {
-        use std::io::Write;
+    /// Most decompressed bytes this reader ever held at once.
+    pub fn high_water(&self) -> usize {
+        self.high_water
+    }
+
+    /// Bytes decoded so far (each one inside a validated entry or the current step).
+    pub fn decoded_len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn push(&mut self, part: &[u8]) -> Result<()> {
+        if self.failed {
+            return Err(CoreError::malformed("tree manifest", "refused earlier"));
+        }
+        let r = self.push_inner(part);
+        if r.is_err() {
+            // Give everything back now, not when the owner is collected.
+            self.failed = true;
+            self.decoder = None;
+            self.buf = Vec::new();
+            self.v = None;
+        }
+        r
+    }
+
+    fn push_inner(&mut self, mut part: &[u8]) -> Result<()> {
+        use zstd::stream::raw::{DParameter, InBuffer, Operation, OutBuffer};
         let bad = |r: String| CoreError::malformed("tree manifest", r);
         if self.header.len() < 8 {
             let n = (8 - self.header.len()).min(part.len());
             self.header.extend_from_slice(&part[..n]);
             part = &part[n..];
-            if self.header.len() == 8 {
-                let raw = u64::from_le_bytes(self.header[..8].try_into().unwrap());
-                if raw > self.max_len as u64 || raw < HEADER_LEN as u64 {
-                    return Err(bad(format!("declared size {raw} out of range")));
+            if self.header.len() < 8 {
+                return Ok(());
+            }
+            let raw = u64::from_le_bytes(self.header[..8].try_into().unwrap());
+            if raw > self.max_len as u64 || raw < (HEADER_LEN + MIN_ENTRY_LEN) as u64 {
+                return Err(bad(format!("declared size {raw} out of range")));
+            }
+            self.raw_len = raw as usize;
+            let mut d = zstd::stream::raw::Decoder::new().map_err(|e| bad(e.to_string()))?;
+            // No window beyond the declared output (our encoder writes one frame of exactly
+            // that size), but at least 1 MiB for encoders that declare a default window.
+            // zstd's window buffer is only touched as output is produced.
+            let log = (usize::BITS - (self.raw_len - 1).leading_zeros()).clamp(20, 31);
+            d.set_parameter(DParameter::WindowLogMax(log))
+                .map_err(|e| bad(e.to_string()))?;
+            self.decoder = Some(d);
+        }
+        let Some(d) = self.decoder.as_mut() else {
+            return Ok(());
+        };
+        let mut input = InBuffer::around(part);
+        let mut step = [0u8; 16 * 1024];
+        loop {
+            if input.pos() == input.src.len() && self.frame_done {
+                return Ok(());
+            }
+            if self.frame_done {
+                return Err(bad("data after the end of the compressed manifest".into()));
+            }
+            // One step: decompress up to STEP bytes (never more than one past the declared
+            // length), then validate what became complete.
+            let room = (self.raw_len + 1 - self.buf.len()).min(STEP);
+            let mut produced = 0;
+            let mut starved = false;
+            while produced < room {
+                let want = (room - produced).min(step.len());
+                let mut out = OutBuffer::around(&mut step[..want]);
+                let hint = d
+                    .run(&mut input, &mut out)
+                    .map_err(|e| bad(format!("does not decompress: {e}")))?;
+                let n = out.pos();
+                if self.buf.capacity() - self.buf.len() < n {
+                    // Double what validated so far, but never past the declared length: a
+                    // legitimate manifest ends with capacity ≈ its size, not twice it.
+                    let grow = self.buf.len().max(STEP).min(self.raw_len + 1 - self.buf.len()).max(n);
+                    self.buf.reserve_exact(grow);
                 }
-                self.raw_len = raw as usize;
-                let mut out = Vec::new();
-                out.reserve_exact(self.raw_len);
-                self.decoder = Some(zstd::stream::write::Decoder::new(out).map_err(|e| bad(e.to_string()))?);
+                self.buf.extend_from_slice(&step[..n]);
+                produced += n;
+                if hint == 0 {
+                    self.frame_done = true;
+                    break;
+                }
+                if n < want && input.pos() == input.src.len() {
+                    starved = true;
+                    break;
+                }
+            }
+            self.high_water = self.high_water.max(self.buf.capacity());
+            if self.buf.len() > self.raw_len {
+                return Err(bad(format!("decompresses beyond its declared size {}", self.raw_len)));
+            }
+            if self.v.is_none() && self.buf.len() >= HEADER_LEN {
+                self.v = Some(Validator::new(&self.buf, self.raw_len)?);
+            }
+            if let Some(v) = self.v.as_mut() {
+                v.advance(&self.buf)?;
+            }
+            if starved {
+                return Ok(());
             }
         }
-        if let Some(d) = self.decoder.as_mut() {
-            d.write_all(part).map_err(|e| bad(e.to_string()))?;
-            if d.get_ref().len() > self.raw_len {
-                return Err(bad("decompresses beyond its declared size".into()));
-            }
-        }
-        Ok(())
     }
 
     pub fn finish(self) -> Result<TreeManifest> {
-        use std::io::Write;
         let bad = |r: String| CoreError::malformed("tree manifest", r);
-        let mut d = self.decoder.ok_or_else(|| bad("too short".into()))?;
-        d.flush().map_err(|e| bad(e.to_string()))?;
-        let out = d.into_inner();
-        if out.len() != self.raw_len {
+        if self.failed {
+            return Err(bad("refused earlier".into()));
+        }
+        if self.decoder.is_none() {
+            return Err(bad("too short".into()));
+        }
+        if !self.frame_done {
             return Err(bad(format!(
-                "decompressed to {} bytes, declared {}",
-                out.len(),
+                "compressed data ends early ({} of {} bytes decompressed)",
+                self.buf.len(),
                 self.raw_len
             )));
         }
-        TreeManifest::decode(out)
+        if self.buf.len() != self.raw_len {
+            return Err(bad(format!(
+                "decompressed to {} bytes, declared {}",
+                self.buf.len(),
+                self.raw_len
+            )));
+        }
+        let v = self.v.ok_or_else(|| bad("unknown format".into()))?;
+        let mut buf = self.buf;
+        let offsets = v.finish(&buf)?;
+        buf.shrink_to_fit();
+        Ok(TreeManifest { buf, offsets })
     }
 }
 
@@ -467,5 +683,197 @@ mod tests {
             assert!(TreeManifest::decode(good[..cut].to_vec()).is_err());
         }
         assert!(TreeManifest::decode_compressed(&[0xff; 40], 1 << 20).is_err());
+    }
+
+    /// `raw_len` prefix + one zstd frame of `head` followed by `zeros` zero bytes,
+    /// compressed as a stream (the frame is a few KiB per GiB).
+    fn bomb(raw_len: u64, head: &[u8], zeros: u64) -> Vec<u8> {
+        use std::io::Write;
+        let mut out = raw_len.to_le_bytes().to_vec();
+        let mut e = zstd::stream::write::Encoder::new(&mut out, 1).unwrap();
+        e.write_all(head).unwrap();
+        let z = vec![0u8; 1 << 20];
+        let mut left = zeros;
+        while left > 0 {
+            let n = left.min(z.len() as u64) as usize;
+            e.write_all(&z[..n]).unwrap();
+            left -= n as u64;
+        }
+        e.finish().unwrap();
+        out
+    }
+
+    fn header(count: u32) -> Vec<u8> {
+        let mut h = MAGIC.to_vec();
+        h.extend_from_slice(&[1, 0, 0, 0]);
+        h.extend_from_slice(&count.to_le_bytes());
+        h
+    }
+
+    /// Feed `wire` in 64 KiB parts; the error and the most bytes the reader ever held.
+    fn feed(wire: &[u8], max_len: usize) -> (Result<TreeManifest>, usize, usize) {
+        let mut r = CompressedManifestReader::new(max_len);
+        let mut fed = 0;
+        for part in wire.chunks(64 * 1024) {
+            fed += part.len();
+            if let Err(e) = r.push(part) {
+                let hw = r.high_water();
+                assert_eq!(r.decoded_len(), 0, "nothing kept after an error");
+                return (Err(e), hw, fed);
+            }
+        }
+        let hw = r.high_water();
+        (r.finish(), hw, fed)
+    }
+
+    const TWO_GIB: u64 = 2 << 30;
+    /// What a refused bomb may have made the reader hold: one step plus one entry.
+    const BOUND: usize = 2 * (STEP + MAX_ENTRY_LEN);
+
+    #[test]
+    fn a_zero_bomb_declaring_2_gib_is_refused_at_its_first_bytes() {
+        let wire = bomb(TWO_GIB, b"", TWO_GIB);
+        assert!(
+            wire.len() < 1 << 20,
+            "the bomb is tiny on the wire ({} bytes)",
+            wire.len()
+        );
+        let (r, hw, _) = feed(&wire, TWO_GIB as usize);
+        let e = r.expect_err("refused").to_string();
+        assert!(e.contains("unknown format"), "{e}");
+        assert!(hw <= BOUND, "held {hw} bytes");
+    }
+
+    #[test]
+    fn a_bomb_behind_a_valid_header_and_root_is_refused_at_the_first_bad_entry() {
+        let mut b = TreeBuilder::new();
+        b.push(&entry(b"", Kind::Dir, 0));
+        let root_only = b.finish().encoded()[HEADER_LEN..].to_vec();
+        // Header claims 50 M entries (which 2 GiB could hold), then the root, then zeros.
+        let mut head = header(MAX_ENTRIES);
+        head.extend_from_slice(&root_only);
+        let zeros = TWO_GIB - head.len() as u64;
+        let (r, hw, fed) = feed(&bomb(TWO_GIB, &head, zeros), TWO_GIB as usize);
+        let e = r.expect_err("refused").to_string();
+        assert!(e.contains("entry 1"), "{e}");
+        assert!(hw <= BOUND, "held {hw} bytes");
+        assert!(fed <= 128 * 1024, "refused after {fed} wire bytes");
+        // A path of 4096 zero bytes: complete, invalid (NUL), refused once it is whole.
+        let mut head = header(MAX_ENTRIES);
+        head.extend_from_slice(&root_only);
+        head.extend_from_slice(&4096u16.to_le_bytes());
+        let (r, hw, _) = feed(&bomb(TWO_GIB, &head, TWO_GIB - head.len() as u64), TWO_GIB as usize);
+        assert!(r.is_err());
+        assert!(hw <= BOUND, "held {hw} bytes");
+    }
+
+    #[test]
+    fn declared_lengths_and_counts_must_fit_each_other() {
+        let ok = sample();
+        let n = ok.len() as u32;
+        let body = ok.encoded()[HEADER_LEN..].to_vec();
+        let wire_of = |count: u32, raw_len: u64| {
+            let mut raw = header(count);
+            raw.extend_from_slice(&body);
+            let mut w = raw_len.to_le_bytes().to_vec();
+            w.extend_from_slice(&zstd::bulk::compress(&raw, 1).unwrap());
+            w
+        };
+        let real = (HEADER_LEN + body.len()) as u64;
+        assert!(feed(&wire_of(n, real), 1 << 20).0.is_ok());
+        for (count, raw_len, why) in [
+            (u32::MAX, real, "count beyond MAX_ENTRIES"),
+            (MAX_ENTRIES + 1, TWO_GIB, "count beyond MAX_ENTRIES"),
+            (MAX_ENTRIES, real, "50 M entries cannot fit a few hundred bytes"),
+            (0, real, "no root"),
+            (1, TWO_GIB, "one entry cannot justify 2 GiB"),
+            (n, real + 1, "length one past the data"),
+            (n, real - 1, "data runs past the declared length"),
+            (n, TWO_GIB + 1, "beyond the hard cap"),
+            (n, 35, "shorter than a header and a root"),
+        ] {
+            let (r, hw, _) = feed(&wire_of(count, raw_len), TWO_GIB as usize);
+            assert!(r.is_err(), "{why}");
+            assert!(hw <= BOUND, "{why}: held {hw}");
+        }
+        // Plain decode checks the same fit without allocating for the claimed count.
+        let mut raw = header(MAX_ENTRIES);
+        raw.extend_from_slice(&body);
+        assert!(TreeManifest::decode(raw).is_err());
+    }
+
+    #[test]
+    fn nested_lengths_cannot_reach_past_their_entry() {
+        let mut b = TreeBuilder::new();
+        b.push(&entry(b"", Kind::Dir, 0));
+        b.push(&entry(b"l", Kind::Symlink, 6));
+        let good = b.finish().encoded().to_vec();
+        let link_len_at = good.len() - 6 - 2;
+        assert_eq!(&good[link_len_at + 2..], b"target");
+        // The symlink target claims 65535 bytes, the manifest ends after 6: never accepted.
+        let mut long = good.clone();
+        long[link_len_at..link_len_at + 2].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert!(TreeManifest::decode(long.clone()).is_err());
+        let mut w = (long.len() as u64).to_le_bytes().to_vec();
+        w.extend_from_slice(&zstd::bulk::compress(&long, 1).unwrap());
+        assert!(feed(&w, 1 << 20).0.is_err());
+        // A path length over 4096 is refused as soon as its two bytes are there.
+        let mut r = CompressedManifestReader::new(TWO_GIB as usize);
+        let mut head = header(2);
+        head.extend_from_slice(&good[HEADER_LEN..HEADER_LEN + 24]);
+        head.extend_from_slice(&5000u16.to_le_bytes());
+        let mut w = TWO_GIB.to_le_bytes().to_vec();
+        w.extend_from_slice(&zstd::bulk::compress(&head, 1).unwrap());
+        assert!(r.push(&w).is_err(), "refused before the rest arrives");
+    }
+
+    #[test]
+    fn trailing_frames_and_truncation_are_refused() {
+        let wire = sample().encode_compressed();
+        let mut two = wire.clone();
+        two.extend_from_slice(&zstd::bulk::compress(b"more", 1).unwrap());
+        assert!(feed(&two, 1 << 20).0.is_err());
+        for cut in [9, wire.len() / 2, wire.len() - 1] {
+            assert!(feed(&wire[..cut], 1 << 20).0.is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn large_manifests_decode_from_parts_of_any_size() {
+        let mut b = TreeBuilder::new();
+        b.push(&entry(b"", Kind::Dir, 0));
+        let names: Vec<Vec<u8>> = (0..60_000u32)
+            .map(|i| format!("d{:03}/f{i:08}", i % 7).into_bytes())
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort_by(|a, b| cmp_tree_path(a, b));
+        let mut dirs: Vec<Vec<u8>> = (0..7).map(|d| format!("d{d:03}").into_bytes()).collect();
+        dirs.sort_by(|a, b| cmp_tree_path(a, b));
+        for d in &dirs {
+            b.push(&entry(d, Kind::Dir, 0));
+            for n in sorted.iter().filter(|n| n.starts_with(d) && n[d.len()] == b'/') {
+                b.push(&entry(n, Kind::File, 10));
+            }
+        }
+        let m = b.finish();
+        let wire = m.encode_compressed();
+        for part in [1usize, 7, 4096, 1 << 20] {
+            if part == 1 && wire.len() > 300_000 {
+                continue;
+            }
+            let mut r = CompressedManifestReader::new(TWO_GIB as usize);
+            for p in wire.chunks(part) {
+                r.push(p).unwrap();
+            }
+            assert!(
+                r.high_water() <= m.encoded().len() + 1,
+                "held {} for {}",
+                r.high_water(),
+                m.encoded().len()
+            );
+            let back = r.finish().unwrap();
+            assert_eq!(back.len(), m.len());
+            assert_eq!(back.encoded(), m.encoded());
+        }
     }
 }

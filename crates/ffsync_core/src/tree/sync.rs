@@ -10,16 +10,17 @@ use super::manifest::{flags, CompressedManifestReader, EntryRef, Kind, TreeManif
 use super::path::{display, join};
 use super::triage::{self, action_flags, Action, ExtraRoots, Op, Plan, TriageOptions};
 use super::walk::LocalTree;
+use crate::beneath::{Dir, Target};
 use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
-use crate::reconstruct::{apply_metadata, partial_path};
+use crate::reconstruct::{apply_metadata, create_exclusive, partial_of};
 use crate::scan::MappedFile;
 use rayon::prelude::*;
-use std::fs::{self, File, OpenOptions};
+use std::fs;
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Largest decompressed tree manifest accepted from a peer.
 pub const MAX_TREE_MANIFEST: usize = 2 << 30;
@@ -75,6 +76,9 @@ pub struct TreeSync {
     delete_allowed: AtomicBool,
     /// What triage was told (the attribute table leaves out what it left alone).
     options: TriageOptions,
+    /// Receiver: the target root, opened once. Every path the peer names is resolved
+    /// beneath it without following links (crate::beneath), never joined into a string.
+    root_dir: Mutex<Option<Arc<Dir>>>,
 }
 
 fn is_fatal(e: &CoreError) -> bool {
@@ -87,31 +91,29 @@ fn is_fatal(e: &CoreError) -> bool {
     )
 }
 
+/// Sender reads of its own tree: a link at a file's name is never followed.
 #[cfg(unix)]
-fn nofollow(o: &mut OpenOptions) -> &mut OpenOptions {
+fn nofollow(o: &mut fs::OpenOptions) -> &mut fs::OpenOptions {
     use std::os::unix::fs::OpenOptionsExt;
     o.custom_flags(libc::O_NOFOLLOW)
 }
 
 #[cfg(not(unix))]
-fn nofollow(o: &mut OpenOptions) -> &mut OpenOptions {
+fn nofollow(o: &mut fs::OpenOptions) -> &mut fs::OpenOptions {
     o
 }
 
-fn set_dir_meta(p: &Path, mtime_ns: i64, mode: u32) -> std::io::Result<()> {
+fn set_dir_meta(d: &Dir, mtime_ns: i64, mode: u32) -> std::io::Result<()> {
     #[cfg(unix)]
     {
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-        let d = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_DIRECTORY)
-            .open(p)?;
+        use std::os::unix::fs::PermissionsExt;
+        let d = d.as_file()?;
         d.set_permissions(fs::Permissions::from_mode(mode & 0o1777))?;
         d.set_times(fs::FileTimes::new().set_modified(crate::reconstruct::system_time_from_ns(mtime_ns)))
     }
     #[cfg(not(unix))]
     {
-        let _ = (p, mtime_ns, mode);
+        let _ = (d, mtime_ns, mode);
         Ok(())
     }
 }
@@ -131,7 +133,32 @@ impl TreeSync {
             claims: Mutex::new(Vec::new()),
             delete_allowed: AtomicBool::new(false),
             options: TriageOptions::default(),
+            root_dir: Mutex::new(None),
         }
+    }
+
+    /// The receiver's target root, opened on first use (the shell creates it first).
+    pub fn root_dir(&self) -> std::io::Result<Arc<Dir>> {
+        let mut g = self.root_dir.lock().unwrap();
+        if let Some(d) = &*g {
+            return Ok(d.clone());
+        }
+        let d = Arc::new(Dir::open_root(&self.local.root)?);
+        *g = Some(d.clone());
+        Ok(d)
+    }
+
+    /// Close the root handle (the session is over; a later call opens it again). A long-
+    /// lived process must not keep one descriptor per finished session until GC.
+    pub fn release_handles(&self) {
+        self.root_dir.lock().unwrap().take();
+    }
+
+    /// Where `rel` lives on our side: its directory resolved beneath the root handle
+    /// (a link or a non-directory on the way is an error), and its name.
+    pub fn place(&self, rel: &[u8]) -> std::io::Result<Target> {
+        let root = self.root_dir()?;
+        Target::beneath(&root, rel)
     }
 
     pub fn set_peer_manifest(&mut self, wire: &[u8]) -> Result<()> {
@@ -194,7 +221,15 @@ impl TreeSync {
     fn open_checked(&self, i: usize) -> Result<MappedFile> {
         let e = self.local.manifest.entry(i);
         let p = join(&self.local.root, e.path);
-        let f = MappedFile::open_nofollow(&p)?;
+        let f = if self.is_sender {
+            MappedFile::open_nofollow(&p)?
+        } else {
+            let file = self
+                .place(e.path)
+                .and_then(|t| t.open_read())
+                .map_err(|err| CoreError::io(&p, err))?;
+            MappedFile::from_open(&p, file)?
+        };
         if f.identity != self.local.identity(i) {
             return Err(CoreError::io(
                 &p,
@@ -410,7 +445,7 @@ impl TreeSync {
     fn read_whole(&self, i: usize) -> Result<Vec<u8>> {
         let e = self.local.manifest.entry(i);
         let p = join(&self.local.root, e.path);
-        let mut f = nofollow(OpenOptions::new().read(true))
+        let mut f = nofollow(fs::OpenOptions::new().read(true))
             .open(&p)
             .map_err(|e| CoreError::io(&p, e))?;
         let m = f.metadata().map_err(|e| CoreError::io(&p, e))?;
@@ -443,8 +478,12 @@ impl TreeSync {
             (self.s(), a.s)
         };
         let rel = m.entry(idx as usize).path.to_vec();
-        let p = join(&self.local.root, &rel);
-        let Ok(meta) = fs::symlink_metadata(&p) else { return };
+        let meta = if self.is_sender {
+            fs::symlink_metadata(join(&self.local.root, &rel))
+        } else {
+            self.place(&rel).and_then(|t| t.open_read()).and_then(|f| f.metadata())
+        };
+        let Ok(meta) = meta else { return };
         let identity = FileIdentity::of(&meta);
         if self.is_sender && identity != self.local.identity(idx as usize) {
             return; // changed since the walk: the root may be of another version
@@ -470,9 +509,9 @@ impl TreeSync {
         let r = self.r();
         let j = a.r as usize;
         let e = r.entry(j);
-        let p = join(&self.local.root, e.path);
+        let p = self.place(e.path)?;
         if !e.is_dir() {
-            return match fs::remove_file(&p) {
+            return match p.unlink() {
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
                 res => res,
             };
@@ -492,11 +531,11 @@ impl TreeSync {
         }
         for &k in inside.iter().rev() {
             let c = r.entry(k);
-            let cp = join(&self.local.root, c.path);
+            let cp = self.place(c.path)?;
             let res = if c.is_dir() {
-                fs::remove_dir(&cp)
+                cp.dir.rmdir(&cp.name)
             } else {
-                fs::remove_file(&cp)
+                cp.unlink()
             };
             match res {
                 Err(err)
@@ -507,7 +546,7 @@ impl TreeSync {
                 other => other?,
             }
         }
-        fs::remove_dir(&p).map_err(|err| {
+        p.dir.rmdir(&p.name).map_err(|err| {
             if err.kind() == std::io::ErrorKind::DirectoryNotEmpty {
                 std::io::Error::other("the directory in the way holds protected or excluded entries; not replaced")
             } else {
@@ -516,7 +555,13 @@ impl TreeSync {
         })
     }
 
-    fn target(&self, a: &Action) -> PathBuf {
+    /// The sender's path of an action, resolved on our side (see `place`).
+    fn target(&self, a: &Action) -> std::io::Result<Target> {
+        self.place(self.s().entry(a.s as usize).path)
+    }
+
+    /// For messages: the action's path as a string under our root.
+    fn shown(&self, a: &Action) -> PathBuf {
         join(&self.local.root, self.s().entry(a.s as usize).path)
     }
 
@@ -531,15 +576,23 @@ impl TreeSync {
             if failed_dirs.iter().any(|d| super::path::is_under(e.path, d)) {
                 continue;
             }
-            let p = self.target(a);
+            let p = self.shown(a);
             let r = (|| {
                 if a.flags & action_flags::REPLACE != 0 {
                     self.clear_receiver_entry(a)?;
                 }
-                match fs::create_dir(&p) {
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && fs::symlink_metadata(&p)?.is_dir() => {
-                        Ok(())
-                    }
+                let t = self.target(a)?;
+                match t.dir.mkdir(&t.name, 0o777) {
+                    // Only a real directory may stand where the sender has one: a link (even
+                    // one our walk never saw, hidden by an exclude) or a file is never
+                    // written through, and everything under it fails per path.
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => match t.lstat()? {
+                        Some(st) if st.is_dir() => Ok(()),
+                        _ => Err(std::io::Error::new(
+                            std::io::ErrorKind::AlreadyExists,
+                            "something that is not a directory is in the way (not replaced, nothing written through it)",
+                        )),
+                    },
                     r => r,
                 }
             })();
@@ -561,7 +614,7 @@ impl TreeSync {
             .enumerate()
             .filter(|(_, a)| a.op == Op::LocalCopy)
             .collect();
-        let made: Vec<(usize, Result<PathBuf>)> = copies.par_iter().map(|&(k, a)| (k, self.copy_local(a))).collect();
+        let made: Vec<(usize, Result<Target>)> = copies.par_iter().map(|&(k, a)| (k, self.copy_local(a))).collect();
         for (k, r) in made {
             let a = &plan.actions[k];
             let rel = self.s().entry(a.s as usize).path;
@@ -578,54 +631,66 @@ impl TreeSync {
         Ok(out)
     }
 
-    fn copy_local(&self, a: &Action) -> Result<PathBuf> {
+    fn copy_local(&self, a: &Action) -> Result<Target> {
         let root = self
             .sender_root_of(a)
             .ok_or_else(|| CoreError::Usage("local copy without a root".into()))?;
         let src = self.open_checked(a.basis as usize)?;
-        let target = self.target(a);
-        let tmp = partial_path(&target, &root);
-        let dst = nofollow(OpenOptions::new().read(true).write(true).create(true).truncate(true))
-            .open(&tmp)
-            .map_err(|e| CoreError::io(&tmp, e))?;
+        let shown = self.shown(a);
+        let target = self.target(a).map_err(|e| CoreError::io(&shown, e))?;
+        let (tmp, dst) = create_exclusive(partial_of(&target, &root)).map_err(|e| CoreError::io(&shown, e))?;
         let size = src.identity.size;
         crate::io::copy::copy_range(&src.file, 0, &dst, 0, size).map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            CoreError::io(&tmp, e)
+            let _ = tmp.unlink();
+            CoreError::io(tmp.shown(), e)
         })?;
-        let check = MappedFile::open_nofollow(&tmp).map(|m| m.manifest(None).root);
+        let check = dst
+            .try_clone()
+            .map_err(|e| CoreError::io(tmp.shown(), e))
+            .and_then(|f| MappedFile::from_open(&tmp.shown(), f))
+            .map(|m| m.manifest(None).root);
         if check.as_ref().ok() != Some(&root) {
-            let _ = fs::remove_file(&tmp);
+            let _ = tmp.unlink();
             return Err(CoreError::io(
-                &target,
+                &shown,
                 std::io::Error::other("local copy did not match the sender's root"),
             ));
         }
         let e = self.s().entry(a.s as usize);
-        apply_metadata(&dst, &tmp, Some(e.mtime_ns), Some(e.mode))?;
+        apply_metadata(&dst, &tmp.shown(), Some(e.mtime_ns), Some(e.mode))?;
         Ok(tmp)
     }
 
     /// Rename a verified temp file into place (clearing another kind in the way first)
     /// and record its root for the index.
-    fn commit(&self, a: &Action, tmp: &Path) -> Result<u64> {
+    fn commit(&self, a: &Action, tmp: &Target) -> Result<u64> {
         let root = self.sender_root_of(a).unwrap_or([0; 32]);
         self.commit_with_root(a, tmp, root)
     }
 
-    fn commit_with_root(&self, a: &Action, tmp: &Path, root: [u8; 32]) -> Result<u64> {
-        let target = self.target(a);
+    fn commit_with_root(&self, a: &Action, tmp: &Target, root: [u8; 32]) -> Result<u64> {
+        let shown = self.shown(a);
+        let target = match self.target(a) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = tmp.unlink();
+                return Err(CoreError::io(&shown, e));
+            }
+        };
         if a.flags & action_flags::REPLACE != 0 {
             if let Err(e) = self.clear_receiver_entry(a) {
-                let _ = fs::remove_file(tmp);
-                return Err(CoreError::io(&target, e));
+                let _ = tmp.unlink();
+                return Err(CoreError::io(&shown, e));
             }
         }
-        fs::rename(tmp, &target).map_err(|e| {
-            let _ = fs::remove_file(tmp);
-            CoreError::io(&target, e)
+        tmp.rename_to(&target).map_err(|e| {
+            let _ = tmp.unlink();
+            CoreError::io(&shown, e)
         })?;
-        let meta = fs::symlink_metadata(&target).map_err(|e| CoreError::io(&target, e))?;
+        let meta = target
+            .open_read()
+            .and_then(|f| f.metadata())
+            .map_err(|e| CoreError::io(&shown, e))?;
         if root != [0; 32] {
             self.claims.lock().unwrap().push(Claim {
                 path: self.s().entry(a.s as usize).path.to_vec(),
@@ -640,8 +705,8 @@ impl TreeSync {
     pub fn clear_for(&self, action: usize) -> Result<()> {
         let a = self.action(action)?;
         if a.flags & action_flags::REPLACE != 0 {
-            let p = self.target(a);
-            self.clear_receiver_entry(a).map_err(|e| CoreError::io(&p, e))?;
+            self.clear_receiver_entry(a)
+                .map_err(|e| CoreError::io(self.shown(a), e))?;
         }
         Ok(())
     }
@@ -704,18 +769,19 @@ impl TreeSync {
 
     fn write_whole(&self, a: &Action, data: &[u8], root: &[u8; 32]) -> Result<()> {
         let e = self.s().entry(a.s as usize);
-        let target = self.target(a);
-        let tmp = partial_path(&target, root);
-        let write = || -> std::io::Result<()> {
-            let mut f = nofollow(OpenOptions::new().write(true).create(true).truncate(true)).open(&tmp)?;
+        let shown = self.shown(a);
+        let target = self.target(a).map_err(|err| CoreError::io(&shown, err))?;
+        let (tmp, mut f) = create_exclusive(partial_of(&target, root)).map_err(|err| CoreError::io(&shown, err))?;
+        let mut write = || -> std::io::Result<()> {
             f.write_all(data)?;
             #[cfg(not(target_os = "linux"))]
             f.sync_all()?; // Linux: one syncfs for the whole tree at the end instead
-            apply_metadata(&f, &tmp, Some(e.mtime_ns), Some(e.mode)).map_err(|e| std::io::Error::other(e.to_string()))
+            apply_metadata(&f, &tmp.shown(), Some(e.mtime_ns), Some(e.mode))
+                .map_err(|e| std::io::Error::other(e.to_string()))
         };
         write().map_err(|err| {
-            let _ = fs::remove_file(&tmp);
-            CoreError::io(&target, err)
+            let _ = tmp.unlink();
+            CoreError::io(&shown, err)
         })?;
         self.commit_with_root(a, &tmp, *root).map(|_| ())
     }
@@ -738,11 +804,11 @@ impl TreeSync {
     /// Receiver: apply the sender's attribute table (after every file is in place, before
     /// finish_receiver sets directory times). Failures are per path (exit 23).
     pub fn apply_attrs(&self, compressed: &[u8]) -> Result<Outcome> {
-        let raw = zstd::bulk::decompress(compressed, attrs::MAX_TABLE)
-            .map_err(|e| CoreError::malformed("attribute table", e.to_string()))?;
+        // Decoded as it decompresses: a bomb stops at its first bad field (issue 17 §4).
         let s = self.s();
-        let table = AttrTable::decode(&raw, s.len())?;
-        let (errors, warnings) = attrs::apply(&self.local.root, s, &table);
+        let table = AttrTable::decode_compressed(compressed, s.len())?;
+        let root = self.root_dir().map_err(|e| CoreError::io(&self.local.root, e))?;
+        let (errors, warnings) = attrs::apply(&root, s, &table);
         Ok(Outcome {
             errors,
             warnings,
@@ -759,9 +825,9 @@ impl TreeSync {
                 Op::Symlink => self.make_link(a, &s.entry(a.s as usize)),
                 Op::FileMeta => {
                     let e = s.entry(a.s as usize);
-                    let p = self.target(a);
+                    let p = self.shown(a);
                     (|| {
-                        let f = nofollow(OpenOptions::new().read(true)).open(&p)?;
+                        let f = self.target(a)?.open_read()?;
                         apply_metadata(&f, &p, Some(e.mtime_ns), Some(e.mode))
                             .map_err(|e| std::io::Error::other(e.to_string()))?;
                         if let Some(root) = self.sender_root_of(a) {
@@ -775,19 +841,18 @@ impl TreeSync {
                         Ok(())
                     })()
                 }
-                Op::Delete if delete_ok => {
-                    let p = join(&self.local.root, r.entry(a.r as usize).path);
-                    match fs::symlink_metadata(&p) {
-                        Ok(m) if m.is_dir() => match fs::remove_dir(&p) {
+                Op::Delete if delete_ok => (|| {
+                    let p = self.place(r.entry(a.r as usize).path)?;
+                    match p.lstat()? {
+                        Some(m) if m.is_dir() => match p.dir.rmdir(&p.name) {
                             // Something we may not delete is inside (protected or excluded).
                             Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => Ok(()),
                             r => r,
                         },
-                        Ok(_) => fs::remove_file(&p),
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                        Err(e) => Err(e),
+                        Some(_) => p.unlink(),
+                        None => Ok(()),
                     }
-                }
+                })(),
                 _ => continue,
             };
             match res {
@@ -807,7 +872,12 @@ impl TreeSync {
         }
         for a in plan.actions.iter().filter(|a| a.op == Op::DirMeta) {
             let e = s.entry(a.s as usize);
-            if let Err(err) = set_dir_meta(&self.target(a), e.mtime_ns, e.mode) {
+            let dir = if e.path.is_empty() {
+                self.root_dir().and_then(|d| d.try_clone())
+            } else {
+                self.root_dir().and_then(|d| d.open_beneath(e.path))
+            };
+            if let Err(err) = dir.and_then(|d| set_dir_meta(&d, e.mtime_ns, e.mode)) {
                 if err.kind() != std::io::ErrorKind::NotFound {
                     out.errors
                         .push(format!("cannot set attributes of {}/: {err}", display(e.path)));
@@ -820,13 +890,9 @@ impl TreeSync {
             .iter()
             .any(|a| matches!(a.op, Op::Mkdir | Op::LocalCopy | Op::Transfer | Op::Symlink));
         for (a, b) in if created { self.case_collisions() } else { Vec::new() } {
-            let (pa, pb) = (
-                join(&self.local.root, s.entry(a).path),
-                join(&self.local.root, s.entry(b).path),
-            );
-            if let (Ok(ma), Ok(mb)) = (fs::symlink_metadata(&pa), fs::symlink_metadata(&pb)) {
-                let (ia, ib) = (FileIdentity::of(&ma), FileIdentity::of(&mb));
-                if ia.inode == ib.inode && ia.dev == ib.dev && ia.inode != 0 {
+            let st = |i: usize| self.place(s.entry(i).path).and_then(|t| t.lstat()).ok().flatten();
+            if let (Some(ma), Some(mb)) = (st(a), st(b)) {
+                if ma.ino == mb.ino && ma.dev == mb.dev && ma.ino != 0 {
                     out.warnings.push(format!(
                         "{} and {} differ only in case; this filesystem folds case, so they are one entry here (the last one written won)",
                         display(s.entry(a).path),
@@ -835,27 +901,31 @@ impl TreeSync {
                 }
             }
         }
-        sync_tree(&self.local.root);
+        if let Ok(root) = self.root_dir() {
+            sync_tree(&root);
+        }
         self.store_index();
         Ok(out)
     }
 
     fn make_link(&self, a: &Action, e: &EntryRef) -> std::io::Result<()> {
-        let target = self.target(a);
+        let target = self.target(a)?;
         #[cfg(unix)]
         {
-            use std::os::unix::ffi::OsStrExt;
-            let tmp = partial_path(&target, blake3::hash(e.link).as_bytes());
-            let _ = fs::remove_file(&tmp);
-            std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(e.link), &tmp)?;
+            let tmp = partial_of(&target, blake3::hash(e.link).as_bytes());
+            // A stale temp link of ours may be removed; anything else at the name is kept.
+            if tmp.lstat()?.is_some_and(|st| st.is_symlink()) {
+                let _ = tmp.unlink();
+            }
+            tmp.dir.symlink(e.link, &tmp.name)?;
             let placed = (|| {
                 if a.flags & action_flags::REPLACE != 0 {
                     self.clear_receiver_entry(a)?;
                 }
-                fs::rename(&tmp, &target)
+                tmp.rename_to(&target)
             })();
             if placed.is_err() {
-                let _ = fs::remove_file(&tmp);
+                let _ = tmp.unlink();
             }
             placed
         }
@@ -992,17 +1062,12 @@ fn op_verb(op: Op) -> &'static str {
 
 /// Make everything written durable before we report success: one syncfs on Linux (files
 /// were not fsync'ed one by one), a directory fsync elsewhere (files were).
-fn sync_tree(root: &Path) {
+fn sync_tree(root: &Dir) {
     #[cfg(target_os = "linux")]
-    if let Ok(d) = File::open(root) {
-        use std::os::unix::io::AsRawFd;
+    {
         // Safety: valid fd.
-        unsafe { libc::syncfs(d.as_raw_fd()) };
+        unsafe { libc::syncfs(root.raw_fd()) };
     }
-    #[cfg(all(unix, not(target_os = "linux")))]
-    if let Ok(d) = File::open(root) {
-        let _ = d.sync_all();
-    }
-    #[cfg(not(unix))]
-    let _ = root;
+    #[cfg(not(target_os = "linux"))]
+    let _ = root.sync();
 }

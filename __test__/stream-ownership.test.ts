@@ -1,0 +1,215 @@
+// The transport ownership rule (ts/transport/stream-pair.ts, docs/decisions.md): a write's
+// callback fires only once the transport no longer references the bytes, and a received
+// chunk is the receiver's. The send paths release pooled batch buffers in that callback;
+// a transport that calls back early delivers frames whose bytes changed after they were
+// sent (issue §0: `sync` local to local failed at random on a real tree).
+//
+// Every stream kind a FramedConnection runs over is checked the same way: frames are sent
+// from a small BufferPool, each buffer scribbled over the moment its write callback fires,
+// to a receiver that stalls now and then (so every queue on the way fills up); the receiver
+// must decode exactly the bytes that were sent.
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import net from 'node:net';
+import tls from 'node:tls';
+import { describe, it } from 'node:test';
+import type { Duplex } from 'node:stream';
+import { FramedConnection } from '../ts/transport/connection';
+import { joinStreams, pipePair } from '../ts/transport/stream-pair';
+import { QuicListener, QuicSession } from '../ts/transport/quic';
+import { loadOrCreateIdentity } from '../ts/security/identity';
+import { FrameType } from '../ts/protocol/frames';
+import { BufferPool } from '../ts/utils/buffer-pool';
+import { tmpdir } from './helpers/peers';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const SCRIBBLE = 0xee;
+const FRAMES = 240;
+
+/** Frame i: large, then runs of small ones (below a socket's 16 KiB write high-water
+ * mark: the size an early callback slips through with), then medium ones. */
+function frameLength(i: number): number {
+  if (i % 8 === 0) return (1 << 20) - 7 * i;
+  if (i % 8 < 6) return 64 + ((i * 977) % 8000);
+  return 64 * 1024 + ((i * 7919) % (192 * 1024));
+}
+
+/** Frame i's content: its index, then one fill byte that is never the scribble. */
+function fillByte(i: number): number {
+  return 1 + (i % 200);
+}
+
+function checkFrame(i: number, payload: Buffer): void {
+  assert.equal(payload.length, frameLength(i), `frame ${i}: length`);
+  assert.equal(payload.readUInt32LE(0), i, `frame ${i}: index`);
+  const want = fillByte(i);
+  for (let k = 4; k < payload.length; k++) {
+    if (payload[k] !== want) assert.fail(`frame ${i}: byte ${k} of ${payload.length} is 0x${payload[k].toString(16)}, sent 0x${want.toString(16)} (the buffer was reused before the transport let go of it)`);
+  }
+}
+
+/** Send FRAMES pooled frames on `tx`, receive and check them on `rx` (may be the same
+ * connection: an echoing peer). */
+async function exchange(tx: FramedConnection, rxReady: FramedConnection | Promise<FramedConnection>): Promise<void> {
+  const pool = new BufferPool(1 << 20, 3);
+  const sending = (async () => {
+    for (let i = 0; i < FRAMES; i++) {
+      const buf = await pool.acquire();
+      const n = frameLength(i);
+      buf.fill(fillByte(i), 0, n);
+      buf.writeUInt32LE(i, 0);
+      await tx.send(FrameType.DATA, buf.subarray(0, n), () => {
+        buf.fill(SCRIBBLE);
+        pool.release(buf);
+      });
+    }
+  })();
+  const receiving = (async () => {
+    const rx = await rxReady;
+    await sleep(150); // let every queue between us fill up
+    for (let i = 0; i < FRAMES; i++) {
+      const f = await rx.recv();
+      assert.equal(f.type, FrameType.DATA);
+      checkFrame(i, f.payload);
+      f.release?.();
+      if (i % 10 === 0) await sleep(10);
+    }
+  })();
+  await Promise.all([sending, receiving]);
+}
+
+async function overPair(a: Duplex, b: Duplex): Promise<void> {
+  const tx = new FramedConnection(a, 30_000);
+  const rx = new FramedConnection(b, 30_000);
+  await exchange(tx, rx);
+  await Promise.all([tx.close(), rx.close()]);
+}
+
+function tcpPair(): Promise<[net.Socket, net.Socket]> {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer((accepted) => {
+      server.close();
+      client.once('connect', () => resolve([client, accepted]));
+      if (!client.connecting) resolve([client, accepted]);
+    });
+    server.once('error', reject);
+    let client: net.Socket;
+    server.listen(0, '127.0.0.1', () => {
+      client = net.connect((server.address() as net.AddressInfo).port, '127.0.0.1');
+      client.once('error', reject);
+    });
+  });
+}
+
+describe('transport ownership: a write callback means the transport let go of the bytes', () => {
+  const state = tmpdir('ffsync-own-');
+  const id = loadOrCreateIdentity(state);
+
+  it('in-memory pipe pair (local sync and its lanes)', async () => {
+    const [a, b] = pipePair();
+    await overPair(a, b);
+  });
+
+  it('a child process stdio joined with joinStreams (ssh, both ends)', async () => {
+    // The child echoes every frame back, a little slowly (as ssh may): the pipe to it is
+    // often full, so our writes queue in child.stdin.
+    const echo = "process.stdin.on('data', (d) => { process.stdin.pause(); setTimeout(() => { process.stdout.write(d); process.stdin.resume(); }, 1); })";
+    const child = spawn(process.execPath, ['-e', echo], { stdio: ['pipe', 'pipe', 'inherit'] });
+    const conn = new FramedConnection(joinStreams(child.stdout!, child.stdin!), 30_000);
+    try {
+      await exchange(conn, conn);
+    } finally {
+      await conn.close(1000);
+      child.kill();
+    }
+  });
+
+  it('TCP', async () => {
+    const [a, b] = await tcpPair();
+    await overPair(a, b);
+  });
+
+  it('TLS 1.3', async () => {
+    const server = tls.createServer({ key: id.keyPem, cert: id.certPem, minVersion: 'TLSv1.3' });
+    const accepted = new Promise<tls.TLSSocket>((resolve) => server.once('secureConnection', resolve));
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+    const client = tls.connect({ port: (server.address() as net.AddressInfo).port, host: '127.0.0.1', rejectUnauthorized: false, minVersion: 'TLSv1.3' });
+    await new Promise<void>((r, j) => client.once('secureConnect', () => r()).once('error', j));
+    const b = await accepted;
+    server.close();
+    await overPair(client, b);
+  });
+
+  it('QUIC stream', async () => {
+    const listener = await QuicListener.bind('127.0.0.1', 0, id, { idleMs: 30_000 });
+    const accepting = listener.acceptSession();
+    const client = await QuicSession.connect('127.0.0.1', listener.port, id, { timeoutMs: 10_000, idleMs: 30_000 });
+    const server = await accepting;
+    try {
+      const a = await client.openStream();
+      const tx = new FramedConnection(a, 30_000);
+      // A QUIC stream is announced by its first bytes: the peer accepts it once they came.
+      const rx = server.acceptStream().then((b) => new FramedConnection(b, 30_000));
+      await exchange(tx, rx);
+      await Promise.all([tx.close(), (await rx).close()]);
+    } finally {
+      await client.close(true);
+      await server.close(true);
+      listener.close();
+    }
+  });
+});
+
+describe('pipePair: a socket-like in-memory connection', () => {
+  it('holds write callbacks while the reader is full, releases them as it reads', async () => {
+    const [a, b] = pipePair(64 * 1024);
+    b.pause();
+    let called = 0;
+    const chunk = Buffer.alloc(16 * 1024, 1);
+    for (let i = 0; i < 16; i++) a.write(chunk, () => called++);
+    await sleep(20);
+    // 64 KiB fit in b's read buffer; the fifth write's callback waits for the reader.
+    assert.ok(called >= 3 && called <= 5, `callbacks fired: ${called}`);
+    let got = 0;
+    b.on('data', (d: Buffer) => (got += d.length));
+    b.resume();
+    await sleep(20);
+    assert.equal(called, 16);
+    assert.equal(got, 16 * chunk.length);
+  });
+
+  it('a chunk received is a copy: the writer scribbling on its buffer changes nothing', async () => {
+    const [a, b] = pipePair();
+    const got: Buffer[] = [];
+    b.on('data', (d: Buffer) => got.push(d));
+    const buf = Buffer.alloc(1000, 7);
+    await new Promise<void>((r) => a.write(buf, () => r()));
+    buf.fill(SCRIBBLE);
+    assert.ok(Buffer.concat(got).equals(Buffer.alloc(1000, 7)));
+  });
+
+  it('end: the reader gets the bytes, then end; destroy: the same, and writes to it fail with EPIPE', async () => {
+    const [a, b] = pipePair();
+    const chunks: Buffer[] = [];
+    b.on('data', (d: Buffer) => chunks.push(d));
+    const ended = new Promise<void>((r) => b.once('end', () => r()));
+    a.write(Buffer.from('hello'));
+    a.end();
+    await ended;
+    assert.equal(Buffer.concat(chunks).toString(), 'hello');
+    a.resume();
+    b.end();
+    await new Promise<void>((r) => a.once('close', () => r()));
+
+    const [c, d] = pipePair();
+    const dEnded = new Promise<void>((r) => d.once('end', () => r()));
+    d.resume();
+    c.destroy();
+    await dEnded;
+    const err = await new Promise<NodeJS.ErrnoException>((r) => {
+      d.once('error', r);
+      d.write(Buffer.from('x'));
+    });
+    assert.equal(err.code, 'EPIPE');
+  });
+});
