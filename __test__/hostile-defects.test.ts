@@ -9,6 +9,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import { run, seeded, snapshot, startReceiver, tmpdir } from './helpers/peers';
+import { frameReader } from './helpers/raw-peer';
 import { encodeFrame, FrameType } from '../ts/protocol/frames';
 import {
   Capability,
@@ -28,27 +29,6 @@ import { scanFile } from '../ts/native/binding';
 
 type Next = () => Promise<{ type: number; payload: Buffer }>;
 
-function frameReader(sock: net.Socket): Next {
-  let buf = Buffer.alloc(0);
-  const waiters: (() => void)[] = [];
-  sock.on('data', (d) => {
-    buf = Buffer.concat([buf, d]);
-    waiters.splice(0).forEach((w) => w());
-  });
-  sock.on('close', () => waiters.splice(0).forEach((w) => w()));
-  return async () => {
-    for (;;) {
-      if (buf.length >= 5 && buf.length >= 4 + buf.readUInt32LE(0)) {
-        const len = buf.readUInt32LE(0);
-        const f = { type: buf[4], payload: buf.subarray(5, 4 + len) };
-        buf = buf.subarray(4 + len);
-        return f;
-      }
-      if (sock.destroyed) throw new Error('closed');
-      await new Promise<void>((r) => waiters.push(r));
-    }
-  };
-}
 
 const hello = (role: number) => encodeFrame(FrameType.HELLO, encodeHello({ minVersion: 1, maxVersion: 1, capabilities: Capability.ZSTD, role, software: 'hostile' }));
 

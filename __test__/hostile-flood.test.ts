@@ -10,7 +10,8 @@ import net from 'node:net';
 import path from 'node:path';
 import { describe, test } from 'node:test';
 import { CLI, seeded, tmpdir } from './helpers/peers.js';
-import { encodeFrame, FrameType } from '../ts/protocol/frames.js';
+import { frameReaderOrEnd } from './helpers/raw-peer.js';
+import { encodeFrame, type Frame, FrameType } from '../ts/protocol/frames.js';
 import { Decision, encodeDecision, encodeHello, encodeNeedEnd, encodeOffer, manifestFrames, needFrames, OfferKind, Role } from '../ts/protocol/messages.js';
 import { scanFile } from '../ts/native/binding.js';
 import { manifestChunkCount } from '../ts/utils/manifest.js';
@@ -74,32 +75,11 @@ async function exitWithin(v: Victim, ms: number): Promise<{ code: number | null;
   return r;
 }
 
-/** A socket with a frame reader. */
+/** A socket with a frame reader: the next frame, or undefined once the victim closed. */
 function framed(sock: net.Socket) {
   sock.on('error', () => undefined);
-  let buf = Buffer.alloc(0);
-  let ended = false;
-  const waiters: (() => void)[] = [];
-  sock.on('data', (d: Buffer) => {
-    buf = buf.length ? Buffer.concat([buf, d]) : d;
-    waiters.splice(0).forEach((w) => w());
-  });
-  sock.on('close', () => {
-    ended = true;
-    waiters.splice(0).forEach((w) => w());
-  });
-  return async (): Promise<{ type: number; payload: Buffer } | undefined> => {
-    for (;;) {
-      if (buf.length >= 5 && buf.length >= 4 + buf.readUInt32LE(0)) {
-        const len = buf.readUInt32LE(0);
-        const f = { type: buf[4], payload: Buffer.from(buf.subarray(5, 4 + len)) };
-        buf = buf.subarray(4 + len);
-        return f;
-      }
-      if (ended) return undefined;
-      await new Promise<void>((r) => waiters.push(r));
-    }
-  };
+  const take = frameReaderOrEnd(sock);
+  return () => take(600_000);
 }
 
 const hello = (role: number) => encodeFrame(FrameType.HELLO, encodeHello({ minVersion: 1, maxVersion: 1, capabilities: 0, role, software: 'hostile' }));
@@ -316,7 +296,7 @@ describe('frame decoder', () => {
     const mod = (process.env.FFSYNC_TEST_CLI ? await import(path.join(path.dirname(cli), '..', 'protocol', 'frames.js')) : await import('../ts/protocol/frames.js')) as typeof import('../ts/protocol/frames.js');
     const frame = mod.encodeFrame(FrameType.MANIFEST, Buffer.alloc(128 * 1024, 7));
     const d = new mod.FrameDecoder();
-    const out: unknown[] = [];
+    const out: Frame[] = [];
     const h0 = process.memoryUsage().heapUsed;
     const t0 = process.cpuUsage();
     for (let i = 0; i < frame.length - 1; i++) d.push(Buffer.from([frame[i]]), out);

@@ -10,6 +10,7 @@ import path from 'node:path';
 import tls from 'node:tls';
 import { describe, it } from 'node:test';
 import { CLI, type Peer, run, seeded, snapshot, startReceiver, tmpdir } from './helpers/peers';
+import { frameReader } from './helpers/raw-peer';
 import { encodeFrame, FrameType } from '../ts/protocol/frames';
 import { encodeHello, encodeOffer, encodeRequest, manifestFrames, OfferKind, RequestOp, Role } from '../ts/protocol/messages';
 
@@ -56,28 +57,6 @@ const BOMBS: { name: string; wire: () => Buffer }[] = [
   { name: 'a plausible header and root, then 2 GiB of zeros', wire: () => treeWire(2 * GiB, plausibleHead(), 2 * GiB - 36) },
 ];
 
-/** Frames from a raw socket. */
-function frameReader(sock: net.Socket | tls.TLSSocket): () => Promise<{ type: number; payload: Buffer }> {
-  let buf = Buffer.alloc(0);
-  const waiters: (() => void)[] = [];
-  sock.on('data', (d) => {
-    buf = Buffer.concat([buf, d]);
-    waiters.splice(0).forEach((w) => w());
-  });
-  sock.on('close', () => waiters.splice(0).forEach((w) => w()));
-  return async () => {
-    for (;;) {
-      if (buf.length >= 5 && buf.length >= 4 + buf.readUInt32LE(0)) {
-        const len = buf.readUInt32LE(0);
-        const f = { type: buf[4], payload: buf.subarray(5, 4 + len) };
-        buf = buf.subarray(4 + len);
-        return f;
-      }
-      if (sock.destroyed) throw new Error('closed');
-      await new Promise<void>((r) => waiters.push(r));
-    }
-  };
-}
 
 /** Polls the victim's VmHWM (it only grows, so the last read before exit is its peak). */
 function statusKiB(pid: number, field: string): number {

@@ -7,6 +7,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import { seeded, sender, snapshot, snapshotTree, startReceiver, sync, tmpdir } from './helpers/peers';
+import { frameReader } from './helpers/raw-peer';
 import { encodeFrame, FrameType } from '../ts/protocol/frames';
 import { Decision, decodeDecision, decodeFilter, encodeDataEnd, encodeFilter, encodeHello, encodeOffer, manifestFrames, OfferKind, Role } from '../ts/protocol/messages';
 import { scanFile, openChunkSource } from '../ts/native/binding';
@@ -18,24 +19,7 @@ async function hostile(port: number, script: (sock: net.Socket, next: () => Prom
   const sock = net.connect({ host: '127.0.0.1', port });
   await new Promise((r) => sock.once('connect', r));
   sock.on('error', () => undefined);
-  let buf = Buffer.alloc(0);
-  const waiters: (() => void)[] = [];
-  sock.on('data', (d) => {
-    buf = Buffer.concat([buf, d]);
-    waiters.splice(0).forEach((w) => w());
-  });
-  const next = async () => {
-    for (;;) {
-      if (buf.length >= 5 && buf.length >= 4 + buf.readUInt32LE(0)) {
-        const len = buf.readUInt32LE(0);
-        const f = { type: buf[4], payload: buf.subarray(5, 4 + len) };
-        buf = buf.subarray(4 + len);
-        return f;
-      }
-      await new Promise<void>((r) => waiters.push(r));
-    }
-  };
-  await script(sock, next);
+  await script(sock, frameReader(sock));
   sock.end();
 }
 
@@ -227,7 +211,7 @@ async function filterRewriter(receiverPort: number, extra: string[]): Promise<{ 
       while (buf.length >= 5 && buf.length >= 4 + buf.readUInt32LE(0)) {
         const len = buf.readUInt32LE(0);
         const type = buf[4];
-        let payload = buf.subarray(5, 4 + len);
+        let payload: Buffer = buf.subarray(5, 4 + len);
         buf = buf.subarray(4 + len);
         if (type === FrameType.FILTER) payload = encodeFilter([...decodeFilter(payload), ...extra]);
         upstream.write(encodeFrame(type as FrameType, payload));

@@ -4,63 +4,22 @@
 // only sends KEEPALIVEs loses its path's write lock after the stall limit.
 // FFSYNC_TEST_CLI=<path to another dist/cli/main.js> runs the same tests against another build.
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import tls from 'node:tls';
 import { describe, test } from 'node:test';
 import { CLI, type Peer, type PeerResult, run, seeded, sha256, tmpdir } from './helpers/peers.js';
+import { frameReaderOrEnd } from './helpers/raw-peer.js';
 import { encodeFrame, FrameType } from '../ts/protocol/frames.js';
 import { encodeHello, encodeRequest, OUR_CAPABILITIES, RequestOp, Role } from '../ts/protocol/messages.js';
 
 const cli = process.env.FFSYNC_TEST_CLI ?? CLI;
 
+/** The CLI under test: this build, or another one (FFSYNC_TEST_CLI, to show a test fails there). */
 function runCli(args: string[]): Peer {
-  if (cli === CLI) return run(args);
-  // Same collector as helpers/peers.run, another build.
-  const child = spawn(process.execPath, [cli, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let stdout = '';
-  let stderr = '';
-  const events: Record<string, any>[] = [];
-  const watchers: { pred: (e: Record<string, any>) => boolean; resolve: (e: Record<string, any>) => void }[] = [];
-  let partial = '';
-  child.stdout!.on('data', (d: Buffer) => {
-    stdout += d;
-    partial += d;
-    let nl;
-    while ((nl = partial.indexOf('\n')) >= 0) {
-      const line = partial.slice(0, nl);
-      partial = partial.slice(nl + 1);
-      try {
-        const e = JSON.parse(line);
-        events.push(e);
-        for (const w of [...watchers]) {
-          if (w.pred(e)) {
-            watchers.splice(watchers.indexOf(w), 1);
-            w.resolve(e);
-          }
-        }
-      } catch {
-        // not JSON
-      }
-    }
-  });
-  child.stderr!.on('data', (d: Buffer) => (stderr += d));
-  const done = new Promise<PeerResult>((resolve) => child.on('close', (code, signal) => resolve({ code, signal, events, stdout, stderr, summary: events.find((e) => e.event === 'summary') })));
-  return {
-    child,
-    done,
-    events,
-    waitFor: (pred) => {
-      const hit = events.find(pred);
-      if (hit) return Promise.resolve(hit);
-      return new Promise((resolve, reject) => {
-        watchers.push({ pred, resolve });
-        void done.then(() => reject(new Error(`process exited before the awaited event; stderr: ${stderr}`)));
-      });
-    },
-  };
+  return run(args, {}, cli);
 }
 
 function id(state: string): string {
@@ -118,42 +77,16 @@ interface Raw {
 }
 
 async function rawTls(port: number, who: { key: Buffer; cert: Buffer }, localAddress?: string): Promise<Raw> {
-  const sock = tls.connect({ host: '127.0.0.1', port, localAddress, ...who, rejectUnauthorized: false, minVersion: 'TLSv1.3', checkServerIdentity: () => undefined });
+  // localAddress reaches net.connect (the typings of tls.connect leave it out).
+  const opts = { host: '127.0.0.1', port, localAddress, ...who, rejectUnauthorized: false, minVersion: 'TLSv1.3' as const, checkServerIdentity: () => undefined };
+  const sock = tls.connect(opts as tls.ConnectionOptions);
   sock.on('error', () => undefined);
   const closed = new Promise<void>((r) => sock.once('close', () => r()));
   await new Promise<void>((resolve, reject) => {
     sock.once('secureConnect', () => resolve());
     sock.once('close', () => reject(new Error('closed before the TLS handshake completed')));
   });
-  let buf = Buffer.alloc(0);
-  let ended = false;
-  const waiters: (() => void)[] = [];
-  sock.on('data', (d: Buffer) => {
-    buf = Buffer.concat([buf, d]);
-    waiters.splice(0).forEach((w) => w());
-  });
-  void closed.then(() => {
-    ended = true;
-    waiters.splice(0).forEach((w) => w());
-  });
-  const next = async (ms = 10_000) => {
-    const deadline = Date.now() + ms;
-    for (;;) {
-      if (buf.length >= 5 && buf.length >= 4 + buf.readUInt32LE(0)) {
-        const len = buf.readUInt32LE(0);
-        const f = { type: buf[4], payload: buf.subarray(5, 4 + len) };
-        buf = buf.subarray(4 + len);
-        return f;
-      }
-      if (ended) return undefined;
-      const left = deadline - Date.now();
-      if (left <= 0) throw new Error(`no frame within ${ms} ms`);
-      await new Promise<void>((r) => {
-        const t = setTimeout(r, left);
-        waiters.push(() => (clearTimeout(t), r()));
-      });
-    }
-  };
+  const next = frameReaderOrEnd(sock);
   return { sock, next, closed };
 }
 

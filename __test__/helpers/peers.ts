@@ -7,7 +7,9 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
-export const CLI = path.join(__dirname, '..', '..', 'dist', 'cli', 'main.js');
+/** The CLI under test: this build's, or FFSYNC_TEST_CLI (another build's main.js, to show that a
+ * new test fails there). */
+export const CLI = process.env.FFSYNC_TEST_CLI ?? path.join(__dirname, '..', '..', 'dist', 'cli', 'main.js');
 
 export interface PeerResult {
   code: number | null;
@@ -27,8 +29,9 @@ export interface Peer {
   waitFor(pred: (e: Record<string, any>) => boolean): Promise<Record<string, any>>;
 }
 
-export function run(args: string[], env: NodeJS.ProcessEnv = {}): Peer {
-  const child = spawn(process.execPath, [CLI, ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+/** Run the CLI (`cli`: this build's, or another build's main.js to compare against). */
+export function run(args: string[], env: NodeJS.ProcessEnv = {}, cli = CLI): Peer {
+  const child = spawn(process.execPath, [cli, ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
   let stdout = '';
   let stderr = '';
   const events: Record<string, any>[] = [];

@@ -97,6 +97,17 @@ export class FrameDecoder {
   // 12 MiB per connection kept for the life of the connection, ~800 MiB for 64 serve sessions.)
   private readonly pool = new BufferPool(2 * 1024 * 1024 + 64 * 1024, 2);
 
+  /** The connection closed: drop partial input and pooled buffers (frames already decoded
+   * stay valid; their release() then frees nothing into the pool). */
+  dispose(): void {
+    this.parts = [];
+    this.head = 0;
+    this.buffered = 0;
+    this.tail = undefined;
+    this.tailEnd = 0;
+    this.pool.close();
+  }
+
   get bufferedBytes(): number {
     return this.buffered;
   }

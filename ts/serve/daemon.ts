@@ -198,6 +198,8 @@ interface Ticket {
 }
 
 let gc: ((o?: { type?: 'major' | 'minor' }) => void) | undefined | null = null;
+/** The second idle collection: after FramedConnection's close grace (2 s) has passed. */
+const IDLE_GC_AGAIN_MS = 2500;
 /** A full GC once the daemon goes idle, so a burst of sessions' memory is given back. */
 function collectGarbage(): void {
   if (gc === null) {
@@ -208,7 +210,9 @@ function collectGarbage(): void {
       gc = undefined;
     }
   }
-  gc?.({ type: 'major' });
+  // Plain gc(): a full, synchronous collection (measured: gc({ type: 'major' }) through this
+  // handle left 200 MiB of dead Buffers resident on Node 20).
+  gc?.();
 }
 
 interface Running {
@@ -425,9 +429,18 @@ export class ServeDaemon {
         this.o.events?.session?.(entry);
         if (this.running.size === 0) {
           // Idle again: give a burst's memory back (V8 otherwise keeps the heap it grew).
+          // Twice: at 1 s, and again once the connections' close grace (2 s) let go of the
+          // last sockets and their buffers.
           clearTimeout(this.idleGc);
-          this.idleGc = setTimeout(() => this.running.size === 0 && collectGarbage(), 1000);
-          this.idleGc.unref();
+          const collect = (then?: number) => {
+            this.idleGc = setTimeout(() => {
+              if (this.running.size > 0) return;
+              collectGarbage();
+              if (then) collect();
+            }, then ?? IDLE_GC_AGAIN_MS);
+            this.idleGc.unref();
+          };
+          collect(1000);
         }
       }
     })();

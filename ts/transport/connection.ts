@@ -132,6 +132,9 @@ export class FramedConnection {
     stream.on('close', () => {
       this.ended = true;
       this.closed = true;
+      // Nothing more will arrive: partial input and the reassembly pool go now, not when
+      // this object is collected (64 finished serve sessions held ~250 MiB for 10 s).
+      this.decoder.dispose();
       this.wake();
       this.wakeChangeWaiters();
     });

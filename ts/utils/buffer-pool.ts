@@ -35,6 +35,15 @@ export class BufferPool {
   release(b: Buffer): void {
     const w = this.waiters.shift();
     if (w) w(b);
-    else if (this.free.length < this.max) this.free.push(b);
+    else if (!this.closed && this.free.length < this.max) this.free.push(b);
+  }
+
+  private closed = false;
+
+  /** The owner is done: free buffers are dropped now, and buffers released later too (a
+   * finished connection must not keep megabytes until whatever references it is collected). */
+  close(): void {
+    this.closed = true;
+    this.free.length = 0;
   }
 }

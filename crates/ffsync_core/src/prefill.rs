@@ -53,6 +53,8 @@ pub enum Placed {
 
 pub struct Prefill {
     temp: Target,
+    /// Space reserved just ahead of the early DATA written (crate::io::reserve).
+    reservation: crate::io::reserve::Reservation,
     file: Option<File>,
     size: u64,
     params: ChunkParams,
@@ -157,6 +159,7 @@ impl Prefill {
         let params = ChunkParams::for_file_size(size);
         Ok(Some(Prefill {
             temp,
+            reservation: crate::io::reserve::Reservation::new(size),
             file: Some(file),
             size,
             params,
@@ -293,6 +296,16 @@ impl Prefill {
             .as_ref()
             .ok_or_else(|| CoreError::Usage("early placement already handed over".into()))?;
         let view = &self.view;
+        // Space just ahead of the data (crate::io::reserve): this batch's span.
+        let span = records.iter().map(|r| {
+            let c = &view.chunks[r.index as usize];
+            (c.offset, c.offset + c.len as u64)
+        });
+        if let (Some(first), Some(last)) = (span.clone().map(|s| s.0).min(), span.map(|s| s.1).max()) {
+            self.reservation
+                .before_write(file, first, last)
+                .map_err(|e| CoreError::io(self.temp.shown(), e))?;
+        }
         records.par_iter().try_for_each(|r| {
             let mut buf = Vec::new();
             let data = r.raw(&mut buf)?;

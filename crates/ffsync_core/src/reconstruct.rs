@@ -130,6 +130,8 @@ pub struct Reconstruction {
     origins: Vec<Origin>,
     received: Mutex<Vec<bool>>,
     writer: PositionalWriter,
+    /// Space reserved just ahead of the data written (crate::io::reserve).
+    reservation: crate::io::reserve::Reservation,
     /// Decompression buffers reused across batches.
     scratch: Mutex<Vec<Vec<u8>>>,
     state: Mutex<State>,
@@ -438,6 +440,7 @@ impl Reconstruction {
             .iter()
             .map(|(_, f)| f.metadata().ok().map(|m| FileIdentity::of(&m)))
             .collect();
+        let size = manifest.size;
         Ok(Reconstruction {
             target,
             temp,
@@ -453,6 +456,7 @@ impl Reconstruction {
             origins,
             received: Mutex::new(vec![false; n]),
             writer: PositionalWriter::new(),
+            reservation: crate::io::reserve::Reservation::new(size),
             scratch: Mutex::new(Vec::new()),
             state: Mutex::new(State::Open),
             written: AtomicU64::new(0),
@@ -765,6 +769,14 @@ impl Reconstruction {
                     )
                 })
                 .collect();
+            if let (Some(first), Some(last)) = (
+                writes.iter().map(|w| w.0).min(),
+                writes.iter().map(|w| w.0 + w.1.len() as u64).max(),
+            ) {
+                self.reservation
+                    .before_write(&self.file, first, last)
+                    .map_err(|e| CoreError::io(self.temp.shown(), e))?;
+            }
             self.writer
                 .write_batch(&self.file, &writes)
                 .map_err(|e| CoreError::io(self.temp.shown(), e))?;

@@ -223,8 +223,9 @@ fn negotiate(src: &Side, dst: &Side, o: Opts) -> (TreeSync, TreeSync) {
 }
 
 /// Steps 5-6: prepare, small batches, large files (emulated), finish both sides.
-fn execute(src: &Side, dst: &Side, s: &TreeSync, r: &TreeSync, delete_ok: bool) -> (Vec<u32>, Vec<String>) {
-    let mut errors = r.prepare().unwrap().errors;
+/// Every small-file batch from `s` written by `r`: the actions of the records, and the
+/// per-path errors (vanished ones included).
+fn send_small(s: &TreeSync, r: &TreeSync) -> (Vec<u32>, Vec<String>) {
     let small = s
         .plan()
         .actions
@@ -235,7 +236,7 @@ fn execute(src: &Side, dst: &Side, s: &TreeSync, r: &TreeSync, delete_ok: bool) 
         .max()
         .unwrap_or(0);
     let mut buf = vec![0u8; (biggest as usize + 4096).max(48 * 1024)];
-    let (mut cursor, mut records) = (Some(0), Vec::new());
+    let (mut cursor, mut records, mut errors) = (Some(0), Vec::new(), Vec::new());
     while let Some(c) = cursor {
         let (n, next, _) = s.read_small(c, &mut buf, 1).unwrap();
         records.extend(file_batch::decode(&buf[..n]).unwrap().iter().map(|rec| rec.action));
@@ -243,6 +244,13 @@ fn execute(src: &Side, dst: &Side, s: &TreeSync, r: &TreeSync, delete_ok: bool) 
         errors.extend(o.errors.into_iter().chain(o.vanished));
         cursor = next;
     }
+    (records, errors)
+}
+
+fn execute(src: &Side, dst: &Side, s: &TreeSync, r: &TreeSync, delete_ok: bool) -> (Vec<u32>, Vec<String>) {
+    let mut errors = r.prepare().unwrap().errors;
+    let (records, small_errors) = send_small(s, r);
+    errors.extend(small_errors);
     let key = |v: Vec<ffsync_core::tree::sync::LargeTransfer>| {
         v.into_iter().map(|l| (l.action, l.path, l.delta)).collect::<Vec<_>>()
     };
@@ -1025,14 +1033,7 @@ fn a_link_hidden_by_the_filter_is_never_written_through() {
     s.triage(t);
     r.triage(t);
     let mut errors = r.prepare().unwrap().errors;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut cursor = Some(0);
-    while let Some(c) = cursor {
-        let (n, next, _) = s.read_small(c, &mut buf, 1).unwrap();
-        let o = r.write_small(&buf[..n]).unwrap();
-        errors.extend(o.errors);
-        cursor = next;
-    }
+    errors.extend(send_small(&s, &r).1);
     // The large file: its place cannot even be resolved, and the restorer refuses it.
     for lt in r.large_transfers() {
         assert!(r.place(&lt.path).is_err(), "{:?}", lt.path.escape_ascii().to_string());
@@ -1125,15 +1126,8 @@ fn a_directory_swapped_for_a_link_after_the_walk_is_never_written_through() {
 /// As `execute`, with large files left out (none in these trees) and errors collected.
 fn execute_inside(s: &TreeSync, r: &TreeSync) -> (Vec<u32>, Vec<String>) {
     let mut errors = r.prepare().unwrap().errors;
-    let mut buf = vec![0u8; 1 << 20];
-    let (mut cursor, mut records) = (Some(0), Vec::new());
-    while let Some(c) = cursor {
-        let (n, next, _) = s.read_small(c, &mut buf, 1).unwrap();
-        records.extend(file_batch::decode(&buf[..n]).unwrap().iter().map(|rec| rec.action));
-        let o = r.write_small(&buf[..n]).unwrap();
-        errors.extend(o.errors.into_iter().chain(o.vanished));
-        cursor = next;
-    }
+    let (records, small_errors) = send_small(s, r);
+    errors.extend(small_errors);
     assert!(r.large_transfers().is_empty());
     errors.extend(r.finish_receiver(true).unwrap().errors);
     (records, errors)

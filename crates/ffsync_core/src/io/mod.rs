@@ -5,6 +5,7 @@
 pub mod clone;
 pub mod copy;
 pub mod positional;
+pub mod reserve;
 #[cfg(target_os = "linux")]
 mod uring;
 

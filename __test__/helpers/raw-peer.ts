@@ -1,0 +1,61 @@
+// Reading frames from a raw socket, for tests that play a hostile peer byte by byte
+// (hostile-*.test.ts): one decoder of `u32 LE body length | u8 type | payload`, with no
+// checks of its own, so the test sees exactly what the real peer sent.
+import type net from 'node:net';
+import type tls from 'node:tls';
+
+export interface RawFrame {
+  type: number;
+  payload: Buffer;
+}
+
+/** Whole frames as they arrive on `sock`; `take(ms)` resolves to the next one, to
+ * `undefined` once the socket closed with no whole frame left, and rejects after `ms`. */
+function reader(sock: net.Socket | tls.TLSSocket): (ms: number) => Promise<RawFrame | undefined> {
+  let buf = Buffer.alloc(0);
+  let ended = false;
+  const waiters: (() => void)[] = [];
+  const wake = () => waiters.splice(0).forEach((w) => w());
+  sock.on('data', (d: Buffer) => {
+    buf = Buffer.concat([buf, d]);
+    wake();
+  });
+  sock.once('close', () => {
+    ended = true;
+    wake();
+  });
+  return async (ms) => {
+    const deadline = Date.now() + ms;
+    for (;;) {
+      if (buf.length >= 5 && buf.length >= 4 + buf.readUInt32LE(0)) {
+        const len = buf.readUInt32LE(0);
+        const f = { type: buf[4], payload: buf.subarray(5, 4 + len) };
+        buf = buf.subarray(4 + len);
+        return f;
+      }
+      if (ended || sock.destroyed) return undefined;
+      const left = deadline - Date.now();
+      if (left <= 0) throw new Error(`no frame within ${ms} ms`);
+      await new Promise<void>((r) => {
+        const t = setTimeout(r, left);
+        waiters.push(() => (clearTimeout(t), r()));
+      });
+    }
+  };
+}
+
+/** The next frame; rejects with "closed" when the peer closed first (or after `ms`). */
+export function frameReader(sock: net.Socket | tls.TLSSocket, ms = 60_000): () => Promise<RawFrame> {
+  const take = reader(sock);
+  return async () => {
+    const f = await take(ms);
+    if (!f) throw new Error('closed');
+    return f;
+  };
+}
+
+/** The next frame, or `undefined` once the peer closed; rejects after `ms` (default 10 s). */
+export function frameReaderOrEnd(sock: net.Socket | tls.TLSSocket): (ms?: number) => Promise<RawFrame | undefined> {
+  const take = reader(sock);
+  return (ms = 10_000) => take(ms);
+}
