@@ -113,7 +113,8 @@ fn a_small_edit_to_a_large_file_writes_only_the_changed_ranges() {
     assert!(allocated < 16 << 20, "the rebuild allocated {allocated} bytes");
 
     // The same rebuild where cloning is impossible (another filesystem for the old file is
-    // emulated by a target that is not the reconstruction's source 0) allocates it all.
+    // emulated by a target that is not the reconstruction's source 0): the temp file is sized
+    // but allocates nothing before data lands (space follows verified data, never the claim).
     std::fs::write(&dst, &old).unwrap();
     let s = scan_file(&src, &ScanOptions::default()).unwrap();
     let copy = dir.join("old-copy");
@@ -131,8 +132,9 @@ fn a_small_edit_to_a_large_file_writes_only_the_changed_ranges() {
     assert!(!r.summary().cloned);
     r.temp_file_sync().unwrap();
     assert!(
-        m.used() - before >= 90 << 20,
-        "a plain temp file reserves the whole size"
+        m.used() - before < 8 << 20,
+        "a plain temp file reserves nothing up front ({} bytes)",
+        m.used() - before
     );
     r.abort(false);
 }
