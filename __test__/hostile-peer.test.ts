@@ -7,9 +7,9 @@ import net from 'node:net';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import { seeded, sender, snapshot, snapshotTree, startReceiver, sync, tmpdir } from './helpers/peers';
-import { frameReader } from './helpers/raw-peer';
+import { frameReader, relayAddingExcludes } from './helpers/raw-peer';
 import { encodeFrame, FrameType } from '../ts/protocol/frames';
-import { Decision, decodeDecision, decodeFilter, encodeDataEnd, encodeFilter, encodeHello, encodeOffer, manifestFrames, OfferKind, Role } from '../ts/protocol/messages';
+import { Decision, decodeDecision, encodeDataEnd, encodeHello, encodeOffer, manifestFrames, OfferKind, Role } from '../ts/protocol/messages';
 import { scanFile, openChunkSource } from '../ts/native/binding';
 
 const hello = () => encodeFrame(FrameType.HELLO, encodeHello({ minVersion: 1, maxVersion: 1, capabilities: 1, role: Role.SENDER, software: 'hostile' }));
@@ -194,31 +194,14 @@ describe('symlinks around the target', () => {
   });
 });
 
-/**
- * A man in the middle of a plaintext session that adds `extra` to the sender's FILTER:
- * the receiver's walk then never looks at those paths, while the (honest) sender still
- * lists what it has under them. This is what a hostile sender can do on its own.
- */
+/** A man in the middle of a plaintext session that adds `extra` to the sender's FILTER. */
 async function filterRewriter(receiverPort: number, extra: string[]): Promise<{ port: number; close: () => void }> {
   const server = net.createServer((client) => {
     const upstream = net.connect({ host: '127.0.0.1', port: receiverPort });
     client.on('error', () => undefined);
     upstream.on('error', () => undefined);
-    upstream.pipe(client);
-    let buf = Buffer.alloc(0);
-    client.on('data', (d: Buffer) => {
-      buf = Buffer.concat([buf, d]);
-      while (buf.length >= 5 && buf.length >= 4 + buf.readUInt32LE(0)) {
-        const len = buf.readUInt32LE(0);
-        const type = buf[4];
-        let payload: Buffer = buf.subarray(5, 4 + len);
-        buf = buf.subarray(4 + len);
-        if (type === FrameType.FILTER) payload = encodeFilter([...decodeFilter(payload), ...extra]);
-        upstream.write(encodeFrame(type as FrameType, payload));
-      }
-    });
-    client.on('end', () => upstream.end());
-    upstream.on('end', () => client.end());
+    relayAddingExcludes(client, upstream, extra);
+    relayAddingExcludes(upstream, client);
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   return { port: (server.address() as net.AddressInfo).port, close: () => server.close() };

@@ -11,8 +11,7 @@ import path from 'node:path';
 import tls from 'node:tls';
 import { describe, it } from 'node:test';
 import { CLI, run, seeded, snapshotTree, tmpdir } from './helpers/peers';
-import { encodeFrame, FrameType } from '../ts/protocol/frames';
-import { decodeFilter, encodeFilter } from '../ts/protocol/messages';
+import { relayAddingExcludes } from './helpers/raw-peer';
 
 function id(state: string): string {
   const r = spawnSync(process.execPath, [CLI, 'id', '--state-dir', state], { encoding: 'utf8' });
@@ -20,26 +19,6 @@ function id(state: string): string {
   return r.stdout.trim();
 }
 
-/** Frames from `from` to `to`, FILTER frames rewritten to also exclude `extra`. */
-function relay(from: tls.TLSSocket, to: tls.TLSSocket, extra: string[] | undefined): void {
-  if (!extra) {
-    from.pipe(to);
-    return;
-  }
-  let buf = Buffer.alloc(0);
-  from.on('data', (d: Buffer) => {
-    buf = Buffer.concat([buf, d]);
-    while (buf.length >= 5 && buf.length >= 4 + buf.readUInt32LE(0)) {
-      const len = buf.readUInt32LE(0);
-      const type = buf[4];
-      let payload: Buffer = buf.subarray(5, 4 + len);
-      buf = buf.subarray(4 + len);
-      if (type === FrameType.FILTER) payload = encodeFilter([...decodeFilter(payload), ...extra]);
-      to.write(encodeFrame(type as FrameType, payload));
-    }
-  });
-  from.on('end', () => to.end());
-}
 
 /** A TLS proxy with its own identity in front of the daemon on `port`; `toDaemon` /
  * `toClient` name which direction's FILTER gets `link` added. */
@@ -53,8 +32,8 @@ async function mitm(port: number, state: string, rewrite: 'toDaemon' | 'toClient
     daemon.on('error', () => client.destroy());
     client.on('close', () => daemon.destroy());
     daemon.on('close', () => client.destroy());
-    relay(client, daemon, rewrite === 'toDaemon' ? ['link'] : undefined);
-    relay(daemon, client, rewrite === 'toClient' ? ['link'] : undefined);
+    relayAddingExcludes(client, daemon, rewrite === 'toDaemon' ? ['link'] : undefined);
+    relayAddingExcludes(daemon, client, rewrite === 'toClient' ? ['link'] : undefined);
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   return { port: (server.address() as { port: number }).port, close: () => server.close() };

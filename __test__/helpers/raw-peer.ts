@@ -3,6 +3,8 @@
 // checks of its own, so the test sees exactly what the real peer sent.
 import type net from 'node:net';
 import type tls from 'node:tls';
+import { encodeFrame, FrameType } from '../../ts/protocol/frames';
+import { decodeFilter, encodeFilter } from '../../ts/protocol/messages';
 
 export interface RawFrame {
   type: number;
@@ -58,4 +60,30 @@ export function frameReader(sock: net.Socket | tls.TLSSocket, ms = 60_000): () =
 export function frameReaderOrEnd(sock: net.Socket | tls.TLSSocket): (ms?: number) => Promise<RawFrame | undefined> {
   const take = reader(sock);
   return (ms = 10_000) => take(ms);
+}
+
+/**
+ * A man in the middle's relay: frames from `from` go to `to` unchanged, except that every
+ * FILTER frame also excludes `extra`. The receiver's walk then never looks at those paths,
+ * while the (honest) sender still lists what it has under them: what a hostile sender can
+ * do on its own. Without `extra`, bytes are piped as they are.
+ */
+export function relayAddingExcludes(from: net.Socket, to: net.Socket, extra?: string[]): void {
+  from.on('end', () => to.end());
+  if (!extra) {
+    from.on('data', (d: Buffer) => to.write(d));
+    return;
+  }
+  let buf = Buffer.alloc(0);
+  from.on('data', (d: Buffer) => {
+    buf = Buffer.concat([buf, d]);
+    while (buf.length >= 5 && buf.length >= 4 + buf.readUInt32LE(0)) {
+      const len = buf.readUInt32LE(0);
+      const type = buf[4];
+      let payload: Buffer = buf.subarray(5, 4 + len);
+      buf = buf.subarray(4 + len);
+      if (type === FrameType.FILTER) payload = encodeFilter([...decodeFilter(payload), ...extra]);
+      to.write(encodeFrame(type as FrameType, payload));
+    }
+  });
 }

@@ -215,12 +215,6 @@ impl Dir {
         imp::sync(self)
     }
 
-    /// Set the modification time of `name` without following it (a link's own time).
-    pub fn set_mtime_nofollow(&self, name: &OsStr, mtime_ns: i64) -> io::Result<()> {
-        check_component(&name_bytes(name))?;
-        imp::set_mtime_nofollow(self, name, mtime_ns)
-    }
-
     /// `lchown` of `name` (a link itself, never its target). `u32::MAX` leaves an id as is.
     pub fn lchown(&self, name: &OsStr, uid: u32, gid: u32) -> io::Result<()> {
         check_component(&name_bytes(name))?;
@@ -318,10 +312,6 @@ impl Target {
     /// Rename over `to` (both in their own directories).
     pub fn rename_to(&self, to: &Target) -> io::Result<()> {
         self.dir.rename(&self.name, &to.dir, &to.name)
-    }
-    /// Same directory, same inode: `to` and `self` are the same entry.
-    pub fn same_place(&self, other: &Target) -> bool {
-        self.name == other.name && Arc::ptr_eq(&self.dir, &other.dir)
     }
 }
 
@@ -632,23 +622,6 @@ mod imp {
         retry(|| unsafe { libc::fsync(d.fd.as_raw_fd()) }).map(|_| ())
     }
 
-    pub fn set_mtime_nofollow(d: &Dir, name: &OsStr, mtime_ns: i64) -> io::Result<()> {
-        let c = cstr(name.as_bytes())?;
-        let times = [
-            libc::timespec {
-                tv_sec: 0,
-                tv_nsec: libc::UTIME_OMIT,
-            },
-            libc::timespec {
-                tv_sec: mtime_ns.div_euclid(1_000_000_000) as libc::time_t,
-                tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
-            },
-        ];
-        // SAFETY: valid fd, NUL-terminated name, two timespecs.
-        retry(|| unsafe { libc::utimensat(d.fd.as_raw_fd(), c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })
-            .map(|_| ())
-    }
-
     pub fn lchown(d: &Dir, name: &OsStr, uid: u32, gid: u32) -> io::Result<()> {
         let c = cstr(name.as_bytes())?;
         // SAFETY: valid fd, NUL-terminated name.
@@ -790,11 +763,6 @@ mod imp {
 
     pub fn sync(_d: &Dir) -> io::Result<()> {
         Ok(())
-    }
-
-    pub fn set_mtime_nofollow(d: &Dir, name: &OsStr, mtime_ns: i64) -> io::Result<()> {
-        let f = open_file(d, name, true, false, 0)?;
-        f.set_modified(crate::reconstruct::system_time_from_ns(mtime_ns))
     }
 
     pub fn lchown(_d: &Dir, _name: &OsStr, _uid: u32, _gid: u32) -> io::Result<()> {

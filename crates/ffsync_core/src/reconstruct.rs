@@ -1199,13 +1199,8 @@ pub fn apply_metadata(file: &File, path: &Path, mtime_ns: Option<i64>, mode: Opt
     Ok(())
 }
 
-/// Update an up-to-date target's metadata in place (identical content, other mtime/mode).
-pub fn touch_up_to_date(target: &Path, mtime_ns: Option<i64>, mode: Option<u32>) -> Result<FileIdentity> {
-    let t = Target::from_user_path(target).map_err(|e| CoreError::io(target, e))?;
-    touch_up_to_date_at(&t, mtime_ns, mode)
-}
-
-/// As [`touch_up_to_date`], never through a link at the target's name.
+/// Update an up-to-date target's metadata in place (identical content, other mtime/mode),
+/// never through a link at the target's name.
 pub fn touch_up_to_date_at(target: &Target, mtime_ns: Option<i64>, mode: Option<u32>) -> Result<FileIdentity> {
     let shown = target.shown();
     let f = target.open_read().map_err(|e| CoreError::io(&shown, e))?;

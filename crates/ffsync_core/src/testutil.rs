@@ -29,3 +29,19 @@ pub fn create_rw(path: &std::path::Path) -> std::fs::File {
         .open(path)
         .unwrap()
 }
+
+/// One zstd frame of `head` followed by `zeros` zero bytes, compressed as a stream (a few
+/// KiB per GiB): the decompression bombs of the decoder tests.
+pub fn zstd_zeros(head: &[u8], zeros: u64) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = zstd::stream::write::Encoder::new(Vec::new(), 1).unwrap();
+    e.write_all(head).unwrap();
+    let z = vec![0u8; 1 << 20];
+    let mut left = zeros;
+    while left > 0 {
+        let n = left.min(z.len() as u64) as usize;
+        e.write_all(&z[..n]).unwrap();
+        left -= n as u64;
+    }
+    e.finish().unwrap()
+}

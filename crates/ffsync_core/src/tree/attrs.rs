@@ -501,19 +501,7 @@ pub fn apply(_root: &crate::beneath::Dir, _manifest: &TreeManifest, _table: &Att
 mod tests {
     use super::*;
 
-    fn zstd_of(head: &[u8], zeros: u64) -> Vec<u8> {
-        use std::io::Write;
-        let mut e = zstd::stream::write::Encoder::new(Vec::new(), 1).unwrap();
-        e.write_all(head).unwrap();
-        let z = vec![0u8; 1 << 20];
-        let mut left = zeros;
-        while left > 0 {
-            let n = left.min(z.len() as u64) as usize;
-            e.write_all(&z[..n]).unwrap();
-            left -= n as u64;
-        }
-        e.finish().unwrap()
-    }
+    use crate::testutil::zstd_zeros as zstd_of;
 
     #[test]
     fn compressed_tables_decode_as_they_decompress_and_bombs_stop_early() {

@@ -688,18 +688,8 @@ mod tests {
     /// `raw_len` prefix + one zstd frame of `head` followed by `zeros` zero bytes,
     /// compressed as a stream (the frame is a few KiB per GiB).
     fn bomb(raw_len: u64, head: &[u8], zeros: u64) -> Vec<u8> {
-        use std::io::Write;
         let mut out = raw_len.to_le_bytes().to_vec();
-        let mut e = zstd::stream::write::Encoder::new(&mut out, 1).unwrap();
-        e.write_all(head).unwrap();
-        let z = vec![0u8; 1 << 20];
-        let mut left = zeros;
-        while left > 0 {
-            let n = left.min(z.len() as u64) as usize;
-            e.write_all(&z[..n]).unwrap();
-            left -= n as u64;
-        }
-        e.finish().unwrap();
+        out.extend(crate::testutil::zstd_zeros(head, zeros));
         out
     }
 
