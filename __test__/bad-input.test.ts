@@ -170,7 +170,7 @@ describe('receiver-side bad input', () => {
     await fakeSender(port, (s) => s.end(encodeFrame(FrameType.HELLO, encodeHello({ minVersion: 7, maxVersion: 9, capabilities: 0, role: Role.SENDER, software: 'ffsync-native/9.0.0' }))));
     const r = await peer.done;
     assert.equal(r.code, 2);
-    assert.match(oneErrorLine(r.stderr), /we speak 1\.\.1, peer .* speaks 7\.\.9/);
+    assert.match(oneErrorLine(r.stderr), /we speak 1\.\.2, peer .* speaks 7\.\.9/);
   });
 
   it('a silent peer times out: exit 30', async () => {

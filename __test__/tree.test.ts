@@ -710,36 +710,43 @@ describe('tree sync', { skip: POSIX_ONLY }, () => {
       assert.equal(r.summary?.tree?.deleted, 0);
     });
 
-    it('a large file that vanishes before it is sent: exit 24 with an error line that says vanished (not "partial transfer"), the rest synced, nothing deleted', async () => {
-      const dir = tmpdir();
-      const src = path.join(dir, 'src');
-      const dst = path.join(dir, 'dst');
-      // Large files go one after the other in path order: a.bin (slowed by --bwlimit)
-      // is on the wire when z.bin is removed.
-      write(src, 'a.bin', seeded(4 * MiB, 81));
-      write(src, 'z.bin', seeded(2 * MiB, 82));
-      write(src, 'small.txt', 'small\n');
-      write(dst, 'extra.txt', 'receiver only\n');
-      const { peer, port } = await startReceiver(dst, ['--state-dir', path.join(dir, 'state-r')]);
-      const s = sender(src, port, ['--state-dir', path.join(dir, 'state-s'), '--bwlimit', '2048']);
-      await peer.waitFor((e) => e.event === 'progress' && e.phase === 'receiving' && e.doneBytes > 0);
-      fs.rmSync(path.join(src, 'z.bin'));
-      const [sr, rr] = await Promise.all([s.done, peer.done]);
-      assert.equal(rr.code, 24, `receiver exit ${rr.code}: ${rr.stderr}`);
-      assert.equal(sr.code, 24, `sender exit ${sr.code}: ${sr.stderr}`);
-      assert.match(rr.stderr, /z\.bin vanished/);
-      // Regression (fault suite, source-vanished): the receiver's one error line said
-      // "partial transfer" (exit 23's meaning) for exit 24.
-      for (const [who, stderr] of [['receiver', rr.stderr], ['sender', sr.stderr]]) {
-        const lines = stderr.split('\n').filter((l) => l.startsWith('ffsync-native: error:'));
-        assert.equal(lines.length, 1, `${who}: ${stderr}`);
-        assert.match(lines[0], /vanished/, `${who}'s error line must say what exit 24 means`);
-      }
-      assert.equal(sha256(path.join(dst, 'a.bin')), sha256(path.join(src, 'a.bin')));
-      assert.equal(fs.readFileSync(path.join(dst, 'small.txt'), 'utf8'), 'small\n');
-      assert.ok(fs.existsSync(path.join(dst, 'extra.txt')), 'no deletions in a session with a vanished file');
-      assert.ok(!fs.existsSync(path.join(dst, 'z.bin')));
-    });
+    // Protocol version 1 sends large files one after the other in path order: a.bin
+    // (slowed by --bwlimit) is on the wire when z.bin is removed, before z.bin's FILE_BEGIN.
+    // Version 2 starts every file's conversation at once, but sends DATA in path order, two
+    // files at a time: z.bin waits for its turn behind a.bin and b.bin, and is removed then.
+    for (const version of [1, 2]) {
+      it(`protocol ${version}: a large file that vanishes before its data is sent: exit 24 with an error line that says vanished (not "partial transfer"), the rest synced, nothing deleted`, async () => {
+        const dir = tmpdir();
+        const src = path.join(dir, 'src');
+        const dst = path.join(dir, 'dst');
+        write(src, 'a.bin', seeded(4 * MiB, 81));
+        if (version === 2) write(src, 'b.bin', seeded(4 * MiB, 83));
+        write(src, 'z.bin', seeded(2 * MiB, 82));
+        write(src, 'small.txt', 'small\n');
+        write(dst, 'extra.txt', 'receiver only\n');
+        const { peer, port } = await startReceiver(dst, ['--state-dir', path.join(dir, 'state-r')]);
+        const s = sender(src, port, ['--state-dir', path.join(dir, 'state-s'), '--bwlimit', '2048'], { FFSYNC_PROTOCOL_MAX: String(version) });
+        await peer.waitFor((e) => e.event === 'progress' && e.phase === 'receiving' && e.doneBytes > 0);
+        fs.rmSync(path.join(src, 'z.bin'));
+        const [sr, rr] = await Promise.all([s.done, peer.done]);
+        assert.equal(rr.code, 24, `receiver exit ${rr.code}: ${rr.stderr}`);
+        assert.equal(sr.code, 24, `sender exit ${sr.code}: ${sr.stderr}`);
+        assert.match(rr.stderr, /z\.bin (vanished|changed or vanished)/);
+        // Regression (fault suite, source-vanished): the receiver's one error line said
+        // "partial transfer" (exit 23's meaning) for exit 24.
+        for (const [who, stderr] of [['receiver', rr.stderr], ['sender', sr.stderr]]) {
+          const lines = stderr.split('\n').filter((l) => l.startsWith('ffsync-native: error:'));
+          assert.equal(lines.length, 1, `${who}: ${stderr}`);
+          assert.match(lines[0], /vanished/, `${who}'s error line must say what exit 24 means`);
+        }
+        assert.equal(sha256(path.join(dst, 'a.bin')), sha256(path.join(src, 'a.bin')));
+        if (version === 2) assert.equal(sha256(path.join(dst, 'b.bin')), sha256(path.join(src, 'b.bin')));
+        assert.equal(fs.readFileSync(path.join(dst, 'small.txt'), 'utf8'), 'small\n');
+        assert.ok(fs.existsSync(path.join(dst, 'extra.txt')), 'no deletions in a session with a vanished file');
+        assert.ok(!fs.existsSync(path.join(dst, 'z.bin')));
+        assert.deepEqual(fs.readdirSync(dst).filter((n) => n.includes('ffsync-part')), [], 'no partial file left');
+      });
+    }
   });
 
   it('deep trees, long paths and 255-byte names sync', async () => {
@@ -779,4 +786,37 @@ describe('tree sync', { skip: POSIX_ONLY }, () => {
     assertOk(again, 'rerun');
     assertSameTree(dst, src);
   });
+});
+
+describe('protocol versions', () => {
+  // Version 2 multiplexes large files (docs/protocol.md §9.9); a version-1 peer gets version 1.
+  // More large files than the stream window (64), so streams loop over the queue.
+  for (const [sv, rv] of [
+    ['2', '2'],
+    ['1', '2'],
+    ['2', '1'],
+  ]) {
+    it(`sender offering ${sv}, receiver offering ${rv}: 70 large files and small ones, every file right`, async () => {
+      const dir = tmpdir();
+      const src = path.join(dir, 'src');
+      const dst = path.join(dir, 'dst');
+      for (let i = 0; i < 70; i++) {
+        const old = seeded(1100 * 1024, 300 + i);
+        if (i % 2 === 0) {
+          write(dst, `d${i % 3}/f${i}.bin`, old);
+          fs.utimesSync(path.join(dst, `d${i % 3}/f${i}.bin`), 1_600_000_000, 1_600_000_000);
+        }
+        old.fill(i, 500_000, 504_096);
+        write(src, `d${i % 3}/f${i}.bin`, old);
+        write(src, `d${i % 3}/s${i}.txt`, `small ${i}\n`);
+      }
+      const { peer, port } = await startReceiver(dst, ['--state-dir', path.join(dir, 'state-r')], { FFSYNC_PROTOCOL_MAX: rv });
+      const s = sender(src, port, ['--state-dir', path.join(dir, 'state-s')], { FFSYNC_PROTOCOL_MAX: sv });
+      const [sr, rr] = await Promise.all([s.done, peer.done]);
+      assert.equal(sr.code, 0, sr.stderr);
+      assert.equal(rr.code, 0, rr.stderr);
+      assertSameTree(dst, src);
+      assert.equal(rr.summary?.tree?.written, 140);
+    });
+  }
 });

@@ -1,7 +1,7 @@
 // Reading frames from a raw socket, for tests that play a hostile peer byte by byte
 // (hostile-*.test.ts): one decoder of `u32 LE body length | u8 type | payload`, with no
 // checks of its own, so the test sees exactly what the real peer sent.
-import type net from 'node:net';
+import net from 'node:net';
 import type tls from 'node:tls';
 import { encodeFrame, FrameType } from '../../ts/protocol/frames';
 import { decodeFilter, encodeFilter } from '../../ts/protocol/messages';
@@ -86,4 +86,38 @@ export function relayAddingExcludes(from: net.Socket, to: net.Socket, extra?: st
       to.write(encodeFrame(type as FrameType, payload));
     }
   });
+}
+
+/**
+ * A relay that passes whole frames from `from` to `to` through `rewrite`, which returns the
+ * frames to forward instead (none: dropped). For the multiplexed-session tests that lie about
+ * stream ids or lose a stream on the way (plaintext peers).
+ */
+export function relayRewriting(from: net.Socket, to: net.Socket, rewrite: (f: RawFrame) => RawFrame[]): void {
+  from.on('end', () => to.end());
+  let buf = Buffer.alloc(0);
+  from.on('data', (d: Buffer) => {
+    buf = Buffer.concat([buf, d]);
+    while (buf.length >= 5 && buf.length >= 4 + buf.readUInt32LE(0)) {
+      const len = buf.readUInt32LE(0);
+      const f = { type: buf[4], payload: Buffer.from(buf.subarray(5, 4 + len)) };
+      buf = buf.subarray(4 + len);
+      for (const out of rewrite(f)) to.write(encodeFrame(out.type as FrameType, out.payload));
+    }
+  });
+}
+
+/** A plaintext TCP relay in front of `port` whose two directions pass through the rewriters. */
+export async function rewritingProxy(port: number, toReceiver: (f: RawFrame) => RawFrame[], toSender: (f: RawFrame) => RawFrame[] = (f) => [f]): Promise<{ port: number; close: () => void }> {
+  const server = net.createServer((client) => {
+    const upstream = net.connect(port, '127.0.0.1');
+    client.on('error', () => upstream.destroy());
+    upstream.on('error', () => client.destroy());
+    client.on('close', () => upstream.destroy());
+    upstream.on('close', () => client.destroy());
+    relayRewriting(client, upstream, toReceiver);
+    relayRewriting(upstream, client, toSender);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return { port: (server.address() as { port: number }).port, close: () => server.close() };
 }

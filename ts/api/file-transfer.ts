@@ -55,6 +55,7 @@ import {
 import { batchByBytes, MANIFEST_ENTRY, MANIFEST_HEADER, manifestChunkCount, manifestChunkLength, manifestParamsKey } from '../utils/manifest.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { BufferPool } from '../utils/buffer-pool.js';
+import type { DataTurn } from '../utils/data-turns.js';
 import { expect, expectUnless } from './session.js';
 import { inPhase, type SyncEvents } from './events.js';
 
@@ -94,6 +95,31 @@ export interface SendContentOptions {
   stream?: boolean;
   /** Overlapped phases on (default); `send --no-overlap` turns them off. */
   overlap?: boolean;
+  /** A multiplexed tree session runs many files' conversations at once: a file sends DATA
+   * only in its turn (its read-ahead buffers exist only then), so memory stays flat however
+   * many files are in flight. The caller ends the turn if this returns early. */
+  dataTurn?: DataTurn;
+  /** The session's --bwlimit, shared by every file in flight (else one per file). */
+  limiter?: (n: number) => Promise<void>;
+  /** Pipelined on a multiplexed stream: the previous file's conversation on `conn`, which
+   * still has its RESULT to read. This file's FILE_BEGIN and manifest go out at once; its
+   * first read waits for that. Resolving true (that file spent the stream) or rejecting ends
+   * this file with PriorFailed before it read anything. */
+  prior?: Promise<boolean>;
+  /** Return once DATA_END is out, with the RESULT still to read in `settled`: the next file
+   * on the same connection starts meanwhile (results are acknowledged asynchronously). */
+  resultLater?: boolean;
+}
+
+/** The conversation before this one on the same stream failed (`fatal`: with `cause`) or
+ * spent the stream: this file read nothing and may run again on another stream. */
+export class PriorFailed extends Error {
+  constructor(
+    readonly fatal: boolean,
+    options?: { cause?: unknown },
+  ) {
+    super('the previous conversation on this stream did not end cleanly', options);
+  }
 }
 
 export interface ContentResult {
@@ -105,6 +131,9 @@ export interface ContentResult {
   refused?: string;
   /** Receiver: bytes copied into place early, while the sender's manifest streamed in. */
   placedEarly?: number;
+  /** Sender with `resultLater`: the rest of the conversation (the RESULT); the fields above
+   * are placeholders until it settles. */
+  settled?: Promise<ContentResult>;
 }
 
 /** True unless `a` is the same file in the same state as `b` (size, mtime, ctime, inode, device). */
@@ -115,12 +144,39 @@ export function identityChanged(a: BigIntStats | undefined, b: BigIntStats): boo
 /** Sender half. `holder.source` is set once the chunk source is open (callers check
  * `unchanged()` on it to tell a file that changed mid-send). */
 export async function sendFileContent(conn: FramedConnection, o: SendContentOptions, holder: { source?: NativeChunkSource } = {}): Promise<ContentResult> {
+  try {
+    const r = await sendContent(conn, o, holder, o.dataTurn ?? { take: async () => undefined, done: () => undefined });
+    o.dataTurn?.done();
+    return r;
+  } catch (e) {
+    // A file that read nothing keeps its turn: it runs again on another stream.
+    if (!(e instanceof PriorFailed)) o.dataTurn?.done();
+    throw e;
+  }
+}
+
+/** The previous conversation on the stream (see `prior`) ended: go on, or stop with PriorFailed. */
+export async function afterPrior(prior: Promise<boolean> | undefined): Promise<void> {
+  if (!prior) return;
+  let spent: boolean;
+  try {
+    spent = await prior;
+  } catch (e) {
+    throw new PriorFailed(true, { cause: e });
+  }
+  if (spent) throw new PriorFailed(false);
+}
+
+async function sendContent(conn: FramedConnection, o: SendContentOptions, holder: { source?: NativeChunkSource }, turn: DataTurn): Promise<ContentResult> {
   let scan = o.scan;
   const basisExchanged = Boolean(o.stream) && o.st.size > BigInt(STREAM_WINDOW);
+  if (basisExchanged) await afterPrior(o.prior);
   const emptyBasis = basisExchanged && decodeBasis((await expect(conn, FrameType.BASIS)).payload).empty;
   const streamed = !scan && basisExchanged && o.overlap !== false;
-  const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : undefined;
+  const limiter = o.limiter ?? (o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : undefined);
   const early = { chunks: 0, raw: 0 };
+  // Early DATA (to an empty basis) is data: it waits for a slot like the DATA phase does.
+  if (streamed && emptyBasis) await turn.take();
   if (!scan) {
     // KEEPALIVEs carry the bytes hashed: the receiver counts them as progress (§4.11).
     const hashed = workMeter();
@@ -143,6 +199,7 @@ export async function sendFileContent(conn: FramedConnection, o: SendContentOpti
   // reported below, by the identity check, as exit 24).
   if (o.sparse) await conn.send(FrameType.HOLES, await fileHoles(o.path).catch(() => Buffer.alloc(4)));
 
+  if (!basisExchanged) await afterPrior(o.prior);
   const needs = new NeedCollector(manifestChunkCount(scan.manifest));
   const refineParts: Buffer[] = [];
   let refineBytes = 0;
@@ -162,6 +219,10 @@ export async function sendFileContent(conn: FramedConnection, o: SendContentOpti
   }
   if (end.refused) return { root: scan.root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused: 'refused by the receiver' };
   const needed = needs.finish(end.wireChunks);
+  // The DATA turn comes before the source is checked again: a file that changed while it
+  // waited is caught here.
+  if (needed.length > 0) await turn.take();
+  else turn.done();
   // The chunk source must read the version that was scanned: the file is re-checked
   // against the identity it had before the scan (a change during or after it is exit 24).
   const now = await fs.stat(o.path, { bigint: true }).catch(() => undefined);
@@ -205,20 +266,29 @@ export async function sendFileContent(conn: FramedConnection, o: SendContentOpti
     });
     // Early DATA counts too: DATA_END totals every chunk this transfer sent.
     await conn.send(FrameType.DATA_END, encodeDataEnd({ chunks: needed.length + early.chunks, rawBytes: BigInt(raw + early.raw) }));
+    // The next file's DATA may go now (not when RESULT comes, a round trip later).
+    turn.done();
   } finally {
     src.release();
   }
-  const result = decodeResult((await expect(conn, FrameType.RESULT)).payload);
-  if (result.status === ResultStatus.NOT_WRITTEN) {
-    if (!o.commitRefusal) throw protocolError('bad RESULT: NOT_WRITTEN outside a tree session with COMMIT_REFUSAL');
-    return { root: scan.root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused: 'could not be written on the receiver' };
-  }
-  return {
-    root: scan.root,
-    upToDate: result.status === ResultStatus.UP_TO_DATE,
-    literalBytes: Number(result.literalBytes),
-    matchedBytes: Number(result.matchedBytes),
+  const root = scan.root;
+  const settle = async (): Promise<ContentResult> => {
+    const result = decodeResult((await expect(conn, FrameType.RESULT)).payload);
+    if (result.status === ResultStatus.NOT_WRITTEN) {
+      if (!o.commitRefusal) throw protocolError('bad RESULT: NOT_WRITTEN outside a tree session with COMMIT_REFUSAL');
+      return { root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused: 'could not be written on the receiver' };
+    }
+    return {
+      root,
+      upToDate: result.status === ResultStatus.UP_TO_DATE,
+      literalBytes: Number(result.literalBytes),
+      matchedBytes: Number(result.matchedBytes),
+    };
   };
+  if (!o.resultLater) return settle();
+  const settled = settle();
+  settled.catch(() => undefined); // the caller handles it (after this returns)
+  return { root, upToDate: false, literalBytes: 0, matchedBytes: 0, settled };
 }
 
 /** Scan in windows, sending each window's entries (MANIFEST_STREAM) as soon as it is hashed

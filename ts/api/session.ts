@@ -15,7 +15,7 @@ import {
   type Hello,
   negotiateVersion,
   OUR_CAPABILITIES,
-  PROTOCOL_MAX,
+  offeredProtocolMax,
   PROTOCOL_MIN,
 } from '../protocol/messages.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
@@ -32,7 +32,7 @@ export interface Negotiated {
 
 export async function handshake(conn: FramedConnection, role: number): Promise<Negotiated> {
   // Our HELLO goes out first on both sides so neither waits on the other.
-  const sent = conn.send(FrameType.HELLO, encodeHello({ minVersion: PROTOCOL_MIN, maxVersion: PROTOCOL_MAX, capabilities: OUR_CAPABILITIES, role, software: `ffsync-native/${VERSION}` }));
+  const sent = conn.send(FrameType.HELLO, encodeHello({ minVersion: PROTOCOL_MIN, maxVersion: offeredProtocolMax(), capabilities: OUR_CAPABILITIES, role, software: `ffsync-native/${VERSION}` }));
   // If the peer's reply (or its absence) fails first, this rejection must not go unhandled.
   sent.catch(() => undefined);
   conn.requireHello();
@@ -53,7 +53,7 @@ async function peerHello(conn: FramedConnection): Promise<Hello> {
 }
 
 function negotiate(peer: Hello): Negotiated {
-  const version = negotiateVersion({ min: PROTOCOL_MIN, max: PROTOCOL_MAX }, peer);
+  const version = negotiateVersion({ min: PROTOCOL_MIN, max: offeredProtocolMax() }, peer);
   return { version, capabilities: peer.capabilities & OUR_CAPABILITIES, peerSoftware: peer.software, peerCapabilities: peer.capabilities };
 }
 
@@ -66,7 +66,7 @@ export async function daemonHandshake(conn: FramedConnection): Promise<Negotiate
   conn.requireHello();
   const peer = await peerHello(conn);
   const role = peer.role === Role.SENDER ? Role.RECEIVER : Role.SENDER;
-  await conn.send(FrameType.HELLO, encodeHello({ minVersion: PROTOCOL_MIN, maxVersion: PROTOCOL_MAX, capabilities: OUR_CAPABILITIES | Capability.SERVE, role, software: `ffsync-native/${VERSION}` }));
+  await conn.send(FrameType.HELLO, encodeHello({ minVersion: PROTOCOL_MIN, maxVersion: offeredProtocolMax(), capabilities: OUR_CAPABILITIES | Capability.SERVE, role, software: `ffsync-native/${VERSION}` }));
   return { ...negotiate(peer), role };
 }
 

@@ -34,6 +34,7 @@ import { inPhase, type SyncSummary } from './events.js';
 import type { ReceiveOptions } from './receive.js';
 import { receiveFileContent, WRITES_IN_FLIGHT } from './file-transfer.js';
 import { exchangeManifestsAndRoots, treeSummary } from './tree-common.js';
+import { Multiplexer, MUX_MAX_STREAMS } from '../transport/mux.js';
 
 export interface TreeReceiveOptions {
   /** The receiver's own patterns: matching paths are never deleted. */
@@ -76,6 +77,13 @@ export function startPrewalk(target: string, o: ReceiveOptions, stateDir: string
   return p;
 }
 
+/** A multiplexed stream whose file failed alone (it changed on the sender): the stream ends,
+ * the session goes on. */
+class StreamSpent extends Error {}
+
+/** How long a failed session waits for its lanes' and streams' clean-up. */
+const SETTLE_MS = 5000;
+
 /** Problems listed in TREE_RESULT (the full list is in the receiver's own output). */
 const MAX_REPORTED = 20;
 
@@ -98,6 +106,24 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
   laneFailed.catch(() => undefined);
   let startLane: (c: FramedConnection) => void = () => undefined;
   let accepting: Promise<void> | undefined;
+  // Version 2: the sender runs large files' conversations on streams multiplexed on each
+  // connection (transport/mux.ts); each stream is served like a lane. Streams are not
+  // lanes for byte counts (their bytes are counted on the connection carrying them).
+  const multiplexed = o.negotiated.version >= 2;
+  const streams: FramedConnection[] = [];
+  let largeFiles = 0; // known once triaged
+  const carryStreams = (c: FramedConnection) => {
+    if (!multiplexed) return;
+    new Multiplexer(c, {
+      opener: false,
+      maxIds: () => MUX_MAX_STREAMS + largeFiles,
+      onStream: (s) => {
+        streams.push(s);
+        startLane(s);
+      },
+    });
+  };
+  carryStreams(conn);
   if (o.offer.flags & OfferFlag.PARALLEL) {
     const granted = o.listener ? Math.min(Number(o.offer.size), MAX_LANES) : 1;
     const token = crypto.randomBytes(LANE_TOKEN_BYTES);
@@ -109,6 +135,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
       maxLanes: granted - 1,
       onLane: (c) => {
         lanes.push(c);
+        carryStreams(c);
         startLane(c);
       },
       onRefused: (why) => o.events?.info?.(`warning: refused a lane: ${why}`),
@@ -175,6 +202,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     matched += prep.bytes;
 
     const large = new Map<number, LargeTransferInfo>(tree.largeTransfers().map((l) => [l.action, l]));
+    largeFiles = large.size;
     const done = new Set<number>();
     let smallDone = 0;
     let progressNow: (n: number) => void = () => undefined;
@@ -217,6 +245,19 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
         commitRefusal: Boolean(o.negotiated.capabilities & Capability.COMMIT_REFUSAL),
         inplace: o.inplace,
         stream: Boolean(o.negotiated.capabilities & Capability.STREAM),
+      }).catch(async (e: unknown) => {
+        // On a multiplexed stream, a file that changed on the sender fails alone: the
+        // sender says so in an ERROR on that stream (exit 24), or answers our report of a
+        // chunk that failed its hash with it (§7.2). The stream is spent; the session goes on.
+        if (!streams.includes(c) || !(e instanceof FfsyncError)) throw e;
+        let err = e;
+        if (err.code === 'ECHUNK') {
+          await reportError(c, err);
+          err = await senderVerdict(c, err);
+        }
+        if (err.exitCode !== ExitCode.VANISHED || !err.message.startsWith('peer: ')) throw err;
+        vanished.push(`${rel} changed or vanished on the sender during the sync`);
+        throw new StreamSpent();
       });
       if (r.refused) {
         errors.push(`cannot write ${rel}: ${r.refused}`);
@@ -238,7 +279,13 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
             void c.close();
             return;
           }
-          await receiveLarge(c, f.payload);
+          try {
+            await receiveLarge(c, f.payload);
+          } catch (e) {
+            if (!(e instanceof StreamSpent)) throw e;
+            c.destroy();
+            return;
+          }
         }
       })();
       w.catch(async (e) => {
@@ -253,7 +300,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
       });
       laneWork.push(w);
     };
-    for (const c of lanes) startLane(c); // lanes that joined before the plan existed
+    for (const c of [...lanes, ...streams]) startLane(c); // lanes and streams that came before the plan existed
     await inPhase(o.events, 'receiving', counts.transferBytes, async (progress) => {
       progressNow = progress;
       const inflight = new Set<Promise<void>>();
@@ -334,9 +381,18 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
       const what = exitCode === ExitCode.VANISHED ? 'source files vanished during the run' : 'partial transfer';
       throw new FfsyncError(exitCode === ExitCode.VANISHED ? 'EVANISHED' : 'EPARTIAL', exitCode, `${what}: ${summary.errors.length} path(s) not synced\n${message}`);
     }
+  } catch (e) {
+    // Conversations still running on lanes and streams end with the session's error (not
+    // as "peer closed", which would keep their partial files for a resume that a protocol
+    // error does not deserve), and their clean-up finishes before we return.
+    const why = e instanceof Error ? e : new Error(String(e));
+    for (const c of [...streams, ...lanes]) c.failFromParent(why);
+    await Promise.race([Promise.allSettled(laneWork), new Promise((r) => setTimeout(r, SETTLE_MS).unref())]);
+    throw e;
   } finally {
     opened?.releaseHandles();
     o.listener?.close();
+    for (const s of streams) s.destroy();
     for (const l of lanes) {
       countLaneBytes(o.summary, l);
       l.destroy();

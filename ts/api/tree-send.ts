@@ -32,8 +32,18 @@ import { countLaneBytes, expect, reportError } from './session.js';
 import type { Negotiated } from './session.js';
 import { inPhase, type SyncSummary } from './events.js';
 import type { SendOptions } from './send.js';
-import { BATCH_BUFFER, identityChanged, rateLimiter, sendFileContent } from './file-transfer.js';
+import { afterPrior, BATCH_BUFFER, type ContentResult, identityChanged, PriorFailed, rateLimiter, sendFileContent } from './file-transfer.js';
 import { exchangeManifestsAndRoots, sendParts, treeSummary } from './tree-common.js';
+import { Multiplexer } from '../transport/mux.js';
+import { type DataTurn, DataTurns } from '../utils/data-turns.js';
+
+/** Large files whose conversations run at once in a multiplexed (version 2) session: enough
+ * to hide ~3 round trips per file behind the data of the others (64 files in flight cover
+ * a 30 ms RTT at ~700 files/s); each waiting file costs only its manifest and an open file. */
+export const MUX_WINDOW = 64;
+/** Files sending DATA at once in a multiplexed session: each holds its read-ahead buffers
+ * (~8 MiB) only while it does, so the sender's memory does not grow with the window. */
+export const DATA_SLOTS = 2;
 
 /** Lanes a `--quic` tree session asks for unless --parallel says otherwise. */
 export const QUIC_LANES = 16;
@@ -107,12 +117,21 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   } else {
     if (t.verbose) for (const line of tree.describe().split('\n').filter(Boolean)) o.events?.info?.(line);
     const level = o.negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
-    const smallFiles = await sendSmallFiles(conn, tree, level, o);
+    // Version 2: large files' conversations run many at once on multiplexed streams, beside
+    // the small-file batches; version 1: small files first, then one large file at a time
+    // per connection.
+    const multiplexed = o.negotiated.version >= 2;
+    // One --bwlimit for the session, however many files send at once.
+    const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : undefined;
+    const smallSent = multiplexed ? sendSmallFiles(conn, tree, level, o, limiter) : Promise.resolve(await sendSmallFiles(conn, tree, level, o, limiter));
+    smallSent.catch(() => undefined);
     const large = tree.largeTransfers();
     const problems = { n: stats.problems.length + counts.skipped };
     const queue = [...large];
+    let started = 0;
+    const turns = multiplexed ? new DataTurns(DATA_SLOTS) : undefined;
     const worker = async (c: FramedConnection) => {
-      for (let lt = queue.shift(); lt; lt = queue.shift()) await sendLarge(c, tree, lt, level, problems, o);
+      for (let lt = queue.shift(); lt; lt = queue.shift()) await (await sendLarge(c, tree, lt, level, problems, o, { limiter })).rest;
     };
     // Lanes only pay off with more than one large file to spread.
     const extra = lanes && o.dialLane ? Math.min(lanes.granted, large.length) - 1 : 0;
@@ -122,8 +141,55 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
         laneConns.push(await openLane({ dial: o.dialLane!, label: `${o.host}:${o.port}`, peerFingerprint: o.summary.peerFingerprint, token: lanes!.token, timeoutMs: o.timeoutMs ?? 60_000 }));
       }
       o.summary.tree!.lanes = 1 + laneConns.length;
-      // The first connection works too, and keeps the session alive while lanes finish.
-      await conn.keepAlive(Promise.all([worker(conn), ...laneConns.map(worker)]));
+      if (multiplexed) {
+        // Streams are spread over the connections (lanes add bandwidth; the window of
+        // streams is what hides the round trips).
+        const physical = [conn, ...laneConns];
+        const muxes = physical.map((p) => new Multiplexer(p, { opener: true }));
+        // Files are taken in plan order, each with its DATA turn; a file put back (its
+        // stream was spent under it before it read anything) goes first, turn and all.
+        const again: { lt: LargeTransferInfo; turn: DataTurn }[] = [];
+        const take = () => {
+          if (again.length) return again.shift();
+          const lt = queue.shift();
+          return lt && { lt, turn: turns!.turn(started++) };
+        };
+        const run = async (mux: Multiplexer) => {
+          let c = mux.open();
+          // The previous file on this stream: its RESULT is still to come (pipelined).
+          let prior: Promise<boolean> = Promise.resolve(false);
+          try {
+            for (let item = take(); item; item = take()) {
+              try {
+                prior = (await sendLarge(c, tree, item.lt, level, problems, o, { limiter, turn: item.turn, stream: true, prior })).rest;
+              } catch (e) {
+                if (!(e instanceof PriorFailed)) throw e;
+                if (e.fatal) throw e.cause;
+                // The previous file's conversation ended with an ERROR on its stream (it
+                // changed on our side): the stream is spent, this file goes again on a fresh one.
+                again.unshift(item);
+                c.destroy();
+                c = mux.open();
+                prior = Promise.resolve(false);
+              }
+            }
+            if (await prior) {
+              c.destroy(); // spent by the last file: the receiver dropped its side
+              return;
+            }
+            await c.send(FrameType.LANE_END);
+            await c.close();
+          } catch (e) {
+            c.destroy();
+            throw e;
+          }
+        };
+        const streams = Array.from({ length: Math.min(MUX_WINDOW, large.length) }, (_, i) => run(muxes[i % muxes.length]));
+        await conn.keepAlive(Promise.all([smallSent, ...streams]));
+      } else {
+        // The first connection works too, and keeps the session alive while lanes finish.
+        await conn.keepAlive(Promise.all([worker(conn), ...laneConns.map(worker)]));
+      }
       for (const l of laneConns) await l.send(FrameType.LANE_END);
     } finally {
       for (const l of laneConns) {
@@ -133,7 +199,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
     }
     // Owners, groups, xattrs: after every file, so the receiver applies them to the result.
     if (attrs) await sendParts(conn, FrameType.TREE_ATTRS, await call(tree.collectAttrs(attrs)));
-    await conn.send(FrameType.TREE_END, encodeTreeEnd({ smallFiles, largeFiles: large.length, senderProblems: problems.n }));
+    await conn.send(FrameType.TREE_END, encodeTreeEnd({ smallFiles: await smallSent, largeFiles: large.length, senderProblems: problems.n }));
   }
   const result = decodeTreeResult((await expect(conn, FrameType.TREE_RESULT)).payload);
   await call(tree.finishSender());
@@ -150,66 +216,115 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   }
 }
 
+interface LargeOptions {
+  limiter?: (n: number) => Promise<void>;
+  /** Multiplexed: this file's DATA turn. */
+  turn?: DataTurn;
+  /** `c` is a multiplexed stream: a file that changed under us ends its stream with an ERROR
+   * (exit 24 for that file only) and the session goes on; and conversations are pipelined:
+   * `prior` is the previous file's on this stream, still waiting for its RESULT. */
+  stream?: boolean;
+  prior?: Promise<boolean>;
+}
+
 /** One large file's conversation on connection `c` (FILE_BEGIN, then the single-file
- * exchange); a file that vanished or cannot be read is announced and skipped. */
-async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTransferInfo, level: number, problems: { n: number }, o: Context): Promise<void> {
+ * exchange); a file that vanished or cannot be read is announced and skipped. Resolves once
+ * this file's DATA is out (on a stream) or its conversation ended, to the rest of it: a
+ * promise of whether the file ended its stream (see LargeOptions.stream). Throws PriorFailed
+ * (turn kept) when the previous file on the stream did not end cleanly. */
+async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTransferInfo, level: number, problems: { n: number }, o: Context, lo: LargeOptions): Promise<{ rest: Promise<boolean> }> {
+  try {
+    const rest = await sendLargeFile(c, tree, lt, level, problems, o, lo);
+    lo.turn?.done();
+    return rest;
+  } catch (e) {
+    if (!(e instanceof PriorFailed)) lo.turn?.done();
+    throw e;
+  }
+}
+
+async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: LargeTransferInfo, level: number, problems: { n: number }, o: Context, lo: LargeOptions): Promise<{ rest: Promise<boolean> }> {
   const abs = joinTreePath(o.path, lt.path);
   const st = await fs.lstat(abs, { bigint: true }).catch(() => undefined);
   if (!st?.isFile() || st.size !== BigInt(lt.size) || st.mtimeNs !== lt.mtimeNs) {
+    // (Not before the previous file on the stream ended: a spent stream would lose it.)
+    await afterPrior(lo.prior);
     o.events?.info?.(`warning: ${showTreePath(lt.path)} vanished or changed before it was sent`);
     await c.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.VANISHED));
-    return;
+    return { rest: Promise.resolve(false) };
   }
   const readable = await fs.access(abs, fs.constants.R_OK).then(
     () => true,
     () => false,
   );
   if (!readable) {
+    await afterPrior(lo.prior);
     problems.n++;
     o.events?.info?.(`warning: cannot read ${showTreePath(lt.path)} (permission denied); skipped`);
     await c.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.UNREADABLE));
-    return;
+    return { rest: Promise.resolve(false) };
   }
-  await c.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.SENDING));
-  const r = await sendFileContent(c, {
-    path: abs,
-    st,
-    scan: null,
-    stateDir: o.stateDir,
-    checksum: o.checksum,
-    level,
-    bwlimitKiBps: o.bwlimitKiBps,
-    events: o.events,
-    label: showTreePath(lt.path),
-    refine: Boolean(o.negotiated.capabilities & Capability.REFINE),
-    sparse: Boolean(o.negotiated.capabilities & Capability.SPARSE),
-    commitRefusal: Boolean(o.negotiated.capabilities & Capability.COMMIT_REFUSAL),
-    stream: Boolean(o.negotiated.capabilities & Capability.STREAM),
-    overlap: o.overlap,
-  }).catch(async (e: unknown) => {
-    // A chunk the receiver rejected because this file changed after it was hashed: say so
-    // (exit 24, "rerun"); the receiver waits for this verdict before it exits.
+  // The file failed alone (true), after a chunk the receiver rejected because the file
+  // changed after it was hashed, or a change we saw ourselves on a stream; else rethrown.
+  const failedAlone = async (e: unknown): Promise<boolean> => {
     const err = e as FfsyncError;
+    let changed: FfsyncError | undefined;
     if (err.code === 'ECHUNK' && identityChanged(await fs.lstat(abs, { bigint: true }).catch(() => undefined), st)) {
-      const changed = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${showTreePath(lt.path)} changed during the sync; rerun to send the new version`, { cause: e });
-      // On the connection that carried the file: a lane's receiver waits there (the
-      // session's own report on the first connection follows, once).
-      await reportError(c, changed);
-      throw changed;
-    }
-    throw e;
-  });
-  if (r.refused) return; // the receiver reports it (TREE_RESULT)
-  if (!identityChanged(await fs.lstat(abs, { bigint: true }).catch(() => undefined), st)) tree.claimRoot(lt.action, r.root);
+      changed = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${showTreePath(lt.path)} changed during the sync; rerun to send the new version`, { cause: e });
+    } else if (lo.stream && err.code === 'EVANISHED' && !err.message.startsWith('peer: ')) changed = err;
+    if (!changed) throw e;
+    // Say so on the connection that carried the file (exit 24, "rerun"): the receiver waits
+    // there for this verdict (a lane's too; the session's own report on the first
+    // connection follows, once). On a stream, that file alone fails: the receiver reports
+    // it as vanished and the session goes on.
+    await reportError(c, changed);
+    if (!lo.stream) throw changed;
+    o.events?.info?.(`warning: ${changed.message}`);
+    return true;
+  };
+  await c.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.SENDING));
+  let r: ContentResult;
+  try {
+    r = await sendFileContent(c, {
+      path: abs,
+      st,
+      scan: null,
+      stateDir: o.stateDir,
+      checksum: o.checksum,
+      level,
+      bwlimitKiBps: o.bwlimitKiBps,
+      events: o.events,
+      label: showTreePath(lt.path),
+      refine: Boolean(o.negotiated.capabilities & Capability.REFINE),
+      sparse: Boolean(o.negotiated.capabilities & Capability.SPARSE),
+      commitRefusal: Boolean(o.negotiated.capabilities & Capability.COMMIT_REFUSAL),
+      stream: Boolean(o.negotiated.capabilities & Capability.STREAM),
+      overlap: o.overlap,
+      dataTurn: lo.turn,
+      limiter: lo.limiter,
+      prior: lo.prior,
+      resultLater: lo.stream,
+    });
+  } catch (e) {
+    if (e instanceof PriorFailed) throw e;
+    return { rest: Promise.resolve(await failedAlone(e)) };
+  }
+  const ended = async (res: ContentResult): Promise<boolean> => {
+    if (res.refused) return false; // the receiver reports it (TREE_RESULT)
+    if (!identityChanged(await fs.lstat(abs, { bigint: true }).catch(() => undefined), st)) tree.claimRoot(lt.action, res.root);
+    return false;
+  };
+  const rest = (r.settled ?? Promise.resolve(r)).then(ended, failedAlone);
+  rest.catch(() => undefined); // the caller handles it (the next file on the stream waits for it)
+  return { rest };
 }
 
 /** Stream every small file in FILE_BATCH frames: the next batch is read (in parallel,
  * natively) while the previous one is being written to the socket. Returns the count. */
-async function sendSmallFiles(conn: FramedConnection, tree: NativeTreeSync, level: number, o: Context): Promise<number> {
+async function sendSmallFiles(conn: FramedConnection, tree: NativeTreeSync, level: number, o: Context, limiter?: (n: number) => Promise<void>): Promise<number> {
   const counts = o.summary.tree!;
   if (counts.smallTransfers === 0) return 0;
   const pool = new BufferPool(BATCH_BUFFER, 3);
-  const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : undefined;
   await inPhase(o.events, 'sending', counts.transferBytes, async (progress) => {
     let raw = 0;
     const read = async (cursor: number): Promise<{ buf: Buffer; res: SmallBatch }> => {

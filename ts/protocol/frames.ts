@@ -36,6 +36,7 @@ export const FrameType = {
   ACCEPT: 0x1c,
   MANIFEST_STREAM: 0x1d,
   BASIS: 0x1e,
+  MUX: 0x1f,
   ERROR: 0x7f,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];

@@ -8,7 +8,21 @@ import { MANIFEST_ENTRY, MANIFEST_HEADER } from '../utils/manifest.js';
 export const PROTOCOL_MAGIC = Buffer.from('FFSYNC', 'latin1');
 /** Versions this build speaks. A peer whose range does not overlap is refused (exit 2). */
 export const PROTOCOL_MIN = 1;
-export const PROTOCOL_MAX = 1;
+export const PROTOCOL_MAX = 2;
+/**
+ * The highest version this process offers: PROTOCOL_MAX, or lower when FFSYNC_PROTOCOL_MAX
+ * says so (rsync's --protocol: to work around a peer's bug, and how the tests play an older
+ * peer). Version 2 = multiplexed tree sessions (docs/protocol.md §9.9).
+ */
+export function offeredProtocolMax(): number {
+  const v = process.env.FFSYNC_PROTOCOL_MAX;
+  if (v === undefined || v === '') return PROTOCOL_MAX;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < PROTOCOL_MIN || n > PROTOCOL_MAX) {
+    throw new FfsyncError('EUSAGE', ExitCode.USAGE, `FFSYNC_PROTOCOL_MAX=${v}: this build speaks protocol versions ${PROTOCOL_MIN}..${PROTOCOL_MAX}`);
+  }
+  return n;
+}
 /** Capability bits (negotiated as the AND of both peers' sets). */
 export const Capability = {
   /** The peer can decode zstd-compressed chunk records. */

@@ -8,6 +8,24 @@ import { createGarbageRelief } from '../utils/gc.js';
 import { encodeFrameHeader, type Frame, FrameDecoder, FrameType, frameName, pointlessFrame, protocolError } from '../protocol/frames.js';
 import { decodeError } from '../protocol/messages.js';
 
+/** What a connection carrying multiplexed streams hands MUX frames to (transport/mux.ts). */
+export interface MuxHooks {
+  /** One MUX frame; throws a protocol error for a frame no honest peer sends. */
+  deliver(payload: Buffer, release?: () => void): void;
+  /** Streams hold more unread bytes than allowed: stop reading the connection. */
+  buffered(): boolean;
+  /** The connection failed or closed: end every stream with it. */
+  closeAll(why: Error): void;
+}
+
+export interface ConnectionOptions {
+  /** A multiplexed stream's connection: the physical connection it travels on. It has no
+   * idle timer of its own; its progress and waits count as the parent's (§7.4). */
+  parent?: FramedConnection;
+  /** Runs whenever a received frame is taken (a multiplexed stream's reader drained). */
+  onConsume?: () => void;
+}
+
 const HIGH_WATER = 4 * 1024 * 1024;
 const LOW_WATER = 1024 * 1024;
 /** Flow control counts frames too: a queue of millions of empty frames holds no payload
@@ -114,6 +132,12 @@ export class FramedConnection {
   private idleTimer: NodeJS.Timeout | undefined;
   /** Woken on every arrival, end, close or failure (see `nextChange`). */
   private readonly changeWaiters = new Set<() => void>();
+  /** Streams multiplexed on this connection, if any (protocol version 2). */
+  private mux: MuxHooks | undefined;
+  /** The conversations running on those streams (their waits keep this one's timer armed). */
+  private readonly children = new Set<FramedConnection>();
+  private readonly parent: FramedConnection | undefined;
+  private readonly onConsume: (() => void) | undefined;
   /** The peer's first ERROR, decoded, kept apart from the queue: a reader that gave up (an
    * `expect` abandoned in a race) may take the queued frame. */
   private peerFailure: FfsyncError | undefined;
@@ -121,11 +145,24 @@ export class FramedConnection {
   constructor(
     private readonly stream: Duplex,
     idleTimeoutMs: number,
+    options: ConnectionOptions = {},
   ) {
-    this.keepAliveMs = idleTimeoutMs > 0 ? Math.min(KEEPALIVE_MS, Math.max(50, Math.floor(idleTimeoutMs / 3))) : KEEPALIVE_MS;
+    this.parent = options.parent;
+    this.onConsume = options.onConsume;
+    this.keepAliveMs = this.parent
+      ? this.parent.keepAliveMs
+      : idleTimeoutMs > 0
+        ? Math.min(KEEPALIVE_MS, Math.max(50, Math.floor(idleTimeoutMs / 3)))
+        : KEEPALIVE_MS;
+    if (this.parent) {
+      this.peerSpoke = true; // the parent's peer said HELLO; a stream has none of its own
+      this.parent.children.add(this);
+      stream.once('close', () => this.parent!.children.delete(this));
+    }
     stream.on('data', (chunk: Buffer) => this.onData(chunk));
     stream.on('end', () => {
       this.ended = true;
+      this.mux?.closeAll(new PeerClosedError('before the session finished'));
       this.wake();
       this.wakeChangeWaiters();
     });
@@ -135,6 +172,7 @@ export class FramedConnection {
       // Nothing more will arrive: partial input and the reassembly pool go now, not when
       // this object is collected (64 finished serve sessions held ~250 MiB for 10 s).
       this.decoder.dispose();
+      this.mux?.closeAll(new PeerClosedError('before the session finished'));
       this.wake();
       this.wakeChangeWaiters();
     });
@@ -148,7 +186,7 @@ export class FramedConnection {
       // Idle means: we wait for the peer (a frame or a drain) and nothing moved for
       // idleTimeoutMs. Peers doing long local work send KEEPALIVE frames.
       this.idleTimer = setInterval(() => {
-        const waiting = this.waiter !== undefined || this.drainWaiters > 0;
+        const waiting = this.isWaiting;
         const now = Date.now();
         const stalled = now - this.lastActivity;
         if (stalled > idleTimeoutMs && waiting && now - this.lastBytes > idleTimeoutMs) {
@@ -191,9 +229,20 @@ export class FramedConnection {
     for (const f of frames) {
       let why: Error | undefined;
       if (f.type === FrameType.KEEPALIVE) why = this.onKeepAlive(f.payload, now);
-      else {
+      else if (f.type === FrameType.MUX) {
+        // A stream's bytes: whether they move the session forward is the stream's to say
+        // (its conversation touches this connection when they do; a KEEPALIVE does not).
         this.peerSpoke = true;
-        this.lastActivity = now;
+        try {
+          if (!this.mux) throw protocolError('MUX frame outside a multiplexed tree session');
+          this.mux.deliver(f.payload, f.release);
+        } catch (e) {
+          why = e as Error;
+        }
+        if (!why) continue;
+      } else {
+        this.peerSpoke = true;
+        this.touch(now);
         const pointless = f.type === FrameType.ERROR ? undefined : pointlessFrame(f.type, f.payload);
         if (pointless) why = protocolError(`the peer sent ${pointless}: pointless frames are a flood, not a session`);
       }
@@ -215,7 +264,7 @@ export class FramedConnection {
     // Track how long a frame has been incomplete (see the idle timer).
     if (this.decoder.bufferedBytes === 0) this.partialSince = 0;
     else if (frames.length > 0 || this.partialSince === 0) this.partialSince = Date.now();
-    if (this.queuedBytes > HIGH_WATER || this.queued > HIGH_FRAMES) this.stream.pause();
+    if (this.queuedBytes > HIGH_WATER || this.queued > HIGH_FRAMES || this.mux?.buffered()) this.stream.pause();
     this.wake();
     this.wakeChangeWaiters();
   }
@@ -235,7 +284,7 @@ export class FramedConnection {
     const work = payload.readBigUInt64LE(0);
     if (work > this.peerWork) {
       this.peerWork = work;
-      this.lastActivity = now;
+      this.touch(now);
     }
     return undefined;
   }
@@ -258,6 +307,7 @@ export class FramedConnection {
 
   private fail(e: Error): void {
     if (!this.failure) this.failure = e;
+    this.mux?.closeAll(e);
     this.wake();
     this.wakeChangeWaiters();
     this.stream.emit('ffsync-failed');
@@ -318,11 +368,47 @@ export class FramedConnection {
       this.qHead = 0;
     }
     this.queuedBytes -= f.payload.length;
-    if (this.queuedBytes < LOW_WATER && this.queued < LOW_FRAMES && this.stream.isPaused()) {
+    this.maybeResume();
+    this.onConsume?.();
+    return f;
+  }
+
+  /** Read again if flow control paused the stream and everything queued has drained. */
+  maybeResume(): void {
+    if (this.queuedBytes < LOW_WATER && this.queued < LOW_FRAMES && !this.mux?.buffered() && this.stream.isPaused()) {
       if (this.partialSince > 0) this.partialSince = Date.now();
       this.stream.resume();
     }
-    return f;
+  }
+
+  /** Carry multiplexed streams (transport/mux.ts): MUX frames go to `hooks`, not the queue. */
+  attachMux(hooks: MuxHooks): void {
+    if (this.mux) throw new Error('a connection carries one multiplexer');
+    this.mux = hooks;
+  }
+
+  /** Received bytes not yet taken (a multiplexed stream's share of its parent's budget). */
+  get pendingBytes(): number {
+    return this.queuedBytes;
+  }
+
+  /** Progress: on this connection and, for a multiplexed stream, on the one carrying it. */
+  private touch(now = Date.now()): void {
+    this.lastActivity = now;
+    this.parent?.touch(now);
+  }
+
+  /** Waiting for the peer: a receive, a drain, or (a connection carrying streams) any of
+   * its streams' conversations waiting. */
+  private get isWaiting(): boolean {
+    if (this.waiter !== undefined || this.drainWaiters > 0) return true;
+    for (const c of this.children) if (c.isWaiting) return true;
+    return false;
+  }
+
+  /** The connection carrying this stream failed or closed. */
+  failFromParent(e: Error): void {
+    this.fail(e);
   }
 
   /** Next frame; rejects on close, stream error, protocol error or idle timeout. */
@@ -330,7 +416,7 @@ export class FramedConnection {
     if (this.queued) return Promise.resolve(this.shift());
     if (this.failure) return Promise.reject(this.failure);
     if (this.ended) return Promise.reject(new PeerClosedError('before the session finished'));
-    this.lastActivity = Date.now();
+    this.touch();
     return new Promise((resolve, reject) => {
       this.waiter = { resolve, reject };
     });
@@ -341,25 +427,38 @@ export class FramedConnection {
    * `onWritten` runs when the payload has been handed to the OS (its buffer may be reused).
    */
   send(type: FrameType, payload: Uint8Array = Buffer.alloc(0), onWritten?: () => void): Promise<void> {
+    return this.sendParts(type, [payload], onWritten);
+  }
+
+  /** `send` of a payload given in parts (written in order, never copied into one buffer).
+   * With `wait` false it resolves at once: the caller waits on `onWritten` instead. */
+  sendParts(type: FrameType, parts: Uint8Array[], onWritten?: () => void, wait = true): Promise<void> {
     // After a local failure only an ERROR frame may still go out (to tell the peer why).
     if (this.failure && type !== FrameType.ERROR) return Promise.reject(this.failure);
     if (this.closed || this.stream.destroyed || this.stream.writableEnded) {
       return Promise.reject(new PeerClosedError(`before we could send ${frameName(type)}`));
     }
-    const header = encodeFrameHeader(type, payload.length);
-    this.bytesSent += header.length + payload.length;
+    let length = 0;
+    for (const p of parts) length += p.length;
+    const header = encodeFrameHeader(type, length);
+    this.bytesSent += header.length + length;
     this.stream.cork();
-    this.stream.write(header);
-    const ok = this.stream.write(payload, onWritten && (() => onWritten()));
+    let ok = this.stream.write(header);
+    for (let i = 0; i < parts.length; i++) {
+      const last = i === parts.length - 1;
+      ok = this.stream.write(parts[i], last && onWritten ? () => onWritten() : undefined);
+    }
+    if (parts.length === 0 && onWritten) ok = this.stream.write(Buffer.alloc(0), () => onWritten());
     this.stream.uncork();
-    // Our own KEEPALIVE is not the peer's progress.
-    if (type !== FrameType.KEEPALIVE) this.lastActivity = Date.now();
-    if (ok) return Promise.resolve();
+    // Our own KEEPALIVE is not the peer's progress; nor is a stream's frame (the stream's
+    // own conversation says whether it was: a KEEPALIVE on a stream is not).
+    if (type !== FrameType.KEEPALIVE && type !== FrameType.MUX) this.touch();
+    if (ok || !wait) return Promise.resolve();
     this.drainWaiters++;
     return new Promise((resolve, reject) => {
       const onDrain = () => {
         cleanup();
-        this.lastActivity = Date.now();
+        this.touch();
         resolve();
       };
       const onClose = () => {

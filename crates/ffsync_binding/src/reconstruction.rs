@@ -282,7 +282,9 @@ impl NativeReconstruction {
     #[napi]
     pub fn release(&self) {
         self.stop_ticker();
-        self.inner.lock().unwrap().take();
+        if let Some(r) = self.inner.lock().unwrap().take() {
+            crate::drop_in_background(r);
+        }
     }
 
     fn get(&self) -> Result<Arc<Reconstruction>> {

@@ -1,0 +1,187 @@
+// Streams multiplexed on one framed connection (protocol version 2, docs/protocol.md §9.9).
+// A tree session's large files each need a short conversation (MANIFEST -> NEED -> DATA ->
+// RESULT); run one after another, every file pays its round trips in turn. A multiplexed
+// session runs up to MUX_MAX_STREAMS of them at once on the same connection, so a session
+// costs a constant number of round trips whatever the number of files.
+//
+// Each stream is a byte stream (a Duplex) carried in MUX frames: `u32 stream id | bytes`.
+// A FramedConnection runs on top of each stream exactly as it does on a TCP socket or a QUIC
+// stream, so the per-file conversation code is the same on every transport. The opener (the
+// tree's sender) opens ids 1, 2, 3, … in order; its first MUX frame on an id opens it. A MUX
+// frame with no bytes after the id ends that direction (FIN). Streams close when both
+// directions ended.
+
+import { Duplex } from 'node:stream';
+import { FramedConnection } from './connection.js';
+import { FrameType, protocolError } from '../protocol/frames.js';
+
+/** Streams one connection carries at once. */
+export const MUX_MAX_STREAMS = 64;
+/** Bytes received for streams but not yet taken by their conversations: above this the
+ * connection stops reading (every stream waits) until they drain below MUX_LOW_WATER. */
+export const MUX_HIGH_WATER = 16 * 1024 * 1024;
+const MUX_LOW_WATER = 8 * 1024 * 1024;
+/** One stream's unread bytes (its reader paused) before the connection stops reading. */
+const STREAM_HIGH_WATER = 4 * 1024 * 1024;
+/** Bytes one stream may have written but not yet handed to the OS before its writer waits. */
+const STREAM_WRITE_WATER = 4 * 1024 * 1024;
+const ID_BYTES = 4;
+
+class MuxStream extends Duplex {
+  /** The peer ended its direction. */
+  peerEnded = false;
+  /** The conversation running on this stream (set right after construction). */
+  conn!: FramedConnection;
+
+  constructor(
+    private readonly mux: Multiplexer,
+    readonly id: number,
+  ) {
+    super({ readableHighWaterMark: STREAM_HIGH_WATER, writableHighWaterMark: STREAM_WRITE_WATER, allowHalfOpen: true });
+  }
+
+  override _read(): void {
+    this.mux.maybeResume();
+  }
+
+  override _write(chunk: Buffer, _enc: BufferEncoding, cb: (e?: Error | null) => void): void {
+    this.mux.write(this.id, [chunk], cb);
+  }
+
+  override _writev(chunks: { chunk: Buffer }[], cb: (e?: Error | null) => void): void {
+    this.mux.write(
+      this.id,
+      chunks.map((c) => c.chunk),
+      cb,
+    );
+  }
+
+  override _final(cb: (e?: Error | null) => void): void {
+    this.mux.write(this.id, [], cb);
+  }
+
+  override _destroy(err: Error | null, cb: (e?: Error | null) => void): void {
+    this.mux.forget(this);
+    cb(err);
+  }
+}
+
+export interface MultiplexerOptions {
+  /** The opener's side (the tree's sender) opens streams; the other side accepts them. */
+  opener: boolean;
+  /** Acceptor: a stream the peer opened, with its conversation ready to run. */
+  onStream?: (c: FramedConnection) => void;
+  /** Acceptor: ids the peer may open in all (default MUX_MAX_STREAMS). A stream is spent
+   * when its file fails alone, and the opener opens a fresh one: a tree session allows one
+   * per large file on top of the window, never more. */
+  maxIds?: () => number;
+}
+
+/** The streams of one physical connection (TCP, TLS, ssh stdio, a QUIC stream, a pipe). */
+export class Multiplexer {
+  private readonly streams = new Map<number, MuxStream>();
+  /** Opener: ids given out so far (1..opened). */
+  private opened = 0;
+  /** Acceptor: ids the peer opened so far (its streams' first frames may arrive in any order). */
+  private readonly seen = new Set<number>();
+  private over = false;
+
+  constructor(
+    readonly parent: FramedConnection,
+    private readonly o: MultiplexerOptions,
+  ) {
+    parent.attachMux({
+      deliver: (payload, release) => this.deliver(payload, release),
+      buffered: () => this.over,
+      closeAll: (why) => this.closeAll(why),
+    });
+  }
+
+  /** Opener: a new stream and the conversation on it. */
+  open(): FramedConnection {
+    if (!this.o.opener) throw new Error('only the opener opens streams');
+    if (this.streams.size >= MUX_MAX_STREAMS) throw new Error(`at most ${MUX_MAX_STREAMS} streams at once per connection`);
+    return this.start(++this.opened);
+  }
+
+  private start(id: number): FramedConnection {
+    const s = new MuxStream(this, id);
+    this.streams.set(id, s);
+    s.conn = new FramedConnection(s, 0, { parent: this.parent, onConsume: () => this.maybeResume() });
+    return s.conn;
+  }
+
+  /** One MUX frame from the peer. Throws a protocol error for a frame no honest peer sends. */
+  private deliver(payload: Buffer, release?: () => void): void {
+    try {
+      if (payload.length < ID_BYTES) throw protocolError(`MUX frame of ${payload.length} bytes has no stream id`);
+      const id = payload.readUInt32LE(0);
+      let s = this.streams.get(id);
+      if (!s) {
+        if (this.o.opener ? id >= 1 && id <= this.opened : this.seen.has(id)) return; // a stream already closed: late bytes are dropped
+        if (this.o.opener) throw protocolError(`MUX frame for stream ${id}, which this side never opened`);
+        const maxIds = this.o.maxIds?.() ?? MUX_MAX_STREAMS;
+        if (id < 1 || id > maxIds || this.streams.size >= MUX_MAX_STREAMS) {
+          throw protocolError(`MUX frame opens stream ${id}; ids run from 1 to ${maxIds}, at most ${MUX_MAX_STREAMS} open at once`);
+        }
+        this.seen.add(id);
+        const conn = this.start(id);
+        s = this.streams.get(id)!;
+        this.o.onStream?.(conn);
+      }
+      if (s.peerEnded) throw protocolError(`MUX frame on stream ${id} after the peer ended it`);
+      if (payload.length === ID_BYTES) {
+        s.peerEnded = true;
+        s.push(null);
+        return;
+      }
+      // A pooled frame buffer goes back to the connection's pool now; the stream keeps a copy.
+      const bytes = release ? Buffer.from(payload.subarray(ID_BYTES)) : payload.subarray(ID_BYTES);
+      s.push(bytes);
+    } finally {
+      release?.();
+    }
+    this.over = this.isOver();
+  }
+
+  private isOver(): boolean {
+    let total = 0;
+    for (const s of this.streams.values()) {
+      const unread = s.readableLength + s.conn.pendingBytes;
+      if (s.readableLength > STREAM_HIGH_WATER) return true;
+      total += unread;
+    }
+    return total > MUX_HIGH_WATER;
+  }
+
+  /** A stream's reader took bytes: the connection may read again. */
+  maybeResume(): void {
+    if (!this.over) return;
+    let total = 0;
+    for (const s of this.streams.values()) total += s.readableLength + s.conn.pendingBytes;
+    if (total < MUX_LOW_WATER) {
+      this.over = false;
+      this.parent.maybeResume();
+    }
+  }
+
+  /** Stream `id` writes `parts` (none: FIN); `cb` runs once the connection no longer
+   * references them (docs/decisions.md §39: the writer may then reuse its buffers). */
+  write(id: number, parts: Buffer[], cb: (e?: Error | null) => void): void {
+    const head = Buffer.allocUnsafe(ID_BYTES);
+    head.writeUInt32LE(id, 0);
+    // Not waiting for the connection's drain here: the stream's own writer waits until `cb`
+    // (its high-water mark), which is the backpressure each stream needs.
+    this.parent.sendParts(FrameType.MUX, [head, ...parts], () => cb(), false).catch((e: Error) => cb(e));
+  }
+
+  forget(s: MuxStream): void {
+    if (this.streams.get(s.id) === s) this.streams.delete(s.id);
+    this.maybeResume();
+  }
+
+  /** The connection failed or closed: every stream's conversation ends with it. */
+  private closeAll(why: Error): void {
+    for (const s of [...this.streams.values()]) s.conn.failFromParent(why);
+  }
+}
