@@ -390,7 +390,7 @@ async function serve(): Promise<void> {
     const kinds = new Map<string, number>();
     for (const e of lines) kinds.set(`${e.op} ${e.exitCode} ${String(e.error).slice(0, 60)}`, (kinds.get(`${e.op} ${e.exitCode} ${String(e.error).slice(0, 60)}`) ?? 0) + 1);
     console.error(kinds);
-    const ends = lines.map((e) => Date.parse(e.start) + e.durationMs - allClosed).sort((a, b) => a - b);
+    const ends = lines.map((e) => Date.parse(String(e.start)) + Number(e.durationMs) - allClosed).sort((a, b) => a - b);
     console.error(`  sessions ended, relative to the clients' close: first ${ends[0]} ms, last ${ends[ends.length - 1]} ms`);
     for (let k = 0; k < 20; k++) {
       await sleep(1000);

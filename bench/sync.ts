@@ -66,6 +66,7 @@ const { values } = parseArgs({
     only: { type: 'string' },
     repeat: { type: 'string' },
     'file-mib': { type: 'string' },
+    'latency-files': { type: 'string' },
     dir: { type: 'string' },
     'no-write': { type: 'boolean' },
   },
@@ -73,6 +74,9 @@ const { values } = parseArgs({
 const quick = Boolean(values.quick);
 const repeat = Number(values.repeat ?? (quick ? 1 : 2));
 const fileMiB = Number(values['file-mib'] ?? (quick ? 64 : 256));
+/** Files in the latency trees (issue #18 asks for 100 and 1000: time must grow with bytes,
+ * not with files × RTT). */
+const latencyFiles = Number(values['latency-files'] ?? 100);
 const only = new Set((values.only ?? 'latency,sync-local,sync-ssh-tree,sync-ssh-file').split(','));
 const work = values.dir ?? fs.mkdtempSync(path.join(os.tmpdir(), 'ffsync-bench-sync-'));
 
@@ -257,10 +261,10 @@ async function latency(sshd: Sshd | undefined): Promise<void> {
   const old = path.join(work, 'lat-old');
   const dst = path.join(work, 'lat-dst');
   const rng = new XorShift128(51, 4);
-  for (let i = 0; i < 100; i++) {
+  for (let i = 0; i < latencyFiles; i++) {
     const b = Buffer.alloc(MiB);
     rng.fill(b);
-    const dir = `d${Math.floor(i / 25)}`;
+    const dir = `d${Math.floor(i / 25) % 40}`;
     fs.mkdirSync(path.join(old, dir), { recursive: true });
     fs.mkdirSync(path.join(src, dir), { recursive: true });
     fs.writeFileSync(path.join(old, dir, `f${i}.bin`), b);
@@ -281,7 +285,7 @@ async function latency(sshd: Sshd | undefined): Promise<void> {
       for (const d of [states.r, states.s]) for (const n of fs.readdirSync(d)) if (n !== 'identity' && n !== 'pins.conf') await rmf(path.join(d, n));
       if (kind === 'modified') await fsp.cp(old, dst, { recursive: true });
     };
-    const scenario = `latency-30ms 100 x 1 MiB ${kind}`;
+    const scenario = `latency-30ms ${latencyFiles} x 1 MiB ${kind}`;
     const single = await measure(scenario, 'ffsync TLS, 1 connection', repeat, prepare, () => sendThroughProxy(src, dst, 'tls1', states), verify);
     const p8 = await measure(scenario, 'ffsync TLS --parallel 8', repeat, prepare, () => sendThroughProxy(src, dst, 'tls8', states), verify);
     const quic1 = await measure(scenario, 'ffsync --quic --parallel 1 (one stream)', repeat, prepare, () => sendThroughProxy(src, dst, 'quic1', states), verify);
@@ -296,14 +300,16 @@ async function latency(sshd: Sshd | undefined): Promise<void> {
         await proxy.close();
       }
     }
-    const s = med(single)!;
-    const target = kind === 'modified' ? '≥ 3x faster than one connection' : 'vs one connection (bandwidth-bound: context)';
-    const status = (r: Row) => (kind === 'modified' ? (s / med(r)! >= 3 ? 'PASS' : 'MISS') : '—');
-    verdicts.push([`30 ms RTT, 100 x 1 MiB ${kind}: --parallel 8 ${target}`, fmtRatio(s, med(p8)), status(p8)]);
-    verdicts.push([`30 ms RTT, 100 x 1 MiB ${kind}: --quic ${target} (TLS)`, fmtRatio(s, med(quic)), status(quic)]);
-    const q1 = med(quic1)!;
-    verdicts.push([`30 ms RTT, 100 x 1 MiB ${kind}: --quic ${kind === 'modified' ? '≥ 3x faster than one QUIC stream' : 'vs one QUIC stream (context)'}`, fmtRatio(q1, med(quic)), kind === 'modified' ? (q1 / med(quic)! >= 3 ? 'PASS' : 'MISS') : '—']);
-    if (rs) verdicts.push([`30 ms RTT, 100 x 1 MiB ${kind}: --quic vs rsync -a over ssh (context)`, fmtRatio(med(rs), med(quic)), '—']);
+    // Issue #18: one connection (protocol version 2 multiplexes the files on it) at least 2x
+    // faster than rsync over ssh on the modified tree; lanes and QUIC are context.
+    const n = `${latencyFiles} x 1 MiB ${kind}`;
+    if (rs) {
+      const r = med(rs)! / med(single)!;
+      verdicts.push([`30 ms RTT, ${n}: one TLS connection ${kind === 'modified' ? '≥ 2x faster than rsync -a over ssh' : 'vs rsync -a over ssh (context)'}`, fmtRatio(med(rs), med(single)), kind === 'modified' ? (r >= 2 ? 'PASS' : 'MISS') : '—']);
+      verdicts.push([`30 ms RTT, ${n}: --parallel 8 vs rsync -a over ssh (context)`, fmtRatio(med(rs), med(p8)), '—']);
+      verdicts.push([`30 ms RTT, ${n}: --quic vs rsync -a over ssh (context)`, fmtRatio(med(rs), med(quic)), '—']);
+      verdicts.push([`30 ms RTT, ${n}: --quic --parallel 1 vs rsync -a over ssh (context)`, fmtRatio(med(rs), med(quic1)), '—']);
+    }
   }
 }
 
