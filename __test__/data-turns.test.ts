@@ -1,0 +1,51 @@
+// DATA turns of a multiplexed tree session (ts/utils/data-turns.ts): at most N holders, turns
+// given in plan order whatever order the files ask in, a file that needs no data passes.
+import assert from 'node:assert/strict';
+import { it } from 'node:test';
+import { DataTurns } from '../ts/utils/data-turns';
+
+const tick = () => new Promise((r) => setImmediate(r));
+
+it('turns go in plan order, two at a time, whatever order the files ask in; passed turns are skipped', async () => {
+  const turns = new DataTurns(2);
+  const t = [0, 1, 2, 3, 4].map((i) => turns.turn(i));
+  const granted: number[] = [];
+  const ask = (i: number) => t[i].take().then(() => granted.push(i));
+  // Files 3 and 1 ask first: 1 is not file 0, so nothing is granted yet except in order.
+  void ask(3);
+  void ask(1);
+  await tick();
+  assert.deepEqual(granted, [], 'file 0 has not asked or passed: nobody goes before it');
+  t[0].done(); // file 0 needs no data: passes its turn
+  await tick();
+  assert.deepEqual(granted, [1], 'file 1 goes next; file 3 waits for file 2');
+  void ask(2);
+  await tick();
+  assert.deepEqual(granted, [1, 2], 'two holders at once');
+  void ask(4);
+  await tick();
+  assert.deepEqual(granted, [1, 2], 'no third holder: 3 and 4 wait');
+  t[1].done();
+  await tick();
+  assert.deepEqual(granted, [1, 2, 3]);
+  t[2].done();
+  await tick();
+  assert.deepEqual(granted, [1, 2, 3, 4]);
+  t[3].done();
+  t[4].done();
+  t[4].done(); // idempotent
+  await t[4].take(); // after done: no wait
+});
+
+it('a turn given back before it was asked for lets later files go (a file that failed early)', async () => {
+  const turns = new DataTurns(1);
+  const a = turns.turn(0);
+  const b = turns.turn(1);
+  let bGranted = false;
+  void b.take().then(() => (bGranted = true));
+  await tick();
+  assert.equal(bGranted, false);
+  a.done();
+  await tick();
+  assert.equal(bGranted, true);
+});
