@@ -6,11 +6,11 @@ import { DataTurns } from '../ts/utils/data-turns';
 
 const tick = () => new Promise((r) => setImmediate(r));
 
-it('turns go in plan order, two at a time, whatever order the files ask in; passed turns are skipped', async () => {
+it('turns go in plan order, two units at a time, whatever order the files ask in; passed turns are skipped', async () => {
   const turns = new DataTurns(2);
   const t = [0, 1, 2, 3, 4].map((i) => turns.turn(i));
   const granted: number[] = [];
-  const ask = (i: number) => t[i].take().then(() => granted.push(i));
+  const ask = (i: number) => t[i].take(1).then(() => granted.push(i));
   // Files 3 and 1 ask first: 1 is not file 0, so nothing is granted yet except in order.
   void ask(3);
   void ask(1);
@@ -42,10 +42,28 @@ it('a turn given back before it was asked for lets later files go (a file that f
   const a = turns.turn(0);
   const b = turns.turn(1);
   let bGranted = false;
-  void b.take().then(() => (bGranted = true));
+  void b.take(1).then(() => (bGranted = true));
   await tick();
   assert.equal(bGranted, false);
   a.done();
   await tick();
   assert.equal(bGranted, true);
+});
+
+it('a turn holds the units it asked for: a big file waits until enough are free, later small ones wait behind it', async () => {
+  const turns = new DataTurns(4);
+  const [small, big, after] = [0, 1, 2].map((i) => turns.turn(i));
+  const granted: string[] = [];
+  void small.take(1).then(() => granted.push('small'));
+  void big.take(4).then(() => granted.push('big'));
+  void after.take(1).then(() => granted.push('after'));
+  await tick();
+  assert.deepEqual(granted, ['small'], 'big needs all 4 units; after waits behind big (plan order)');
+  small.done();
+  await tick();
+  assert.deepEqual(granted, ['small', 'big']);
+  big.done();
+  await tick();
+  assert.deepEqual(granted, ['small', 'big', 'after']);
+  assert.equal(await Promise.race([turns.turn(3).take(99).then(() => 'granted'), tick().then(() => 'waiting')]), 'waiting', 'asking for more than the budget takes all of it (after is still holding 1)');
 });

@@ -712,20 +712,21 @@ describe('tree sync', { skip: POSIX_ONLY }, () => {
 
     // Protocol version 1 sends large files one after the other in path order: a.bin
     // (slowed by --bwlimit) is on the wire when z.bin is removed, before z.bin's FILE_BEGIN.
-    // Version 2 starts every file's conversation at once, but sends DATA in path order, two
-    // files at a time: z.bin waits for its turn behind a.bin and b.bin, and is removed then.
+    // Version 2 starts every file's conversation at once, but sends DATA in path order from a
+    // budget of batch buffers: a.bin and b.bin (9 MiB: 4 buffers each) hold all of it, z.bin
+    // waits for its turn behind them, and is removed then.
     for (const version of [1, 2]) {
       it(`protocol ${version}: a large file that vanishes before its data is sent: exit 24 with an error line that says vanished (not "partial transfer"), the rest synced, nothing deleted`, async () => {
         const dir = tmpdir();
         const src = path.join(dir, 'src');
         const dst = path.join(dir, 'dst');
-        write(src, 'a.bin', seeded(4 * MiB, 81));
-        if (version === 2) write(src, 'b.bin', seeded(4 * MiB, 83));
+        write(src, 'a.bin', seeded((version === 2 ? 9 : 4) * MiB, 81));
+        if (version === 2) write(src, 'b.bin', seeded(9 * MiB, 83));
         write(src, 'z.bin', seeded(2 * MiB, 82));
         write(src, 'small.txt', 'small\n');
         write(dst, 'extra.txt', 'receiver only\n');
         const { peer, port } = await startReceiver(dst, ['--state-dir', path.join(dir, 'state-r')]);
-        const s = sender(src, port, ['--state-dir', path.join(dir, 'state-s'), '--bwlimit', '2048'], { FFSYNC_PROTOCOL_MAX: String(version) });
+        const s = sender(src, port, ['--state-dir', path.join(dir, 'state-s'), '--bwlimit', version === 2 ? '4096' : '2048'], { FFSYNC_PROTOCOL_MAX: String(version) });
         await peer.waitFor((e) => e.event === 'progress' && e.phase === 'receiving' && e.doneBytes > 0);
         fs.rmSync(path.join(src, 'z.bin'));
         const [sr, rr] = await Promise.all([s.done, peer.done]);

@@ -66,6 +66,10 @@ export const BATCH_BYTES = 2 * 1024 * 1024;
 export const BATCH_BUFFER = BATCH_BYTES + 64 * 1024;
 /** Batches being read/compressed natively ahead of the socket. */
 export const READ_AHEAD = 2;
+/** Batch buffers one file's DATA phase uses at most (read ahead, and being written). */
+export const SEND_BUFFERS = READ_AHEAD + 2;
+/** Batch buffers one file's early DATA uses at most (streamManifest's pool). */
+const EARLY_BUFFERS = 4;
 /** At most this many DATA batches are being verified/written natively at once. */
 export const WRITES_IN_FLIGHT = 2;
 
@@ -175,8 +179,9 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
   const streamed = !scan && basisExchanged && o.overlap !== false;
   const limiter = o.limiter ?? (o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : undefined);
   const early = { chunks: 0, raw: 0 };
-  // Early DATA (to an empty basis) is data: it waits for a slot like the DATA phase does.
-  if (streamed && emptyBasis) await turn.take();
+  // Early DATA (to an empty basis) is data: it waits for its turn like the DATA phase does,
+  // holding the buffers it may use (EARLY_BUFFERS).
+  if (streamed && emptyBasis) await turn.take(EARLY_BUFFERS);
   if (!scan) {
     // KEEPALIVEs carry the bytes hashed: the receiver counts them as progress (§4.11).
     const hashed = workMeter();
@@ -220,8 +225,9 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
   if (end.refused) return { root: scan.root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused: 'refused by the receiver' };
   const needed = needs.finish(end.wireChunks);
   // The DATA turn comes before the source is checked again: a file that changed while it
-  // waited is caught here.
-  if (needed.length > 0) await turn.take();
+  // waited is caught here. It holds one unit per batch buffer this file will use.
+  const batches = batchByBytes(scan.manifest, needed, BATCH_BYTES);
+  if (needed.length > 0) await turn.take(Math.min(batches.length, SEND_BUFFERS));
   else turn.done();
   // The chunk source must read the version that was scanned: the file is re-checked
   // against the identity it had before the scan (a change during or after it is exit 24).
@@ -235,14 +241,13 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
   // file open until the object is collected (`unchanged()` still answers afterwards).
   try {
     if (refineParts.length) await conn.keepAlive(call(src.setRefinement(Buffer.concat(refineParts))));
-    const batches = batchByBytes(scan.manifest, needed, BATCH_BYTES);
     const total = needed.reduce((a, i) => a + manifestChunkLength(scan!.manifest, i), 0);
     let raw = 0;
     const limit = limiter ?? (async () => undefined);
     await inPhase(o.events, 'sending', total, async (progress) => {
       // Batches are encoded natively into recycled buffers, READ_AHEAD at a time, while
       // earlier ones are being written to the socket.
-      const pool = new BufferPool(BATCH_BUFFER, READ_AHEAD + 2);
+      const pool = new BufferPool(BATCH_BUFFER, SEND_BUFFERS);
       const read = async (k: number) => {
         const buf = await pool.acquire();
         const res = await call(src.readBatch(batches[k], buf));
@@ -307,7 +312,7 @@ async function streamManifest(
   try {
     // One `next` is always in flight while the previous step is being sent (never two: the
     // steps must arrive in order). Early DATA lands in recycled buffers, released once sent.
-    const pool = emptyBasis ? new BufferPool(BATCH_BUFFER, 4) : undefined;
+    const pool = emptyBasis ? new BufferPool(BATCH_BUFFER, EARLY_BUFFERS) : undefined;
     const nextStep = async () => {
       const buf = pool && (await pool.acquire());
       const step = await call(stream.next(buf));

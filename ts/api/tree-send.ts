@@ -32,7 +32,7 @@ import { countLaneBytes, expect, reportError } from './session.js';
 import type { Negotiated } from './session.js';
 import { inPhase, type SyncSummary } from './events.js';
 import type { SendOptions } from './send.js';
-import { afterPrior, BATCH_BUFFER, type ContentResult, identityChanged, PriorFailed, rateLimiter, sendFileContent } from './file-transfer.js';
+import { afterPrior, BATCH_BUFFER, type ContentResult, identityChanged, PriorFailed, rateLimiter, SEND_BUFFERS, sendFileContent } from './file-transfer.js';
 import { exchangeManifestsAndRoots, sendParts, treeSummary } from './tree-common.js';
 import { Multiplexer } from '../transport/mux.js';
 import { type DataTurn, DataTurns } from '../utils/data-turns.js';
@@ -41,9 +41,10 @@ import { type DataTurn, DataTurns } from '../utils/data-turns.js';
  * to hide ~3 round trips per file behind the data of the others (64 files in flight cover
  * a 30 ms RTT at ~700 files/s); each waiting file costs only its manifest and an open file. */
 export const MUX_WINDOW = 64;
-/** Files sending DATA at once in a multiplexed session: each holds its read-ahead buffers
- * (~8 MiB) only while it does, so the sender's memory does not grow with the window. */
-export const DATA_SLOTS = 2;
+/** Batch buffers (2 MiB each) the files sending DATA at once in a multiplexed session may
+ * hold in all: two big files (SEND_BUFFERS each), or up to eight small deltas (one each). A
+ * file holds its buffers only while it sends, so memory does not grow with the window. */
+export const DATA_BUFFERS = 2 * SEND_BUFFERS;
 
 /** Lanes a `--quic` tree session asks for unless --parallel says otherwise. */
 export const QUIC_LANES = 16;
@@ -129,7 +130,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
     const problems = { n: stats.problems.length + counts.skipped };
     const queue = [...large];
     let started = 0;
-    const turns = multiplexed ? new DataTurns(DATA_SLOTS) : undefined;
+    const turns = multiplexed ? new DataTurns(DATA_BUFFERS) : undefined;
     const worker = async (c: FramedConnection) => {
       for (let lt = queue.shift(); lt; lt = queue.shift()) await (await sendLarge(c, tree, lt, level, problems, o, { limiter })).rest;
     };

@@ -1,36 +1,40 @@
-// DATA turns of a multiplexed tree session (tree-send.ts): at most `slots` files send DATA
-// at once, and files take their turns in plan order (the order they were started), so data
-// flows in path order as in a sequential session, whatever order the peer's answers arrive
-// in. A file that needs no data passes its turn.
+// DATA turns of a multiplexed tree session (tree-send.ts): files send DATA in turns, taken in
+// plan order (the order they were started), so data flows in path order as in a sequential
+// session, whatever order the peer's answers arrive in. A turn holds `units` of a fixed
+// budget (the sender's batch buffers: a file whose delta fits one batch needs one, a big file
+// its full read-ahead), so many small deltas go at once while big files take turns. A file
+// that needs no data passes its turn.
 
 export class DataTurns {
   /** The next turn to be given (files before it took theirs or passed). */
   private next = 0;
   private free: number;
   private readonly passed = new Set<number>();
-  private readonly waiting = new Map<number, () => void>();
+  private readonly waiting = new Map<number, { units: number; go: () => void }>();
 
-  constructor(slots: number) {
-    this.free = slots;
+  constructor(private readonly budget: number) {
+    this.free = budget;
   }
 
   /** The turn of the file started `seq`-th (0, 1, 2, … in plan order). */
   turn(seq: number): DataTurn {
     let state: 'waiting' | 'holding' | 'done' = 'waiting';
+    let held = 0;
     return {
-      take: async () => {
+      take: async (units = this.budget) => {
         if (state !== 'waiting') return;
-        await new Promise<void>((resolve) => {
-          this.waiting.set(seq, resolve);
+        held = Math.max(1, Math.min(this.budget, units));
+        await new Promise<void>((go) => {
+          this.waiting.set(seq, { units: held, go });
           this.grant();
         });
         state = 'holding';
       },
       done: () => {
         if (state === 'done') return;
-        const held = state === 'holding';
+        const holding = state === 'holding';
         state = 'done';
-        if (held) this.free++;
+        if (holding) this.free += held;
         else {
           this.waiting.delete(seq);
           this.passed.add(seq);
@@ -47,18 +51,19 @@ export class DataTurns {
         continue;
       }
       const w = this.waiting.get(this.next);
-      if (!w || this.free === 0) return;
+      if (!w || this.free < w.units) return;
       this.waiting.delete(this.next);
-      this.free--;
+      this.free -= w.units;
       this.next++;
-      w();
+      w.go();
     }
   }
 }
 
-/** One file's DATA turn: `take` before its first DATA; `done` once its DATA is out, or when
- * it needs none or stops early (then the turn is passed). Both may be called more than once. */
+/** One file's DATA turn: `take(units)` before its first DATA (units of the budget it will
+ * hold, default all of it); `done` once its DATA is out, or when it needs none or stops early
+ * (then the turn is passed). Both may be called more than once. */
 export interface DataTurn {
-  take(): Promise<void>;
+  take(units?: number): Promise<void>;
   done(): void;
 }
