@@ -55,7 +55,7 @@ import {
 import { batchByBytes, MANIFEST_ENTRY, MANIFEST_HEADER, manifestChunkCount, manifestChunkLength, manifestParamsKey } from '../utils/manifest.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { BufferPool } from '../utils/buffer-pool.js';
-import type { DataTurn } from '../utils/data-turns.js';
+import type { DataTurn, WorkLimit } from '../utils/data-turns.js';
 import { expect, expectUnless } from './session.js';
 import { inPhase, type SyncEvents } from './events.js';
 
@@ -105,6 +105,8 @@ export interface SendContentOptions {
   dataTurn?: DataTurn;
   /** The session's --bwlimit, shared by every file in flight (else one per file). */
   limiter?: (n: number) => Promise<void>;
+  /** Multiplexed: the session's limit on files being hashed at once. */
+  hashing?: WorkLimit;
   /** Pipelined on a multiplexed stream: the previous file's conversation on `conn`, which
    * still has its RESULT to read. This file's FILE_BEGIN and manifest go out at once; its
    * first read waits for that. Resolving true (that file spent the stream) or rejecting ends
@@ -159,6 +161,11 @@ export async function sendFileContent(conn: FramedConnection, o: SendContentOpti
   }
 }
 
+/** `work` within the session's hashing limit, if it has one. */
+export function hashWithin<T>(limit: WorkLimit | undefined, work: () => Promise<T>): Promise<T> {
+  return limit ? limit.run(work) : work();
+}
+
 /** The previous conversation on the stream (see `prior`) ended: go on, or stop with PriorFailed. */
 export async function afterPrior(prior: Promise<boolean> | undefined): Promise<void> {
   if (!prior) return;
@@ -189,7 +196,7 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
       inPhase(o.events, 'hashing', Number(o.st.size), (p, progress = hashed.tap(p)) =>
         streamed
           ? streamManifest(conn, o, progress, emptyBasis, early, limiter)
-          : scanFile(o.path, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress }),
+          : hashWithin(o.hashing, () => scanFile(o.path, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress })),
       ),
       hashed,
     );

@@ -1,6 +1,7 @@
 // Steps both peers of a tree session run the same way: exchange manifests, supply the
 // content roots the other side's index calls for, and count the plan for the summary.
 
+import os from 'node:os';
 import { FramedConnection, workMeter } from '../transport/connection.js';
 import { FrameType, protocolError } from '../protocol/frames.js';
 import { ManifestAssembler, manifestFrames, MAX_TREE_WIRE_BYTES } from '../protocol/messages.js';
@@ -89,3 +90,8 @@ export function treeSummary(stats: TreeStats, c: PlanCounts): TreeSummary {
     errors: [],
   };
 }
+
+/** Files hashed at once in a multiplexed session, on each side: the cores are the limit, and a
+ * file being hashed is mapped, which counts as resident memory (64 files of 8 MiB hashed at
+ * once cost ~30 MB more than one at a time). */
+export const HASHING_AT_ONCE = Math.max(1, Math.min(4, os.availableParallelism()));

@@ -32,8 +32,9 @@ import type { Listener } from '../transport/tcp.js';
 import { acceptLanes, LANE_TOKEN_BYTES } from './lanes.js';
 import { inPhase, type SyncSummary } from './events.js';
 import type { ReceiveOptions } from './receive.js';
-import { receiveFileContent, WRITES_IN_FLIGHT } from './file-transfer.js';
-import { exchangeManifestsAndRoots, treeSummary } from './tree-common.js';
+import { hashWithin, receiveFileContent, WRITES_IN_FLIGHT } from './file-transfer.js';
+import { WorkLimit } from '../utils/data-turns.js';
+import { exchangeManifestsAndRoots, HASHING_AT_ONCE, treeSummary } from './tree-common.js';
 import { Multiplexer, MUX_MAX_STREAMS } from '../transport/mux.js';
 
 export interface TreeReceiveOptions {
@@ -112,6 +113,8 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
   const multiplexed = o.negotiated.version >= 2;
   const streams: FramedConnection[] = [];
   let largeFiles = 0; // known once triaged
+  // Basis files hashed at once while many conversations run (see HASHING_AT_ONCE).
+  const hashing = multiplexed ? new WorkLimit(HASHING_AT_ONCE) : undefined;
   const carryStreams = (c: FramedConnection) => {
     if (!multiplexed) return;
     new Multiplexer(c, {
@@ -223,7 +226,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
       }
       const abs = joinTreePath(root, lt.path);
       const basis = lt.delta ? [abs] : [];
-      const locals = basis.length ? c.keepAlive(scanFile(abs, { stateDir: o.stateDir, ignoreIndex: checksum })).then((r) => [r]) : Promise.resolve([]);
+      const locals = basis.length ? c.keepAlive(hashWithin(hashing, () => scanFile(abs, { stateDir: o.stateDir, ignoreIndex: checksum }))).then((r) => [r]) : Promise.resolve([]);
       locals.catch(() => undefined);
       const r = await receiveFileContent(c, {
         // Resolved beneath the root handle in the core: a link planted on the way (even one

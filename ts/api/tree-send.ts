@@ -33,9 +33,9 @@ import type { Negotiated } from './session.js';
 import { inPhase, type SyncSummary } from './events.js';
 import type { SendOptions } from './send.js';
 import { afterPrior, BATCH_BUFFER, type ContentResult, identityChanged, PriorFailed, rateLimiter, SEND_BUFFERS, sendFileContent } from './file-transfer.js';
-import { exchangeManifestsAndRoots, sendParts, treeSummary } from './tree-common.js';
+import { exchangeManifestsAndRoots, HASHING_AT_ONCE, sendParts, treeSummary } from './tree-common.js';
 import { Multiplexer } from '../transport/mux.js';
-import { type DataTurn, DataTurns } from '../utils/data-turns.js';
+import { type DataTurn, DataTurns, WorkLimit } from '../utils/data-turns.js';
 
 /** Large files whose conversations run at once in a multiplexed (version 2) session: enough
  * to hide ~3 round trips per file behind the data of the others (64 files in flight cover
@@ -131,6 +131,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
     const queue = [...large];
     let started = 0;
     const turns = multiplexed ? new DataTurns(DATA_BUFFERS) : undefined;
+    const hashing = new WorkLimit(HASHING_AT_ONCE);
     const worker = async (c: FramedConnection) => {
       for (let lt = queue.shift(); lt; lt = queue.shift()) await (await sendLarge(c, tree, lt, level, problems, o, { limiter })).rest;
     };
@@ -162,7 +163,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
           try {
             for (let item = take(); item; item = take()) {
               try {
-                prior = (await sendLarge(c, tree, item.lt, level, problems, o, { limiter, turn: item.turn, stream: true, prior })).rest;
+                prior = (await sendLarge(c, tree, item.lt, level, problems, o, { limiter, turn: item.turn, stream: true, prior, hashing })).rest;
               } catch (e) {
                 if (!(e instanceof PriorFailed)) throw e;
                 if (e.fatal) throw e.cause;
@@ -226,6 +227,7 @@ interface LargeOptions {
    * `prior` is the previous file's on this stream, still waiting for its RESULT. */
   stream?: boolean;
   prior?: Promise<boolean>;
+  hashing?: WorkLimit;
 }
 
 /** One large file's conversation on connection `c` (FILE_BEGIN, then the single-file
@@ -305,6 +307,7 @@ async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: Larg
       limiter: lo.limiter,
       prior: lo.prior,
       resultLater: lo.stream,
+      hashing: lo.hashing,
     });
   } catch (e) {
     if (e instanceof PriorFailed) throw e;

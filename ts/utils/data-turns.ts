@@ -67,3 +67,25 @@ export interface DataTurn {
   take(units?: number): Promise<void>;
   done(): void;
 }
+
+/** At most `n` of some work at once (first come, first served): the hashing of files whose
+ * conversations run at once in a multiplexed session, so that 64 files in flight do not map
+ * and hash 64 files at once (more than the cores gain nothing, and mapped pages count as
+ * resident memory). */
+export class WorkLimit {
+  private readonly waiting: (() => void)[] = [];
+
+  constructor(private free: number) {}
+
+  async run<T>(work: () => Promise<T>): Promise<T> {
+    if (this.free > 0) this.free--;
+    else await new Promise<void>((go) => this.waiting.push(go));
+    try {
+      return await work();
+    } finally {
+      const next = this.waiting.shift();
+      if (next) next();
+      else this.free++;
+    }
+  }
+}
