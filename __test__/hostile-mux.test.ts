@@ -195,3 +195,31 @@ describe('hostile multiplexed sessions', () => {
     }
   });
 });
+
+describe('a killed multiplexed session', () => {
+  it('the sender killed mid-transfer: the receiver keeps what it verified, the rerun resumes and moves less', async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'src');
+    const dst = path.join(dir, 'dst');
+    fs.mkdirSync(src);
+    // Four fresh 12 MiB files (new on the receiver: large files, no basis), slowed down so
+    // the kill lands while the first ones are on the wire.
+    for (let i = 0; i < 4; i++) fs.writeFileSync(path.join(src, `f${i}.bin`), seeded(12 * MiB, 500 + i));
+    const total = 48 * MiB;
+    const { peer, port } = await startReceiver(dst, ['--state-dir', path.join(dir, 'state-r')]);
+    const s = sender(src, port, ['--state-dir', path.join(dir, 'state-s'), '--bwlimit', '8192']);
+    await peer.waitFor((e) => e.event === 'progress' && e.phase === 'receiving' && e.doneBytes > 10 * MiB);
+    s.child.kill('SIGKILL');
+    const rr = await peer.done;
+    assert.notEqual(rr.code, 0, 'the receiver reports the lost connection');
+    assert.ok(partials(dst).length > 0, `partial files kept for the rerun: ${rr.stderr}`);
+    const again = await startReceiver(dst, ['--state-dir', path.join(dir, 'state-r')]);
+    const [sr2, rr2] = await Promise.all([sender(src, again.port, ['--state-dir', path.join(dir, 'state-s')]).done, again.peer.done]);
+    assert.equal(sr2.code, 0, sr2.stderr);
+    assert.equal(rr2.code, 0, rr2.stderr);
+    for (let i = 0; i < 4; i++) assert.equal(sha256(path.join(dst, `f${i}.bin`)), sha256(path.join(src, `f${i}.bin`)));
+    assert.deepEqual(partials(dst), []);
+    const moved = rr2.summary!.literalBytes as number;
+    assert.ok(moved < total - 8 * MiB, `the rerun moved ${moved} of ${total} bytes: what the killed session verified was reused`);
+  });
+});
