@@ -79,6 +79,9 @@ pub struct TreeSync {
     /// Receiver: the target root, opened once. Every path the peer names is resolved
     /// beneath it without following links (crate::beneath), never joined into a string.
     root_dir: Mutex<Option<Arc<Dir>>>,
+    /// Receiver: make what it writes durable before reporting success (see `sync_tree`);
+    /// false is `--no-fsync`. Large files carry their own flag (`BeginOptions::fsync`).
+    fsync: bool,
 }
 
 fn is_fatal(e: &CoreError) -> bool {
@@ -134,7 +137,14 @@ impl TreeSync {
             delete_allowed: AtomicBool::new(false),
             options: TriageOptions::default(),
             root_dir: Mutex::new(None),
+            fsync: true,
         }
+    }
+
+    /// Receiver: `false` (`--no-fsync`) writes files without starting their writeback or
+    /// syncing the filesystem at the end; they are durable when the kernel writes them.
+    pub fn set_fsync(&mut self, fsync: bool) {
+        self.fsync = fsync;
     }
 
     /// The receiver's target root, opened on first use (the shell creates it first).
@@ -658,6 +668,10 @@ impl TreeSync {
         }
         let e = self.s().entry(a.s as usize);
         apply_metadata(&dst, &tmp.shown(), Some(e.mtime_ns), Some(e.mode))?;
+        self.flush_file(&dst, size).map_err(|e| {
+            let _ = tmp.unlink();
+            CoreError::io(tmp.shown(), e)
+        })?;
         Ok(tmp)
     }
 
@@ -774,16 +788,35 @@ impl TreeSync {
         let (tmp, mut f) = create_exclusive(partial_of(&target, root)).map_err(|err| CoreError::io(&shown, err))?;
         let mut write = || -> std::io::Result<()> {
             f.write_all(data)?;
-            #[cfg(not(target_os = "linux"))]
-            f.sync_all()?; // Linux: one syncfs for the whole tree at the end instead
             apply_metadata(&f, &tmp.shown(), Some(e.mtime_ns), Some(e.mode))
-                .map_err(|e| std::io::Error::other(e.to_string()))
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            self.flush_file(&f, data.len() as u64)
         };
         write().map_err(|err| {
             let _ = tmp.unlink();
             CoreError::io(&shown, err)
         })?;
         self.commit_with_root(a, &tmp, *root).map(|_| ())
+    }
+
+    /// A file of this session was just written whole (a small file, a local copy): on
+    /// Linux its writeback starts now, so the tree's final syncfs finds little left while
+    /// the session goes on with the next files; elsewhere it is fsynced before its rename.
+    /// Nothing with `--no-fsync`.
+    fn flush_file(&self, f: &fs::File, len: u64) -> std::io::Result<()> {
+        if !self.fsync {
+            return Ok(());
+        }
+        #[cfg(target_os = "linux")]
+        {
+            crate::io::writeback::start(f, 0, len);
+            Ok(())
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = len;
+            f.sync_all()
+        }
     }
 
     /// Everything after the data: links, metadata of unchanged files, deletions (only when
@@ -901,7 +934,7 @@ impl TreeSync {
                 }
             }
         }
-        if let Ok(root) = self.root_dir() {
+        if let Some(root) = self.root_dir().ok().filter(|_| self.fsync) {
             sync_tree(&root);
         }
         self.store_index();
@@ -1061,7 +1094,8 @@ fn op_verb(op: Op) -> &'static str {
 }
 
 /// Make everything written durable before we report success: one syncfs on Linux (files
-/// were not fsync'ed one by one), a directory fsync elsewhere (files were).
+/// were not fsync'ed one by one, but their writeback started as each was written, so it
+/// finds little left), a directory fsync elsewhere (files were). Skipped with `--no-fsync`.
 fn sync_tree(root: &Dir) {
     #[cfg(target_os = "linux")]
     {
