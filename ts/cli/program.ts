@@ -129,7 +129,7 @@ export function buildProgram(): Command {
     .option('--exclude-from <file>', 'trees: read protect patterns from a file (one per line, # comments)')
     .option('--no-delete', 'trees: keep files only this side has, whatever the sender asks')
     .option('--inplace', 'update files in place: write only changed ranges into the target (crash-safe redo journal; see README)')
-    .option('--no-fsync', 'do not fsync received files before renaming them into place (rsync\'s default: faster, a crash may lose or truncate them; every file is still verified)')
+    .option('--no-fsync', 'do not fsync received files before renaming them into place (rsync\'s default: no waiting for the disk, but a crash soon after may lose or truncate them; every file is still verified)')
     .action(async (target: string, port: number, o: CommonOptions & TreeCli & { bind: string; from?: string[]; inplace?: boolean; fsync: boolean }) => {
       await run(o, async (events, signal) => {
         if (o.trust) parseFingerprint(o.trust);
@@ -209,7 +209,7 @@ export function buildProgram(): Command {
     .option('--exclude <pattern>', 'trees: protect matching local paths from deletion (repeatable)', collect, [])
     .option('--exclude-from <file>', 'trees: read protect patterns from a file (one per line, # comments)')
     .option('--no-delete', 'trees: keep files only this side has')
-    .option('--no-fsync', 'do not fsync received files before renaming them into place (rsync\'s default: faster, a crash may lose or truncate them; every file is still verified)')
+    .option('--no-fsync', 'do not fsync received files before renaming them into place (rsync\'s default: no waiting for the disk, but a crash soon after may lose or truncate them; every file is still verified)')
     .action(async (addr: string, local: string, o: CommonOptions & TreeCli & { fsync: boolean }) => {
       await run(o, async (events, signal) => {
         const { host, port, path: remotePath } = parseRemote(addr);
@@ -262,7 +262,7 @@ export function buildProgram(): Command {
     .option('-z, --compress', 'compress data (always on: zstd where it pays)')
     .option('-S, --sparse', "keep holes (always on: the sender's holes, found with SEEK_HOLE/SEEK_DATA, are recreated)")
     .option('--inplace', 'update files in place: write only changed ranges into the target (crash-safe redo journal; see README)')
-    .option('--no-fsync', 'do not fsync received files before renaming them into place (rsync\'s default: faster, a crash may lose or truncate them; every file is still verified)')
+    .option('--no-fsync', 'do not fsync received files before renaming them into place (rsync\'s default: no waiting for the disk, but a crash soon after may lose or truncate them; every file is still verified)')
     .option('--fsync', 'fsync each received file before its rename (the default; accepted as rsync spells it)')
     .addOption(new Option('--compress-level <n>', 'zstd level for data').argParser(intArg(0, 19)))
     .option('-c, --checksum', 'compare content, not size and mtime')
