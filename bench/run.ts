@@ -106,6 +106,7 @@ interface Options {
   scan: boolean;
   ssh: boolean;
   rsyncFsync: boolean;
+  durability: boolean;
 }
 
 const HELP = `usage: node --import tsx bench/run.ts [options]
@@ -123,6 +124,8 @@ const HELP = `usage: node --import tsx bench/run.ts [options]
   --no-scan            skip the scan_throughput line (cargo run --release --example scan_throughput)
   --no-ssh             do not try rsync over ssh to localhost
   --no-rsync-fsync     skip the rsync --fsync baseline
+  --durability         also time ffsync-native --no-fsync and \`cp && sync -f\` (the durable-write
+                       floor), and add the durable-writes table (bench/README.md)
   -h, --help           this text
 `;
 
@@ -144,6 +147,7 @@ function parseOptions(argv: string[]): Options {
       'no-scan': { type: 'boolean' },
       'no-ssh': { type: 'boolean' },
       'no-rsync-fsync': { type: 'boolean' },
+      durability: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
     },
   });
@@ -189,6 +193,7 @@ function parseOptions(argv: string[]): Options {
     scan: !values['no-scan'],
     ssh: !values['no-ssh'],
     rsyncFsync: !values['no-rsync-fsync'],
+    durability: Boolean(values.durability),
   };
 }
 
@@ -346,7 +351,7 @@ async function sha256File(file: string): Promise<string> {
 // ---------------------------------------------------------------------------------------------
 // One sync with each tool
 
-type ToolName = 'ffsync' | 'rsync' | 'rsync-fsync' | 'rsync-ssh';
+type ToolName = 'ffsync' | 'ffsync-nofsync' | 'rsync' | 'rsync-fsync' | 'rsync-ssh' | 'cp-sync';
 
 interface Sample {
   wallMs: number;
@@ -388,9 +393,9 @@ function rssPath(ctx: RunCtx, label: string): string {
   return path.join(ctx.dirs.tmp, `rss-${++rssSeq}-${label.replace(/[^a-z0-9-]+/gi, '_')}.txt`);
 }
 
-async function ffsyncSync(ctx: RunCtx, src: string, dst: string, sr: string, ss: string, label: string): Promise<Sample> {
+async function ffsyncSync(ctx: RunCtx, src: string, dst: string, sr: string, ss: string, label: string, recvArgs: string[] = []): Promise<Sample> {
   const t0 = performance.now();
-  const recv = new Proc(`${label} receiver`, [process.execPath, CLI, 'receive', dst, '0', '--bind', '127.0.0.1', '--plaintext', '--json', '--state-dir', sr], {
+  const recv = new Proc(`${label} receiver`, [process.execPath, CLI, 'receive', dst, '0', '--bind', '127.0.0.1', '--plaintext', '--json', '--state-dir', sr, ...recvArgs], {
     rssFile: rssPath(ctx, `${label}-recv`),
   });
   let send: Proc | undefined;
@@ -447,7 +452,21 @@ async function ffsyncSync(ctx: RunCtx, src: string, dst: string, sr: string, ss:
   }
 }
 
-async function rsyncSync(ctx: RunCtx, tool: Exclude<ToolName, 'ffsync'>, src: string, dst: string, label: string): Promise<Sample> {
+/** The durable-write floor: copy the whole new file and flush its filesystem (no hashing, no network). */
+async function cpSync(ctx: RunCtx, src: string, dst: string, label: string): Promise<Sample> {
+  const t0 = performance.now();
+  const p = new Proc(label, ['sh', '-c', 'cp -- "$0" "$1" && sync -f "$1"', src, dst], { rssFile: rssPath(ctx, label) });
+  try {
+    const e = await p.exited;
+    if (e.code !== 0) throw new Error(`${label}: cp && sync ${describeExit(e)}; stderr: ${tail(p.stderr)}`);
+    return { wallMs: e.at - t0, wire: { sent: 0, received: 0 }, rssKb: { all: await p.peakRssKb() } };
+  } catch (err) {
+    p.kill();
+    throw err;
+  }
+}
+
+async function rsyncSync(ctx: RunCtx, tool: 'rsync' | 'rsync-fsync' | 'rsync-ssh', src: string, dst: string, label: string): Promise<Sample> {
   const argv = [RSYNC_BIN, '--no-whole-file', '--stats'];
   if (tool === 'rsync-fsync') argv.push('--fsync');
   if (tool === 'rsync-ssh') argv.push('-e', ['ssh', ...SSH_OPTS].join(' '), src, `localhost:${dst}`);
@@ -522,7 +541,10 @@ async function freshStateDirs(ctx: RunCtx, label: string): Promise<{ sr: string;
 }
 
 async function syncWith(ctx: RunCtx, tool: ToolName, src: string, dst: string, state: { sr: string; ss: string }, label: string): Promise<Sample> {
-  return tool === 'ffsync' ? ffsyncSync(ctx, src, dst, state.sr, state.ss, label) : rsyncSync(ctx, tool, src, dst, label);
+  if (tool === 'ffsync') return ffsyncSync(ctx, src, dst, state.sr, state.ss, label);
+  if (tool === 'ffsync-nofsync') return ffsyncSync(ctx, src, dst, state.sr, state.ss, label, ['--no-fsync']);
+  if (tool === 'cp-sync') return cpSync(ctx, src, dst, label);
+  return rsyncSync(ctx, tool, src, dst, label);
 }
 
 async function verify(label: string, src: string, dst: string, expected: string): Promise<void> {
@@ -702,13 +724,38 @@ function mainTable(results: ScenarioResult[], tools: ToolName[]): { head: string
   return { head, rows };
 }
 
+/** `--durability`: ffsync-native durable and --no-fsync beside rsync, rsync --fsync and the
+ * `cp && sync -f` floor (issue 18's targets: durable <= 1.15x the floor and >= 1.3x faster
+ * than rsync --fsync; --no-fsync >= 1x rsync). */
+function durabilityTable(results: ScenarioResult[]): { head: string[]; rows: string[][] } {
+  const head = ['scenario', 'ffsync s', 'ffsync --no-fsync s', 'rsync s', 'rsync --fsync s', 'cp && sync s', 'ffsync / cp && sync', 'speedup vs rsync --fsync', '--no-fsync speedup vs rsync', 'verified'];
+  const rows = results.map((sr) => {
+    const t = (n: ToolName) => sr.tools.find((x) => x.tool === n);
+    const [f, nf, r, rf, cp] = (['ffsync', 'ffsync-nofsync', 'rsync', 'rsync-fsync', 'cp-sync'] as const).map((n) => agg(t(n)));
+    const over = f!.ok && cp!.ok ? `${(f!.wallMs! / cp!.wallMs!).toFixed(2)}x` : '—';
+    return [
+      sr.scenario.name,
+      cell(f!, t('ffsync'), fmtS(f!.wallMs)),
+      cell(nf!, t('ffsync-nofsync'), fmtS(nf!.wallMs)),
+      cell(r!, t('rsync'), fmtS(r!.wallMs)),
+      cell(rf!, t('rsync-fsync'), fmtS(rf!.wallMs)),
+      cell(cp!, t('cp-sync'), fmtS(cp!.wallMs)),
+      over,
+      fmtRatio(rf!.wallMs, f!.wallMs),
+      fmtRatio(r!.wallMs, nf!.wallMs),
+      verifiedCell(sr),
+    ];
+  });
+  return { head, rows };
+}
+
 function detailTable(results: ScenarioResult[]): { head: string[]; rows: string[][] } {
   const head = ['scenario', 'tool', 'wall s (each run)', 'sender→exit s', 'summary ms snd/rcv', 'wire sent', 'wire received', 'literal', 'matched', 'peak RSS KiB', 'notes'];
   const rows: string[][] = [];
   for (const sr of results) {
     for (const tr of sr.tools) {
       const s = tr.samples[tr.samples.length - 1];
-      const rss = s ? (tr.tool === 'ffsync' ? `snd ${s.rssKb.sender ?? '?'} / rcv ${s.rssKb.receiver ?? '?'}` : `${s.rssKb.all ?? '?'} (max proc)`) : '—';
+      const rss = s ? (tr.tool.startsWith('ffsync') ? `snd ${s.rssKb.sender ?? '?'} / rcv ${s.rssKb.receiver ?? '?'}` : `${s.rssKb.all ?? '?'} (max proc)`) : '—';
       const notes = [tr.error ? `**${tr.verified === false ? 'MISMATCH' : 'FAILED'}**: ${tr.error}` : '', s?.decidedBy ? `decidedBy=${s.decidedBy}, upToDate=${s.upToDate}` : '', s?.note ?? '']
         .filter(Boolean)
         .join('; ');
@@ -848,6 +895,10 @@ async function main(): Promise<number> {
   const tools: ToolName[] = ['ffsync', 'rsync'];
   if (opts.rsyncFsync && !opts.rssSizes) tools.push('rsync-fsync');
   if (ssh.ok && !opts.rssSizes) tools.push('rsync-ssh');
+  if (opts.durability && !opts.rssSizes) {
+    tools.splice(1, 0, 'ffsync-nofsync');
+    tools.push('cp-sync');
+  }
 
   const dirs = await makeDirs(opts);
   const ctx: RunCtx = { opts, dirs, fixtures: {}, tools };
@@ -892,7 +943,8 @@ async function main(): Promise<number> {
       scan = await runScan(ctx.fixtures.old!.path, opts.timeoutMs);
     }
     const t = mainTable(results, tools);
-    process.stdout.write(`\n${textTable(t)}\n\nscan: ${scan}\n${ssh.note}\n`);
+    const dt = opts.durability ? durabilityTable(results) : undefined;
+    process.stdout.write(`\n${textTable(t)}\n${dt ? `\nDurable writes\n${textTable(dt)}\n` : ''}\nscan: ${scan}\n${ssh.note}\n`);
     const fx = ctx.fixtures;
     const fixtureLines = [
       `- file size: ${opts.sizeMib} MiB (${opts.sizeMib * MiB} bytes); old sha256 ${fx.old!.sha256.slice(0, 16)}…`,
@@ -911,6 +963,17 @@ async function main(): Promise<number> {
       '',
       markdown(t),
       '',
+      ...(dt
+        ? [
+            '## Durable writes',
+            '',
+            'ffsync-native fsyncs each file before renaming it into place (writeback starts while data lands); `--no-fsync` renames it from the page cache, as rsync does by default. ' +
+              '`cp && sync` = `cp SRC DST && sync -f DST`: the floor for writing the whole file durably, with no hashing and no network. Ratios are of medians in this run.',
+            '',
+            markdown(dt),
+            '',
+          ]
+        : []),
       '## Details',
       '',
       markdown(detailTable(results)),

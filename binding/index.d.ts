@@ -38,9 +38,10 @@ export declare class NativePrefill {
   /**
    * Start early placement into `target`'s provisional temp file for a `size`-byte file,
    * from the given local files. Inactive (every call a no-op) when it cannot help or a
-   * resumable partial exists.
+   * resumable partial exists. `fsync` (default true) as for `NativeReconstruction.begin`:
+   * writeback starts as data lands only when the result will be made durable.
    */
-  static begin(target: string | Buffer, size: number, locals: Array<LocalFile>, beneath?: string | undefined | null): Promise<NativePrefill>
+  static begin(target: string | Buffer, size: number, locals: Array<LocalFile>, beneath?: string | undefined | null, fsync?: boolean | undefined | null): Promise<NativePrefill>
   /** Placement is running (not skipped, not handed over, not released). */
   get active(): boolean
   /**
@@ -101,9 +102,10 @@ export declare class NativeReconstruction {
    * given local files, of a partial left by an interrupted run, and of `prefill` (chunks
    * placed while the manifest streamed in; adopted only if they match it). With
    * `beneath`, `target` is a relative path under that directory (a tree's root),
-   * resolved without following any link.
+   * resolved without following any link. `fsync` (default true): the result is made
+   * durable before it is renamed into place; false is `--no-fsync`.
    */
-  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ProgressFn | undefined | null, holes?: Buffer | undefined | null, inplace?: boolean | undefined | null, prefill?: NativePrefill | undefined | null, beneath?: string | undefined | null): Promise<NativeReconstruction>
+  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ProgressFn | undefined | null, holes?: Buffer | undefined | null, inplace?: boolean | undefined | null, prefill?: NativePrefill | undefined | null, beneath?: string | undefined | null, fsync?: boolean | undefined | null): Promise<NativeReconstruction>
   /** Indices of chunks that must come over the wire, ascending. */
   needed(): Uint32Array
   summary(): PlanSummary
@@ -155,6 +157,12 @@ export declare class NativeScanStream {
 export declare class NativeTreeSync {
   /** Walk `root` (in parallel) and load its tree index; progress counts entries listed. */
   static walk(root: string, options: WalkTreeOptions, onProgress?: ProgressFn | undefined | null): Promise<NativeTreeSync>
+  /**
+   * Receiver: `false` is `--no-fsync` (files are not made durable before the session
+   * reports success: no early writeback, no final syncfs). Default true. Call before
+   * `prepare`.
+   */
+  setFsync(fsync: boolean): void
   /** Entries of our walk (cheap; `stats()` counts by kind). */
   entryCount(): number
   /** Our manifest in wire form (zstd-compressed). */

@@ -406,6 +406,8 @@ export interface ReceiveContentOptions {
   inplace?: boolean;
   /** Capability STREAM was negotiated: the manifest may arrive as MANIFEST_STREAM frames. */
   stream?: boolean;
+  /** `false` (`--no-fsync`): rename the verified file without making it durable first. */
+  fsync?: boolean;
 }
 
 /** Early placement while MANIFEST_STREAM frames (and early DATA) arrive: one chain of
@@ -544,6 +546,7 @@ class EarlyPlacement {
         Number(this.o.size),
         this.o.localPaths.map((p, i) => ({ path: p, manifest: scanned[i].manifest })),
         this.o.beneath,
+        this.o.fsync,
       );
     }
     if (!this.prefill.active) {
@@ -725,6 +728,7 @@ async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOpt
             o.inplace,
             prefill,
             o.beneath,
+            o.fsync,
           ),
         ),
       );

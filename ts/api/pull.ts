@@ -32,6 +32,8 @@ export interface PullOptions {
   interactive?: boolean;
   quic?: boolean;
   tree?: TreeReceiveOptions;
+  /** `false` (`--no-fsync`): received files are renamed into place without being made durable first. */
+  fsync?: boolean;
 }
 
 export async function pull(o: PullOptions): Promise<SyncSummary> {
@@ -52,6 +54,7 @@ export async function pull(o: PullOptions): Promise<SyncSummary> {
     trust: o.trust,
     interactive: o.interactive,
     tree: o.tree ?? {},
+    fsync: o.fsync,
     remotePath: o.remotePath,
     peerLabel: `${o.host}:${o.port}`,
     resolveTarget: (kind) => {

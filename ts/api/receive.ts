@@ -54,6 +54,11 @@ export interface ReceiveOptions {
   /** Sub-chunk refinement (REFINE frames) when the sender supports it; default on. Local
    * syncs turn it off: nothing crosses a wire, so signatures and deltas would only cost CPU. */
   refine?: boolean;
+  /** Make each file durable before it replaces the target (default true). `false`
+   * (`--no-fsync`): verified files are renamed into place from the page cache, as rsync
+   * does by default: every file is still verified before the rename, but a crash soon
+   * after may leave a file empty or incomplete under its name. */
+  fsync?: boolean;
 }
 
 /** Fail before listening if the target can never be written. */
@@ -255,6 +260,7 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
       sparse: Boolean(negotiated.capabilities & Capability.SPARSE),
       inplace: o.inplace,
       stream: Boolean(negotiated.capabilities & Capability.STREAM),
+      fsync: o.fsync,
     });
     summary.root = r.root;
     if (r.placedEarly !== undefined) summary.placedEarlyBytes = r.placedEarly;

@@ -78,6 +78,9 @@ export interface SyncOptions {
   jobs?: number;
   /** rsync's --inplace: the receiving side updates files in place (redo journal). */
   inplace?: boolean;
+  /** `--no-fsync` when false: the receiving side (local or remote) renames verified files
+   * into place without making them durable first (rsync's default). */
+  fsync?: boolean;
   /** rsync's --max-size / --min-size, in bytes. */
   maxSize?: number;
   minSize?: number;
@@ -193,7 +196,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       const recvConn = new FramedConnection(b, eng.timeoutMs!);
       const sendConn = new FramedConnection(a, eng.timeoutMs!);
       const lanes = localLanes();
-      const receiving = runReceiver(recvConn, { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete }, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace });
+      const receiving = runReceiver(recvConn, { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete }, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync });
       receiving.catch(() => undefined);
       try {
         // Nothing crosses a wire: compressing would only burn CPU.
@@ -216,6 +219,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       ...(o.dryRun ? ['-n'] : []),
       ...(o.quic ? ['--quic'] : []),
       ...(o.inplace ? ['--inplace'] : []),
+      ...(o.fsync === false ? ['--no-fsync'] : []),
       ...sizeArgs(o),
     ]);
     if (o.quic) {
@@ -260,6 +264,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     tree: { noDelete: !o.delete },
     sizeLimits: limitsOf(o),
     inplace: o.inplace,
+    fsync: o.fsync,
     resolveTarget: (kind: 'file' | 'tree') => {
       if (kind === 'tree' && !o.recursive) throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, `${o.src} is a directory: use -r or -a`);
       if (kind === 'file' && o.dryRun) throw dryRunFile();
@@ -383,6 +388,7 @@ export async function serveStdio(o: {
   minSize?: number;
   attrs?: number;
   inplace?: boolean;
+  fsync?: boolean;
 }): Promise<SyncSummary> {
   const stateDir = resolveStateDir(o.stateDir);
   const conn = new FramedConnection(joinStreams(process.stdin, process.stdout), o.timeoutMs ?? 60_000);
@@ -430,6 +436,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
     tree: {},
     sizeLimits: limitsOf(o),
     inplace: o.inplace,
+    fsync: o.fsync,
     resolveTarget: (kind) => syncTarget(o.path, Boolean(o.destSlash), o.name ?? baseName(o.path), kind, Boolean(o.srcSlash), o.dryRun),
   });
 }

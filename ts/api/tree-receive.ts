@@ -179,6 +179,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
           ),
     );
     opened = tree;
+    tree.setFsync(o.fsync !== false);
     const stats = tree.stats();
     await exchangeManifestsAndRoots(conn, tree, checksum, o.events);
     const counts = tree.triage(checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0, limits.maxSize, limits.minSize);
@@ -248,6 +249,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
         commitRefusal: Boolean(o.negotiated.capabilities & Capability.COMMIT_REFUSAL),
         inplace: o.inplace,
         stream: Boolean(o.negotiated.capabilities & Capability.STREAM),
+        fsync: o.fsync,
       }).catch(async (e: unknown) => {
         // On a multiplexed stream, a file that changed on the sender fails alone: the
         // sender says so in an ERROR on that stream (exit 24), or answers our report of a

@@ -129,7 +129,8 @@ export function buildProgram(): Command {
     .option('--exclude-from <file>', 'trees: read protect patterns from a file (one per line, # comments)')
     .option('--no-delete', 'trees: keep files only this side has, whatever the sender asks')
     .option('--inplace', 'update files in place: write only changed ranges into the target (crash-safe redo journal; see README)')
-    .action(async (target: string, port: number, o: CommonOptions & TreeCli & { bind: string; from?: string[]; inplace?: boolean }) => {
+    .option('--no-fsync', 'do not fsync received files before renaming them into place (rsync\'s default: no waiting for the disk, but a crash soon after may lose or truncate them; every file is still verified)')
+    .action(async (target: string, port: number, o: CommonOptions & TreeCli & { bind: string; from?: string[]; inplace?: boolean; fsync: boolean }) => {
       await run(o, async (events, signal) => {
         if (o.trust) parseFingerprint(o.trust);
         const protect = await loadExcludes(o.exclude, o.excludeFrom);
@@ -139,6 +140,7 @@ export function buildProgram(): Command {
           port,
           from: o.from,
           inplace: o.inplace,
+          fsync: o.fsync,
           tree: { protect, noDelete: o.delete === false },
           checksum: o.checksum,
           stateDir: o.stateDir,
@@ -207,7 +209,8 @@ export function buildProgram(): Command {
     .option('--exclude <pattern>', 'trees: protect matching local paths from deletion (repeatable)', collect, [])
     .option('--exclude-from <file>', 'trees: read protect patterns from a file (one per line, # comments)')
     .option('--no-delete', 'trees: keep files only this side has')
-    .action(async (addr: string, local: string, o: CommonOptions & TreeCli) => {
+    .option('--no-fsync', 'do not fsync received files before renaming them into place (rsync\'s default: no waiting for the disk, but a crash soon after may lose or truncate them; every file is still verified)')
+    .action(async (addr: string, local: string, o: CommonOptions & TreeCli & { fsync: boolean }) => {
       await run(o, async (events, signal) => {
         const { host, port, path: remotePath } = parseRemote(addr);
         if (remotePath === undefined) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `pull needs a path under the daemon's root: ${addr}/some/path`);
@@ -226,6 +229,7 @@ export function buildProgram(): Command {
           trust: o.trust,
           interactive: true,
           tree: { protect, noDelete: o.delete === false },
+          fsync: o.fsync,
           events,
           signal,
         });
@@ -258,6 +262,8 @@ export function buildProgram(): Command {
     .option('-z, --compress', 'compress data (always on: zstd where it pays)')
     .option('-S, --sparse', "keep holes (always on: the sender's holes, found with SEEK_HOLE/SEEK_DATA, are recreated)")
     .option('--inplace', 'update files in place: write only changed ranges into the target (crash-safe redo journal; see README)')
+    .option('--no-fsync', 'do not fsync received files before renaming them into place (rsync\'s default: no waiting for the disk, but a crash soon after may lose or truncate them; every file is still verified)')
+    .option('--fsync', 'fsync each received file before its rename (the default; accepted as rsync spells it)')
     .addOption(new Option('--compress-level <n>', 'zstd level for data').argParser(intArg(0, 19)))
     .option('-c, --checksum', 'compare content, not size and mtime')
     .option('-u, --update', 'skip files that are newer on the receiver')
@@ -314,6 +320,7 @@ export function buildProgram(): Command {
           maxSize: o.maxSize,
           minSize: o.minSize,
           inplace: o.inplace,
+          fsync: o.fsync,
           attrs: (o.archive || o.owner ? AttrFlag.OWNER : 0) | (o.archive || o.group ? AttrFlag.GROUP : 0) | (o.xattrs ? AttrFlag.XATTRS : 0) | (o.numericIds ? AttrFlag.NUMERIC_IDS : 0),
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
@@ -343,6 +350,7 @@ export function buildProgram(): Command {
     .option('--exclude <pattern>', '', collect, [])
     .option('--quic')
     .option('--inplace')
+    .option('--no-fsync')
     .addOption(new Option('--jobs <n>').argParser(intArg(1, 16)))
     .addOption(new Option('--max-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .addOption(new Option('--attrs <flags>').argParser(intArg(0, 15)))
@@ -371,6 +379,7 @@ export function buildProgram(): Command {
           minSize: o.minSize,
           attrs: o.attrs,
           inplace: o.inplace,
+          fsync: o.fsync,
           stateDir: o.stateDir,
           events,
         });

@@ -28,6 +28,7 @@ interface ServeCli {
   maxMemory: number;
   compressLevel: number;
   compress: boolean;
+  fsync: boolean;
   logFile?: string;
 }
 
@@ -57,6 +58,7 @@ export function serveCommand(program: Command, intArg: (min: number, max: number
     .addOption(new Option('--max-memory <MiB>', 'memory budget: refuse sessions beyond it (16 MiB reserved per session, or the resident set over it)').argParser(intArg(64, 1048576)).default(1024))
     .addOption(new Option('--compress-level <n>', 'zstd level for pulled data').argParser(intArg(1, 19)).default(1))
     .option('--no-compress', 'send pulled data uncompressed')
+    .option('--no-fsync', "do not fsync pushed files before renaming them into place (rsync's default: no waiting for the disk, but a crash soon after may lose or truncate them; every file is still verified)")
     .action(async (root: string, port: number, o: ServeCli) => {
       const notice = (message: string, extra: Record<string, unknown> = {}) => {
         if (o.json) process.stdout.write(JSON.stringify({ event: 'notice', message, ...extra }) + '\n');
@@ -81,6 +83,7 @@ export function serveCommand(program: Command, intArg: (min: number, max: number
           maxMemoryBytes: o.maxMemory * 1024 * 1024,
           quic: o.quic,
           compressLevel: o.compress ? o.compressLevel : 0,
+          fsync: o.fsync,
           events: {
             listening(host, p, quicPort) {
               if (o.json) process.stdout.write(JSON.stringify({ event: 'listening', host, port: p, ...(quicPort ? { quicPort } : {}) }) + '\n');

@@ -63,8 +63,8 @@ export function ensureDirBeneath(root: string, rel: string | Buffer, create: boo
 }
 
 /** Early placement of a streamed manifest's chunks (crates/ffsync_core/src/prefill.rs). */
-export function beginPrefill(target: string | Buffer, size: number, locals: { path: string | Buffer; manifest: Buffer }[], beneath?: string): Promise<Binding.NativePrefill> {
-  return call(native.NativePrefill.begin(target, size, locals, beneath));
+export function beginPrefill(target: string | Buffer, size: number, locals: { path: string | Buffer; manifest: Buffer }[], beneath?: string, fsync?: boolean): Promise<Binding.NativePrefill> {
+  return call(native.NativePrefill.begin(target, size, locals, beneath, fsync));
 }
 
 export function decodeManifest(buf: Buffer): Promise<Binding.ManifestInfo> {
@@ -87,8 +87,10 @@ export function beginReconstruction(
   /** Chunks placed while the manifest streamed in (adopted if they match it). */
   prefill?: Binding.NativePrefill,
   beneath?: string,
+  /** Make the result durable before renaming it into place (default true; false: `--no-fsync`). */
+  fsync?: boolean,
 ): Promise<Binding.NativeReconstruction> {
-  return call(native.NativeReconstruction.begin(target, manifest, locals, progressCallback(onProgress), holes, inplace, prefill, beneath));
+  return call(native.NativeReconstruction.begin(target, manifest, locals, progressCallback(onProgress), holes, inplace, prefill, beneath, fsync));
 }
 
 /** Complete an interrupted `--inplace` commit of `target`, if any (message when one was). */

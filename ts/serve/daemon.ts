@@ -59,6 +59,9 @@ export interface ServeOptions {
   quic?: boolean;
   /** zstd level for pulls (0 = raw). Default 1. */
   compressLevel?: number;
+  /** `false` (`--no-fsync`): pushed files are renamed into place without being made
+   * durable first. Default true. */
+  fsync?: boolean;
   events?: {
     listening?(host: string, port: number, quicPort?: number): void;
     info?(message: string): void;
@@ -559,6 +562,7 @@ export class ServeDaemon {
         timeoutMs: this.o.timeoutMs,
         negotiated,
         tree: {},
+        fsync: this.o.fsync,
         resolveTarget: (kind) => prepareTarget(this.o.root, rel, abs, kind),
       });
       entry.bytesWritten = summary.tree ? summary.tree.transferBytes : summary.upToDate ? 0 : summary.size;

@@ -59,6 +59,7 @@ pub struct BeginTask {
     locals: Vec<(PathBuf, Vec<u8>)>,
     holes: Option<Vec<u8>>,
     inplace: bool,
+    fsync: bool,
     progress: Option<ProgressFn>,
 }
 
@@ -88,6 +89,7 @@ impl Task for BeginTask {
                     holes,
                     inplace: self.inplace,
                     prefill: self.prefill.take().map(|p| p.into_prefilled()),
+                    fsync: self.fsync,
                 },
             )
             .map_err(to_napi)?,
@@ -171,7 +173,8 @@ impl NativeReconstruction {
     /// given local files, of a partial left by an interrupted run, and of `prefill` (chunks
     /// placed while the manifest streamed in; adopted only if they match it). With
     /// `beneath`, `target` is a relative path under that directory (a tree's root),
-    /// resolved without following any link.
+    /// resolved without following any link. `fsync` (default true): the result is made
+    /// durable before it is renamed into place; false is `--no-fsync`.
     #[napi(ts_return_type = "Promise<NativeReconstruction>")]
     #[allow(clippy::too_many_arguments)]
     pub fn begin(
@@ -183,6 +186,7 @@ impl NativeReconstruction {
         inplace: Option<bool>,
         prefill: Option<&NativePrefill>,
         beneath: Option<String>,
+        fsync: Option<bool>,
     ) -> AsyncTask<BeginTask> {
         AsyncTask::new(BeginTask {
             prefill: prefill.and_then(|p| p.take()),
@@ -195,6 +199,7 @@ impl NativeReconstruction {
                 .collect(),
             holes: holes.map(|b| b.to_vec()),
             inplace: inplace.unwrap_or(false),
+            fsync: fsync.unwrap_or(true),
             progress: on_progress,
         })
     }
@@ -412,6 +417,7 @@ pub struct PrefillBeginTask {
     beneath: Option<PathBuf>,
     size: u64,
     locals: Vec<(PathBuf, Vec<u8>)>,
+    fsync: bool,
 }
 impl Task for PrefillBeginTask {
     type Output = Option<ffsync_core::prefill::Prefill>;
@@ -425,7 +431,7 @@ impl Task for PrefillBeginTask {
             });
         }
         let t = resolve(&self.target, self.beneath.as_deref())?;
-        ffsync_core::prefill::Prefill::new_at(&t, self.size, local).map_err(to_napi)
+        ffsync_core::prefill::Prefill::new_at(&t, self.size, local, self.fsync).map_err(to_napi)
     }
     fn resolve(&mut self, _env: Env, p: Self::Output) -> Result<NativePrefill> {
         Ok(NativePrefill {
@@ -483,13 +489,15 @@ impl Task for PrefillAddTask {
 impl NativePrefill {
     /// Start early placement into `target`'s provisional temp file for a `size`-byte file,
     /// from the given local files. Inactive (every call a no-op) when it cannot help or a
-    /// resumable partial exists.
+    /// resumable partial exists. `fsync` (default true) as for `NativeReconstruction.begin`:
+    /// writeback starts as data lands only when the result will be made durable.
     #[napi(ts_return_type = "Promise<NativePrefill>")]
     pub fn begin(
         #[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg,
         size: f64,
         locals: Vec<LocalFile>,
         beneath: Option<String>,
+        fsync: Option<bool>,
     ) -> AsyncTask<PrefillBeginTask> {
         AsyncTask::new(PrefillBeginTask {
             target: crate::path_arg(target),
@@ -499,6 +507,7 @@ impl NativePrefill {
                 .into_iter()
                 .map(|l| (crate::path_arg(l.path), l.manifest.to_vec()))
                 .collect(),
+            fsync: fsync.unwrap_or(true),
         })
     }
 

@@ -275,6 +275,14 @@ impl NativeTreeSync {
         })
     }
 
+    /// Receiver: `false` is `--no-fsync` (files are not made durable before the session
+    /// reports success: no early writeback, no final syncfs). Default true. Call before
+    /// `prepare`.
+    #[napi]
+    pub fn set_fsync(&self, fsync: bool) {
+        self.inner.write().unwrap().set_fsync(fsync);
+    }
+
     /// Entries of our walk (cheap; `stats()` counts by kind).
     #[napi]
     pub fn entry_count(&self) -> u32 {

@@ -618,6 +618,13 @@ mod imp {
     }
 
     pub fn sync(d: &Dir) -> io::Result<()> {
+        // macOS: fsync leaves the rename in the drive's cache; F_FULLFSYNC flushes it (the
+        // file itself was made durable the same way, by `File::sync_all`).
+        #[cfg(target_vendor = "apple")]
+        // SAFETY: valid fd.
+        if retry(|| unsafe { libc::fcntl(d.fd.as_raw_fd(), libc::F_FULLFSYNC) }).is_ok() {
+            return Ok(());
+        }
         // SAFETY: valid fd.
         retry(|| unsafe { libc::fsync(d.fd.as_raw_fd()) }).map(|_| ())
     }

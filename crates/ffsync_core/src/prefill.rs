@@ -30,8 +30,7 @@ use crate::io::{copy_range, write_at};
 use crate::manifest::{Manifest, ENTRY_LEN};
 use crate::params::ChunkParams;
 use crate::reconstruct::{
-    clone_old_target, create_temp, has_resumable_partial_at, hash_range, start_writeback, streaming_of, LocalSource,
-    MAX_RUN,
+    clone_old_target, create_temp, has_resumable_partial_at, hash_range, streaming_of, LocalSource, MAX_RUN,
 };
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -55,6 +54,8 @@ pub struct Prefill {
     temp: Target,
     /// Space reserved just ahead of the early DATA written (crate::io::reserve).
     reservation: crate::io::reserve::Reservation,
+    /// Writeback started as data lands (crate::io::writeback), unless `--no-fsync`.
+    writeback: crate::io::Writeback,
     file: Option<File>,
     size: u64,
     params: ChunkParams,
@@ -109,11 +110,13 @@ impl Prefill {
     /// file, or a partial of an earlier attempt that a resume should use instead.
     pub fn new(target: &Path, size: u64, local: Vec<LocalSource>) -> Result<Option<Prefill>> {
         let target = Target::from_user_path(target).map_err(|e| crate::CoreError::io(target, e))?;
-        Self::new_at(&target, size, local)
+        Self::new_at(&target, size, local, true)
     }
 
-    /// As `new`, for a target resolved beneath a directory handle.
-    pub fn new_at(target: &Target, size: u64, local: Vec<LocalSource>) -> Result<Option<Prefill>> {
+    /// As `new`, for a target resolved beneath a directory handle. `fsync`: the result will
+    /// be made durable before it is committed (see [`crate::reconstruct::BeginOptions::fsync`]),
+    /// so writeback starts as data lands.
+    pub fn new_at(target: &Target, size: u64, local: Vec<LocalSource>, fsync: bool) -> Result<Option<Prefill>> {
         if size == 0 {
             return Ok(None);
         }
@@ -160,6 +163,7 @@ impl Prefill {
         Ok(Some(Prefill {
             temp,
             reservation: crate::io::reserve::Reservation::new(size),
+            writeback: crate::io::Writeback::new(fsync),
             file: Some(file),
             size,
             params,
@@ -237,6 +241,7 @@ impl Prefill {
         }
         let chunks = &self.view.chunks;
         let sources = &self.sources;
+        let writeback = &self.writeback;
         let done: Vec<Vec<(usize, Anchor)>> = runs
             .par_iter()
             .map(|&(source, so, first, count, len, prove)| {
@@ -256,7 +261,7 @@ impl Prefill {
                     at += c.len as u64;
                 }
                 if !prove {
-                    start_writeback(file, doff, len);
+                    writeback.wrote(file, doff, len);
                 }
                 ok
             })
@@ -296,6 +301,7 @@ impl Prefill {
             .as_ref()
             .ok_or_else(|| CoreError::Usage("early placement already handed over".into()))?;
         let view = &self.view;
+        let writeback = &self.writeback;
         // Space just ahead of the data (crate::io::reserve): this batch's span.
         let span = records.iter().map(|r| {
             let c = &view.chunks[r.index as usize];
@@ -317,7 +323,7 @@ impl Prefill {
                 });
             }
             write_at(file, data, c.offset).map_err(|e| CoreError::io(self.temp.shown(), e))?;
-            start_writeback(file, c.offset, c.len as u64);
+            writeback.wrote(file, c.offset, c.len as u64);
             Ok(())
         })?;
         let mut raw = 0;

@@ -12,7 +12,9 @@
 //!    every chunk of the result then matches the sender's manifest, whose root equals the
 //!    sender's root.
 //!    Only then is the temp file fsynced and renamed over the target, and the directory
-//!    fsynced. Any failure leaves the target untouched.
+//!    fsynced. Any failure leaves the target untouched. Writeback of the temp file starts
+//!    while data lands ([`crate::io::writeback`]), so that fsync finds little left. Without
+//!    `fsync` (`--no-fsync`) the verified file is renamed straight from the page cache.
 
 use crate::beneath::{Dir, Target};
 use crate::chunker::Hash;
@@ -40,7 +42,6 @@ const SCRATCH_POOL: usize = 64;
 pub(crate) const MAX_RUN: u64 = 16 << 20;
 
 /// Options of [`Reconstruction::begin_with`].
-#[derive(Default)]
 pub struct BeginOptions {
     /// The sender's holes (validated with [`crate::sparse::decode`]): chunks inside them
     /// are not requested, and the holes are punched into the result before it is verified
@@ -52,6 +53,22 @@ pub struct BeginOptions {
     /// Chunks placed early while the manifest streamed in ([`crate::prefill`]): adopted
     /// when they describe this very manifest (and no resumable partial exists), else dropped.
     pub prefill: Option<Prefilled>,
+    /// Make the result durable before it is renamed into place (fsync the temp file, then
+    /// the directory), starting writeback while data lands. `false` (`--no-fsync`): the
+    /// verified result is renamed with its data still in the page cache (rsync's default
+    /// trade-off). `--inplace` keeps its journal's fsyncs either way.
+    pub fsync: bool,
+}
+
+impl Default for BeginOptions {
+    fn default() -> Self {
+        BeginOptions {
+            holes: Vec::new(),
+            inplace: false,
+            prefill: None,
+            fsync: true,
+        }
+    }
 }
 
 /// A local file whose chunks may be reused, with its (scanned or indexed) manifest.
@@ -132,6 +149,10 @@ pub struct Reconstruction {
     writer: PositionalWriter,
     /// Space reserved just ahead of the data written (crate::io::reserve).
     reservation: crate::io::reserve::Reservation,
+    /// Fsync before the rename (see [`BeginOptions::fsync`]).
+    fsync: bool,
+    /// Writeback started as data lands (crate::io::writeback).
+    writeback: crate::io::Writeback,
     /// Decompression buffers reused across batches.
     scratch: Mutex<Vec<Vec<u8>>>,
     state: Mutex<State>,
@@ -293,6 +314,7 @@ impl Reconstruction {
             holes,
             inplace,
             prefill,
+            fsync,
         } = opts;
         let temp = partial_of(&target, &manifest.root);
         let exists = |t: &Target| t.lstat().ok().flatten().is_some();
@@ -457,6 +479,8 @@ impl Reconstruction {
             received: Mutex::new(vec![false; n]),
             writer: PositionalWriter::new(),
             reservation: crate::io::reserve::Reservation::new(size),
+            fsync,
+            writeback: crate::io::Writeback::new(fsync),
             scratch: Mutex::new(Vec::new()),
             state: Mutex::new(State::Open),
             written: AtomicU64::new(0),
@@ -470,6 +494,11 @@ impl Reconstruction {
     /// Bytes of received chunks that crossed as literal data (see `literal`).
     pub fn literal_bytes(&self) -> u64 {
         self.literal.load(Ordering::Relaxed)
+    }
+
+    /// Bytes whose writeback was started while data landed (0 without fsync, and off Linux).
+    pub fn writeback_started(&self) -> u64 {
+        self.writeback.covered()
     }
 
     pub fn temp_path(&self) -> PathBuf {
@@ -665,7 +694,7 @@ impl Reconstruction {
                     )));
                 }
             }
-            start_writeback(&self.file, doff, len);
+            self.writeback.wrote(&self.file, doff, len);
             self.copied_ok.fetch_add(count as u64, Ordering::Relaxed);
             self.written.fetch_add(len, Ordering::Relaxed);
             Ok(())
@@ -781,7 +810,7 @@ impl Reconstruction {
                 .write_batch(&self.file, &writes)
                 .map_err(|e| CoreError::io(self.temp.shown(), e))?;
             for (off, data) in &writes {
-                start_writeback(&self.file, *off, data.len() as u64);
+                self.writeback.wrote(&self.file, *off, data.len() as u64);
             }
             Ok(literal.iter().sum::<u64>())
         });
@@ -928,14 +957,20 @@ impl Reconstruction {
         }
         self.punch_holes()?;
         apply_metadata(&self.file, &self.temp.shown(), mtime_ns, mode)?;
-        self.file.sync_all().map_err(|e| CoreError::io(self.temp.shown(), e))?;
+        if self.fsync {
+            // On macOS `sync_all` is F_FULLFSYNC (through the drive's cache), as it must be
+            // for "durable before the rename" to hold there.
+            self.file.sync_all().map_err(|e| CoreError::io(self.temp.shown(), e))?;
+        }
         // A directory at the target (a tree entry that changed kind) is the caller's to
         // clear first; a link there is replaced itself, never followed.
         self.temp
             .rename_to(&self.target)
             .map_err(|e| CoreError::io(self.target.shown(), e))?;
         *self.state.lock().unwrap() = State::Finished;
-        let _ = self.target.dir.sync();
+        if self.fsync {
+            let _ = self.target.dir.sync();
+        }
         let identity = FileIdentity::of(
             &self
                 .file
@@ -1222,19 +1257,4 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
-}
-
-/// Ask the kernel to begin writing a range back now (Linux), so the fsync before the
-/// rename waits for less. Elsewhere the final fsync does all of it.
-pub(crate) fn start_writeback(file: &File, offset: u64, len: u64) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::io::AsRawFd;
-        // Safety: valid fd; SYNC_FILE_RANGE_WRITE only initiates writeback.
-        unsafe {
-            libc::sync_file_range(file.as_raw_fd(), offset as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE);
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (file, offset, len);
 }

@@ -8,7 +8,9 @@ pub mod positional;
 pub mod reserve;
 #[cfg(target_os = "linux")]
 mod uring;
+pub mod writeback;
 
 pub use clone::{clone_to_new, clone_to_new_at};
 pub use copy::copy_range;
 pub use positional::{read_exact_at, write_at, PositionalWriter};
+pub use writeback::Writeback;

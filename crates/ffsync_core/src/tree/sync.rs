@@ -79,7 +79,17 @@ pub struct TreeSync {
     /// Receiver: the target root, opened once. Every path the peer names is resolved
     /// beneath it without following links (crate::beneath), never joined into a string.
     root_dir: Mutex<Option<Arc<Dir>>>,
+    /// Receiver: make what it writes durable before reporting success (see `sync_tree`);
+    /// false is `--no-fsync`. Large files carry their own flag (`BeginOptions::fsync`).
+    fsync: bool,
+    /// Bytes of small files written since the last batch flush (`flush_file`).
+    unflushed: AtomicU64,
+    /// A batch flush is running in the background.
+    flushing: Arc<AtomicBool>,
 }
+
+/// Small files written between two background flushes of the tree's filesystem.
+const FLUSH_BATCH: u64 = 64 << 20;
 
 fn is_fatal(e: &CoreError) -> bool {
     matches!(
@@ -134,7 +144,16 @@ impl TreeSync {
             delete_allowed: AtomicBool::new(false),
             options: TriageOptions::default(),
             root_dir: Mutex::new(None),
+            fsync: true,
+            unflushed: AtomicU64::new(0),
+            flushing: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Receiver: `false` (`--no-fsync`) writes files without starting their writeback or
+    /// syncing the filesystem at the end; they are durable when the kernel writes them.
+    pub fn set_fsync(&mut self, fsync: bool) {
+        self.fsync = fsync;
     }
 
     /// The receiver's target root, opened on first use (the shell creates it first).
@@ -658,6 +677,10 @@ impl TreeSync {
         }
         let e = self.s().entry(a.s as usize);
         apply_metadata(&dst, &tmp.shown(), Some(e.mtime_ns), Some(e.mode))?;
+        self.flush_file(&dst, size).map_err(|e| {
+            let _ = tmp.unlink();
+            CoreError::io(tmp.shown(), e)
+        })?;
         Ok(tmp)
     }
 
@@ -774,16 +797,60 @@ impl TreeSync {
         let (tmp, mut f) = create_exclusive(partial_of(&target, root)).map_err(|err| CoreError::io(&shown, err))?;
         let mut write = || -> std::io::Result<()> {
             f.write_all(data)?;
-            #[cfg(not(target_os = "linux"))]
-            f.sync_all()?; // Linux: one syncfs for the whole tree at the end instead
             apply_metadata(&f, &tmp.shown(), Some(e.mtime_ns), Some(e.mode))
-                .map_err(|e| std::io::Error::other(e.to_string()))
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            self.flush_file(&f, data.len() as u64)
         };
         write().map_err(|err| {
             let _ = tmp.unlink();
             CoreError::io(&shown, err)
         })?;
         self.commit_with_root(a, &tmp, *root).map(|_| ())
+    }
+
+    /// A file of this session was just written whole (a small file, a local copy). On Linux
+    /// a file of a writeback window or more starts its writeback now; small files are
+    /// flushed in batches: every `FLUSH_BATCH` bytes of them, one `syncfs` runs in the
+    /// background (the writer does not wait), so the final syncfs finds little left. A
+    /// writeback call per small file costs more than it saves (measured: 5000 files of
+    /// 4 KiB, 0.27 s of `sync_file_range` against a final syncfs of under 1 ms). Elsewhere
+    /// each file is fsynced before its rename. Nothing with `--no-fsync`.
+    fn flush_file(&self, f: &fs::File, len: u64) -> std::io::Result<()> {
+        if !self.fsync {
+            return Ok(());
+        }
+        #[cfg(target_os = "linux")]
+        {
+            if len >= crate::io::writeback::KICK {
+                crate::io::writeback::start(f, 0, len);
+            } else if self.unflushed.fetch_add(len, Ordering::Relaxed) + len >= FLUSH_BATCH {
+                self.unflushed.store(0, Ordering::Relaxed);
+                self.flush_in_background();
+            }
+            Ok(())
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = len;
+            f.sync_all()
+        }
+    }
+
+    /// One `syncfs` of the tree's filesystem on its own thread, unless one is running.
+    #[cfg(target_os = "linux")]
+    fn flush_in_background(&self) {
+        let Ok(root) = self.root_dir() else { return };
+        if self.flushing.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let flushing = self.flushing.clone();
+        let spawned = std::thread::Builder::new().name("ffsync-flush".into()).spawn(move || {
+            sync_tree(&root);
+            flushing.store(false, Ordering::SeqCst);
+        });
+        if spawned.is_err() {
+            self.flushing.store(false, Ordering::SeqCst);
+        }
     }
 
     /// Everything after the data: links, metadata of unchanged files, deletions (only when
@@ -901,7 +968,7 @@ impl TreeSync {
                 }
             }
         }
-        if let Ok(root) = self.root_dir() {
+        if let Some(root) = self.root_dir().ok().filter(|_| self.fsync) {
             sync_tree(&root);
         }
         self.store_index();
@@ -1061,7 +1128,9 @@ fn op_verb(op: Op) -> &'static str {
 }
 
 /// Make everything written durable before we report success: one syncfs on Linux (files
-/// were not fsync'ed one by one), a directory fsync elsewhere (files were).
+/// were not fsync'ed one by one; large ones started their writeback when written, small
+/// ones were flushed in batches meanwhile, so it finds little left), a directory fsync
+/// elsewhere (files were). Skipped with `--no-fsync`.
 fn sync_tree(root: &Dir) {
     #[cfg(target_os = "linux")]
     {

@@ -1,0 +1,127 @@
+//! Durable commits and `--no-fsync` (BeginOptions::fsync): writeback starts while data
+//! lands when the result will be fsynced, nothing is started without it, and verification
+//! is the same either way.
+
+use ffsync_core::chunk_source::ChunkSource;
+use ffsync_core::reconstruct::{BeginOptions, LocalSource, Reconstruction};
+use ffsync_core::scan::{scan_file, ScanOptions};
+use std::fs;
+use std::path::Path;
+
+mod common;
+use common::{rand_bytes, rebuild};
+
+/// A fresh reconstruction of `src` at `dst` (nothing local), fed every chunk in batches.
+fn fresh(src: &Path, dst: &Path, fsync: bool) -> Reconstruction {
+    let s = scan_file(src, &ScanOptions::default()).unwrap();
+    let r = Reconstruction::begin_with(
+        dst,
+        s.manifest.clone(),
+        Vec::new(),
+        BeginOptions {
+            fsync,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let source = ChunkSource::open(src, s.manifest.clone(), s.identity, 0).unwrap();
+    for group in r.needed().chunks(8) {
+        let (batch, _) = source.read_batch(group).unwrap();
+        r.write_batch(&batch).unwrap();
+    }
+    r
+}
+
+#[test]
+fn durable_writeback_starts_while_data_lands() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    let size = 40usize << 20;
+    fs::write(&src, rand_bytes(size, 5)).unwrap();
+    let r = fresh(&src, &dst, true);
+    let started = r.writeback_started();
+    if cfg!(target_os = "linux") {
+        // Every full window was handed to the disk before the commit; at most one window
+        // (the tail) is left for the fsync.
+        let window = ffsync_core::io::writeback::KICK;
+        assert!(started + window >= size as u64, "{started} of {size}");
+        assert!(started <= size as u64);
+    } else {
+        assert_eq!(started, 0, "only Linux starts writeback early");
+    }
+    r.finish(None, None, None).unwrap();
+    assert_eq!(fs::read(&dst).unwrap(), fs::read(&src).unwrap());
+}
+
+#[test]
+fn no_fsync_starts_no_writeback_and_still_commits_the_verified_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    fs::write(&src, rand_bytes(20 << 20, 6)).unwrap();
+    let r = fresh(&src, &dst, false);
+    assert_eq!(r.writeback_started(), 0);
+    r.finish(Some(1_700_000_000_000_000_000), Some(0o640), None).unwrap();
+    assert_eq!(fs::read(&dst).unwrap(), fs::read(&src).unwrap());
+    let leftovers: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().ends_with(".ffsync-part"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn no_fsync_delta_rebuild_converges() {
+    // Local copies (copy_local) and received chunks together, without fsync.
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    let mut data = rand_bytes(12 << 20, 7);
+    fs::write(&dst, &data).unwrap();
+    for b in &mut data[5 << 20..(5 << 20) + 100_000] {
+        *b ^= 0x5a;
+    }
+    fs::write(&src, &data).unwrap();
+    let plan = rebuild(
+        &src,
+        &dst,
+        BeginOptions {
+            fsync: false,
+            ..Default::default()
+        },
+        |r| assert_eq!(r.writeback_started(), 0),
+    );
+    assert!(plan.copy_bytes > 0 && plan.wire_bytes > 0, "{plan:?}");
+}
+
+#[test]
+fn no_fsync_still_refuses_a_bad_chunk_and_leaves_the_target_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    let old = rand_bytes(3 << 20, 10);
+    fs::write(&dst, &old).unwrap();
+    fs::write(&src, rand_bytes(3 << 20, 12)).unwrap();
+    let s = scan_file(&src, &ScanOptions::default()).unwrap();
+    let local = vec![LocalSource {
+        path: dst.clone(),
+        manifest: scan_file(&dst, &ScanOptions::default()).unwrap().manifest,
+    }];
+    let r = Reconstruction::begin_with(
+        &dst,
+        s.manifest.clone(),
+        local,
+        BeginOptions {
+            fsync: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0).unwrap();
+    let need = r.needed();
+    let (mut batch, _) = source.read_batch(&need).unwrap();
+    // Raw records: the last byte is the last chunk's payload.
+    *batch.last_mut().unwrap() ^= 1;
+    assert!(r.write_batch(&batch).is_err());
+    assert!(r.finish(None, None, None).is_err());
+    r.abort(false);
+    assert_eq!(fs::read(&dst).unwrap(), old, "the target is untouched");
+}
