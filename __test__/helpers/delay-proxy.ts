@@ -1,7 +1,7 @@
 // Loopback proxies that add a fixed one-way delay (so RTT = 2 x delay) and can drop
 // everything on demand ("blackhole": a path that silently stops carrying packets).
 // UDP for QUIC, TCP for TLS/plain connections. Used by the QUIC tests and by
-// bench/latency.ts (30 ms RTT).
+// bench/sync.ts and bench/net.ts (30 ms RTT).
 import dgram from 'node:dgram';
 import net from 'node:net';
 
@@ -56,8 +56,11 @@ export async function udpDelayProxy(targetPort: number, oneWayMs: number): Promi
   };
 }
 
-/** TCP: each connection is relayed to 127.0.0.1:targetPort with the delay both ways. */
-export async function tcpDelayProxy(targetPort: number, oneWayMs: number): Promise<DelayProxy> {
+/** TCP: each connection is relayed to targetHost:targetPort (default 127.0.0.1) with the delay
+ * both ways; it listens on 127.0.0.1 (bench/net.ts runs it inside the sending namespace and
+ * points it across a shaped veth link). */
+export async function tcpDelayProxy(targetPort: number, oneWayMs: number, opts: { targetHost?: string } = {}): Promise<DelayProxy> {
+  const targetHost = opts.targetHost ?? '127.0.0.1';
   let dropping = false;
   const sockets = new Set<net.Socket>();
   const relay = (from: net.Socket, to: net.Socket) => {
@@ -81,7 +84,7 @@ export async function tcpDelayProxy(targetPort: number, oneWayMs: number): Promi
     from.on('close', () => setTimeout(() => to.destroy(), oneWayMs + 50));
   };
   const server = net.createServer({ noDelay: true }, (inbound) => {
-    const outbound = net.connect({ port: targetPort, host: '127.0.0.1', noDelay: true });
+    const outbound = net.connect({ port: targetPort, host: targetHost, noDelay: true });
     sockets.add(inbound).add(outbound);
     relay(inbound, outbound);
     relay(outbound, inbound);
