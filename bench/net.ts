@@ -505,15 +505,17 @@ function table(): { head: string[]; rows: string[][] } {
   };
 }
 
+/** Which files were left different from the source, grouped: the same set usually recurs on
+ * every link and for both rsync variants. */
 function staleList(): string[] {
-  const out: string[] = [];
+  const groups = new Map<string, string[]>();
   for (const r of rows) {
     const s = r.samples.find((x) => x.stale.length);
     if (!s) continue;
-    const names = s.stale.slice(0, 12).join(', ');
-    out.push(`- ${r.link.name}, ${r.step.scenario}: ${r.step.step}, ${TOOL_LABEL[r.tool]}: ${s.stale.length} files differ from the source: ${names}${s.stale.length > 12 ? ', …' : ''}`);
+    const key = `${r.step.scenario}: ${r.step.step} — ${s.stale.length} files: ${s.stale.slice(0, 12).join(', ')}${s.stale.length > 12 ? ', …' : ''}`;
+    groups.set(key, [...(groups.get(key) ?? []), `${TOOL_LABEL[r.tool]} (${r.link.name})`]);
   }
-  return out;
+  return [...groups].map(([k, who]) => `- ${k}; left by: ${who.join('; ')}`);
 }
 
 function report(machine: ReturnType<typeof machineInfo>, describe: string[]): string {
@@ -532,7 +534,7 @@ function report(machine: ReturnType<typeof machineInfo>, describe: string[]): st
     '',
     markdown(table()),
     '',
-    ...(staleList().length ? ['Files left different from the source (first run that had any):', '', ...staleList(), ''] : []),
+    ...(staleList().length ? ['Files left different from the source (the first run of each row that left any):', '', ...staleList(), ''] : []),
   ].join('\n');
 }
 
