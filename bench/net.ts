@@ -375,7 +375,9 @@ async function waitAll(label: string, procs: Proc[]): Promise<void> {
   } finally {
     clearTimeout(timer);
   }
-  for (const p of procs) if (p.exit!.code !== 0) throw new Error(`${p.label}: ${describeExit(p.exit!)}: ${tail(p.stderr)}`);
+  // Every failed peer's own words, first failure first (the others may only have been killed).
+  const failed = procs.filter((p) => p.exit!.code !== 0).sort((a, b) => a.exit!.at - b.exit!.at);
+  if (failed.length) throw new Error(failed.map((p) => `${p.label}: ${describeExit(p.exit!)}: ${tail(p.stderr, 600)}`).join(' | '));
 }
 
 /** The target before a run: empty, a copy of the basis (`cp -a`), or — for ffsync-native with
@@ -470,11 +472,17 @@ function medianOf(r: Row | undefined, f: (s: Sample) => number): number | undefi
   return r && !r.error ? median(r.samples.map(f)) : undefined;
 }
 
+/** Must this run reproduce the source exactly? ffsync-native must, unless `--basis copy` left it a
+ * target without an index (then size + mtime decide, as for rsync, and stale files are reported). */
+function strict(tool: Tool, st: Step): boolean {
+  return FFSYNC_TOOLS.has(tool) && (basisMode === 'index' || !st.basis);
+}
+
 function resultCell(r: Row): string {
   if (r.error) return `FAILED: ${r.error.split('\n')[0]!.slice(0, 160)}`;
   const worst = Math.max(...r.samples.map((s) => s.stale.length));
   if (worst === 0) return 'verified';
-  return FFSYNC_TOOLS.has(r.tool) ? `MISMATCH: ${worst} files differ` : `${worst} stale`;
+  return strict(r.tool, r.step) ? `MISMATCH: ${worst} files differ` : `${worst} stale`;
 }
 
 function table(): { head: string[]; rows: string[][] } {
@@ -529,7 +537,7 @@ function report(machine: ReturnType<typeof machineInfo>, describe: string[]): st
     '- Wire: bytes through the veth in each direction (kernel counters of the sending end: Ethernet frames, IP/TCP/UDP headers, ACKs, ssh/TLS/QUIC framing; GSO super-packets count one header) — one method for every tool. Floor: the busier direction\'s wire bytes at the link rate.',
     '- Time: from the sending command\'s start to the exit of every peer (send/receive: the receiver is already listening; ssh: includes ssh login and the remote start). Peak RSS: /usr/bin/time %M of each peer (sender: the local command incl. its ssh client; receiver: `receive`, or the peer started by sshd).',
     `- Delta rows: ${basisMode === 'index' ? "rsync's target is a copy of the old version (`cp -a`); ffsync-native's is the old version as ffsync-native leaves it (written by an untimed local `ffsync-native sync` with the receiver's state dir, so its index covers every file: the case of a target synced before). Sender indexes are always empty (a fresh build). `--basis copy` gives ffsync-native the plain copy too (no index: size + mtime decide, like rsync's quick check)" : "every tool's target is a copy of the old version (`cp -a`), no index on either side: ffsync-native's size + mtime quick check decides like rsync's (so it can leave the same stale files)"}.`,
-    '- Stale: files rsync left different from the source. npm tarballs stamp every file with the same mtime, so `rsync -a` skips changed files of the same size; ffsync-native compares content.',
+    `- Stale: files left different from the source. npm tarballs stamp every file with the same mtime, so \`rsync -a\` skips changed files of the same size; ffsync-native compares content where an index covers the file${basisMode === 'copy' ? ' (none does with --basis copy: it may leave the same files stale)' : ''}. MISMATCH (a failure, exit status 1): ffsync-native left a file different although it must not.`,
     ...describe.map((d) => `- Fixture: ${d}`),
     '',
     markdown(table()),
@@ -594,7 +602,7 @@ async function main(): Promise<number> {
             try {
               const s = await runOnce(r.tool, st, ep, states);
               r.samples.push(s);
-              if (s.stale.length && FFSYNC_TOOLS.has(r.tool)) failed = true;
+              if (s.stale.length && strict(r.tool, st)) failed = true;
               process.stderr.write(`  ${link.name} | ${st.scenario}: ${st.step} | ${TOOL_LABEL[r.tool]}: ${fmtS(s.ms)} s, wire ${fmtBytes(s.tx)} / ${fmtBytes(s.rx)}${s.stale.length ? `, ${s.stale.length} files differ` : ''}\n`);
             } catch (e) {
               r.error = (e as Error).message;
