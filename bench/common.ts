@@ -1,13 +1,16 @@
-// Helpers shared by the benchmark harnesses (bench/run.ts, bench/tree.ts): constants, the seeded
-// PRNG, child processes with peak-RSS measurement and timeouts, rsync --stats parsing, machine
-// info and table formatting. Node built-ins only.
+// Helpers shared by the benchmark harnesses (bench/run.ts, bench/tree.ts, bench/sync.ts,
+// bench/net.ts): constants, the seeded PRNG, child processes with peak-RSS measurement and
+// timeouts, a timed tool runner, rsync --stats parsing, seeded fixtures and per-file
+// verification, delay relays, machine info and table formatting.
 
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
+import { udpDelayProxy } from '../__test__/helpers/delay-proxy';
 
 export const KiB = 1024;
 export const MiB = 1024 * KiB;
@@ -405,4 +408,169 @@ export function writeResultsSection(begin: string, end: string, section: string)
   const next = i >= 0 && j > i ? old.slice(0, i) + section + old.slice(j + end.length) : `${old.trimEnd()}\n\n${section}\n`;
   fs.writeFileSync(file, next);
   return file;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running one tool: a timed child with peak RSS and its exit checked (bench/sync.ts, bench/net.ts).
+
+export interface ToolRun {
+  /** From spawn to the 'exit' event. */
+  ms: number;
+  lines: string[];
+  stderr: string;
+  rssKb?: number;
+}
+
+/** Runs argv to completion under a peak-RSS probe (rssFile: where /usr/bin/time writes it);
+ * throws with the tail of stderr unless it exits 0. */
+export async function runTool(label: string, argv: string[], rssFile?: string): Promise<ToolRun> {
+  const t0 = performance.now();
+  const p = new Proc(label, argv, { rssFile });
+  const exit = await p.exited;
+  if (exit.code !== 0) throw new Error(`${label}: ${describeExit(exit)}: ${tail(p.stderr)}`);
+  return { ms: exit.at - t0, lines: p.lines, stderr: p.stderr, rssKb: await p.peakRssKb() };
+}
+
+/** Wire bytes from ffsync's `--json` summary event (the last one), if any. */
+export function ffsyncWire(lines: string[]): { sent: number; received: number } | undefined {
+  const s = lines.map(parseJsonLine).filter((e) => e?.event === 'summary').pop() as { bytesOnWire?: { sent: number; received: number } } | undefined;
+  return s?.bytesOnWire;
+}
+
+/** Peak RSS (KiB) that `/usr/bin/time -f %M -o file` left in file, e.g. for a peer started by ssh. */
+export function readRssFile(file: string): number | undefined {
+  try {
+    const nums = fs.readFileSync(file, 'utf8').split('\n').map((s) => s.trim()).filter((s) => /^\d+$/.test(s));
+    return nums.length ? Number(nums[nums.length - 1]) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** `/usr/bin/time -f %M -o file` as a command prefix (empty without GNU time). */
+export function rssPrefix(file: string): string[] {
+  return haveTime ? [TIME_BIN, '-f', '%M', '-o', file] : [];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Seeded fixtures and verification (bench/sync.ts, bench/net.ts)
+
+/** A file of `size` seeded pseudo-random bytes (incompressible). */
+export function writeSeededFile(file: string, size: number, seed: number): void {
+  const rng = new XorShift128(seed, 2);
+  const fd = fs.openSync(file, 'w');
+  const buf = Buffer.alloc(4 * MiB);
+  for (let done = 0; done < size; done += buf.length) {
+    rng.fill(buf);
+    fs.writeSync(fd, buf, 0, Math.min(buf.length, size - done));
+  }
+  fs.closeSync(fd);
+}
+
+/** Scattered 64 KiB overwrites, one per 16 MiB (the contract's "modified"); mtime = now. */
+export function modifyScattered(file: string, seed: number): void {
+  const rng = new XorShift128(seed, 3);
+  const size = fs.statSync(file).size;
+  const fd = fs.openSync(file, 'r+');
+  const buf = Buffer.alloc(64 * KiB);
+  for (let at = 0; at + buf.length < size; at += 16 * MiB) {
+    rng.fill(buf);
+    fs.writeSync(fd, buf, 0, buf.length, at + rng.below(Math.min(16 * MiB, size - at) - buf.length));
+  }
+  fs.closeSync(fd);
+  const t = Date.now() / 1000;
+  fs.utimesSync(file, t, t);
+}
+
+/** SHA-256 of a file, read in 4 MiB pieces (files of any size). */
+export function sha256FileSync(file: string): string {
+  const h = createHash('sha256');
+  const fd = fs.openSync(file, 'r');
+  try {
+    const buf = Buffer.allocUnsafe(4 * MiB);
+    for (;;) {
+      const n = fs.readSync(fd, buf, 0, buf.length, null);
+      if (n === 0) break;
+      h.update(buf.subarray(0, n));
+    }
+  } finally {
+    fs.closeSync(fd);
+  }
+  return h.digest('hex');
+}
+
+/** SHA-256 of every regular file under root, by relative path (root itself may be a file: key ''). */
+export function hashTree(root: string): Map<string, string> {
+  const out = new Map<string, string>();
+  if (!fs.existsSync(root)) return out;
+  if (fs.statSync(root).isFile()) return out.set('', sha256FileSync(root));
+  const walk = (d: string, rel: string) => {
+    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory()) walk(p, `${rel}${e.name}/`);
+      else if (e.isFile()) out.set(`${rel}${e.name}`, sha256FileSync(p));
+    }
+  };
+  walk(root, '');
+  return out;
+}
+
+/** Files whose content differs from `want` (changed), that are missing, or that `want` lacks (extra). */
+export function diffHashes(want: Map<string, string>, got: Map<string, string>): { changed: string[]; missing: string[]; extra: string[] } {
+  const changed: string[] = [];
+  const missing: string[] = [];
+  for (const [k, v] of want) {
+    const g = got.get(k);
+    if (g === undefined) missing.push(k);
+    else if (g !== v) changed.push(k);
+  }
+  const extra = [...got.keys()].filter((k) => !want.has(k));
+  return { changed, missing, extra };
+}
+
+/** Hash of every regular file under root (relative path + content), for verification. */
+export function treeDigest(root: string): string {
+  const h = createHash('sha256');
+  for (const [k, v] of [...hashTree(root)].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0))) h.update(`${k}\0${v}\n`);
+  return h.digest('hex');
+}
+
+// ---------------------------------------------------------------------------------------------
+// Delay relays (RTT on top of a link that has none)
+
+/** The native UDP relay (crates/ffsync_core/examples/udp_delay_relay.rs): the JavaScript one
+ * drops datagrams above ~20 MB/s, which would measure the relay instead of QUIC. Built once;
+ * undefined (and the JavaScript relay used) if cargo is unavailable. */
+let nativeRelay: string | undefined | null = null;
+export function relayBinary(): string | undefined {
+  if (nativeRelay !== null) return nativeRelay;
+  const r = spawnSync('cargo', ['build', '--release', '-q', '-p', 'ffsync_core', '--example', 'udp_delay_relay'], { cwd: REPO, stdio: 'inherit' });
+  const bin = path.join(REPO, 'target', 'release', 'examples', 'udp_delay_relay');
+  nativeRelay = r.status === 0 && fs.existsSync(bin) ? bin : undefined;
+  return nativeRelay;
+}
+
+export interface Relay {
+  port: number;
+  close(): Promise<void>;
+}
+
+/** A UDP relay listening on 127.0.0.1 that delays each datagram `oneWayMs` each way toward
+ * targetHost:targetPort. `wrap` prefixes the command (e.g. `ip netns exec NS`): the native relay
+ * then runs in that namespace. The JavaScript fallback (loopback only) runs in this process. */
+export async function udpRelay(targetPort: number, oneWayMs: number, opts: { targetHost?: string; wrap?: string[] } = {}): Promise<Relay> {
+  const bin = relayBinary();
+  if (!bin) {
+    if (opts.wrap?.length || (opts.targetHost && opts.targetHost !== '127.0.0.1')) throw new Error('the UDP relay across namespaces needs the native relay (cargo build --release -p ffsync_core --example udp_delay_relay)');
+    return udpDelayProxy(targetPort, oneWayMs);
+  }
+  const p = new Proc('udp relay', [...(opts.wrap ?? []), bin, String(targetPort), String(oneWayMs), ...(opts.targetHost ? [opts.targetHost] : [])]);
+  const port = Number(await p.waitForLine((l) => /^\d+$/.test(l.trim()), 10_000));
+  return {
+    port,
+    close: async () => {
+      p.kill();
+      await p.exited;
+    },
+  };
 }

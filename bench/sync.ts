@@ -18,26 +18,24 @@
 //                  overwrites), `sync` and `sync --quic` vs rsync (delta transfer).
 // Writes its section of bench/RESULTS.md between <!-- sync-bench:begin --> and <!-- sync-bench:end -->.
 
-import { spawnSync } from 'node:child_process';
-import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { type Sshd, sshdUnavailable, startSshd } from '../__test__/helpers/sshd';
-import { type DelayProxy, tcpDelayProxy, udpDelayProxy } from '../__test__/helpers/delay-proxy';
+import { tcpDelayProxy } from '../__test__/helpers/delay-proxy';
 import {
   CLI,
   KiB,
   MiB,
   Proc,
-  REPO,
   RSYNC_BIN,
+  type Relay,
   XorShift128,
   commandLine,
   describeExit,
+  ffsyncWire,
   flushWorkFs,
   fmtBytes,
   fmtRatio,
@@ -47,13 +45,19 @@ import {
   machineInfo,
   markdown,
   median,
+  modifyScattered,
   parseJsonLine,
   parseRsyncStats,
   rmf,
+  runTool,
+  sha256FileSync,
   tail,
   textTable,
+  treeDigest,
+  udpRelay,
   withTimeout,
   writeResultsSection,
+  writeSeededFile,
 } from './common.js';
 
 const BEGIN_MARK = '<!-- sync-bench:begin -->';
@@ -111,71 +115,13 @@ function writeTree(root: string, files: number, size: number, seed: number, perD
   }
 }
 
-function writeFile(file: string, size: number, seed: number): void {
-  const rng = new XorShift128(seed, 2);
-  const fd = fs.openSync(file, 'w');
-  const buf = Buffer.alloc(4 * MiB);
-  for (let done = 0; done < size; done += buf.length) {
-    rng.fill(buf);
-    fs.writeSync(fd, buf, 0, Math.min(buf.length, size - done));
-  }
-  fs.closeSync(fd);
-}
-
-/** Scattered 64 KiB overwrites, one per 16 MiB (the contract's "modified"). */
-function modifyFile(file: string, seed: number): void {
-  const rng = new XorShift128(seed, 3);
-  const size = fs.statSync(file).size;
-  const fd = fs.openSync(file, 'r+');
-  const buf = Buffer.alloc(64 * KiB);
-  for (let at = 0; at + buf.length < size; at += 16 * MiB) {
-    rng.fill(buf);
-    fs.writeSync(fd, buf, 0, buf.length, at + rng.below(16 * MiB - buf.length));
-  }
-  fs.closeSync(fd);
-  const t = Date.now() / 1000;
-  fs.utimesSync(file, t, t);
-}
-
-/** Hash of every regular file under root (relative path + content), for verification. */
-function treeDigest(root: string): string {
-  const h = createHash('sha256');
-  const walk = (d: string, rel: string) => {
-    for (const e of fs.readdirSync(d, { withFileTypes: true }).sort((a, b) => (a.name < b.name ? -1 : 1))) {
-      const p = path.join(d, e.name);
-      if (e.isDirectory()) walk(p, `${rel}${e.name}/`);
-      else if (e.isFile()) h.update(`${rel}${e.name}\0`).update(fs.readFileSync(p));
-    }
-  };
-  walk(root, '');
-  return h.digest('hex');
-}
-
-function fileDigest(file: string): string {
-  return createHash('sha256').update(fs.readFileSync(file)).digest('hex');
-}
-
 // ---------------------------------------------------------------------------------------------
 // Running tools
 
 async function timed(label: string, argv: string[], parse: 'ffsync' | 'rsync'): Promise<Run> {
-  const rssFile = path.join(work, `rss-${process.hrtime.bigint()}`);
-  const t0 = performance.now();
-  const p = new Proc(label, argv, { rssFile });
-  const exit = await p.exited;
-  const ms = exit.at - t0;
-  if (exit.code !== 0) throw new Error(`${label}: ${describeExit(exit)}: ${tail(p.stderr)}`);
-  const run: Run = { ms, rssKb: await p.peakRssKb() };
-  if (parse === 'ffsync') {
-    const s = p.lines.map(parseJsonLine).find((e) => e?.event === 'summary') as { bytesOnWire?: { sent: number; received: number } } | undefined;
-    run.sent = s?.bytesOnWire?.sent;
-    run.received = s?.bytesOnWire?.received;
-  } else {
-    const st = parseRsyncStats(p.lines.join('\n'));
-    run.sent = st.sent;
-    run.received = st.received;
-  }
-  return run;
+  const r = await runTool(label, argv, path.join(work, `rss-${process.hrtime.bigint()}`));
+  const wire = parse === 'ffsync' ? ffsyncWire(r.lines) : parseRsyncStats(r.lines.join('\n'));
+  return { ms: r.ms, rssKb: r.rssKb, sent: wire?.sent, received: wire?.received };
 }
 
 function ffsync(...args: string[]): string[] {
@@ -188,41 +134,12 @@ async function id(state: string): Promise<string> {
   return p.lines[0]!.trim();
 }
 
-/** The native UDP relay (crates/ffsync_core/examples/udp_delay_relay.rs): the JavaScript one
- * drops datagrams above ~20 MB/s, which would measure the relay instead of QUIC. Built once;
- * undefined (and the JavaScript relay used) if cargo is unavailable. */
-let nativeRelay: string | undefined | null = null;
-function relayBinary(): string | undefined {
-  if (nativeRelay !== null) return nativeRelay;
-  const r = spawnSync('cargo', ['build', '--release', '-q', '-p', 'ffsync_core', '--example', 'udp_delay_relay'], { cwd: REPO, stdio: 'inherit' });
-  const bin = path.join(REPO, 'target', 'release', 'examples', 'udp_delay_relay');
-  nativeRelay = r.status === 0 && fs.existsSync(bin) ? bin : undefined;
-  return nativeRelay;
-}
-
-async function udpRelay(targetPort: number, oneWayMs: number): Promise<DelayProxy> {
-  const bin = relayBinary();
-  if (!bin) return udpDelayProxy(targetPort, oneWayMs);
-  const p = new Proc('udp relay', [bin, String(targetPort), String(oneWayMs)]);
-  const port = Number(await p.waitForLine((l) => /^\d+$/.test(l.trim()), 10_000));
-  return {
-    port,
-    blackhole: () => {
-      throw new Error('not supported by the native relay');
-    },
-    close: async () => {
-      p.kill();
-      await p.exited;
-    },
-  };
-}
-
 /** One `send`/`receive` pair through a delay proxy; the receiver's time is the session's. */
 async function sendThroughProxy(src: string, dst: string, mode: 'tls1' | 'tls8' | 'quic' | 'quic1', states: { s: string; r: string; fpS: string; fpR: string }): Promise<Run> {
   const quic = mode === 'quic' || mode === 'quic1' ? ['--quic'] : [];
   const recv = new Proc('receive', ffsync('receive', dst, '0', '--bind', '127.0.0.1', '--json', '--state-dir', states.r, '--trust', states.fpS, ...quic));
   const l = parseJsonLine(await recv.waitForLine((x) => parseJsonLine(x)?.event === 'listening', 20_000)) as { port: number };
-  const proxy: DelayProxy = quic.length ? await udpRelay(l.port, RTT_MS / 2) : await tcpDelayProxy(l.port, RTT_MS / 2);
+  const proxy: Relay = quic.length ? await udpRelay(l.port, RTT_MS / 2) : await tcpDelayProxy(l.port, RTT_MS / 2);
   try {
     const lanes = mode === 'tls8' ? ['--parallel', '8'] : mode === 'tls1' || mode === 'quic1' ? ['--parallel', '1'] : [];
     const run = await timed(`send ${mode}`, ffsync('send', src, `127.0.0.1:${proxy.port}`, '--json', '--state-dir', states.s, '--trust', states.fpR, ...quic, ...lanes), 'ffsync');
@@ -370,14 +287,14 @@ async function syncSshFile(sshd: Sshd): Promise<void> {
   const dst = path.join(work, 'file-dst.bin');
   const state = path.join(work, 'file-state');
   const rstate = path.join(work, 'file-rstate');
-  writeFile(src, fileMiB * MiB, 54);
+  writeSeededFile(src, fileMiB * MiB, 54);
   const base = path.join(work, 'file-base.bin');
   await fsp.copyFile(src, base);
   const modified = path.join(work, 'file-mod.bin');
   await fsp.copyFile(src, modified);
-  modifyFile(modified, 55);
-  const dSrc = fileDigest(src);
-  const dMod = fileDigest(modified);
+  modifyScattered(modified, 55);
+  const dSrc = sha256FileSync(src);
+  const dMod = sha256FileSync(modified);
   const label = `${fileMiB} MiB`;
   const ffArgs = (from: string, quic: boolean) => ffsync('sync', '-a', '--json', '--state-dir', state, '-e', sshd.rsh, '--remote-cmd', remoteCmd(rstate), ...(quic ? ['--quic'] : []), from, `127.0.0.1:${dst}`);
   const rsArgs = (from: string) => [RSYNC_BIN, '-a', '--stats', '-e', sshd.rsh, from, `127.0.0.1:${dst}`];
@@ -392,10 +309,10 @@ async function syncSshFile(sshd: Sshd): Promise<void> {
     await fsp.copyFile(base, dst);
   };
   const isSrc = () => {
-    if (fileDigest(dst) !== dSrc) throw new Error('sync-ssh-file: fresh result differs');
+    if (sha256FileSync(dst) !== dSrc) throw new Error('sync-ssh-file: fresh result differs');
   };
   const isMod = () => {
-    if (fileDigest(dst) !== dMod) throw new Error('sync-ssh-file: modified result differs');
+    if (sha256FileSync(dst) !== dMod) throw new Error('sync-ssh-file: modified result differs');
   };
   const f = await measure(`sync-ssh file ${label} fresh`, 'ffsync sync -a', repeat, fresh, () => timed('sync', ffArgs(src, false), 'ffsync'), isSrc);
   const fq = await measure(`sync-ssh file ${label} fresh`, 'ffsync sync -a --quic', repeat, fresh, () => timed('sync', ffArgs(src, true), 'ffsync'), isSrc);

@@ -1,7 +1,7 @@
 // Loopback proxies that add a fixed one-way delay (so RTT = 2 x delay) and can drop
 // everything on demand ("blackhole": a path that silently stops carrying packets).
 // UDP for QUIC, TCP for TLS/plain connections. Used by the QUIC tests and by
-// bench/latency.ts (30 ms RTT).
+// bench/sync.ts and bench/net.ts (30 ms RTT).
 import dgram from 'node:dgram';
 import net from 'node:net';
 
@@ -56,32 +56,51 @@ export async function udpDelayProxy(targetPort: number, oneWayMs: number): Promi
   };
 }
 
-/** TCP: each connection is relayed to 127.0.0.1:targetPort with the delay both ways. */
-export async function tcpDelayProxy(targetPort: number, oneWayMs: number): Promise<DelayProxy> {
+/** TCP: each connection is relayed to targetHost:targetPort (default 127.0.0.1) with the delay
+ * both ways; it listens on 127.0.0.1 (bench/net.ts runs it inside the sending namespace and
+ * points it across a shaped veth link). */
+export async function tcpDelayProxy(targetPort: number, oneWayMs: number, opts: { targetHost?: string } = {}): Promise<DelayProxy> {
+  const targetHost = opts.targetHost ?? '127.0.0.1';
   let dropping = false;
   const sockets = new Set<net.Socket>();
+  // Like a TCP path, not a TCP endpoint: a half-close travels behind the data in its direction (the
+  // other direction keeps flowing), and a normal close never cuts data off — a relay that ended or
+  // destroyed the far side early would make a peer see its connection closed before the last frames.
   const relay = (from: net.Socket, to: net.Socket) => {
-    let waiting = false;
-    const line = delayLine<Buffer>(oneWayMs, (b) => {
-      if (!to.destroyed && !to.write(b) && !waiting) {
-        // The far side is slow: stop reading until it drains (bounded buffering).
-        waiting = true;
-        from.pause();
-        to.once('drain', () => {
-          waiting = false;
-          from.resume();
-        });
+    let queued = 0; // bytes inside the delay line
+    let paused = false;
+    // Bounded buffering (the delay line plus the far socket's queue): well above one-way
+    // bandwidth x delay for 1 Gbit/s at 15 ms (1.9 MB), so the relay itself never caps throughput.
+    const check = () => {
+      const over = queued + to.writableLength > 8 << 20;
+      if (over !== paused) {
+        paused = over;
+        if (over) from.pause();
+        else from.resume();
       }
+    };
+    const line = delayLine<Buffer | null>(oneWayMs, (b) => {
+      if (to.destroyed) return;
+      if (b === null) return void to.end();
+      queued -= b.length;
+      to.write(b);
+      check();
     });
+    to.on('drain', check);
     from.on('data', (b) => {
-      if (!dropping) line(b);
+      if (dropping) return;
+      queued += b.length;
+      line(b);
+      check();
     });
-    from.on('end', () => setTimeout(() => to.end(), oneWayMs));
+    from.on('end', () => line(null));
     from.on('error', () => to.destroy());
-    from.on('close', () => setTimeout(() => to.destroy(), oneWayMs + 50));
+    from.on('close', (hadError) => {
+      if (hadError) to.destroy();
+    });
   };
-  const server = net.createServer({ noDelay: true }, (inbound) => {
-    const outbound = net.connect({ port: targetPort, host: '127.0.0.1', noDelay: true });
+  const server = net.createServer({ noDelay: true, allowHalfOpen: true }, (inbound) => {
+    const outbound = net.connect({ port: targetPort, host: targetHost, noDelay: true, allowHalfOpen: true });
     sockets.add(inbound).add(outbound);
     relay(inbound, outbound);
     relay(outbound, inbound);

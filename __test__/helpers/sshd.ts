@@ -11,6 +11,10 @@ export const SSHD = '/usr/sbin/sshd';
 
 export interface Sshd {
   port: number;
+  /** The address sshd listens on (127.0.0.1 unless startSshd was told otherwise). */
+  host: string;
+  /** Its keys, config and pid file (removed by stop()). */
+  dir: string;
   /** `-e` value for `ffsync-native sync` (and for plain ssh). */
   rsh: string;
   stop(): Promise<void>;
@@ -36,7 +40,21 @@ export function sshdUnavailable(): string {
   return '';
 }
 
-export async function startSshd(): Promise<Sshd> {
+export interface SshdOptions {
+  /** Address to listen on (default 127.0.0.1). */
+  listen?: string;
+  /** Port (default: a free loopback port). */
+  port?: number;
+  /** Run sshd inside this network namespace (`ip netns exec`); bench/net.ts shapes a link into it. */
+  netns?: string;
+  /** The namespace the readiness probe's ssh client runs in (default: this process's). */
+  clientNetns?: string;
+}
+
+const inNetns = (ns: string | undefined, argv: string[]): string[] => (ns ? ['ip', 'netns', 'exec', ns, ...argv] : argv);
+
+export async function startSshd(opts: SshdOptions = {}): Promise<Sshd> {
+  const listen = opts.listen ?? '127.0.0.1';
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ffsync-sshd-'));
   fs.chmodSync(dir, 0o700);
   const hostKey = path.join(dir, 'host_ed25519');
@@ -48,13 +66,13 @@ export async function startSshd(): Promise<Sshd> {
   const authorized = path.join(dir, 'authorized_keys');
   fs.copyFileSync(`${clientKey}.pub`, authorized);
   fs.chmodSync(authorized, 0o600);
-  const port = await freePort();
+  const port = opts.port ?? (await freePort());
   const config = path.join(dir, 'sshd_config');
   fs.writeFileSync(
     config,
     [
       `Port ${port}`,
-      'ListenAddress 127.0.0.1',
+      `ListenAddress ${listen}`,
       `HostKey ${hostKey}`,
       `AuthorizedKeysFile ${authorized}`,
       `PidFile ${path.join(dir, 'sshd.pid')}`,
@@ -76,7 +94,8 @@ export async function startSshd(): Promise<Sshd> {
     fs.mkdirSync('/run/sshd', { mode: 0o755 });
     createdPrivsep = true;
   }
-  const proc: ChildProcess = spawn(SSHD, ['-D', '-e', '-f', config], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const [cmd, ...args] = inNetns(opts.netns, [SSHD, '-D', '-e', '-f', config]);
+  const proc: ChildProcess = spawn(cmd!, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let err = '';
   proc.stderr!.on('data', (d) => (err += d));
   const rsh = `ssh -p ${port} -i ${clientKey} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR`;
@@ -87,8 +106,9 @@ export async function startSshd(): Promise<Sshd> {
     fs.rmSync(dir, { recursive: true, force: true });
   };
   for (let i = 0; i < 50; i++) {
-    const r = spawnSync('ssh', [...rsh.split(' ').slice(1), '127.0.0.1', 'true'], { timeout: 10_000 });
-    if (r.status === 0) return { port, rsh, stop };
+    const [c, ...a] = inNetns(opts.clientNetns, ['ssh', ...rsh.split(' ').slice(1), listen, 'true']);
+    const r = spawnSync(c!, a, { timeout: 10_000 });
+    if (r.status === 0) return { port, host: listen, dir, rsh, stop };
     if (proc.exitCode !== null) break;
     await new Promise((res) => setTimeout(res, 100));
   }

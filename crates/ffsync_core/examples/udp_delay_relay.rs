@@ -3,10 +3,12 @@
 //! datagram per event-loop turn and drops packets above ~20 MB/s, which measures the relay,
 //! not QUIC; this one keeps up. Not part of the product.
 //!
-//!   udp_delay_relay <target-port> <one-way-delay-ms>
+//!   udp_delay_relay <target-port> <one-way-delay-ms> [target-host]
 //!
 //! Prints the port it listens on (127.0.0.1) as its first line; the first peer to send is
-//! "the client", everything else goes to 127.0.0.1:<target-port>. Runs until killed.
+//! "the client", everything else goes to <target-host>:<target-port> (default 127.0.0.1;
+//! bench/net.ts points it across a shaped veth link into another network namespace). Runs
+//! until killed.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,14 +39,21 @@ fn big_buffers(s: &std::net::UdpSocket) {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 3 {
-        eprintln!("usage: udp_delay_relay <target-port> <one-way-delay-ms>");
+    if args.len() != 3 && args.len() != 4 {
+        eprintln!("usage: udp_delay_relay <target-port> <one-way-delay-ms> [target-host]");
         std::process::exit(2);
     }
-    let target: SocketAddr = format!("127.0.0.1:{}", args[1]).parse().expect("target port");
+    let host = args.get(3).map_or("127.0.0.1", String::as_str);
+    let target: SocketAddr = format!("{host}:{}", args[1]).parse().expect("target host and port");
     let delay = Duration::from_millis(args[2].parse().expect("delay in ms"));
     let front = std::net::UdpSocket::bind("127.0.0.1:0")?;
-    let back = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    // The back socket faces the target: bound to the unspecified address so the kernel picks
+    // the interface (loopback, or the veth toward another namespace).
+    let back = std::net::UdpSocket::bind(if target.ip().is_loopback() {
+        "127.0.0.1:0"
+    } else {
+        "0.0.0.0:0"
+    })?;
     for s in [&front, &back] {
         big_buffers(s);
         s.set_nonblocking(true)?;
