@@ -1,7 +1,8 @@
 #!/usr/bin/env node
-// The `ffsync-native` executable. It loads the program (./program.ts) itself so that a missing
-// native addon for this platform (ts/native/loader.ts) is one `ffsync-native: error:` line with
-// the exit code of a usage problem, not a stack trace.
+// The `ffsync-native` executable. The program (./program.ts) loads the native addon only in the
+// commands that use it (`--version` and `--help` never do) and reports a missing one for this
+// platform (ts/native/loader.ts) as one `ffsync-native: error:` line with the exit code of a
+// usage problem; the same holds here for anything that loads it while the program loads.
 
 let program: typeof import('./program.js');
 try {
