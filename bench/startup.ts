@@ -106,6 +106,8 @@ function sameTree(a: string, b: string): string {
 
 interface Case {
   name: string;
+  /** Start-up of a command, or a sync (ffsync-native or rsync). */
+  kind: 'start' | 'sync';
   /** Untimed, before each timed run. */
   before?: () => void;
   argv: string[];
@@ -128,14 +130,14 @@ async function main(): Promise<void> {
     extract(tarball(NPM_V2), v2);
     const state = (label: string) => path.join(work, `state-${label}`);
 
-    const cases: Case[] = [{ name: 'node -e 0', argv: [node, '-e', '0'], samples: [] }];
+    const cases: Case[] = [{ name: 'node -e 0', kind: 'start', argv: [node, '-e', '0'], samples: [] }];
     for (const [label, cli] of clis) {
       // The identity exists before `id` is timed (its first call creates it).
       must([node, cli, 'id', '--state-dir', state(`${label}-id`)], 'id');
       cases.push(
-        { name: `${label} --version`, argv: [node, cli, '--version'], samples: [] },
-        { name: `${label} --help`, argv: [node, cli, '--help'], samples: [] },
-        { name: `${label} id`, argv: [node, cli, 'id', '--state-dir', state(`${label}-id`)], samples: [] },
+        { name: `${label} --version`, kind: 'start', argv: [node, cli, '--version'], samples: [] },
+        { name: `${label} --help`, kind: 'start', argv: [node, cli, '--help'], samples: [] },
+        { name: `${label} id`, kind: 'start', argv: [node, cli, 'id', '--state-dir', state(`${label}-id`)], samples: [] },
       );
     }
     // No-ops: each tool's target made by its own untimed first sync, then re-synced unchanged.
@@ -146,11 +148,11 @@ async function main(): Promise<void> {
       for (const [label, cli] of clis) {
         const dst = path.join(work, `noop-${tree}-${label}`);
         must([node, cli, 'sync', '-a', `${src}/`, `${dst}/`, '--state-dir', state(`noop-${tree}-${label}`), '-q'], 'prep sync');
-        cases.push({ name: `${label} sync no-op ${tree}`, argv: [node, cli, 'sync', '-a', `${src}/`, `${dst}/`, '--state-dir', state(`noop-${tree}-${label}`), '-q'], samples: [], check: () => sameTree(src, dst) });
+        cases.push({ name: `${label} sync no-op ${tree}`, kind: 'sync', argv: [node, cli, 'sync', '-a', `${src}/`, `${dst}/`, '--state-dir', state(`noop-${tree}-${label}`), '-q'], samples: [], check: () => sameTree(src, dst) });
       }
       const dst = path.join(work, `noop-${tree}-rsync`);
       must([RSYNC_BIN, '-a', `${src}/`, `${dst}/`], 'prep rsync');
-      cases.push({ name: `rsync no-op ${tree}`, argv: [RSYNC_BIN, '-a', `${src}/`, `${dst}/`], samples: [], check: () => sameTree(src, dst) });
+      cases.push({ name: `rsync no-op ${tree}`, kind: 'sync', argv: [RSYNC_BIN, '-a', `${src}/`, `${dst}/`], samples: [], check: () => sameTree(src, dst) });
     }
     // The npm tree cold (empty target, fresh state), and v1 -> v2 (target and state of a v1 sync).
     const npmTools: [string, (src: string, dst: string, st: string) => string[]][] = [
@@ -162,6 +164,7 @@ async function main(): Promise<void> {
       const st = state(`cold-${label}`);
       cases.push({
         name: `${label === 'rsync' ? 'rsync' : `${label} sync`} npm cold`,
+        kind: 'sync',
         before: () => {
           fs.rmSync(dst, { recursive: true, force: true });
           fs.rmSync(st, { recursive: true, force: true });
@@ -177,6 +180,7 @@ async function main(): Promise<void> {
       const st = state(`upd-${label}`);
       cases.push({
         name: `${label === 'rsync' ? 'rsync' : `${label} sync`} npm v1→v2`,
+        kind: 'sync',
         before: () => {
           fs.rmSync(dst, { recursive: true, force: true });
           fs.rmSync(st, { recursive: true, force: true });
@@ -204,7 +208,7 @@ async function main(): Promise<void> {
     const floor = med.get('node -e 0')!;
     const ms = (x: number) => x.toFixed(1);
     const startRows = cases
-      .filter((c) => !c.name.includes('sync') && !c.name.startsWith('rsync'))
+      .filter((c) => c.kind === 'start')
       .map((c) => [c.name, ms(med.get(c.name)!), c.name === 'node -e 0' ? '—' : `+${ms(med.get(c.name)! - floor)}`, `${ms(Math.min(...c.samples))} – ${ms(Math.max(...c.samples))}`]);
     const syncRow = (tool: string, rsyncName: string) => {
       const t = med.get(tool)!;

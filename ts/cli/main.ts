@@ -4,6 +4,12 @@
 // platform (ts/native/loader.ts) as one `ffsync-native: error:` line with the exit code of a
 // usage problem; the same holds here for anything that loads it while the program loads.
 
+// Node >= 22.1 keeps V8's compiled code of our modules on disk between runs when asked (the
+// module compile cache Node documents for command-line tools; NODE_COMPILE_CACHE picks the
+// directory, NODE_DISABLE_COMPILE_CACHE turns it off). Node 20 has no such API: nothing happens.
+// eslint-disable-next-line @typescript-eslint/no-require-imports
+(require('node:module') as { enableCompileCache?: () => unknown }).enableCompileCache?.();
+
 let program: typeof import('./program.js');
 try {
   // eslint-disable-next-line @typescript-eslint/no-require-imports
