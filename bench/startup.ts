@@ -43,14 +43,26 @@ if (opt.help) {
 }
 const RUNS = Math.max(5, Number(opt.runs));
 
-/** One timed command: wall clock of spawn to exit; a failure stops the bench. */
-function time(argv: string[], env: NodeJS.ProcessEnv = process.env): number {
+/**
+ * One timed command: wall clock of spawn to exit, and its CPU time (user + system, all
+ * threads: bash's `times` for its child, 1 ms resolution; less disturbed than wall clock
+ * by other load on the machine). Every case runs under the same bash, so its own start-up
+ * (a few ms) is in every figure alike. A failure stops the bench.
+ */
+function time(argv: string[]): { wall: number; cpu: number } {
   const t0 = performance.now();
-  const r = spawnSync(argv[0]!, argv.slice(1), { stdio: ['ignore', 'pipe', 'pipe'], env, maxBuffer: 64 << 20 });
-  const ms = performance.now() - t0;
-  if (r.status !== 0) throw new Error(`${argv.join(' ')}: exit ${r.status ?? r.signal}\n${r.stderr.toString().slice(-2000)}`);
-  return ms;
+  const r = spawnSync('bash', ['-c', '"$@" >/dev/null 2>"$FFSYNC_BENCH_ERR"; rc=$?; times; exit $rc', 'bash', ...argv], {
+    encoding: 'utf8',
+    env: { ...process.env, FFSYNC_BENCH_ERR: errFile },
+  });
+  const wall = performance.now() - t0;
+  if (r.status !== 0) throw new Error(`${argv.join(' ')}: exit ${r.status ?? r.signal}\n${fs.readFileSync(errFile, 'utf8').slice(-2000)}`);
+  // `times`: the shell's user and system time, then its children's ("0m0.052s 0m0.012s").
+  const m = /(\d+)m([\d.]+)s\s+(\d+)m([\d.]+)s\s*$/.exec(r.stdout.trim());
+  const cpu = m ? (Number(m[1]) * 60 + Number(m[2]) + Number(m[3]) * 60 + Number(m[4])) * 1000 : NaN;
+  return { wall, cpu };
 }
+let errFile = '';
 
 function must(argv: string[], what: string): string {
   const r = spawnSync(argv[0]!, argv.slice(1), { encoding: 'utf8', maxBuffer: 64 << 20 });
@@ -111,13 +123,17 @@ interface Case {
   /** Untimed, before each timed run. */
   before?: () => void;
   argv: string[];
+  /** Wall clock ms per round. */
   samples: number[];
+  /** CPU ms per round. */
+  cpu: number[];
   /** Untimed, after the last round: '' or what is wrong with the result. */
   check?: () => string;
 }
 
 async function main(): Promise<void> {
   const work = fs.mkdtempSync(path.join(opt.dir!, 'ffsync-startup-'));
+  errFile = path.join(work, 'stderr.txt');
   const node = process.execPath;
   const clis: [string, string][] = [['ffsync', CLI], ...(opt.baseline ? [['baseline', path.resolve(opt.baseline)] as [string, string]] : [])];
   try {
@@ -130,14 +146,14 @@ async function main(): Promise<void> {
     extract(tarball(NPM_V2), v2);
     const state = (label: string) => path.join(work, `state-${label}`);
 
-    const cases: Case[] = [{ name: 'node -e 0', kind: 'start', argv: [node, '-e', '0'], samples: [] }];
+    const cases: Case[] = [{ name: 'node -e 0', kind: 'start', argv: [node, '-e', '0'], samples: [], cpu: [] }];
     for (const [label, cli] of clis) {
       // The identity exists before `id` is timed (its first call creates it).
       must([node, cli, 'id', '--state-dir', state(`${label}-id`)], 'id');
       cases.push(
-        { name: `${label} --version`, kind: 'start', argv: [node, cli, '--version'], samples: [] },
-        { name: `${label} --help`, kind: 'start', argv: [node, cli, '--help'], samples: [] },
-        { name: `${label} id`, kind: 'start', argv: [node, cli, 'id', '--state-dir', state(`${label}-id`)], samples: [] },
+        { name: `${label} --version`, kind: 'start', argv: [node, cli, '--version'], samples: [], cpu: [] },
+        { name: `${label} --help`, kind: 'start', argv: [node, cli, '--help'], samples: [], cpu: [] },
+        { name: `${label} id`, kind: 'start', argv: [node, cli, 'id', '--state-dir', state(`${label}-id`)], samples: [], cpu: [] },
       );
     }
     // No-ops: each tool's target made by its own untimed first sync, then re-synced unchanged.
@@ -148,11 +164,11 @@ async function main(): Promise<void> {
       for (const [label, cli] of clis) {
         const dst = path.join(work, `noop-${tree}-${label}`);
         must([node, cli, 'sync', '-a', `${src}/`, `${dst}/`, '--state-dir', state(`noop-${tree}-${label}`), '-q'], 'prep sync');
-        cases.push({ name: `${label} sync no-op ${tree}`, kind: 'sync', argv: [node, cli, 'sync', '-a', `${src}/`, `${dst}/`, '--state-dir', state(`noop-${tree}-${label}`), '-q'], samples: [], check: () => sameTree(src, dst) });
+        cases.push({ name: `${label} sync no-op ${tree}`, kind: 'sync', argv: [node, cli, 'sync', '-a', `${src}/`, `${dst}/`, '--state-dir', state(`noop-${tree}-${label}`), '-q'], samples: [], cpu: [], check: () => sameTree(src, dst) });
       }
       const dst = path.join(work, `noop-${tree}-rsync`);
       must([RSYNC_BIN, '-a', `${src}/`, `${dst}/`], 'prep rsync');
-      cases.push({ name: `rsync no-op ${tree}`, kind: 'sync', argv: [RSYNC_BIN, '-a', `${src}/`, `${dst}/`], samples: [], check: () => sameTree(src, dst) });
+      cases.push({ name: `rsync no-op ${tree}`, kind: 'sync', argv: [RSYNC_BIN, '-a', `${src}/`, `${dst}/`], samples: [], cpu: [], check: () => sameTree(src, dst) });
     }
     // The npm tree cold (empty target, fresh state), and v1 -> v2 (target and state of a v1 sync).
     const npmTools: [string, (src: string, dst: string, st: string) => string[]][] = [
@@ -172,6 +188,7 @@ async function main(): Promise<void> {
         },
         argv: argv(v1, dst, st),
         samples: [],
+        cpu: [],
         check: () => sameTree(v1, dst),
       });
     }
@@ -189,6 +206,7 @@ async function main(): Promise<void> {
         },
         argv: argv(v2, dst, st),
         samples: [],
+        cpu: [],
         // rsync's quick check leaves one v2 file with v1's content (same size and mtime):
         // reported as what it is, not as a failure of the bench.
         check: () => sameTree(v2, dst),
@@ -199,23 +217,32 @@ async function main(): Promise<void> {
       process.stderr.write(`round ${round}/${RUNS}\n`);
       for (const c of cases) {
         c.before?.();
-        c.samples.push(time(c.argv));
+        const t = time(c.argv);
+        c.samples.push(t.wall);
+        c.cpu.push(t.cpu);
       }
     }
     const med = new Map(cases.map((c) => [c.name, median(c.samples)!]));
+    const cpu = new Map(cases.map((c) => [c.name, median(c.cpu)!]));
     const problems = new Map(cases.map((c) => [c.name, c.check?.() ?? '']));
 
     const floor = med.get('node -e 0')!;
     const ms = (x: number) => x.toFixed(1);
     const startRows = cases
       .filter((c) => c.kind === 'start')
-      .map((c) => [c.name, ms(med.get(c.name)!), c.name === 'node -e 0' ? '—' : `+${ms(med.get(c.name)! - floor)}`, `${ms(Math.min(...c.samples))} – ${ms(Math.max(...c.samples))}`]);
+      .map((c) => [
+        c.name,
+        ms(med.get(c.name)!),
+        c.name === 'node -e 0' ? '—' : `+${ms(med.get(c.name)! - floor)}`,
+        `${ms(Math.min(...c.samples))} – ${ms(Math.max(...c.samples))}`,
+        ms(cpu.get(c.name)!),
+      ]);
     const syncRow = (tool: string, rsyncName: string) => {
       const t = med.get(tool)!;
       const r = med.get(rsyncName)!;
       const bad = problems.get(tool);
       const rbad = problems.get(rsyncName);
-      return [tool, ms(t), ms(r), `${(r / t).toFixed(2)}x`, bad ? `MISMATCH: ${bad}` : 'yes', rbad ? `rsync: ${rbad}` : ''];
+      return [tool, ms(t), ms(r), `${(r / t).toFixed(2)}x`, `${ms(cpu.get(tool)!)} / ${ms(cpu.get(rsyncName)!)}`, bad ? `MISMATCH: ${bad}` : 'yes', rbad ? `rsync: ${rbad}` : ''];
     };
     const syncRows: string[][] = [];
     for (const [label] of clis) {
@@ -224,8 +251,8 @@ async function main(): Promise<void> {
       syncRows.push(syncRow(`${label} sync npm cold`, 'rsync npm cold'));
       syncRows.push(syncRow(`${label} sync npm v1→v2`, 'rsync npm v1→v2'));
     }
-    const startTable = { head: ['command', 'median ms', 'above node -e 0', 'min – max ms'], rows: startRows };
-    const syncTable = { head: ['ffsync-native', 'median ms', 'rsync ms', 'rsync/ffsync', 'verified', 'note'], rows: syncRows };
+    const startTable = { head: ['command', 'median ms', 'above node -e 0', 'min – max ms', 'CPU ms'], rows: startRows };
+    const syncTable = { head: ['ffsync-native', 'median ms', 'rsync ms', 'rsync/ffsync', 'CPU ms ffsync / rsync', 'verified', 'note'], rows: syncRows };
     const verdict = (ok: boolean) => (ok ? 'PASS' : 'FAIL');
     const v = med.get('ffsync --version')! - floor;
     const n10k = med.get('rsync no-op 10k')! / med.get('ffsync sync no-op 10k')!;
@@ -249,7 +276,7 @@ async function main(): Promise<void> {
       `Written by \`${commandLine()}\` (bench/startup.ts) on ${m.date}: ${RUNS} rounds, every case once per round in the same order; medians.`,
       `Machine: ${m.nproc} cores (${m.cpu}), ${m.memory}, ${m.kernel}, ${m.fs}, load ${m.load} at the end; ${m.node}; ${m.rsync}; ffsync-native ${m.ffsync} at ${m.commit}.`,
       '',
-      'Start-up (wall clock from spawn to exit; `id` with an existing identity):',
+      'Start-up (wall clock from spawn to exit, medians; CPU = user + system time of all threads, median; `id` with an existing identity):',
       '',
       markdown(startTable),
       '',
