@@ -33,12 +33,13 @@ const { values: opt } = parseArgs({
     runs: { type: 'string', default: '9' },
     dir: { type: 'string', default: os.tmpdir() },
     baseline: { type: 'string' },
+    'baseline-note': { type: 'string' },
     'no-write': { type: 'boolean', default: false },
     help: { type: 'boolean', default: false },
   },
 });
 if (opt.help) {
-  process.stdout.write('usage: node --import tsx bench/startup.ts [--runs N (default 9, at least 5)] [--dir DIR] [--baseline OTHER_CLI] [--no-write]\n');
+  process.stdout.write('usage: node --import tsx bench/startup.ts [--runs N (default 9, at least 5)] [--dir DIR] [--baseline OTHER_CLI [--baseline-note TEXT]] [--no-write]\n');
   process.exit(0);
 }
 const RUNS = Math.max(5, Number(opt.runs));
@@ -276,6 +277,7 @@ async function main(): Promise<void> {
       '# Fixed costs: start-up and small local syncs',
       '',
       `Written by \`${commandLine()}\` (bench/startup.ts) on ${m.date}: ${RUNS} rounds, every case once per round in the same order; medians.`,
+      ...(opt.baseline ? [`\`baseline\` rows: the CLI at ${opt['baseline-note'] ?? path.resolve(opt.baseline)}, timed in the same rounds.`] : []),
       `Machine: ${m.nproc} cores (${m.cpu}), ${m.memory}, ${m.kernel}, ${m.fs}, load ${m.load} at the end; ${m.node}; ${m.rsync}; ffsync-native ${m.ffsync} at ${m.commit}.`,
       '',
       'Start-up (wall clock from spawn to exit, medians; CPU = user + system time of all threads, median; `id` with an existing identity):',
