@@ -11,11 +11,7 @@ import { loadIndex, markUpToDate, scanFile, type ScanResult, recoverInplace } fr
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { abortable, authenticatePeer, endSession, expect, handshake, type Negotiated, reportError, requestPath, senderVerdict } from './session.js';
-import { tlsListenOnce } from '../transport/tls.js';
-import { QuicListener } from '../transport/quic.js';
-import { overQuic } from './over-quic.js';
 import type { SecureStream } from '../transport/peer-identity.js';
-import { loadOrCreateIdentity } from '../security/identity.js';
 import { inPhase, newSummary, type SyncEvents, type SyncSummary } from './events.js';
 import { identityChanged, receiveFileContent } from './file-transfer.js';
 import { type Prewalk, receiveTree, startPrewalk, type TreeReceiveOptions } from './tree-receive.js';
@@ -100,11 +96,15 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     if (!st?.isFile()) throw new FfsyncError('ENOENT', ExitCode.FILE_SELECTION, `--from ${f} is not a readable regular file`);
   }
   if (o.quic && o.plaintext) throw new FfsyncError('EUSAGE', ExitCode.USAGE, '--quic is always encrypted (QUIC has TLS 1.3 built in); drop --plaintext');
-  const identity = o.plaintext ? undefined : loadOrCreateIdentity(stateDir);
+  // Loaded when used: a local `sync` (which runs runReceiver) needs neither TLS nor QUIC.
+  /* eslint-disable @typescript-eslint/no-require-imports */
+  const identity = o.plaintext ? undefined : (require('../security/identity.js') as typeof import('../security/identity.js')).loadOrCreateIdentity(stateDir);
   const host = o.host ?? '127.0.0.1';
   const timeoutMs = o.timeoutMs ?? 60_000;
-  const quic = o.quic ? await QuicListener.bind(host, o.port, identity!, { idleMs: timeoutMs }) : undefined;
-  const listener = quic ? undefined : identity ? await tlsListenOnce(host, o.port, identity) : await listenOnce(host, o.port);
+  const quic = o.quic ? await (require('../transport/quic.js') as typeof import('../transport/quic.js')).QuicListener.bind(host, o.port, identity!, { idleMs: timeoutMs }) : undefined;
+  const listener = quic ? undefined : identity ? await (require('../transport/tls.js') as typeof import('../transport/tls.js')).tlsListenOnce(host, o.port, identity) : await listenOnce(host, o.port);
+  const { overQuic } = quic ? (require('./over-quic.js') as typeof import('./over-quic.js')) : { overQuic: undefined };
+  /* eslint-enable @typescript-eslint/no-require-imports */
   const bound = (quic ?? listener)!;
   // The listening event is always the first one (scripts read the port from it).
   o.events?.listening?.(bound.host, bound.port);
@@ -120,7 +120,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
   try {
     if (quic) {
       const session = await abortable(quic.acceptSession(), o.signal, () => quic.close());
-      return await overQuic(session, 'accept', timeoutMs, (conn, stream) => runReceiver(conn, { ...context, listener: session.lanes(), secure: stream }));
+      return await overQuic!(session, 'accept', timeoutMs, (conn, stream) => runReceiver(conn, { ...context, listener: session.lanes(), secure: stream }));
     }
     const sock = await abortable(listener!.accept(), o.signal, () => listener!.close());
     return await runReceiver(new FramedConnection(sock, timeoutMs), { ...context, listener, secure: identity ? sock : undefined });

@@ -10,11 +10,7 @@ import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { authenticatePeer, endSession, expect, handshake, type Negotiated, reportError, requestPath } from './session.js';
 import type { Duplex } from 'node:stream';
-import { tlsConnect } from '../transport/tls.js';
-import { QuicSession } from '../transport/quic.js';
-import { overQuic } from './over-quic.js';
 import type { SecureStream } from '../transport/peer-identity.js';
-import { loadOrCreateIdentity } from '../security/identity.js';
 import { newSummary, type SyncEvents, type SyncSummary } from './events.js';
 import { identityChanged, sendFileContent } from './file-transfer.js';
 import { sendTree, startWalk, type TreeSendOptions } from './tree-send.js';
@@ -82,11 +78,20 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   const timeoutMs = o.timeoutMs ?? 60_000;
   if (o.quic) {
     if (o.plaintext) throw new FfsyncError('EUSAGE', ExitCode.USAGE, '--quic is always encrypted (QUIC has TLS 1.3 built in); drop --plaintext');
+    // Loaded when used: a local `sync` (which runs runSender) needs neither TLS nor QUIC.
+    /* eslint-disable @typescript-eslint/no-require-imports */
+    const { QuicSession } = require('../transport/quic.js') as typeof import('../transport/quic.js');
+    const { overQuic } = require('./over-quic.js') as typeof import('./over-quic.js');
+    const { loadOrCreateIdentity } = require('../security/identity.js') as typeof import('../security/identity.js');
+    /* eslint-enable @typescript-eslint/no-require-imports */
     const quic = await QuicSession.connect(o.host, o.port, loadOrCreateIdentity(stateDir), { timeoutMs: o.connectTimeoutMs ?? Math.min(timeoutMs, 10_000), idleMs: timeoutMs });
     return overQuic(quic, 'open', timeoutMs, (conn, stream) => runSender(conn, { ...o, stateDir, st, walking, t0, secure: stream, dialLane: () => quic.openStream() }));
   }
-  const identity = o.plaintext ? undefined : loadOrCreateIdentity(stateDir);
-  const dial = (): Promise<Duplex> => (identity ? tlsConnect(o.host, o.port, identity) : connect(o.host, o.port));
+  /* eslint-disable @typescript-eslint/no-require-imports */
+  const identity = o.plaintext ? undefined : (require('../security/identity.js') as typeof import('../security/identity.js')).loadOrCreateIdentity(stateDir);
+  const tls = identity ? (require('../transport/tls.js') as typeof import('../transport/tls.js')) : undefined;
+  /* eslint-enable @typescript-eslint/no-require-imports */
+  const dial = (): Promise<Duplex> => (identity ? tls!.tlsConnect(o.host, o.port, identity) : connect(o.host, o.port));
   const sock = await dial();
   const conn = new FramedConnection(sock, timeoutMs);
   return runSender(conn, { ...o, stateDir, st, walking, secure: identity ? sock : undefined, dialLane: dial, t0 });

@@ -176,8 +176,12 @@ export async function authenticatePeer(
   sock: SecureStream,
   o: { stateDir: string; trust?: string; expect?: string; interactive?: boolean; peerLabel: string; events?: import('./events.js').SyncEvents },
 ): Promise<string> {
-  const { verifyPeer } = await import('../security/trust.js');
-  const { isPinned } = await import('../security/pins.js');
+  // Only TLS and QUIC sessions get here. `require`, not `import()`: in this CommonJS build
+  // `import()` boots Node's ESM loader first (about 7 ms on Node 20).
+  /* eslint-disable @typescript-eslint/no-require-imports */
+  const { verifyPeer } = require('../security/trust.js') as typeof import('../security/trust.js');
+  const { isPinned } = require('../security/pins.js') as typeof import('../security/pins.js');
+  /* eslint-enable @typescript-eslint/no-require-imports */
   const fp = peerFingerprint(sock);
   const known = o.expect === fp || isPinned(o.stateDir, fp);
   o.events?.peer?.(o.peerLabel, fp, known);

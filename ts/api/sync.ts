@@ -6,7 +6,8 @@
 // front door: the peers trade certificate fingerprints over it, then move the data over
 // one QUIC connection (see quicOverSsh).
 
-import { spawn, type ChildProcess } from 'node:child_process';
+/* eslint-disable @typescript-eslint/no-require-imports -- lazy loads, see below */
+import type { ChildProcess } from 'node:child_process';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { Duplex } from 'node:stream';
@@ -17,15 +18,21 @@ import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { decodeQuicOffer, decodeQuicReady, encodeQuicOffer, encodeQuicReady, Role } from '../protocol/messages.js';
 import { FrameType } from '../protocol/frames.js';
 import { abortable, expect, handshake, reportError } from './session.js';
-import { loadOrCreateIdentity } from '../security/identity.js';
-import { QuicListener, QuicSession, resolveHost } from '../transport/quic.js';
-import { overQuic } from './over-quic.js';
+import type { QuicListener, QuicSession } from '../transport/quic.js';
 import net from 'node:net';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { runReceiver, checkTarget, type ReceiverContext } from './receive.js';
 import { runSender, statSource, type SendOptions } from './send.js';
 import type { SyncEvents, SyncSummary } from './events.js';
-import type { TreeSendOptions } from './tree-send.js';
+import { startWalk, type TreeSendOptions } from './tree-send.js';
+import { startPrewalk } from './tree-receive.js';
+
+// What only push, pull or --quic use is loaded when they run (start-up of a local sync,
+// bench/startup.ts): ssh's child_process, QUIC, and the identity (TLS certificates).
+const quic = () => require('../transport/quic.js') as typeof import('../transport/quic.js');
+const overQuic: typeof import('./over-quic.js').overQuic = (...a) => (require('./over-quic.js') as typeof import('./over-quic.js')).overQuic(...a);
+const loadOrCreateIdentity: typeof import('../security/identity.js').loadOrCreateIdentity = (...a) =>
+  (require('../security/identity.js') as typeof import('../security/identity.js')).loadOrCreateIdentity(...a);
 
 export interface Location {
   /** `[user@]host` for a remote location. */
@@ -196,13 +203,22 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       const recvConn = new FramedConnection(b, eng.timeoutMs!);
       const sendConn = new FramedConnection(a, eng.timeoutMs!);
       const lanes = localLanes();
-      const receiving = runReceiver(recvConn, { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete }, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync });
+      const sending = { ...eng, compressLevel: 0, overlap: false, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
+      const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete }, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync };
+      // Both trees are walked from the start, neither waiting on the handshake or the other
+      // side's frames. The receiver's early walk has no exclude rules, so it is started only
+      // when the sender has none either (and no -x): then it is the walk the session makes.
+      const walking = kind === 'tree' ? startWalk(path.resolve(src.path), sending, stateDir) : undefined;
+      walking?.catch(() => undefined);
+      const targetIsDir = kind === 'tree' && (await fs.stat(target).then((s) => s.isDirectory(), () => false));
+      const prewalk = targetIsDir && !o.excludes?.length && !o.oneFileSystem ? startPrewalk(target, receiverOptions, stateDir) : undefined;
+      const receiving = runReceiver(recvConn, { ...receiverOptions, prewalk });
       receiving.catch(() => undefined);
       try {
         // Nothing crosses a wire: compressing would only burn CPU.
         // No overlapped phases: both peers share this process's cores, where hashing on one
         // side and writing on the other only compete (bench/RESULTS.md, "Overlapped phases").
-        return await runSender(sendConn, { ...eng, compressLevel: 0, overlap: false, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial });
+        return await runSender(sendConn, { ...sending, walking });
       } finally {
         await receiving.catch(() => undefined);
       }
@@ -300,7 +316,7 @@ async function quicOverSsh(
     await conn.send(FrameType.QUIC_OFFER, encodeQuicOffer(id.fingerprint));
     const ready = decodeQuicReady((await expect(conn, FrameType.QUIC_READY)).payload);
     const host = await quicAddress(sshHost, ready.address);
-    const session = await QuicSession.connect(host, ready.port, id, { timeoutMs: Math.min(timeoutMs, 10_000), idleMs: timeoutMs });
+    const session = await quic().QuicSession.connect(host, ready.port, id, { timeoutMs: Math.min(timeoutMs, 10_000), idleMs: timeoutMs });
     return await conn.keepAlive(body(session, ready.fingerprint));
   } finally {
     await conn.close(1000);
@@ -312,7 +328,7 @@ async function quicOverSsh(
 async function quicAddress(sshHost: string, sshServerAddress: string): Promise<string> {
   const host = sshHost.replace(/^.*@/, '').replace(/^\[(.*)\]$/, '$1');
   try {
-    return await resolveHost(host);
+    return await quic().resolveHost(host);
   } catch (e) {
     if (sshServerAddress && net.isIP(sshServerAddress)) return sshServerAddress;
     throw new FfsyncError('ENOTFOUND', ExitCode.SOCKET_IO, `--quic: ${(e as Error).message} (needed for the QUIC connection)`);
@@ -330,6 +346,7 @@ function startRemote(o: SyncOptions, host: string, serverArgs: string[]): { run:
     async run(body) {
       let child: ChildProcess;
       try {
+        const { spawn } = require('node:child_process') as typeof import('node:child_process');
         child = spawn(rsh[0], [...rsh.slice(1), host, remoteLine], { stdio: ['pipe', 'pipe', 'inherit'] });
       } catch (e) {
         throw new FfsyncError('ESSH', ExitCode.SSH, `cannot start ${rsh[0]}: ${(e as Error).message}`);
@@ -455,6 +472,7 @@ async function serveQuic(conn: FramedConnection, o: Parameters<typeof serveStdio
     const offer = decodeQuicOffer((await expect(conn, FrameType.QUIC_OFFER)).payload);
     const id = loadOrCreateIdentity(stateDir);
     // Dual-stack where the host has IPv6, IPv4 otherwise.
+    const { QuicListener } = quic();
     listener = await QuicListener.bind('::', 0, id, { idleMs: timeoutMs }).catch(() => QuicListener.bind('0.0.0.0', 0, id, { idleMs: timeoutMs }));
     const sshServerAddress = (process.env.SSH_CONNECTION ?? '').split(' ')[2] ?? '';
     await conn.send(FrameType.QUIC_READY, encodeQuicReady(listener.port, id.fingerprint, sshServerAddress));

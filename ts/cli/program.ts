@@ -1,24 +1,43 @@
 // ffsync-native command line (loaded by ./main.ts): parses options, wires a reporter, calls the library API,
 // and maps errors to the exit codes documented in README.md.
+//
+// Start-up: this module loads only commander and a few small modules. Everything a command
+// needs (the native addon, TLS, QUIC, the serve daemon, ssh, the reporter) is required by
+// that command's action, so `--version` and `--help` load none of it and a local `sync`
+// loads no TLS, QUIC or serve code (bench/startup.ts measures it; __test__/startup.test.ts
+// checks what `--version` and `--help` load). Lazy `require`, not `import()`: in this
+// CommonJS build `import()` boots Node's ESM loader first (about 7 ms on Node 20). The build
+// bundles dist/cli/main.js into one file (`npm run bundle:cli`, esbuild), which saves the
+// per-file cost of ~40 modules; a bundled module still runs only when first required.
+/* eslint-disable @typescript-eslint/no-require-imports -- the lazy loads described above */
 
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
-import { receive } from '../api/receive.js';
-import { send } from '../api/send.js';
 import type { SyncSummary } from '../api/events.js';
-import { parseRemote } from '../transport/tcp.js';
-import { pull } from '../api/pull.js';
-import { serveCommand } from './serve.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { VERSION } from '../utils/version.js';
-import { resolveStateDir } from '../utils/state-dir.js';
-import { loadOrCreateIdentity } from '../security/identity.js';
-import { parseFingerprint } from '../security/fingerprint.js';
-import { addPin, readPins, removePin } from '../security/pins.js';
-import { createReporter, type Reporter } from './reporter.js';
-import { loadExcludes } from './excludes.js';
-import { serveStdio, sync } from '../api/sync.js';
-import { AttrFlag } from '../protocol/messages.js';
-import { formatBytes } from '../utils/format.js';
+import type { Reporter } from './reporter.js';
+import { serveCommand } from './serve.js';
+
+/**
+ * Load what a command needs, when it needs it. A module that cannot load the native addon
+ * throws ENATIVELOAD: that becomes one `ffsync-native: error:` line and exit 1 (a usage
+ * problem: install the prebuilt package or build from source), never a stack trace.
+ */
+function need<T>(load: () => T): T {
+  try {
+    return load();
+  } catch (e) {
+    const err = e as Error & { code?: string };
+    if (err.code === 'ENATIVELOAD') throw new FfsyncError('ENATIVELOAD', ExitCode.USAGE, err.message.replace(/^ffsync-native: /, ''), { cause: e });
+    throw e;
+  }
+}
+
+const excludeRules = () => need(() => require('./excludes.js') as typeof import('./excludes.js'));
+const fingerprints = () => need(() => require('../security/fingerprint.js') as typeof import('../security/fingerprint.js'));
+const stateDirs = () => require('../utils/state-dir.js') as typeof import('../utils/state-dir.js');
+const tcp = () => require('../transport/tcp.js') as typeof import('../transport/tcp.js');
+const pins = () => need(() => require('../security/pins.js') as typeof import('../security/pins.js'));
 
 interface CommonOptions {
   trust?: string;
@@ -74,6 +93,7 @@ function common(cmd: Command): Command {
 }
 
 async function run(reporterOpts: CommonOptions, body: (r: Reporter, signal: AbortSignal) => Promise<SyncSummary>, after?: (s: SyncSummary) => void): Promise<never> {
+  const { createReporter } = require('./reporter.js') as typeof import('./reporter.js');
   const reporter = await createReporter({ json: Boolean(reporterOpts.json), quiet: Boolean(reporterOpts.quiet) });
   // If the event loop ever drains with the session unfinished, that is a bug: never
   // let it look like success.
@@ -132,8 +152,9 @@ export function buildProgram(): Command {
     .option('--no-fsync', 'do not fsync received files before renaming them into place (rsync\'s default: no waiting for the disk, but a crash soon after may lose or truncate them; every file is still verified)')
     .action(async (target: string, port: number, o: CommonOptions & TreeCli & { bind: string; from?: string[]; inplace?: boolean; fsync: boolean }) => {
       await run(o, async (events, signal) => {
-        if (o.trust) parseFingerprint(o.trust);
-        const protect = await loadExcludes(o.exclude, o.excludeFrom);
+        const { receive } = need(() => require('../api/receive.js') as typeof import('../api/receive.js'));
+        if (o.trust) fingerprints().parseFingerprint(o.trust);
+        const protect = await excludeRules().loadExcludes(o.exclude, o.excludeFrom);
         return receive({
           path: target,
           host: o.bind,
@@ -175,9 +196,10 @@ export function buildProgram(): Command {
     .option('--no-overlap', 'scan a large file completely before sending its manifest (default: stream it while hashing, so the receiver starts early)')
     .action(async (source: string, addr: string, o: CommonOptions & TreeCli & { compressLevel: number; compress: boolean; bwlimit?: number; dryRun?: boolean; parallel?: number; maxSize?: number; minSize?: number; overlap: boolean }) => {
       await run(o, async (events, signal) => {
-        const { host, port, path: remotePath } = parseRemote(addr);
-        if (o.trust) parseFingerprint(o.trust);
-        const excludes = await loadExcludes(o.exclude, o.excludeFrom);
+        const { send } = need(() => require('../api/send.js') as typeof import('../api/send.js'));
+        const { host, port, path: remotePath } = tcp().parseRemote(addr);
+        if (o.trust) fingerprints().parseFingerprint(o.trust);
+        const excludes = await excludeRules().loadExcludes(o.exclude, o.excludeFrom);
         return send({
           path: source,
           host,
@@ -212,11 +234,12 @@ export function buildProgram(): Command {
     .option('--no-fsync', 'do not fsync received files before renaming them into place (rsync\'s default: no waiting for the disk, but a crash soon after may lose or truncate them; every file is still verified)')
     .action(async (addr: string, local: string, o: CommonOptions & TreeCli & { fsync: boolean }) => {
       await run(o, async (events, signal) => {
-        const { host, port, path: remotePath } = parseRemote(addr);
+        const { pull } = need(() => require('../api/pull.js') as typeof import('../api/pull.js'));
+        const { host, port, path: remotePath } = tcp().parseRemote(addr);
         if (remotePath === undefined) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `pull needs a path under the daemon's root: ${addr}/some/path`);
         if (o.plaintext) throw new FfsyncError('EUSAGE', ExitCode.USAGE, 'serve daemons authorize clients by certificate: pull has no --plaintext');
-        if (o.trust) parseFingerprint(o.trust);
-        const protect = await loadExcludes(o.exclude, o.excludeFrom);
+        if (o.trust) fingerprints().parseFingerprint(o.trust);
+        const protect = await excludeRules().loadExcludes(o.exclude, o.excludeFrom);
         return pull({
           host,
           port,
@@ -236,7 +259,7 @@ export function buildProgram(): Command {
       });
     });
 
-  serveCommand(program, intArg);
+  serveCommand(program, intArg, need);
 
   // rsync's front door. Options rsync users type that we do not implement are refused
   // loudly (exit 1), never silently accepted.
@@ -298,7 +321,9 @@ export function buildProgram(): Command {
     await run(
       { json: o.json, quiet: o.quiet, timeout: o.timeout } as CommonOptions,
       async (events, signal) => {
-        const excludes = await loadExcludes(rules, o.excludeFrom);
+        const { sync } = need(() => require('../api/sync.js') as typeof import('../api/sync.js'));
+        const { AttrFlag } = require('../protocol/messages.js') as typeof import('../protocol/messages.js');
+        const excludes = await excludeRules().loadExcludes(rules, o.excludeFrom);
         return sync({
           src,
           dest,
@@ -359,6 +384,7 @@ export function buildProgram(): Command {
     .action(async (o: Record<string, any>) => {
       await run({ quiet: true, timeout: 60 } as CommonOptions, async (events) => {
         if (Boolean(o.sender) === Boolean(o.receiver)) throw new FfsyncError('EUSAGE', ExitCode.USAGE, 'server needs exactly one of --sender PATH or --receiver PATH');
+        const { serveStdio } = need(() => require('../api/sync.js') as typeof import('../api/sync.js'));
         return serveStdio({
           role: o.sender ? 'sender' : 'receiver',
           path: o.sender ?? o.receiver,
@@ -393,7 +419,8 @@ export function buildProgram(): Command {
     .option('--rotate', 'replace the identity with a new one (peers must pin the new fingerprint)')
     .action((o: { stateDir?: string; rotate?: boolean }) =>
       admin(() => {
-        const id = loadOrCreateIdentity(resolveStateDir(o.stateDir), { rotate: o.rotate });
+        const { loadOrCreateIdentity } = need(() => require('../security/identity.js') as typeof import('../security/identity.js'));
+        const id = loadOrCreateIdentity(stateDirs().resolveStateDir(o.stateDir), { rotate: o.rotate });
         process.stdout.write(`${id.fingerprint}\n`);
       }),
     );
@@ -406,8 +433,8 @@ export function buildProgram(): Command {
     .option('--state-dir <dir>', 'state directory')
     .action((fp: string, note: string[], o: { stateDir?: string }) =>
       admin(() => {
-        const f = parseFingerprint(fp);
-        const added = addPin(resolveStateDir(o.stateDir), f, note.join(' '));
+        const f = fingerprints().parseFingerprint(fp);
+        const added = pins().addPin(stateDirs().resolveStateDir(o.stateDir), f, note.join(' '));
         process.stdout.write(`${added ? 'pinned' : 'already pinned'} ${f}\n`);
       }),
     );
@@ -419,8 +446,8 @@ export function buildProgram(): Command {
     .option('--state-dir <dir>', 'state directory')
     .action((fp: string, o: { stateDir?: string }) =>
       admin(() => {
-        const f = parseFingerprint(fp);
-        if (!removePin(resolveStateDir(o.stateDir), f)) throw new FfsyncError('ENOTPINNED', ExitCode.USAGE, `${f} is not pinned`);
+        const f = fingerprints().parseFingerprint(fp);
+        if (!pins().removePin(stateDirs().resolveStateDir(o.stateDir), f)) throw new FfsyncError('ENOTPINNED', ExitCode.USAGE, `${f} is not pinned`);
         process.stdout.write(`removed ${f}\n`);
       }),
     );
@@ -431,7 +458,7 @@ export function buildProgram(): Command {
     .option('--state-dir <dir>', 'state directory')
     .action((o: { stateDir?: string }) =>
       admin(() => {
-        for (const p of readPins(resolveStateDir(o.stateDir))) process.stdout.write(`${p.fingerprint}${p.note ? '  ' + p.note : ''}\n`);
+        for (const p of pins().readPins(stateDirs().resolveStateDir(o.stateDir))) process.stdout.write(`${p.fingerprint}${p.note ? '  ' + p.note : ''}\n`);
       }),
     );
   return program;
@@ -439,6 +466,7 @@ export function buildProgram(): Command {
 
 /** `--stats`: rsync-like totals. */
 function rsyncStats(s: SyncSummary): string {
+  const { formatBytes } = require('../utils/format.js') as typeof import('../utils/format.js');
   const t = s.tree;
   const lines = [
     '',

@@ -6,8 +6,7 @@
 
 import fs from 'node:fs';
 import { type Command, Option } from 'commander';
-import { ServeDaemon } from '../serve/daemon.js';
-import { formatSessionLog } from '../serve/session-log.js';
+import type { ServeDaemon } from '../serve/daemon.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 
 interface ServeCli {
@@ -32,7 +31,9 @@ interface ServeCli {
   logFile?: string;
 }
 
-export function serveCommand(program: Command, intArg: (min: number, max: number) => (v: string) => number): void {
+/** `need` is program.ts's lazy loader: the daemon's code (and the native addon) load when
+ * the command runs, not when the program is built. */
+export function serveCommand(program: Command, intArg: (min: number, max: number) => (v: string) => number, need: <T>(load: () => T) => T): void {
   program
     .command('serve')
     .description('long-lived daemon: many concurrent pushes and pulls under <root>, each client authorized by fingerprint for path prefixes (<state>/serve-clients.conf)')
@@ -68,6 +69,10 @@ export function serveCommand(program: Command, intArg: (min: number, max: number
       let daemon: ServeDaemon;
       try {
         if (o.plaintext) throw new FfsyncError('EUSAGE', ExitCode.USAGE, 'serve authorizes clients by their certificate fingerprints: --plaintext is not available');
+        // eslint-disable-next-line @typescript-eslint/no-require-imports
+        const { ServeDaemon } = need(() => require('../serve/daemon.js') as typeof import('../serve/daemon.js'));
+        // eslint-disable-next-line @typescript-eslint/no-require-imports
+        const { formatSessionLog } = require('../serve/session-log.js') as typeof import('../serve/session-log.js');
         daemon = await ServeDaemon.start({
           root,
           host: o.bind,

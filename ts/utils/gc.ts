@@ -4,15 +4,17 @@
 // transfer could keep ~100 MiB of dead socket buffers resident. A minor GC (a scavenge of
 // the young generation, ~1 ms) every STEP bytes keeps that bounded. If the runtime
 // refuses to expose gc, we simply do without.
-import v8 from 'node:v8';
-import vm from 'node:vm';
-
 type Gc = (options?: { type?: 'minor' | 'major'; execution?: 'sync' | 'async' }) => void;
 
 let gc: Gc | undefined | null = null;
 
+/** Loaded at the first STEP, not at start-up: a small sync never needs it (bench/startup.ts). */
 function load(): Gc | undefined {
   try {
+    /* eslint-disable @typescript-eslint/no-require-imports */
+    const v8 = require('node:v8') as typeof import('node:v8');
+    const vm = require('node:vm') as typeof import('node:vm');
+    /* eslint-enable @typescript-eslint/no-require-imports */
     v8.setFlagsFromString('--expose-gc');
     return vm.runInNewContext('gc') as Gc;
   } catch {

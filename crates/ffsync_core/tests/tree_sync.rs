@@ -926,6 +926,51 @@ fn max_and_min_size_leave_files_alone_on_both_sides_and_delete_nothing_for_them(
     assert!(out.ops(Op::Delete).is_empty(), "{:?}", out.ops(Op::Delete));
 }
 
+/// A no-op with owners and groups carried (`sync -a` as root) changes nothing, so the
+/// receiver has nothing to make durable (no syncfs); an owner change alone is applied and
+/// counts as a change.
+#[cfg(unix)]
+#[test]
+fn an_unchanged_tree_with_owners_carried_changes_nothing() {
+    use ffsync_core::tree::attrs::attr_flags;
+    let (src, dst) = (Side::new(), Side::new());
+    populate(&src);
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        std::os::unix::fs::lchown(src.p("a.txt"), Some(65534), Some(65534)).unwrap();
+        std::os::unix::fs::lchown(src.p("many"), Some(1), Some(1)).unwrap();
+    }
+    let flags = attr_flags::OWNER | attr_flags::GROUP | attr_flags::NUMERIC_IDS;
+    let out = sync_ok(&src, &dst, Opts::default());
+    assert!(out
+        .r
+        .apply_attrs(&out.s.collect_attrs(flags))
+        .unwrap()
+        .errors
+        .is_empty());
+    assert!(out.r.changed_anything());
+    let owner = |p: &str| {
+        let m = fs::symlink_metadata(dst.p(p)).unwrap();
+        (m.uid(), m.gid())
+    };
+    if root {
+        assert_eq!((owner("a.txt"), owner("many")), ((65534, 65534), (1, 1)));
+    }
+    let (s, r) = negotiate(&src, &dst, Opts::default());
+    assert!(r.plan().actions.is_empty(), "{}", r.describe());
+    let applied = r.apply_attrs(&s.collect_attrs(flags)).unwrap();
+    assert!(applied.errors.is_empty(), "{:?}", applied.errors);
+    assert!(!r.changed_anything(), "a no-op changed something");
+    if root {
+        std::os::unix::fs::lchown(src.p("many/f03"), Some(7), Some(8)).unwrap();
+        let (s, r) = negotiate(&src, &dst, Opts::default());
+        assert!(r.apply_attrs(&s.collect_attrs(flags)).unwrap().errors.is_empty());
+        assert!(r.changed_anything(), "an owner change is a change");
+        assert_eq!(owner("many/f03"), (7, 8));
+        assert_eq!(owner("a.txt"), (65534, 65534));
+    }
+}
+
 #[cfg(unix)]
 #[test]
 fn owners_groups_and_xattrs_travel_in_the_attribute_table() {

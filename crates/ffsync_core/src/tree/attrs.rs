@@ -284,30 +284,33 @@ fn is_root() -> bool {
     uzers::get_effective_uid() == 0
 }
 
-/// Sender: the attributes of the entries `want` selects (by index), per `flags`.
+/// Sender: the attributes of the entries `want` selects (by index), per `flags`. Owners
+/// and groups are the ones the walk's lstat saw (`owner`), as rsync's file list carries
+/// them: no second stat per entry. Xattrs are read now.
 #[cfg(unix)]
 pub fn collect(
     root: &std::path::Path,
     manifest: &TreeManifest,
     flags: u8,
     want: impl Fn(usize) -> bool + Sync,
+    owner: impl Fn(usize) -> (u32, u32) + Sync,
 ) -> AttrTable {
     use rayon::prelude::*;
     use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::fs::MetadataExt;
     let root_user = is_root();
     let entries: Vec<(u32, EntryAttrs)> = (0..manifest.len())
         .into_par_iter()
         .filter(|&i| want(i))
-        .filter_map(|i| {
-            let p = crate::tree::path::join(root, manifest.entry(i).path);
-            let m = std::fs::symlink_metadata(&p).ok()?; // vanished: nothing to carry
+        .map(|i| {
+            let e = manifest.entry(i);
+            let (uid, gid) = owner(i);
             let mut a = EntryAttrs {
-                uid: m.uid(),
-                gid: m.gid(),
+                uid,
+                gid,
                 xattrs: Vec::new(),
             };
-            if flags & attr_flags::XATTRS != 0 && !m.file_type().is_symlink() {
+            if flags & attr_flags::XATTRS != 0 && e.kind != crate::tree::manifest::Kind::Symlink {
+                let p = crate::tree::path::join(root, e.path);
                 if let Ok(names) = xattr::list(&p) {
                     for n in names {
                         let nb = n.as_bytes();
@@ -323,7 +326,7 @@ pub fn collect(
                     a.xattrs.sort();
                 }
             }
-            Some((i as u32, a))
+            (i as u32, a)
         })
         .collect();
     let mut users: Vec<(u32, Vec<u8>)> = Vec::new();
@@ -364,6 +367,7 @@ pub fn collect(
     _manifest: &TreeManifest,
     flags: u8,
     _want: impl Fn(usize) -> bool + Sync,
+    _owner: impl Fn(usize) -> (u32, u32) + Sync,
 ) -> AttrTable {
     AttrTable {
         flags,
@@ -371,12 +375,28 @@ pub fn collect(
     }
 }
 
-/// Receiver: apply `table` to the entries of the sender's `manifest` under `root`. Returns
-/// problems (paths whose attributes could not be set) and warnings.
+/// What `apply` did: per-path problems, warnings, and whether it changed anything.
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub problems: Vec<String>,
+    pub warnings: Vec<String>,
+    pub changed: bool,
+}
+
+/// Receiver: apply `table` to the entries of the sender's `manifest` under `root`.
+/// `walked(i)`: the owner and group our walk saw at sender entry `i`'s path, if the session
+/// has not replaced that entry since (None: unknown, look). An entry whose owner and group
+/// already match, with no xattrs to carry, is left alone without a syscall, so an unchanged
+/// tree costs nothing here (rsync's generator decides from its one stat the same way).
 /// Every path is resolved beneath the `root` handle without following links; owners are
 /// changed with `fchownat(AT_SYMLINK_NOFOLLOW)` and xattrs through descriptors we opened.
 #[cfg(unix)]
-pub fn apply(root: &crate::beneath::Dir, manifest: &TreeManifest, table: &AttrTable) -> (Vec<String>, Vec<String>) {
+pub fn apply(
+    root: &crate::beneath::Dir,
+    manifest: &TreeManifest,
+    table: &AttrTable,
+    walked: impl Fn(usize) -> Option<(u32, u32)>,
+) -> Applied {
     use std::collections::HashMap;
     use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
@@ -400,7 +420,21 @@ pub fn apply(root: &crate::beneath::Dir, manifest: &TreeManifest, table: &AttrTa
         table.flags & attr_flags::GROUP != 0,
     );
     let mut xattrs_unsupported = false;
+    let mut changed = false;
+    let with_xattrs = table.flags & attr_flags::XATTRS != 0;
+    // The id to set, if asked for and different: the sender's, mapped by name.
+    let target = |want: bool, id: u32, by_name: &HashMap<u32, u32>, now: u32| {
+        let id = if numeric { id } else { *by_name.get(&id).unwrap_or(&id) };
+        (want && id != now).then_some(id)
+    };
     for (i, a) in &table.entries {
+        if let (false, Some((now_uid, now_gid))) = (with_xattrs, walked(*i as usize)) {
+            if target(want_owner, a.uid, &users, now_uid).is_none()
+                && target(want_group, a.gid, &groups, now_gid).is_none()
+            {
+                continue;
+            }
+        }
         let rel = manifest.entry(*i as usize).path;
         // The root itself is adjusted through its handle; anything else through its
         // parent's handle (`place`), never through a link.
@@ -423,11 +457,6 @@ pub fn apply(root: &crate::beneath::Dir, manifest: &TreeManifest, table: &AttrTa
             },
         };
         let show = || crate::tree::path::display(if rel.is_empty() { b"." } else { rel });
-        // The id to set, if asked for and different: the sender's, mapped by name.
-        let target = |want: bool, id: u32, by_name: &HashMap<u32, u32>, now: u32| {
-            let id = if numeric { id } else { *by_name.get(&id).unwrap_or(&id) };
-            (want && id != now).then_some(id)
-        };
         let uid = target(want_owner, a.uid, &users, now_uid);
         let gid = target(want_group, a.gid, &groups, now_gid);
         if uid.is_some() || gid.is_some() {
@@ -436,11 +465,13 @@ pub fn apply(root: &crate::beneath::Dir, manifest: &TreeManifest, table: &AttrTa
                 Some(t) => t.dir.lchown(&t.name, u, g),
                 None => root.as_file().and_then(|f| std::os::unix::fs::fchown(&f, uid, gid)),
             };
-            if let Err(e) = res {
+            match res {
+                Ok(()) => changed = true,
                 // A group the (non-root) user does not belong to: rsync leaves it too.
-                if e.kind() != std::io::ErrorKind::PermissionDenied || root_user {
+                Err(e) if e.kind() != std::io::ErrorKind::PermissionDenied || root_user => {
                     problems.push(format!("cannot change owner of {}: {e}", show()));
                 }
+                Err(_) => {}
             }
         }
         if table.flags & attr_flags::XATTRS != 0 && !xattrs_unsupported && !is_link {
@@ -452,49 +483,65 @@ pub fn apply(root: &crate::beneath::Dir, manifest: &TreeManifest, table: &AttrTa
                     .open_read()
                     .or_else(|_| t.dir.open_dir(&t.name).and_then(|d| d.as_file())),
             };
-            if let Err(e) = handle.and_then(|f| sync_xattrs(&f, &a.xattrs, root_user)) {
-                if e.raw_os_error() == Some(libc::ENOTSUP) || e.raw_os_error() == Some(libc::EOPNOTSUPP) {
-                    warnings.push(format!(
-                        "the target filesystem does not support extended attributes ({})",
-                        show()
-                    ));
-                    xattrs_unsupported = true;
-                } else {
-                    problems.push(format!("cannot set extended attributes of {}: {e}", show()));
+            match handle.and_then(|f| sync_xattrs(&f, &a.xattrs, root_user)) {
+                Ok(set) => changed |= set,
+                Err(e) => {
+                    if e.raw_os_error() == Some(libc::ENOTSUP) || e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                        warnings.push(format!(
+                            "the target filesystem does not support extended attributes ({})",
+                            show()
+                        ));
+                        xattrs_unsupported = true;
+                    } else {
+                        problems.push(format!("cannot set extended attributes of {}: {e}", show()));
+                    }
                 }
             }
         }
     }
-    (problems, warnings)
+    Applied {
+        problems,
+        warnings,
+        changed,
+    }
 }
 
-/// Make `p`'s copyable xattrs exactly `want`: set what differs, remove what the sender lacks.
+/// Make `p`'s copyable xattrs exactly `want`: set what differs, remove what the sender
+/// lacks. True if it changed anything.
 #[cfg(unix)]
-fn sync_xattrs(f: &std::fs::File, want: &[(Vec<u8>, Vec<u8>)], root_user: bool) -> std::io::Result<()> {
+fn sync_xattrs(f: &std::fs::File, want: &[(Vec<u8>, Vec<u8>)], root_user: bool) -> std::io::Result<bool> {
     use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
     use xattr::FileExt;
+    let mut changed = false;
     for n in f.list_xattr()? {
         let nb = n.as_bytes();
         if copyable(nb, root_user) && !want.iter().any(|(w, _)| w == nb) {
             f.remove_xattr(&n)?;
+            changed = true;
         }
     }
     for (n, v) in want {
         let name = OsStr::from_bytes(n);
         if f.get_xattr(name)?.as_deref() != Some(v.as_slice()) {
             f.set_xattr(name, v)?;
+            changed = true;
         }
     }
-    Ok(())
+    Ok(changed)
 }
 
 #[cfg(not(unix))]
-pub fn apply(_root: &crate::beneath::Dir, _manifest: &TreeManifest, _table: &AttrTable) -> (Vec<String>, Vec<String>) {
-    (
-        Vec::new(),
-        vec!["owners, groups and extended attributes are not applied on this platform".into()],
-    )
+pub fn apply(
+    _root: &crate::beneath::Dir,
+    _manifest: &TreeManifest,
+    _table: &AttrTable,
+    _walked: impl Fn(usize) -> Option<(u32, u32)>,
+) -> Applied {
+    Applied {
+        warnings: vec!["owners, groups and extended attributes are not applied on this platform".into()],
+        ..Applied::default()
+    }
 }
 
 #[cfg(test)]

@@ -86,6 +86,8 @@ pub struct TreeSync {
     unflushed: AtomicU64,
     /// A batch flush is running in the background.
     flushing: Arc<AtomicBool>,
+    /// Receiver: apply_attrs changed an owner, group or xattr (the tree needs a sync).
+    attrs_changed: AtomicBool,
 }
 
 /// Small files written between two background flushes of the tree's filesystem.
@@ -147,6 +149,7 @@ impl TreeSync {
             fsync: true,
             unflushed: AtomicU64::new(0),
             flushing: Arc::new(AtomicBool::new(false)),
+            attrs_changed: AtomicBool::new(false),
         }
     }
 
@@ -860,11 +863,17 @@ impl TreeSync {
     pub fn collect_attrs(&self, flags: u8) -> Vec<u8> {
         let m = &self.local.manifest;
         let o = self.options;
-        let table = attrs::collect(&self.local.root, m, flags, |i| {
-            let e = m.entry(i);
-            let left_alone = e.has(flags::UNREADABLE) || (e.is_file() && o.size_excluded(e.size));
-            !left_alone
-        });
+        let table = attrs::collect(
+            &self.local.root,
+            m,
+            flags,
+            |i| {
+                let e = m.entry(i);
+                let left_alone = e.has(flags::UNREADABLE) || (e.is_file() && o.size_excluded(e.size));
+                !left_alone
+            },
+            |i| self.local.owner(i),
+        );
         zstd::bulk::compress(&table.encode(), 3).expect("zstd compress")
     }
 
@@ -875,10 +884,30 @@ impl TreeSync {
         let s = self.s();
         let table = AttrTable::decode_compressed(compressed, s.len())?;
         let root = self.root_dir().map_err(|e| CoreError::io(&self.local.root, e))?;
-        let (errors, warnings) = attrs::apply(&root, s, &table);
+        // Our walk's owner of each sender entry's path, where this session has not replaced
+        // the entry since (a created or rewritten one is looked at again).
+        let (r, plan) = (self.r(), self.plan());
+        let mut rewritten = vec![false; s.len()];
+        for a in &plan.actions {
+            if matches!(a.op, Op::Mkdir | Op::LocalCopy | Op::Transfer | Op::Symlink) {
+                rewritten[a.s as usize] = true;
+            }
+        }
+        let mut walked: Vec<Option<(u32, u32)>> = vec![None; s.len()];
+        triage::merge(s, r, |i, j| {
+            if let (Some(i), Some(j)) = (i, j) {
+                if !rewritten[i] && s.entry(i).kind == r.entry(j).kind {
+                    walked[i] = Some(self.local.owner(j));
+                }
+            }
+        });
+        let applied = attrs::apply(&root, s, &table, |i| walked.get(i).copied().flatten());
+        if applied.changed {
+            self.attrs_changed.store(true, Ordering::Relaxed);
+        }
         Ok(Outcome {
-            errors,
-            warnings,
+            errors: applied.problems,
+            warnings: applied.warnings,
             ..Default::default()
         })
     }
@@ -968,11 +997,21 @@ impl TreeSync {
                 }
             }
         }
-        if let Some(root) = self.root_dir().ok().filter(|_| self.fsync) {
-            sync_tree(&root);
+        // A session that changed nothing (a no-op) makes nothing durable: a syncfs would
+        // only wait for other writers' dirty data on the same filesystem. `--no-fsync`: nothing.
+        if self.fsync && self.changed_anything() {
+            if let Ok(root) = self.root_dir() {
+                sync_tree(&root);
+            }
         }
         self.store_index();
         Ok(out)
+    }
+
+    /// Receiver: this session changes something on disk (an action of the plan, or an
+    /// owner, group or xattr apply_attrs set). Only then is the tree made durable.
+    pub fn changed_anything(&self) -> bool {
+        self.plan().actions.iter().any(|a| a.op != Op::Skip) || self.attrs_changed.load(Ordering::Relaxed)
     }
 
     fn make_link(&self, a: &Action, e: &EntryRef) -> std::io::Result<()> {

@@ -107,7 +107,7 @@ fn root_of<'a>(e: &EntryRef<'a>, i: usize, extra: &'a ExtraRoots) -> Option<&'a 
 }
 
 /// Walk both manifests in tree order, pairing entries with the same path.
-fn merge(s: &TreeManifest, r: &TreeManifest, mut f: impl FnMut(Option<usize>, Option<usize>)) {
+pub(crate) fn merge(s: &TreeManifest, r: &TreeManifest, mut f: impl FnMut(Option<usize>, Option<usize>)) {
     let (mut i, mut j) = (0, 0);
     while i < s.len() || j < r.len() {
         let o = match (i < s.len(), j < r.len()) {

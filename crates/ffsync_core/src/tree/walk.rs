@@ -35,7 +35,7 @@ pub struct LocalTree {
     pub root: PathBuf,
     pub manifest: TreeManifest,
     /// The part of each entry's stat identity the manifest does not hold (size and mtime
-    /// are in the entry): 24 bytes per path instead of 40.
+    /// are in the entry), and its owner: 32 bytes per path instead of 48.
     stat_rest: Vec<StatRest>,
     /// Directories that could not be read and special files skipped, for the report.
     pub problems: Vec<String>,
@@ -51,16 +51,33 @@ struct StatRest {
     ctime_ns: i64,
     inode: u64,
     dev: u64,
+    /// Owner and group as the walk's lstat saw them (0 where there are none): `-o`/`-g`
+    /// read them here instead of a second stat per entry (tree/attrs.rs).
+    uid: u32,
+    gid: u32,
 }
 
 impl StatRest {
-    fn of(id: &FileIdentity) -> StatRest {
+    fn of(id: &FileIdentity, (uid, gid): (u32, u32)) -> StatRest {
         StatRest {
             ctime_ns: id.ctime_ns,
             inode: id.inode,
             dev: id.dev,
+            uid,
+            gid,
         }
     }
+}
+
+#[cfg(unix)]
+fn owner_of(m: &Metadata) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    (m.uid(), m.gid())
+}
+
+#[cfg(not(unix))]
+fn owner_of(_m: &Metadata) -> (u32, u32) {
+    (0, 0)
 }
 
 /// Per child, computed on the worker thread that read its directory.
@@ -77,6 +94,7 @@ struct StatInfo {
     mode: u32,
     mtime_ns: i64,
     identity: FileIdentity,
+    owner: (u32, u32),
     link: Vec<u8>,
 }
 
@@ -107,6 +125,7 @@ fn stat_info(m: &Metadata, path: &Path) -> Option<StatInfo> {
         mode: mode_of(m),
         mtime_ns: identity.mtime_ns,
         identity,
+        owner: owner_of(m),
         link,
     })
 }
@@ -202,6 +221,7 @@ fn stat_info_raw(st: &libc::stat, dir: &Path, name: &std::ffi::OsStr) -> Option<
         mode: st.st_mode as u32 & 0o7777,
         mtime_ns: identity.mtime_ns,
         identity,
+        owner: (st.st_uid, st.st_gid),
         link,
     })
 }
@@ -313,7 +333,11 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
                 root: None,
                 link: b"",
             });
-            stat_rest.push(StatRest::default());
+            stat_rest.push(StatRest {
+                uid: owner_of(&meta).0,
+                gid: owner_of(&meta).1,
+                ..StatRest::default()
+            });
             continue;
         }
         let info = entry.client_state;
@@ -355,7 +379,7 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
             root,
             link: &st.link,
         });
-        stat_rest.push(StatRest::of(&st.identity));
+        stat_rest.push(StatRest::of(&st.identity, st.owner));
         if let Some(p) = o.progress {
             p.fetch_add(1, Ordering::Relaxed);
         }
@@ -381,6 +405,12 @@ impl LocalTree {
             inode: r.inode,
             dev: r.dev,
         }
+    }
+
+    /// Owner and group of entry `i` when it was walked ((0, 0) where there are none).
+    pub fn owner(&self, i: usize) -> (u32, u32) {
+        let r = self.stat_rest[i];
+        (r.uid, r.gid)
     }
 
     /// Index claims for every file whose root is known from the walk.

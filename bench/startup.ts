@@ -1,0 +1,312 @@
+#!/usr/bin/env node
+// Fixed costs (issue 18, "small fixed costs"): start-up per command and small local syncs, with
+// rsync side by side in the same run.
+//
+//   node --import tsx bench/startup.ts [--runs N] [--dir DIR] [--baseline OTHER_CLI] [--no-write]
+//   npm run bench:startup
+//
+// Rounds: every case runs once per round, in the same order, so a burst of load from elsewhere
+// on the machine hits every case alike; the table shows the median of the rounds. Cases:
+// `node -e 0` (the floor every Node program pays), `--version`, `--help`, `id`; local `sync -a`
+// no-ops of a 10,000 × 4 KiB tree and of the npm tree bench/tree.ts uses (typescript@5.6.2,
+// 121 files, 21 MiB), its cold copy and its v1 → v2 update, each against `rsync -a` (`--delete`
+// on both for the update). Every sync's result is compared with its source after the last round.
+// `--baseline` times another build's CLI (e.g. one built from the previous commit) beside this one.
+// Writes bench/RESULTS-startup.md. Node built-ins only.
+
+import { spawnSync } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { parseArgs } from 'node:util';
+import { CLI, KiB, REPO, RSYNC_BIN, XorShift128, commandLine, flushWorkFs, machineInfo, markdown, median, textTable } from './common.js';
+
+const NPM_PKG = 'typescript';
+const NPM_V1 = '5.6.2';
+const NPM_V2 = '5.6.3';
+/** Where the tests and benches keep npm tarballs (git-ignored). */
+const TARBALLS = path.join(REPO, 'node_modules', '.cache', 'ffsync-fixtures');
+
+const { values: opt } = parseArgs({
+  options: {
+    runs: { type: 'string', default: '9' },
+    dir: { type: 'string', default: os.tmpdir() },
+    baseline: { type: 'string' },
+    'baseline-note': { type: 'string' },
+    'no-write': { type: 'boolean', default: false },
+    help: { type: 'boolean', default: false },
+  },
+});
+if (opt.help) {
+  process.stdout.write('usage: node --import tsx bench/startup.ts [--runs N (default 9, at least 5)] [--dir DIR] [--baseline OTHER_CLI [--baseline-note TEXT]] [--no-write]\n');
+  process.exit(0);
+}
+const RUNS = Math.max(5, Number(opt.runs));
+
+/**
+ * One timed command: wall clock of spawn to exit, and its CPU time (user + system, all
+ * threads: bash's `times` for its child, 1 ms resolution; less disturbed than wall clock
+ * by other load on the machine). Every case runs under the same bash, so its own start-up
+ * (a few ms) is in every figure alike. A failure stops the bench.
+ */
+function time(argv: string[]): { wall: number; cpu: number } {
+  const t0 = performance.now();
+  const r = spawnSync('bash', ['-c', '"$@" >/dev/null 2>"$FFSYNC_BENCH_ERR"; rc=$?; times; exit $rc', 'bash', ...argv], {
+    encoding: 'utf8',
+    env: { ...process.env, FFSYNC_BENCH_ERR: errFile },
+  });
+  const wall = performance.now() - t0;
+  if (r.status !== 0) throw new Error(`${argv.join(' ')}: exit ${r.status ?? r.signal}\n${fs.readFileSync(errFile, 'utf8').slice(-2000)}`);
+  // `times`: the shell's user and system time, then its children's ("0m0.052s 0m0.012s").
+  const m = /(\d+)m([\d.]+)s\s+(\d+)m([\d.]+)s\s*$/.exec(r.stdout.trim());
+  const cpu = m ? (Number(m[1]) * 60 + Number(m[2]) + Number(m[3]) * 60 + Number(m[4])) * 1000 : NaN;
+  return { wall, cpu };
+}
+let errFile = '';
+
+function must(argv: string[], what: string): string {
+  const r = spawnSync(argv[0]!, argv.slice(1), { encoding: 'utf8', maxBuffer: 64 << 20 });
+  if (r.status !== 0) throw new Error(`${what}: ${argv.join(' ')}: exit ${r.status ?? r.signal}\n${r.stderr}`);
+  return r.stdout;
+}
+
+/** The npm tarball, from the shared cache, or fetched into it with `npm pack` once. */
+function tarball(version: string): string {
+  const file = path.join(TARBALLS, `${NPM_PKG}-${version}.tgz`);
+  if (!fs.existsSync(file)) {
+    fs.mkdirSync(TARBALLS, { recursive: true });
+    must(['npm', 'pack', `${NPM_PKG}@${version}`, '--pack-destination', TARBALLS, '--silent'], 'fetch the npm fixture');
+  }
+  return file;
+}
+
+function extract(tgz: string, dir: string): void {
+  fs.rmSync(dir, { recursive: true, force: true });
+  fs.mkdirSync(dir, { recursive: true });
+  must(['tar', '-xzf', tgz, '-C', dir, '--strip-components=1', '--no-same-owner'], 'extract');
+}
+
+/** 10,000 files of 4 KiB of seeded bytes in 300 directories (bench/tree.ts's cold-10k shape). */
+function tree10k(root: string): void {
+  const rng = new XorShift128(1, 10);
+  const buf = Buffer.alloc(4 * KiB);
+  for (let i = 0; i < 10_000; i++) {
+    const d = path.join(root, `d${i % 300}`);
+    if (i < 300) fs.mkdirSync(d, { recursive: true });
+    rng.fill(buf);
+    fs.writeFileSync(path.join(d, `f${i}`), buf);
+  }
+}
+
+/** Paths, kinds, modes, sizes, mtimes (seconds) and contents equal: '' or the first difference. */
+function sameTree(a: string, b: string): string {
+  const list = (root: string, rel = ''): string[] =>
+    fs.readdirSync(path.join(root, rel), { withFileTypes: true }).flatMap((e) => {
+      const r = path.join(rel, e.name);
+      return e.isDirectory() ? [r + '/', ...list(root, r)] : [r];
+    });
+  const la = list(a).sort();
+  const lb = list(b).sort();
+  if (la.join('\n') !== lb.join('\n')) return `paths differ (${la.length} vs ${lb.length})`;
+  for (const r of la) {
+    const [sa, sb] = [fs.lstatSync(path.join(a, r)), fs.lstatSync(path.join(b, r))];
+    if ((sa.mode & 0o7777) !== (sb.mode & 0o7777) || Math.floor(sa.mtimeMs / 1000) !== Math.floor(sb.mtimeMs / 1000)) return `${r}: mode or mtime differs`;
+    if (sa.isFile() && !fs.readFileSync(path.join(a, r)).equals(fs.readFileSync(path.join(b, r)))) return `${r}: content differs`;
+  }
+  return '';
+}
+
+interface Case {
+  name: string;
+  /** Start-up of a command, or a sync (ffsync-native or rsync). */
+  kind: 'start' | 'sync';
+  /** Untimed, before each timed run. */
+  before?: () => void;
+  argv: string[];
+  /** Wall clock ms per round. */
+  samples: number[];
+  /** CPU ms per round. */
+  cpu: number[];
+  /** Untimed, after the last round: '' or what is wrong with the result. */
+  check?: () => string;
+}
+
+async function main(): Promise<void> {
+  const work = fs.mkdtempSync(path.join(opt.dir!, 'ffsync-startup-'));
+  errFile = path.join(work, 'stderr.txt');
+  const node = process.execPath;
+  const clis: [string, string][] = [['ffsync', CLI], ...(opt.baseline ? [['baseline', path.resolve(opt.baseline)] as [string, string]] : [])];
+  try {
+    process.stderr.write(`fixtures in ${work} …\n`);
+    const t10k = path.join(work, 't10k');
+    tree10k(t10k);
+    const v1 = path.join(work, 'npm-v1');
+    const v2 = path.join(work, 'npm-v2');
+    extract(tarball(NPM_V1), v1);
+    extract(tarball(NPM_V2), v2);
+    const state = (label: string) => path.join(work, `state-${label}`);
+
+    const cases: Case[] = [{ name: 'node -e 0', kind: 'start', argv: [node, '-e', '0'], samples: [], cpu: [] }];
+    for (const [label, cli] of clis) {
+      // The identity exists before `id` is timed (its first call creates it).
+      must([node, cli, 'id', '--state-dir', state(`${label}-id`)], 'id');
+      cases.push(
+        { name: `${label} --version`, kind: 'start', argv: [node, cli, '--version'], samples: [], cpu: [] },
+        { name: `${label} --help`, kind: 'start', argv: [node, cli, '--help'], samples: [], cpu: [] },
+        { name: `${label} id`, kind: 'start', argv: [node, cli, 'id', '--state-dir', state(`${label}-id`)], samples: [], cpu: [] },
+      );
+    }
+    // No-ops: each tool's target made by its own untimed first sync, then re-synced unchanged.
+    for (const [tree, src] of [
+      ['10k', t10k],
+      ['npm', v1],
+    ] as const) {
+      for (const [label, cli] of clis) {
+        const dst = path.join(work, `noop-${tree}-${label}`);
+        must([node, cli, 'sync', '-a', `${src}/`, `${dst}/`, '--state-dir', state(`noop-${tree}-${label}`), '-q'], 'prep sync');
+        cases.push({ name: `${label} sync no-op ${tree}`, kind: 'sync', argv: [node, cli, 'sync', '-a', `${src}/`, `${dst}/`, '--state-dir', state(`noop-${tree}-${label}`), '-q'], samples: [], cpu: [], check: () => sameTree(src, dst) });
+      }
+      const dst = path.join(work, `noop-${tree}-rsync`);
+      must([RSYNC_BIN, '-a', `${src}/`, `${dst}/`], 'prep rsync');
+      cases.push({ name: `rsync no-op ${tree}`, kind: 'sync', argv: [RSYNC_BIN, '-a', `${src}/`, `${dst}/`], samples: [], cpu: [], check: () => sameTree(src, dst) });
+    }
+    // The npm tree cold (empty target, fresh state), and v1 -> v2 (target and state of a v1 sync).
+    const npmTools: [string, (src: string, dst: string, st: string) => string[]][] = [
+      ...clis.map(([label, cli]) => [label, (src: string, dst: string, st: string) => [node, cli, 'sync', '-a', '--delete', `${src}/`, `${dst}/`, '--state-dir', st, '-q']] as [string, (src: string, dst: string, st: string) => string[]]),
+      ['rsync', (src: string, dst: string) => [RSYNC_BIN, '-a', '--delete', `${src}/`, `${dst}/`]],
+    ];
+    for (const [label, argv] of npmTools) {
+      const dst = path.join(work, `cold-${label}`);
+      const st = state(`cold-${label}`);
+      cases.push({
+        name: `${label === 'rsync' ? 'rsync' : `${label} sync`} npm cold`,
+        kind: 'sync',
+        before: () => {
+          fs.rmSync(dst, { recursive: true, force: true });
+          fs.rmSync(st, { recursive: true, force: true });
+          flushWorkFs(work); // our own setup's writeback stays out of the timing
+        },
+        argv: argv(v1, dst, st),
+        samples: [],
+        cpu: [],
+        check: () => sameTree(v1, dst),
+      });
+    }
+    for (const [label, argv] of npmTools) {
+      const dst = path.join(work, `upd-${label}`);
+      const st = state(`upd-${label}`);
+      cases.push({
+        name: `${label === 'rsync' ? 'rsync' : `${label} sync`} npm v1→v2`,
+        kind: 'sync',
+        before: () => {
+          fs.rmSync(dst, { recursive: true, force: true });
+          fs.rmSync(st, { recursive: true, force: true });
+          must(argv(v1, dst, st), 'prep v1');
+          flushWorkFs(work);
+        },
+        argv: argv(v2, dst, st),
+        samples: [],
+        cpu: [],
+        // rsync's quick check leaves one v2 file with v1's content (same size and mtime):
+        // reported as what it is, not as a failure of the bench.
+        check: () => sameTree(v2, dst),
+      });
+    }
+
+    for (let round = 1; round <= RUNS; round++) {
+      process.stderr.write(`round ${round}/${RUNS}\n`);
+      for (const c of cases) {
+        c.before?.();
+        const t = time(c.argv);
+        c.samples.push(t.wall);
+        c.cpu.push(t.cpu);
+      }
+    }
+    const med = new Map(cases.map((c) => [c.name, median(c.samples)!]));
+    const cpu = new Map(cases.map((c) => [c.name, median(c.cpu)!]));
+    const problems = new Map(cases.map((c) => [c.name, c.check?.() ?? '']));
+
+    const floor = med.get('node -e 0')!;
+    const ms = (x: number) => x.toFixed(1);
+    const startRows = cases
+      .filter((c) => c.kind === 'start')
+      .map((c) => [
+        c.name,
+        ms(med.get(c.name)!),
+        c.name === 'node -e 0' ? '—' : `+${ms(med.get(c.name)! - floor)}`,
+        `${ms(Math.min(...c.samples))} – ${ms(Math.max(...c.samples))}`,
+        ms(cpu.get(c.name)!),
+      ]);
+    const syncRow = (tool: string, rsyncName: string) => {
+      const t = med.get(tool)!;
+      const r = med.get(rsyncName)!;
+      const bad = problems.get(tool);
+      const rbad = problems.get(rsyncName);
+      return [tool, ms(t), ms(r), `${(r / t).toFixed(2)}x`, `${ms(cpu.get(tool)!)} / ${ms(cpu.get(rsyncName)!)}`, bad ? `MISMATCH: ${bad}` : 'yes', rbad ? `rsync: ${rbad}` : ''];
+    };
+    const syncRows: string[][] = [];
+    for (const [label] of clis) {
+      syncRows.push(syncRow(`${label} sync no-op 10k`, 'rsync no-op 10k'));
+      syncRows.push(syncRow(`${label} sync no-op npm`, 'rsync no-op npm'));
+      syncRows.push(syncRow(`${label} sync npm cold`, 'rsync npm cold'));
+      syncRows.push(syncRow(`${label} sync npm v1→v2`, 'rsync npm v1→v2'));
+    }
+    const startTable = { head: ['command', 'median ms', 'above node -e 0', 'min – max ms', 'CPU ms'], rows: startRows };
+    const syncTable = { head: ['ffsync-native', 'median ms', 'rsync ms', 'rsync/ffsync', 'CPU ms ffsync / rsync', 'verified', 'note'], rows: syncRows };
+    const verdict = (ok: boolean) => (ok ? 'PASS' : 'FAIL');
+    const v = med.get('ffsync --version')! - floor;
+    const vCpu = cpu.get('ffsync --version')! - cpu.get('node -e 0')!;
+    const ratioCpu = (tool: string, rs: string) => `${(cpu.get(rs)! / cpu.get(tool)!).toFixed(2)}x`;
+    const n10k = med.get('rsync no-op 10k')! / med.get('ffsync sync no-op 10k')!;
+    const cold = med.get('rsync npm cold')! / med.get('ffsync sync npm cold')!;
+    const upd = med.get('rsync npm v1→v2')! / med.get('ffsync sync npm v1→v2')!;
+    const targets = {
+      head: ['target (issue 18)', 'measured (wall, medians)', 'verdict', 'CPU time (medians)'],
+      rows: [
+        ['`--version` ≤ 40 ms above `node -e 0`', `+${ms(v)} ms`, verdict(v <= 40), `+${ms(vCpu)} ms`],
+        ['local 10k-file no-op ≥ 1x rsync', `${n10k.toFixed(2)}x`, verdict(n10k >= 1), ratioCpu('ffsync sync no-op 10k', 'rsync no-op 10k')],
+        ['npm tree (121 files) cold ≥ 0.8x rsync', `${cold.toFixed(2)}x`, verdict(cold >= 0.8), ratioCpu('ffsync sync npm cold', 'rsync npm cold')],
+        ['npm tree v1→v2 ≥ 0.8x rsync', `${upd.toFixed(2)}x`, verdict(upd >= 0.8), ratioCpu('ffsync sync npm v1→v2', 'rsync npm v1→v2')],
+      ],
+    };
+    process.stdout.write(`\n${textTable(startTable)}\n\n${textTable(syncTable)}\n\n${textTable(targets)}\n`);
+
+    const m = machineInfo(work);
+    const md = [
+      '# Fixed costs: start-up and small local syncs',
+      '',
+      `Written by \`${commandLine()}\` (bench/startup.ts) on ${m.date}: ${RUNS} rounds, every case once per round in the same order; medians.`,
+      ...(opt.baseline ? [`\`baseline\` rows: the CLI at ${opt['baseline-note'] ?? path.resolve(opt.baseline)}, timed in the same rounds.`] : []),
+      `Machine: ${m.nproc} cores (${m.cpu}), ${m.memory}, ${m.kernel}, ${m.fs}, load ${m.load} at the end; ${m.node}; ${m.rsync}; ffsync-native ${m.ffsync} at ${m.commit}.`,
+      '',
+      'Start-up (wall clock from spawn to exit, medians; CPU = user + system time of all threads, median; `id` with an existing identity):',
+      '',
+      markdown(startTable),
+      '',
+      `Local syncs, \`sync -a SRC/ DST/ -q\` against \`rsync -a SRC/ DST/\` (\`--delete\` on both for the npm cold and v1→v2 rows). No-op: the target and state of an untimed first sync, unchanged. npm cold: empty target and state dir, dirty pages flushed before each run (ffsync-native makes the tree durable with one syncfs; rsync does not). v1→v2: a fresh v1 sync's target and state, then \`${NPM_PKG}@${NPM_V2}\` (4 files changed, one with the same size and mtime, which rsync's quick check leaves stale). rsync/ffsync > 1 means ffsync-native is faster.`,
+      '',
+      markdown(syncTable),
+      '',
+      markdown(targets),
+      '',
+    ].join('\n');
+    if (!opt['no-write']) {
+      const out = path.join(REPO, 'bench', 'RESULTS-startup.md');
+      fs.writeFileSync(out, md);
+      process.stderr.write(`wrote ${path.relative(process.cwd(), out)}\n`);
+    }
+    const mismatched = [...problems].filter(([name, p]) => p && !name.startsWith('rsync'));
+    if (mismatched.length) {
+      process.stderr.write(`!!!!! ${mismatched.map(([n, p]) => `${n}: ${p}`).join('; ')}\n`);
+      process.exitCode = 1;
+    }
+  } finally {
+    fs.rmSync(work, { recursive: true, force: true });
+  }
+}
+
+main().catch((e) => {
+  process.stderr.write(`!!!!! ${(e as Error).stack ?? e}\n`);
+  process.exit(1);
+});
