@@ -179,8 +179,9 @@ export declare class NativeTreeSync {
   /**
    * Sender: encode the next batch of small files into `out` (not touched by the caller
    * until the promise settles), starting at plan position `cursor` (0 at first).
+   * `shared`: the receiver has BATCH_STREAM, so the batch's files share zstd streams.
    */
-  readSmall(cursor: number, out: Buffer, compressLevel: number): Promise<SmallBatch>
+  readSmall(cursor: number, out: Buffer, compressLevel: number, shared?: boolean | undefined | null): Promise<SmallBatch>
   /** Receiver: directories and local copies (renames), before any data arrives. */
   prepare(): Promise<StepOutcome>
   /** Receiver: verify and write one FILE_BATCH payload. */

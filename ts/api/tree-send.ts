@@ -210,11 +210,12 @@ async function sendSmallFiles(conn: FramedConnection, tree: NativeTreeSync, leve
   if (counts.smallTransfers === 0) return 0;
   const pool = new BufferPool(BATCH_BUFFER, 3);
   const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : undefined;
+  const shared = Boolean(o.negotiated.capabilities & Capability.BATCH_STREAM);
   await inPhase(o.events, 'sending', counts.transferBytes, async (progress) => {
     let raw = 0;
     const read = async (cursor: number): Promise<{ buf: Buffer; res: SmallBatch }> => {
       const buf = await pool.acquire();
-      return { buf, res: await call(tree.readSmall(cursor, buf, level)) };
+      return { buf, res: await call(tree.readSmall(cursor, buf, level, shared)) };
     };
     let next: Promise<{ buf: Buffer; res: SmallBatch }> | undefined = read(0);
     while (next) {

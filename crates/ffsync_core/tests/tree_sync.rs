@@ -238,7 +238,7 @@ fn send_small(s: &TreeSync, r: &TreeSync) -> (Vec<u32>, Vec<String>) {
     let mut buf = vec![0u8; (biggest as usize + 4096).max(48 * 1024)];
     let (mut cursor, mut records, mut errors) = (Some(0), Vec::new(), Vec::new());
     while let Some(c) = cursor {
-        let (n, next, _) = s.read_small(c, &mut buf, 1).unwrap();
+        let (n, next, _) = s.read_small(c, &mut buf, 1, c % 2 == 0).unwrap();
         records.extend(file_batch::decode(&buf[..n]).unwrap().iter().map(|rec| rec.action));
         let o = r.write_small(&buf[..n]).unwrap();
         errors.extend(o.errors.into_iter().chain(o.vanished));
