@@ -32,6 +32,7 @@ import { countLaneBytes, expect, reportError } from './session.js';
 import type { Negotiated } from './session.js';
 import { inPhase, type SyncSummary } from './events.js';
 import type { SendOptions } from './send.js';
+import { LevelGovernor } from './compress-level.js';
 import { BATCH_BUFFER, identityChanged, rateLimiter, sendFileContent } from './file-transfer.js';
 import { exchangeManifestsAndRoots, sendParts, treeSummary } from './tree-common.js';
 
@@ -107,12 +108,14 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   } else {
     if (t.verbose) for (const line of tree.describe().split('\n').filter(Boolean)) o.events?.info?.(line);
     const level = o.negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
-    const smallFiles = await sendSmallFiles(conn, tree, level, o);
+    // One governor for the session: what it learned about the link carries over to each file.
+    const gov = new LevelGovernor(level, o.compressLevel === undefined);
+    const smallFiles = await sendSmallFiles(conn, tree, gov, o);
     const large = tree.largeTransfers();
     const problems = { n: stats.problems.length + counts.skipped };
     const queue = [...large];
     const worker = async (c: FramedConnection) => {
-      for (let lt = queue.shift(); lt; lt = queue.shift()) await sendLarge(c, tree, lt, level, problems, o);
+      for (let lt = queue.shift(); lt; lt = queue.shift()) await sendLarge(c, tree, lt, gov, problems, o);
     };
     // Lanes only pay off with more than one large file to spread.
     const extra = lanes && o.dialLane ? Math.min(lanes.granted, large.length) - 1 : 0;
@@ -152,7 +155,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
 
 /** One large file's conversation on connection `c` (FILE_BEGIN, then the single-file
  * exchange); a file that vanished or cannot be read is announced and skipped. */
-async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTransferInfo, level: number, problems: { n: number }, o: Context): Promise<void> {
+async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTransferInfo, gov: LevelGovernor, problems: { n: number }, o: Context): Promise<void> {
   const abs = joinTreePath(o.path, lt.path);
   const st = await fs.lstat(abs, { bigint: true }).catch(() => undefined);
   if (!st?.isFile() || st.size !== BigInt(lt.size) || st.mtimeNs !== lt.mtimeNs) {
@@ -177,7 +180,9 @@ async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTra
     scan: null,
     stateDir: o.stateDir,
     checksum: o.checksum,
-    level,
+    level: gov.level,
+    governor: gov,
+    batchStream: Boolean(o.negotiated.capabilities & Capability.BATCH_STREAM),
     bwlimitKiBps: o.bwlimitKiBps,
     events: o.events,
     label: showTreePath(lt.path),
@@ -205,7 +210,7 @@ async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTra
 
 /** Stream every small file in FILE_BATCH frames: the next batch is read (in parallel,
  * natively) while the previous one is being written to the socket. Returns the count. */
-async function sendSmallFiles(conn: FramedConnection, tree: NativeTreeSync, level: number, o: Context): Promise<number> {
+async function sendSmallFiles(conn: FramedConnection, tree: NativeTreeSync, gov: LevelGovernor, o: Context): Promise<number> {
   const counts = o.summary.tree!;
   if (counts.smallTransfers === 0) return 0;
   const pool = new BufferPool(BATCH_BUFFER, 3);
@@ -215,17 +220,20 @@ async function sendSmallFiles(conn: FramedConnection, tree: NativeTreeSync, leve
     let raw = 0;
     const read = async (cursor: number): Promise<{ buf: Buffer; res: SmallBatch }> => {
       const buf = await pool.acquire();
-      return { buf, res: await call(tree.readSmall(cursor, buf, level, shared)) };
+      return { buf, res: await call(tree.readSmall(cursor, buf, gov.level, shared)) };
     };
     let next: Promise<{ buf: Buffer; res: SmallBatch }> | undefined = read(0);
     while (next) {
+      const t0 = performance.now();
       const got: { buf: Buffer; res: SmallBatch } = await next;
+      const t1 = performance.now();
       const { buf, res } = got;
       next = res.next >= 0 ? read(res.next) : undefined;
       next?.catch(() => undefined);
       if (res.length > 0) {
         await conn.send(FrameType.FILE_BATCH, buf.subarray(0, res.length), () => pool.release(buf));
         if (limiter) await conn.orFailure(limiter(res.length));
+        gov.observe(t1 - t0, performance.now() - t1, res.length);
       } else pool.release(buf);
       raw += res.rawBytes;
       progress(raw);

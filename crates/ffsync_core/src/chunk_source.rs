@@ -31,14 +31,21 @@ pub struct ChunkSource {
 }
 
 impl ChunkSource {
-    pub fn open(path: &Path, manifest: Manifest, identity: FileIdentity, compress_level: i32) -> Result<ChunkSource> {
+    /// `stream`: the receiver decodes stream records (BATCH_STREAM).
+    pub fn open(
+        path: &Path,
+        manifest: Manifest,
+        identity: FileIdentity,
+        compress_level: i32,
+        stream: bool,
+    ) -> Result<ChunkSource> {
         let file = File::open(path).map_err(|e| CoreError::io(path, e))?;
         Ok(ChunkSource {
             path: path.to_path_buf(),
             file,
             identity,
             manifest,
-            policy: CompressPolicy::new(compress_level),
+            policy: CompressPolicy::with_stream(compress_level, stream),
             refine: OnceLock::new(),
         })
     }
@@ -49,6 +56,11 @@ impl ChunkSource {
         self.refine
             .set(t)
             .map_err(|_| CoreError::Usage("refinement table already set".into()))
+    }
+
+    /// The zstd level for batches read from now on.
+    pub fn set_level(&self, level: i32) {
+        self.policy.set_level(level);
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -100,7 +112,8 @@ impl ChunkSource {
             }
         }
         let refine = self.refine.get();
-        let used: Vec<Result<usize>> = slots
+        let streams = self.policy.streams();
+        let mut used: Vec<Result<usize>> = slots
             .par_iter_mut()
             .map(|(i, slot)| {
                 let c = &self.manifest.chunks[*i as usize];
@@ -130,9 +143,24 @@ impl ChunkSource {
                         return Ok(n);
                     }
                 }
+                if streams {
+                    return Ok(usize::MAX); // encoded below, with its neighbours
+                }
                 Ok(self.policy.encode_in_slot(*i, slot))
             })
             .collect();
+        if streams {
+            let mut pending: Vec<(usize, (u32, &mut [u8]))> = Vec::new();
+            for (k, (i, slot)) in slots.iter_mut().enumerate() {
+                if matches!(used[k], Ok(usize::MAX)) {
+                    pending.push((k, (*i, &mut **slot)));
+                }
+            }
+            let (ks, mut group): (Vec<usize>, Vec<(u32, &mut [u8])>) = pending.into_iter().unzip();
+            for (k, n) in ks.into_iter().zip(self.policy.encode_groups(&mut group)) {
+                used[k] = Ok(n);
+            }
+        }
         // Pack: move each record down to close the gaps left by compression.
         let mut write = 0usize;
         let mut read = 0usize;

@@ -1160,7 +1160,7 @@ fn a_link_planted_at_the_partial_name_is_left_alone() {
         assert_ne!(r.temp_path(), partial, "{planted}: a fresh temp name");
         let need = r.needed();
         let id = ffsync_core::file_identity::FileIdentity::of(&fs::metadata(&src).unwrap());
-        let cs = ffsync_core::chunk_source::ChunkSource::open(&src, m.clone(), id, 0).unwrap();
+        let cs = ffsync_core::chunk_source::ChunkSource::open(&src, m.clone(), id, 0, false).unwrap();
         let (batch, _) = cs.read_batch(&need).unwrap();
         r.write_batch(&batch).unwrap();
         r.finish(None, None, None).unwrap();

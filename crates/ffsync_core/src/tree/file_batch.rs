@@ -26,12 +26,6 @@ pub const ENC_RAW: u8 = 0;
 pub const ENC_ZSTD: u8 = 1;
 pub const ENC_STREAM_START: u8 = 2;
 pub const ENC_STREAM_CONT: u8 = 3;
-/// A group's stream window: every batch fits (2 MiB + 64 KiB), so a file can match any
-/// earlier file of its group. The decoder refuses larger windows (bounded memory).
-const STREAM_WINDOW_LOG: u32 = 22;
-/// Groups smaller than this are not worth a core of their own.
-const MIN_GROUP_BYTES: u64 = 256 * 1024;
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum FileStatus {
@@ -138,20 +132,8 @@ pub fn encode_batch(files: &[BatchFile], level: i32, shared: bool) -> Vec<Vec<u8
             }
         })
         .collect();
-    // Cut into about one group per core (by bytes), never below MIN_GROUP_BYTES each.
-    let total: u64 = files.iter().map(|f| f.data.len() as u64).sum();
-    let groups = (total / MIN_GROUP_BYTES).clamp(1, rayon::current_num_threads().max(1) as u64);
-    let per = total.div_ceil(groups).max(1);
-    let mut bounds = vec![0usize];
-    let mut acc = 0u64;
-    for (i, f) in files.iter().enumerate() {
-        if acc >= per * bounds.len() as u64 && bounds.last() != Some(&i) {
-            bounds.push(i);
-        }
-        acc += f.data.len() as u64;
-    }
-    bounds.push(files.len());
-    let ranges: Vec<(usize, usize)> = bounds.windows(2).map(|w| (w[0], w[1])).filter(|(a, b)| a < b).collect();
+    let sizes: Vec<u64> = files.iter().map(|f| f.data.len() as u64).collect();
+    let ranges = crate::zstream::groups(&sizes);
     let encoded: Vec<Vec<Vec<u8>>> = ranges
         .par_iter()
         .map(|&(a, b)| encode_group(&files[a..b], &roots[a..b], level))
@@ -163,9 +145,7 @@ pub fn encode_batch(files: &[BatchFile], level: i32, shared: bool) -> Vec<Vec<u8
 /// whose flushed output is not smaller than itself still goes through the stream (the
 /// stream's later files may match it); zstd stores such blocks raw (3 bytes a block).
 fn encode_group(files: &[BatchFile], roots: &[[u8; 32]], level: i32) -> Vec<Vec<u8>> {
-    use zstd::zstd_safe::{zstd_sys::ZSTD_EndDirective::ZSTD_e_flush, CCtx, CParameter, InBuffer, OutBuffer};
-    let mut cctx: Option<CCtx<'static>> = None;
-    let mut started = false;
+    let mut enc = crate::zstream::GroupEncoder::new(level);
     let mut out = Vec::with_capacity(files.len());
     let mut z: Vec<u8> = Vec::new();
     for (f, root) in files.iter().zip(roots) {
@@ -175,42 +155,14 @@ fn encode_group(files: &[BatchFile], roots: &[[u8; 32]], level: i32) -> Vec<Vec<
             out.push(rec);
             continue;
         }
-        if cctx.is_none() {
-            let mut c = CCtx::create();
-            let ok = c.set_parameter(CParameter::CompressionLevel(level)).is_ok()
-                && c.set_parameter(CParameter::WindowLog(STREAM_WINDOW_LOG)).is_ok()
-                && c.set_parameter(CParameter::ChecksumFlag(false)).is_ok();
-            if ok {
-                cctx = Some(c);
-            }
-        }
-        let flushed = cctx.as_mut().and_then(|c| {
-            z.clear();
-            z.reserve(zstd::zstd_safe::compress_bound(f.data.len()) + 64);
-            let mut input = InBuffer::around(&f.data);
-            loop {
-                let pos = z.len();
-                let mut output = OutBuffer::around_pos(&mut z, pos);
-                let left = c.compress_stream2(&mut output, &mut input, ZSTD_e_flush).ok()?;
-                if left == 0 && input.pos() == f.data.len() {
-                    return Some(());
-                }
-                let want = z.len() + left.max(4096);
-                z.reserve(want - z.len());
-            }
-        });
-        match flushed {
-            Some(()) => {
-                let enc = if started { ENC_STREAM_CONT } else { ENC_STREAM_START };
-                started = true;
-                push_record(f.action, f.status, enc, f.data.len(), root, &z, &mut rec);
+        z.clear();
+        match enc.push(&f.data, &mut z, usize::MAX) {
+            Some(start) => {
+                let e = if start { ENC_STREAM_START } else { ENC_STREAM_CONT };
+                push_record(f.action, f.status, e, f.data.len(), root, &z, &mut rec);
             }
             // A context that failed is dropped; the file goes raw and the next one starts over.
-            None => {
-                cctx = None;
-                started = false;
-                push_record(f.action, f.status, ENC_RAW, f.data.len(), root, &f.data, &mut rec);
-            }
+            None => push_record(f.action, f.status, ENC_RAW, f.data.len(), root, &f.data, &mut rec),
         }
         out.push(rec);
     }
@@ -222,52 +174,14 @@ fn encode_group(files: &[BatchFile], roots: &[[u8; 32]], level: i32) -> Vec<Vec<
 /// declared length: a payload that would produce more (or less), a continuation with no
 /// stream open, or a frame asking for a window over 4 MiB is an error.
 pub fn inflate_streams(records: &mut [FileRecord<'_>]) -> Result<()> {
-    use zstd::zstd_safe::{DCtx, DParameter, InBuffer, OutBuffer};
-    let mut dctx: Option<DCtx<'static>> = None;
+    let mut dec = crate::zstream::GroupDecoder::default();
     for r in records.iter_mut() {
-        let bad = |m: String| CoreError::malformed("file batch", format!("file record {}: {m}", r.action));
-        match r.encoding {
-            ENC_STREAM_START => {
-                let mut d = DCtx::create();
-                d.set_parameter(DParameter::WindowLogMax(STREAM_WINDOW_LOG))
-                    .map_err(|c| bad(zstd::zstd_safe::get_error_name(c).to_string()))?;
-                dctx = Some(d);
-            }
-            ENC_STREAM_CONT if dctx.is_none() => return Err(bad("continues a stream that was never started".into())),
-            ENC_STREAM_CONT => {}
-            _ => continue,
+        if !matches!(r.encoding, ENC_STREAM_START | ENC_STREAM_CONT) {
+            continue;
         }
-        let d = dctx.as_mut().unwrap();
         let mut data = vec![0u8; r.raw_len as usize];
-        let mut input = InBuffer::around(r.payload);
-        let mut output = OutBuffer::around(&mut data[..]);
-        loop {
-            let (i0, o0) = (input.pos(), output.pos());
-            d.decompress_stream(&mut output, &mut input)
-                .map_err(|c| bad(format!("does not decompress: {}", zstd::zstd_safe::get_error_name(c))))?;
-            if input.pos() == r.payload.len() {
-                break;
-            }
-            if input.pos() == i0 && output.pos() == o0 {
-                return Err(bad("decompresses to more than its declared length".into()));
-            }
-        }
-        if output.pos() != r.raw_len as usize {
-            return Err(bad(format!(
-                "decompresses to {} bytes, declared {}",
-                output.pos(),
-                r.raw_len
-            )));
-        }
-        // Nothing may be left pending for this record: it would spill into the next one.
-        let mut probe = [0u8; 1];
-        let mut empty = InBuffer::around(&[]);
-        let mut po = OutBuffer::around(&mut probe[..]);
-        d.decompress_stream(&mut po, &mut empty)
-            .map_err(|c| bad(format!("does not decompress: {}", zstd::zstd_safe::get_error_name(c))))?;
-        if po.pos() != 0 {
-            return Err(bad("decompresses to more than its declared length".into()));
-        }
+        dec.next(r.encoding == ENC_STREAM_START, r.payload, &mut data)
+            .map_err(|m| CoreError::malformed("file batch", format!("file record {}: {m}", r.action)))?;
         r.inflated = Some(data);
     }
     Ok(())
