@@ -7,7 +7,7 @@
 //! see [`crate::refine`]), 3 zstd delta (`delta_len u32` + zstd of the delta), 4 zstd
 //! stream start and 5 zstd stream continued (capability `BATCH_STREAM`: consecutive
 //! chunks of a batch share one zstd stream per group, see [`crate::zstream`]; the receiver
-//! decodes them in order when it splits the batch).
+//! decodes them in order when it splits the batch), 6 and 7 the same for a delta.
 //! zstd is used only where it pays: a chunk that does not shrink by at least 1/32 is sent
 //! raw, and after a run of incompressible chunks only chunks whose index is a multiple of 16
 //! are tried (the miss counter is shared by the threads encoding a source), so random data
@@ -26,12 +26,20 @@ pub const ENC_DELTA: u8 = 2;
 pub const ENC_DELTA_ZSTD: u8 = 3;
 pub const ENC_STREAM_START: u8 = 4;
 pub const ENC_STREAM_CONT: u8 = 5;
+/// A delta (`delta_len u32` + its bytes as the group's stream emitted them), starting or
+/// continuing the group's stream (the same stream as encodings 4 and 5).
+pub const ENC_DELTA_STREAM_START: u8 = 6;
+pub const ENC_DELTA_STREAM_CONT: u8 = 7;
 /// A delta is never worth more than its chunk; bound what a peer can make us decompress.
 fn max_delta_len(raw_len: u32) -> usize {
     raw_len as usize + raw_len as usize / 8 + 1024
 }
 const GIVE_UP_AFTER: u32 = 8;
 const RETRY_EVERY: u32 = 16;
+
+/// A record's slot for [`CompressPolicy::encode_groups`]: chunk index, slot, and the
+/// length of a delta staged in it (None: the slot holds the chunk itself).
+pub type GroupSlot<'a> = (u32, &'a mut [u8], Option<usize>);
 
 /// Decides per chunk whether compression is worth trying.
 pub struct CompressPolicy {
@@ -78,10 +86,16 @@ impl CompressPolicy {
     /// consecutive ones sharing a zstd stream: about one group per core, each compressed in
     /// order. A chunk that does not shrink by 1/32 goes raw (and the next one of its group
     /// starts a new stream). Returns each record's final length, in order.
-    pub fn encode_groups(&self, slots: &mut [(u32, &mut [u8])]) -> Vec<usize> {
-        let sizes: Vec<u64> = slots.iter().map(|(_, s)| (s.len() - RECORD_HEADER) as u64).collect();
+    ///
+    /// A slot given with `Some(delta_len)` holds `delta_len u32 | delta` instead of the
+    /// chunk (see [`Self::stage_delta_in_slot`]): it goes as encoding 6/7, or as a plain delta.
+    pub fn encode_groups(&self, slots: &mut [GroupSlot<'_>]) -> Vec<usize> {
+        let sizes: Vec<u64> = slots
+            .iter()
+            .map(|(_, s, d)| d.unwrap_or(s.len() - RECORD_HEADER) as u64)
+            .collect();
         let ranges = crate::zstream::groups(&sizes);
-        let mut parts: Vec<&mut [(u32, &mut [u8])]> = Vec::with_capacity(ranges.len());
+        let mut parts: Vec<&mut [GroupSlot<'_>]> = Vec::with_capacity(ranges.len());
         let mut rest = slots;
         let mut at = 0;
         for (a, b) in ranges {
@@ -99,8 +113,24 @@ impl CompressPolicy {
                 let mut z = Vec::new();
                 group
                     .iter_mut()
-                    .map(|(index, slot)| {
+                    .map(|(index, slot, delta)| {
                         let raw_len = slot.len() - RECORD_HEADER;
+                        if let Some(dlen) = *delta {
+                            z.clear();
+                            let budget = raw_len.saturating_sub(8 + 4).min(dlen - dlen / 32);
+                            let d = RECORD_HEADER + 4;
+                            if let Some(start) = enc.push(&slot[d..d + dlen], &mut z, budget) {
+                                slot[d..d + z.len()].copy_from_slice(&z);
+                                let e = if start {
+                                    ENC_DELTA_STREAM_START
+                                } else {
+                                    ENC_DELTA_STREAM_CONT
+                                };
+                                return write_header(slot, *index, e, raw_len, 4 + z.len());
+                            }
+                            slot.copy_within(d..d + dlen, RECORD_HEADER);
+                            return write_header(slot, *index, ENC_DELTA, raw_len, dlen);
+                        }
                         let (mut enc_byte, mut payload_len) = (ENC_RAW, raw_len);
                         if self.worth_trying(*index) {
                             z.clear();
@@ -160,6 +190,19 @@ impl CompressPolicy {
         RECORD_HEADER + payload_len
     }
 
+    /// Stage `delta` in `slot` (as `delta_len u32 | delta`) for [`Self::encode_groups`] if it
+    /// is smaller than the chunk; returns its length, or None (slot untouched) when the chunk
+    /// should be sent as itself.
+    pub fn stage_delta_in_slot(&self, delta: &[u8], slot: &mut [u8]) -> Option<usize> {
+        let raw_len = slot.len() - RECORD_HEADER;
+        if delta.len() + 4 > raw_len.saturating_sub(8) {
+            return None;
+        }
+        slot[RECORD_HEADER..RECORD_HEADER + 4].copy_from_slice(&(delta.len() as u32).to_le_bytes());
+        slot[RECORD_HEADER + 4..RECORD_HEADER + 4 + delta.len()].copy_from_slice(delta);
+        Some(delta.len())
+    }
+
     /// Encode chunk `index` as `delta` (a librsync delta of its raw bytes) into `slot`
     /// (RECORD_HEADER + raw length long) if that is smaller than the chunk (applying a
     /// delta is a copy, so any saving pays); the delta is zstd-compressed when that pays too. Returns None (slot untouched beyond
@@ -210,12 +253,12 @@ impl CompressPolicy {
             rest = tail;
         }
         let used: Vec<usize> = if self.streams() {
-            let mut indexed: Vec<(u32, &mut [u8])> = slots
+            let mut indexed: Vec<GroupSlot<'_>> = slots
                 .into_iter()
                 .zip(records)
                 .map(|(slot, &(index, raw))| {
                     slot[RECORD_HEADER..].copy_from_slice(raw);
-                    (index, slot)
+                    (index, slot, None)
                 })
                 .collect();
             self.encode_groups(&mut indexed)
@@ -319,7 +362,10 @@ pub struct Record<'a> {
 impl Record<'_> {
     /// True if the payload is (or decompresses to) the chunk's bytes; false for deltas.
     pub fn is_delta(&self) -> bool {
-        matches!(self.encoding, ENC_DELTA | ENC_DELTA_ZSTD)
+        matches!(
+            self.encoding,
+            ENC_DELTA | ENC_DELTA_ZSTD | ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT
+        )
     }
 
     /// True if the payload is not the chunk's bytes themselves (needs a scratch buffer).
@@ -361,6 +407,15 @@ impl Record<'_> {
         let bad = |r: String| CoreError::malformed("chunk batch", format!("chunk {}: {r}", self.index));
         match self.encoding {
             ENC_DELTA => Ok(self.payload),
+            ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT => {
+                let d = self
+                    .inflated
+                    .as_deref()
+                    .ok_or_else(|| bad("its stream was not decoded".into()))?;
+                buf.clear();
+                buf.extend_from_slice(d);
+                Ok(&buf[..])
+            }
             ENC_DELTA_ZSTD => {
                 if self.payload.len() < 4 {
                     return Err(bad("truncated compressed delta".into()));
@@ -412,7 +467,19 @@ pub fn decode<'a>(batch: &'a [u8], manifest: &Manifest) -> Result<Vec<Record<'a>
             ENC_RAW if plen != raw_len as usize => {
                 return Err(bad(format!("raw chunk {index} has payload length {plen}")))
             }
-            ENC_RAW | ENC_ZSTD | ENC_DELTA | ENC_DELTA_ZSTD | ENC_STREAM_START | ENC_STREAM_CONT => {}
+            ENC_RAW | ENC_ZSTD | ENC_DELTA | ENC_DELTA_ZSTD => {}
+            ENC_STREAM_START | ENC_STREAM_CONT => {}
+            ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT => {
+                if plen < 4 {
+                    return Err(bad(format!("chunk {index}: truncated stream delta")));
+                }
+                let len = u32_at(payload, 0) as usize;
+                if len > max_delta_len(raw_len) {
+                    return Err(bad(format!(
+                        "chunk {index}: delta of {len} bytes for a chunk of {raw_len}"
+                    )));
+                }
+            }
             other => return Err(bad(format!("unknown chunk encoding {other}"))),
         }
         out.push(Record {
@@ -426,12 +493,19 @@ pub fn decode<'a>(batch: &'a [u8], manifest: &Manifest) -> Result<Vec<Record<'a>
     // Stream records decode in order (each needs the records before it in its group).
     let mut dec = crate::zstream::GroupDecoder::default();
     for r in out.iter_mut() {
-        if matches!(r.encoding, ENC_STREAM_START | ENC_STREAM_CONT) {
-            let mut data = vec![0u8; r.raw_len as usize];
-            dec.next(r.encoding == ENC_STREAM_START, r.payload, &mut data)
-                .map_err(|m| bad(format!("chunk {}: {m}", r.index)))?;
-            r.inflated = Some(data);
-        }
+        let (start, len, payload) = match r.encoding {
+            ENC_STREAM_START | ENC_STREAM_CONT => (r.encoding == ENC_STREAM_START, r.raw_len as usize, r.payload),
+            ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT => (
+                r.encoding == ENC_DELTA_STREAM_START,
+                u32_at(r.payload, 0) as usize,
+                &r.payload[4..],
+            ),
+            _ => continue,
+        };
+        let mut data = vec![0u8; len];
+        dec.next(start, payload, &mut data)
+            .map_err(|m| bad(format!("chunk {}: {m}", r.index)))?;
+        r.inflated = Some(data);
     }
     Ok(out)
 }
@@ -643,5 +717,42 @@ mod tests {
             evil[i] ^= 0x04;
             let _ = check(&evil, &data, &m);
         }
+    }
+
+    #[test]
+    fn staged_deltas_share_the_stream_and_are_bounded() {
+        let (data, m) = texty();
+        let p = CompressPolicy::with_stream(3, true);
+        // Chunk 0 as itself, chunk 1 as a "delta" (any bytes: decoding does not apply it).
+        let (c0, c1) = (m.chunks[0], m.chunks[1]);
+        let delta = data[c0.offset as usize..c0.offset as usize + 3000].to_vec();
+        let mut s0 = vec![0u8; RECORD_HEADER + c0.len as usize];
+        s0[RECORD_HEADER..].copy_from_slice(&data[c0.offset as usize..c0.end() as usize]);
+        let mut s1 = vec![0u8; RECORD_HEADER + c1.len as usize];
+        assert_eq!(p.stage_delta_in_slot(&delta, &mut s1), Some(3000));
+        let lens = p.encode_groups(&mut [(0, &mut s0[..], None), (1, &mut s1[..], Some(3000))]);
+        let batch = [&s0[..lens[0]], &s1[..lens[1]]].concat();
+        let recs = decode(&batch, &m).unwrap();
+        assert_eq!(
+            (recs[0].encoding, recs[1].encoding),
+            (ENC_STREAM_START, ENC_DELTA_STREAM_CONT)
+        );
+        assert!(
+            recs[1].payload.len() < 600,
+            "the delta matched the chunk before it: {}",
+            recs[1].payload.len()
+        );
+        let mut buf = Vec::new();
+        assert_eq!(recs[1].delta(&mut buf).unwrap(), &delta[..]);
+        assert!(recs[1].is_delta() && recs[1].raw(&mut buf).is_err());
+        // A declared delta length over the bound is refused before anything is decoded.
+        let mut evil = batch.clone();
+        let at = lens[0] + RECORD_HEADER;
+        evil[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode(&evil, &m).is_err());
+        // Declared shorter than the stream's output: refused (no spill into the next record).
+        let mut evil = batch.clone();
+        evil[at..at + 4].copy_from_slice(&2000u32.to_le_bytes());
+        assert!(decode(&evil, &m).is_err());
     }
 }

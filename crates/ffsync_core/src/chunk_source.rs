@@ -3,7 +3,7 @@
 //! batches, compressing in parallel. Chunks the receiver described with a refinement
 //! table ([`crate::refine`]) are sent as deltas against its old bytes when that is smaller.
 
-use crate::chunk_batch::{CompressPolicy, RECORD_HEADER};
+use crate::chunk_batch::{CompressPolicy, GroupSlot, RECORD_HEADER};
 use crate::chunker::Chunk;
 use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
@@ -20,6 +20,10 @@ thread_local! {
     /// (delta, the chunk padded with its neighbours' bytes), reused per thread.
     static DELTA_BUF: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
+
+/// Markers in the first pass of a streamed batch: `usize::MAX` = chunk left raw in its slot,
+/// `DELTA_STAGED - n` = a delta of n bytes staged in it (both encoded by group afterwards).
+const DELTA_STAGED: usize = usize::MAX - 1;
 
 pub struct ChunkSource {
     path: PathBuf,
@@ -137,6 +141,11 @@ impl ChunkSource {
                         mid.copy_from_slice(&slot[RECORD_HEADER..]);
                         read_exact_at(&self.file, tail, c.end()).map_err(|e| CoreError::io(&self.path, e))?;
                         t.diff_chunk(k, sig, padded, before as usize, c.len as usize, d)?;
+                        if streams {
+                            // Staged: compressed below in its group's stream (the marker
+                            // carries the delta's length).
+                            return Ok(self.policy.stage_delta_in_slot(d, slot).map(|n| DELTA_STAGED - n));
+                        }
                         Ok(self.policy.encode_delta_in_slot(*i, d, slot))
                     })?;
                     if let Some(n) = encoded {
@@ -150,13 +159,17 @@ impl ChunkSource {
             })
             .collect();
         if streams {
-            let mut pending: Vec<(usize, (u32, &mut [u8]))> = Vec::new();
+            let mut pending: Vec<(usize, GroupSlot<'_>)> = Vec::new();
             for (k, (i, slot)) in slots.iter_mut().enumerate() {
-                if matches!(used[k], Ok(usize::MAX)) {
-                    pending.push((k, (*i, &mut **slot)));
+                match used[k] {
+                    Ok(usize::MAX) => pending.push((k, (*i, &mut **slot, None))),
+                    Ok(n) if n >= DELTA_STAGED - u32::MAX as usize && n <= DELTA_STAGED => {
+                        pending.push((k, (*i, &mut **slot, Some(DELTA_STAGED - n))))
+                    }
+                    _ => {}
                 }
             }
-            let (ks, mut group): (Vec<usize>, Vec<(u32, &mut [u8])>) = pending.into_iter().unzip();
+            let (ks, mut group): (Vec<usize>, Vec<GroupSlot<'_>>) = pending.into_iter().unzip();
             for (k, n) in ks.into_iter().zip(self.policy.encode_groups(&mut group)) {
                 used[k] = Ok(n);
             }
