@@ -490,23 +490,36 @@ pub fn decode<'a>(batch: &'a [u8], manifest: &Manifest) -> Result<Vec<Record<'a>
             inflated: None,
         });
     }
-    // Stream records decode in order (each needs the records before it in its group).
-    let mut dec = crate::zstream::GroupDecoder::default();
-    for r in out.iter_mut() {
-        let (start, len, payload) = match r.encoding {
-            ENC_STREAM_START | ENC_STREAM_CONT => (r.encoding == ENC_STREAM_START, r.raw_len as usize, r.payload),
-            ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT => (
-                r.encoding == ENC_DELTA_STREAM_START,
-                u32_at(r.payload, 0) as usize,
-                &r.payload[4..],
-            ),
-            _ => continue,
-        };
-        let mut data = vec![0u8; len];
-        dec.next(start, payload, &mut data)
-            .map_err(|m| bad(format!("chunk {}: {m}", r.index)))?;
-        r.inflated = Some(data);
+    // Stream records decode in order within their group (each needs the records before it);
+    // groups are independent (each opens with a start record), so they decode in parallel.
+    let starts = |r: &Record| matches!(r.encoding, ENC_STREAM_START | ENC_DELTA_STREAM_START);
+    let mut segments: Vec<&mut [Record]> = Vec::new();
+    let mut rest = &mut out[..];
+    while !rest.is_empty() {
+        let cut = rest.iter().skip(1).position(starts).map_or(rest.len(), |p| p + 1);
+        let (seg, tail) = rest.split_at_mut(cut);
+        segments.push(seg);
+        rest = tail;
     }
+    segments.into_par_iter().try_for_each(|seg| -> Result<()> {
+        let mut dec = crate::zstream::GroupDecoder::default();
+        for r in seg.iter_mut() {
+            let (start, len, payload) = match r.encoding {
+                ENC_STREAM_START | ENC_STREAM_CONT => (r.encoding == ENC_STREAM_START, r.raw_len as usize, r.payload),
+                ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT => (
+                    r.encoding == ENC_DELTA_STREAM_START,
+                    u32_at(r.payload, 0) as usize,
+                    &r.payload[4..],
+                ),
+                _ => continue,
+            };
+            let mut data = vec![0u8; len];
+            dec.next(start, payload, &mut data)
+                .map_err(|m| bad(format!("chunk {}: {m}", r.index)))?;
+            r.inflated = Some(data);
+        }
+        Ok(())
+    })?;
     Ok(out)
 }
 
