@@ -12,7 +12,7 @@ export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-was
 /** The sender's reader: encodes requested chunks into DATA batches. */
 export declare class NativeChunkSource {
   /** `compressLevel` is a zstd level; 0 sends every chunk raw. */
-  static open(path: string | Buffer, manifest: Buffer, compressLevel: number): NativeChunkSource
+  static open(path: string | Buffer, manifest: Buffer, compressLevel: number, stream?: boolean | undefined | null): NativeChunkSource
   /**
    * Encode the chunks into `out` (a buffer the caller recycles; it must hold at least
    * `batchCapacity(indices)` bytes and must not be touched until the promise settles).
@@ -23,6 +23,8 @@ export declare class NativeChunkSource {
    * smaller. Validated against the manifest (a bad table is a protocol error).
    */
   setRefinement(table: Buffer): Promise<void>
+  /** The zstd level for batches read from now on (the sender adapts it to the link). */
+  setLevel(level: number): void
   batchCapacity(indices: Uint32Array): number
   /**
    * False if the source's size, mtime or ctime changed since it was opened (after
@@ -146,6 +148,8 @@ export declare class NativeScanStream {
    * (last) the whole scan's result.
    */
   next(into?: Buffer | undefined | null): Promise<ScanStep>
+  /** The zstd level for early DATA encoded from now on (the sender adapts it to the link). */
+  setLevel(level: number): void
   /**
    * Stop the scan (if still running) and free its queue (never blocks: a `next` in
    * flight ends with the scan).
@@ -187,8 +191,9 @@ export declare class NativeTreeSync {
   /**
    * Sender: encode the next batch of small files into `out` (not touched by the caller
    * until the promise settles), starting at plan position `cursor` (0 at first).
+   * `shared`: the receiver has BATCH_STREAM, so the batch's files share zstd streams.
    */
-  readSmall(cursor: number, out: Buffer, compressLevel: number): Promise<SmallBatch>
+  readSmall(cursor: number, out: Buffer, compressLevel: number, shared?: boolean | undefined | null): Promise<SmallBatch>
   /** Receiver: directories and local copies (renames), before any data arrives. */
   prepare(): Promise<StepOutcome>
   /** Receiver: verify and write one FILE_BATCH payload. */
@@ -224,6 +229,8 @@ export interface EarlyData {
   level: number
   /** Raw bytes per batch (at most). */
   batchBytes: number
+  /** The receiver decodes stream records (BATCH_STREAM). */
+  stream?: boolean
 }
 
 export interface EncodedBatch {

@@ -12,6 +12,7 @@
 // The receiver rebuilds the file out of place, verifies it against the sender's root and
 // only then renames it over the target (crates/ffsync_core/src/reconstruct.rs).
 
+import type { LevelGovernor } from './compress-level.js';
 import fs from 'node:fs/promises';
 import type { BigIntStats } from 'node:fs';
 import { FramedConnection, PeerClosedError, workMeter } from '../transport/connection.js';
@@ -115,6 +116,10 @@ export interface SendContentOptions {
   /** Return once DATA_END is out, with the RESULT still to read in `settled`: the next file
    * on the same connection starts meanwhile (results are acknowledged asynchronously). */
   resultLater?: boolean;
+  /** Capability BATCH_STREAM was negotiated: chunks of a batch may share zstd streams. */
+  batchStream?: boolean;
+  /** Adapts the level batch by batch (shared by the session's files); else `level` stays. */
+  governor?: LevelGovernor;
 }
 
 /** The conversation before this one on the same stream failed (`fatal`: with `cause`) or
@@ -242,7 +247,8 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
   if (identityChanged(now, o.st)) {
     throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.label} changed or vanished during the sync; rerun to send the new version`);
   }
-  const src = await openChunkSource(o.path, scan.manifest, o.level);
+  const src = await openChunkSource(o.path, scan.manifest, o.governor?.level ?? o.level, o.batchStream);
+  const gov = o.governor;
   holder.source = src;
   // Released as soon as the data is out: a long-lived process (serve) must not keep the
   // file open until the object is collected (`unchanged()` still answers afterwards).
@@ -257,14 +263,18 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
       const pool = new BufferPool(BATCH_BUFFER, SEND_BUFFERS);
       const read = async (k: number) => {
         const buf = await pool.acquire();
+        if (gov) src.setLevel(gov.level);
         const res = await call(src.readBatch(batches[k], buf));
         return { buf, res };
       };
       const ahead: Promise<{ buf: Buffer; res: { length: number; rawBytes: number } }>[] = [];
       for (let k = 0; k < Math.min(READ_AHEAD, batches.length); k++) ahead.push(read(k));
       ahead.forEach((p) => p.catch(() => undefined));
+      gov?.restartWindow();
       for (let k = 0; k < batches.length; k++) {
+        const t0 = performance.now();
         const { buf, res } = await ahead[k];
+        const t1 = performance.now();
         if (k + READ_AHEAD < batches.length) {
           const p = read(k + READ_AHEAD);
           p.catch(() => undefined);
@@ -274,6 +284,7 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
         raw += res.rawBytes;
         progress(raw);
         if (o.bwlimitKiBps) await conn.orFailure(limit(res.length));
+        gov?.observe(t1 - t0, performance.now() - t1, res.length);
       }
     });
     // Early DATA counts too: DATA_END totals every chunk this transfer sent.
@@ -314,7 +325,8 @@ async function streamManifest(
   early: { chunks: number; raw: number },
   limiter?: (n: number) => Promise<void>,
 ): Promise<ScanResult> {
-  const earlyData = emptyBasis ? { level: o.level, batchBytes: BATCH_BYTES } : undefined;
+  const gov = o.governor;
+  const earlyData = emptyBasis ? { level: gov?.level ?? o.level, batchBytes: BATCH_BYTES, stream: o.batchStream } : undefined;
   const stream = await openScanStream(o.path, STREAM_WINDOW, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress }, earlyData);
   try {
     // One `next` is always in flight while the previous step is being sent (never two: the
@@ -322,14 +334,18 @@ async function streamManifest(
     const pool = emptyBasis ? new BufferPool(BATCH_BUFFER, EARLY_BUFFERS) : undefined;
     const nextStep = async () => {
       const buf = pool && (await pool.acquire());
+      if (gov) stream.setLevel(gov.level);
       const step = await call(stream.next(buf));
       return { step, buf };
     };
     let pending = nextStep();
     const offered = Number(o.st.size);
     let described = 0;
+    gov?.restartWindow();
     for (;;) {
+      const t0 = performance.now();
       const { step, buf } = await pending;
+      const t1 = performance.now();
       if (step.result) {
         if (buf) pool!.release(buf);
         return step.result;
@@ -348,6 +364,7 @@ async function streamManifest(
         early.raw += step.batchRaw!;
         o.events?.progress?.('sending', early.raw);
         if (limiter) await conn.orFailure(limiter(step.batchLen));
+        gov?.observe(t1 - t0, performance.now() - t1, step.batchLen);
         continue;
       }
       if (buf) pool!.release(buf);

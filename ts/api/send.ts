@@ -1,5 +1,6 @@
 // The sending side of a single-file sync.
 
+import { LevelGovernor } from './compress-level.js';
 import fs from 'node:fs/promises';
 import { FramedConnection } from '../transport/connection.js';
 import { connect } from '../transport/tcp.js';
@@ -155,7 +156,7 @@ export async function runSender(
       sourceHolder = holder;
       // Compress only for a peer that said it can decode zstd.
       const level = negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
-      const r = await sendFileContent(conn, { path: o.path, st, scan, stateDir, checksum: o.checksum, level, bwlimitKiBps: o.bwlimitKiBps, events: o.events, label: o.path, refine: Boolean(negotiated.capabilities & Capability.REFINE), sparse: Boolean(negotiated.capabilities & Capability.SPARSE), stream: Boolean(negotiated.capabilities & Capability.STREAM), overlap: o.overlap }, holder);
+      const r = await sendFileContent(conn, { path: o.path, st, scan, stateDir, checksum: o.checksum, level, bwlimitKiBps: o.bwlimitKiBps, events: o.events, label: o.path, refine: Boolean(negotiated.capabilities & Capability.REFINE), sparse: Boolean(negotiated.capabilities & Capability.SPARSE), stream: Boolean(negotiated.capabilities & Capability.STREAM), overlap: o.overlap, batchStream: Boolean(negotiated.capabilities & Capability.BATCH_STREAM), governor: new LevelGovernor(level, o.compressLevel === undefined) }, holder);
       summary.root = r.root;
       summary.upToDate = r.upToDate;
       summary.decidedBy = r.upToDate ? 'scan-root' : 'transfer';

@@ -32,6 +32,7 @@ import { countLaneBytes, expect, reportError } from './session.js';
 import type { Negotiated } from './session.js';
 import { inPhase, type SyncSummary } from './events.js';
 import type { SendOptions } from './send.js';
+import { LevelGovernor } from './compress-level.js';
 import { afterPrior, BATCH_BUFFER, type ContentResult, identityChanged, PriorFailed, rateLimiter, SEND_BUFFERS, sendFileContent } from './file-transfer.js';
 import { exchangeManifestsAndRoots, HASHING_AT_ONCE, sendParts, treeSummary } from './tree-common.js';
 import { Multiplexer } from '../transport/mux.js';
@@ -124,7 +125,9 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
     const multiplexed = o.negotiated.version >= 2;
     // One --bwlimit for the session, however many files send at once.
     const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : undefined;
-    const smallSent = multiplexed ? sendSmallFiles(conn, tree, level, o, limiter) : Promise.resolve(await sendSmallFiles(conn, tree, level, o, limiter));
+    // One governor for the session: what it learned about the link carries over to each file.
+    const gov = new LevelGovernor(level, o.compressLevel === undefined);
+    const smallSent = multiplexed ? sendSmallFiles(conn, tree, gov, o, limiter) : Promise.resolve(await sendSmallFiles(conn, tree, gov, o, limiter));
     smallSent.catch(() => undefined);
     const large = tree.largeTransfers();
     const problems = { n: stats.problems.length + counts.skipped };
@@ -133,7 +136,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
     const turns = multiplexed ? new DataTurns(DATA_BUFFERS) : undefined;
     const hashing = new WorkLimit(HASHING_AT_ONCE);
     const worker = async (c: FramedConnection) => {
-      for (let lt = queue.shift(); lt; lt = queue.shift()) await (await sendLarge(c, tree, lt, level, problems, o, { limiter })).rest;
+      for (let lt = queue.shift(); lt; lt = queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter })).rest;
     };
     // Lanes only pay off with more than one large file to spread.
     const extra = lanes && o.dialLane ? Math.min(lanes.granted, large.length) - 1 : 0;
@@ -163,7 +166,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
           try {
             for (let item = take(); item; item = take()) {
               try {
-                prior = (await sendLarge(c, tree, item.lt, level, problems, o, { limiter, turn: item.turn, stream: true, prior, hashing })).rest;
+                prior = (await sendLarge(c, tree, item.lt, gov, problems, o, { limiter, turn: item.turn, stream: true, prior, hashing })).rest;
               } catch (e) {
                 if (!(e instanceof PriorFailed)) throw e;
                 if (e.fatal) throw e.cause;
@@ -235,9 +238,9 @@ interface LargeOptions {
  * this file's DATA is out (on a stream) or its conversation ended, to the rest of it: a
  * promise of whether the file ended its stream (see LargeOptions.stream). Throws PriorFailed
  * (turn kept) when the previous file on the stream did not end cleanly. */
-async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTransferInfo, level: number, problems: { n: number }, o: Context, lo: LargeOptions): Promise<{ rest: Promise<boolean> }> {
+async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTransferInfo, gov: LevelGovernor, problems: { n: number }, o: Context, lo: LargeOptions): Promise<{ rest: Promise<boolean> }> {
   try {
-    const rest = await sendLargeFile(c, tree, lt, level, problems, o, lo);
+    const rest = await sendLargeFile(c, tree, lt, gov, problems, o, lo);
     lo.turn?.done();
     return rest;
   } catch (e) {
@@ -246,7 +249,7 @@ async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTra
   }
 }
 
-async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: LargeTransferInfo, level: number, problems: { n: number }, o: Context, lo: LargeOptions): Promise<{ rest: Promise<boolean> }> {
+async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: LargeTransferInfo, gov: LevelGovernor, problems: { n: number }, o: Context, lo: LargeOptions): Promise<{ rest: Promise<boolean> }> {
   const abs = joinTreePath(o.path, lt.path);
   const st = await fs.lstat(abs, { bigint: true }).catch(() => undefined);
   if (!st?.isFile() || st.size !== BigInt(lt.size) || st.mtimeNs !== lt.mtimeNs) {
@@ -294,7 +297,9 @@ async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: Larg
       scan: null,
       stateDir: o.stateDir,
       checksum: o.checksum,
-      level,
+      level: gov.level,
+      governor: gov,
+      batchStream: Boolean(o.negotiated.capabilities & Capability.BATCH_STREAM),
       bwlimitKiBps: o.bwlimitKiBps,
       events: o.events,
       label: showTreePath(lt.path),
@@ -325,25 +330,29 @@ async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: Larg
 
 /** Stream every small file in FILE_BATCH frames: the next batch is read (in parallel,
  * natively) while the previous one is being written to the socket. Returns the count. */
-async function sendSmallFiles(conn: FramedConnection, tree: NativeTreeSync, level: number, o: Context, limiter?: (n: number) => Promise<void>): Promise<number> {
+async function sendSmallFiles(conn: FramedConnection, tree: NativeTreeSync, gov: LevelGovernor, o: Context, limiter?: (n: number) => Promise<void>): Promise<number> {
   const counts = o.summary.tree!;
   if (counts.smallTransfers === 0) return 0;
   const pool = new BufferPool(BATCH_BUFFER, 3);
+  const shared = Boolean(o.negotiated.capabilities & Capability.BATCH_STREAM);
   await inPhase(o.events, 'sending', counts.transferBytes, async (progress) => {
     let raw = 0;
     const read = async (cursor: number): Promise<{ buf: Buffer; res: SmallBatch }> => {
       const buf = await pool.acquire();
-      return { buf, res: await call(tree.readSmall(cursor, buf, level)) };
+      return { buf, res: await call(tree.readSmall(cursor, buf, gov.level, shared)) };
     };
     let next: Promise<{ buf: Buffer; res: SmallBatch }> | undefined = read(0);
     while (next) {
+      const t0 = performance.now();
       const got: { buf: Buffer; res: SmallBatch } = await next;
+      const t1 = performance.now();
       const { buf, res } = got;
       next = res.next >= 0 ? read(res.next) : undefined;
       next?.catch(() => undefined);
       if (res.length > 0) {
         await conn.send(FrameType.FILE_BATCH, buf.subarray(0, res.length), () => pool.release(buf));
         if (limiter) await conn.orFailure(limiter(res.length));
+        gov.observe(t1 - t0, performance.now() - t1, res.length);
       } else pool.release(buf);
       raw += res.rawBytes;
       progress(raw);

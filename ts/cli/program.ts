@@ -183,7 +183,7 @@ export function buildProgram(): Command {
       .argument('<path>', 'file or directory to send')
       .argument('<host:port>', 'receiver address; host:port/some/path for a path under a serve daemon\'s root'),
   )
-    .addOption(new Option('--compress-level <n>', 'zstd level for chunk data').argParser(intArg(1, 19)).default(1))
+    .addOption(new Option('--compress-level <n>', 'zstd level for chunk data (default: adapted to the link, from 1)').argParser(intArg(1, 19)))
     .option('--no-compress', 'send chunk data uncompressed')
     .addOption(new Option('--bwlimit <KiBps>', 'limit chunk data to this many KiB per second').argParser(intArg(1, 2 ** 31)))
     .option('--exclude <pattern>', 'trees: skip matching paths on both sides (repeatable; see README for the rules)', collect, [])

@@ -71,8 +71,8 @@ export function decodeManifest(buf: Buffer): Promise<Binding.ManifestInfo> {
   return call(() => native.decodeManifest(buf));
 }
 
-export function openChunkSource(path: string | Buffer, manifest: Buffer, compressLevel: number): Promise<Binding.NativeChunkSource> {
-  return call(() => native.NativeChunkSource.open(path, manifest, compressLevel));
+export function openChunkSource(path: string | Buffer, manifest: Buffer, compressLevel: number, batchStream?: boolean): Promise<Binding.NativeChunkSource> {
+  return call(() => native.NativeChunkSource.open(path, manifest, compressLevel, batchStream));
 }
 
 export function beginReconstruction(

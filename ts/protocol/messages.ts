@@ -50,8 +50,11 @@ export const Capability = {
    * chunks as early DATA), then sends the manifest's header alone in MANIFEST; the
    * receiver places what it has while the rest is hashed (§4.15). */
   STREAM: 1 << 7,
+  /** Tree sessions: FILE_BATCH records may use encodings 2 and 3, consecutive files of a
+   * batch sharing one zstd stream (§9.6). */
+  BATCH_STREAM: 1 << 10,
 } as const;
-export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM;
+export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM | Capability.BATCH_STREAM;
 /** Most REFINE bytes one file transfer may carry (mirrors refine::MAX_TABLE_BYTES). */
 export const MAX_REFINE_TABLE = 64 * 1024 * 1024;
 /** REFINE payloads are cut at this size. */

@@ -201,6 +201,8 @@ pub struct EarlyData {
     pub level: i32,
     /// Raw bytes per batch (at most).
     pub batch_bytes: u32,
+    /// The receiver decodes stream records (BATCH_STREAM).
+    pub stream: Option<bool>,
 }
 
 enum StreamMsg {
@@ -218,6 +220,7 @@ type StreamRx = Arc<std::sync::Mutex<Option<std::sync::mpsc::Receiver<StreamMsg>
 pub struct NativeScanStream {
     rx: StreamRx,
     cancel: Arc<AtomicBool>,
+    policy: Option<Arc<ffsync_core::chunk_batch::CompressPolicy>>,
 }
 
 /// Queue `msg` unless the stream was cancelled or dropped (false then). Never blocks for
@@ -302,10 +305,14 @@ impl NativeScanStream {
     ) -> Result<NativeScanStream> {
         let early = early.map(|e| {
             (
-                ffsync_core::chunk_batch::CompressPolicy::new(e.level),
+                Arc::new(ffsync_core::chunk_batch::CompressPolicy::with_stream(
+                    e.level,
+                    e.stream.unwrap_or(false),
+                )),
                 (e.batch_bytes as u64).max(1),
             )
         });
+        let policy = early.as_ref().map(|(p, _)| p.clone());
         let path = crate::path_arg(path);
         let state_dir = options.as_ref().and_then(|o| o.state_dir.clone()).map(PathBuf::from);
         let ignore_index = options.as_ref().and_then(|o| o.ignore_index).unwrap_or(false);
@@ -411,6 +418,7 @@ impl NativeScanStream {
         Ok(NativeScanStream {
             rx: Arc::new(std::sync::Mutex::new(Some(rx))),
             cancel,
+            policy,
         })
     }
 
@@ -422,6 +430,14 @@ impl NativeScanStream {
         napi::tokio::task::spawn_blocking(move || next_step(&rx, into))
             .await
             .map_err(|e| napi::Error::from_reason(format!("EIO: the scan stream's reader failed: {e}")))?
+    }
+
+    /// The zstd level for early DATA encoded from now on (the sender adapts it to the link).
+    #[napi]
+    pub fn set_level(&self, level: i32) {
+        if let Some(p) = &self.policy {
+            p.set_level(level);
+        }
     }
 
     /// Stop the scan (if still running) and free its queue (never blocks: a `next` in

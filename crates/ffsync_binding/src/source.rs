@@ -72,11 +72,19 @@ impl NativeChunkSource {
         #[napi(ts_arg_type = "string | Buffer")] path: crate::PathArg,
         manifest: Buffer,
         compress_level: i32,
+        stream: Option<bool>,
     ) -> Result<NativeChunkSource> {
         let path = crate::path_arg(path);
         let m = Manifest::decode(&manifest).map_err(to_napi)?;
         let meta = std::fs::metadata(&path).map_err(|e| to_napi(ffsync_core::CoreError::io(&path, e)))?;
-        let src = ChunkSource::open(&path, m, FileIdentity::of(&meta), compress_level).map_err(to_napi)?;
+        let src = ChunkSource::open(
+            &path,
+            m,
+            FileIdentity::of(&meta),
+            compress_level,
+            stream.unwrap_or(false),
+        )
+        .map_err(to_napi)?;
         Ok(NativeChunkSource {
             inner: Mutex::new(Some(Arc::new(src))),
             unchanged_at_release: OnceLock::new(),
@@ -102,6 +110,13 @@ impl NativeChunkSource {
             source: self.get()?,
             table,
         }))
+    }
+
+    /// The zstd level for batches read from now on (the sender adapts it to the link).
+    #[napi]
+    pub fn set_level(&self, level: i32) -> Result<()> {
+        self.get()?.set_level(level);
+        Ok(())
     }
 
     #[napi]

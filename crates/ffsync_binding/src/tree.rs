@@ -188,6 +188,7 @@ pub struct ReadSmallTask {
     cursor: usize,
     out: Buffer,
     level: i32,
+    shared: bool,
 }
 
 impl Task for ReadSmallTask {
@@ -199,7 +200,7 @@ impl Task for ReadSmallTask {
         self.t
             .read()
             .unwrap()
-            .read_small(self.cursor, out, self.level)
+            .read_small(self.cursor, out, self.level, self.shared)
             .map_err(to_napi)
     }
     fn resolve(&mut self, _env: Env, (n, next, raw): Self::Output) -> Result<SmallBatch> {
@@ -453,13 +454,21 @@ impl NativeTreeSync {
 
     /// Sender: encode the next batch of small files into `out` (not touched by the caller
     /// until the promise settles), starting at plan position `cursor` (0 at first).
+    /// `shared`: the receiver has BATCH_STREAM, so the batch's files share zstd streams.
     #[napi(ts_return_type = "Promise<SmallBatch>")]
-    pub fn read_small(&self, cursor: u32, out: Buffer, compress_level: i32) -> AsyncTask<ReadSmallTask> {
+    pub fn read_small(
+        &self,
+        cursor: u32,
+        out: Buffer,
+        compress_level: i32,
+        shared: Option<bool>,
+    ) -> AsyncTask<ReadSmallTask> {
         AsyncTask::new(ReadSmallTask {
             t: self.inner.clone(),
             cursor: cursor as usize,
             out,
             level: compress_level,
+            shared: shared.unwrap_or(false),
         })
     }
 

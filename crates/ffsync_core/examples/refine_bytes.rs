@@ -35,7 +35,7 @@ fn main() {
         } else {
             Vec::new()
         };
-        let src = ChunkSource::open(Path::new(new), s.manifest.clone(), s.identity, 1).expect("open");
+        let src = ChunkSource::open(Path::new(new), s.manifest.clone(), s.identity, 1, false).expect("open");
         if refine {
             src.set_refinement(&table).expect("table");
         }

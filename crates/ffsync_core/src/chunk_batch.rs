@@ -4,7 +4,10 @@
 //! index u32 | encoding u8 | raw_len u32 | payload_len u32 | payload
 //! ```
 //! Encodings: 0 raw, 1 zstd, 2 delta (a librsync delta against the receiver's old region,
-//! see [`crate::refine`]), 3 zstd delta (`delta_len u32` + zstd of the delta).
+//! see [`crate::refine`]), 3 zstd delta (`delta_len u32` + zstd of the delta), 4 zstd
+//! stream start and 5 zstd stream continued (capability `BATCH_STREAM`: consecutive
+//! chunks of a batch share one zstd stream per group, see [`crate::zstream`]; the receiver
+//! decodes them in order when it splits the batch), 6 and 7 the same for a delta.
 //! zstd is used only where it pays: a chunk that does not shrink by at least 1/32 is sent
 //! raw, and after a run of incompressible chunks only chunks whose index is a multiple of 16
 //! are tried (the miss counter is shared by the threads encoding a source), so random data
@@ -14,13 +17,19 @@ use crate::error::{CoreError, Result};
 use crate::manifest::u32_at;
 use crate::manifest::Manifest;
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 pub const RECORD_HEADER: usize = 13;
 pub const ENC_RAW: u8 = 0;
 pub const ENC_ZSTD: u8 = 1;
 pub const ENC_DELTA: u8 = 2;
 pub const ENC_DELTA_ZSTD: u8 = 3;
+pub const ENC_STREAM_START: u8 = 4;
+pub const ENC_STREAM_CONT: u8 = 5;
+/// A delta (`delta_len u32` + its bytes as the group's stream emitted them), starting or
+/// continuing the group's stream (the same stream as encodings 4 and 5).
+pub const ENC_DELTA_STREAM_START: u8 = 6;
+pub const ENC_DELTA_STREAM_CONT: u8 = 7;
 /// A delta is never worth more than its chunk; bound what a peer can make us decompress.
 fn max_delta_len(raw_len: u32) -> usize {
     raw_len as usize + raw_len as usize / 8 + 1024
@@ -28,19 +37,121 @@ fn max_delta_len(raw_len: u32) -> usize {
 const GIVE_UP_AFTER: u32 = 8;
 const RETRY_EVERY: u32 = 16;
 
+/// A record's slot for [`CompressPolicy::encode_groups`]: chunk index, slot, and the
+/// length of a delta staged in it (None: the slot holds the chunk itself).
+pub type GroupSlot<'a> = (u32, &'a mut [u8], Option<usize>);
+
 /// Decides per chunk whether compression is worth trying.
 pub struct CompressPolicy {
-    pub level: i32,
+    level: AtomicI32,
+    /// The peer decodes stream records (capability BATCH_STREAM).
+    stream: bool,
     misses: AtomicU32,
 }
 
 impl CompressPolicy {
     /// `level` 0 disables compression.
     pub fn new(level: i32) -> Self {
+        Self::with_stream(level, false)
+    }
+
+    /// With `stream`, chunks of a batch share zstd streams (encodings 4 and 5).
+    pub fn with_stream(level: i32, stream: bool) -> Self {
         CompressPolicy {
-            level,
+            level: AtomicI32::new(level),
+            stream,
             misses: AtomicU32::new(0),
         }
+    }
+
+    pub fn level(&self) -> i32 {
+        self.level.load(Ordering::Relaxed)
+    }
+
+    /// The level for batches encoded from now on (the sender adapts it to the link).
+    pub fn set_level(&self, level: i32) {
+        self.level.store(level, Ordering::Relaxed);
+    }
+
+    /// True if chunks are left raw in their slots for [`Self::encode_groups`].
+    pub fn streams(&self) -> bool {
+        self.stream && self.level() != 0
+    }
+
+    fn worth_trying(&self, index: u32) -> bool {
+        self.level() != 0 && (self.misses.load(Ordering::Relaxed) < GIVE_UP_AFTER || index % RETRY_EVERY == 0)
+    }
+
+    /// Encode chunks whose raw bytes sit in their slots (as for [`Self::encode_in_slot`]),
+    /// consecutive ones sharing a zstd stream: about one group per core, each compressed in
+    /// order. A chunk that does not shrink by 1/32 goes raw (and the next one of its group
+    /// starts a new stream). Returns each record's final length, in order.
+    ///
+    /// A slot given with `Some(delta_len)` holds `delta_len u32 | delta` instead of the
+    /// chunk (see [`Self::stage_delta_in_slot`]): it goes as encoding 6/7, or as a plain delta.
+    pub fn encode_groups(&self, slots: &mut [GroupSlot<'_>]) -> Vec<usize> {
+        let sizes: Vec<u64> = slots
+            .iter()
+            .map(|(_, s, d)| d.unwrap_or(s.len() - RECORD_HEADER) as u64)
+            .collect();
+        let ranges = crate::zstream::groups(&sizes);
+        let mut parts: Vec<&mut [GroupSlot<'_>]> = Vec::with_capacity(ranges.len());
+        let mut rest = slots;
+        let mut at = 0;
+        for (a, b) in ranges {
+            let (_, tail) = rest.split_at_mut(a - at);
+            let (g, tail) = tail.split_at_mut(b - a);
+            parts.push(g);
+            rest = tail;
+            at = b;
+        }
+        let level = self.level();
+        let lens: Vec<Vec<usize>> = parts
+            .into_par_iter()
+            .map(|group| {
+                let mut enc = crate::zstream::GroupEncoder::new(level);
+                let mut z = Vec::new();
+                group
+                    .iter_mut()
+                    .map(|(index, slot, delta)| {
+                        let raw_len = slot.len() - RECORD_HEADER;
+                        if let Some(dlen) = *delta {
+                            z.clear();
+                            let budget = raw_len.saturating_sub(8 + 4).min(dlen - dlen / 32);
+                            let d = RECORD_HEADER + 4;
+                            if let Some(start) = enc.push(&slot[d..d + dlen], &mut z, budget) {
+                                slot[d..d + z.len()].copy_from_slice(&z);
+                                let e = if start {
+                                    ENC_DELTA_STREAM_START
+                                } else {
+                                    ENC_DELTA_STREAM_CONT
+                                };
+                                return write_header(slot, *index, e, raw_len, 4 + z.len());
+                            }
+                            slot.copy_within(d..d + dlen, RECORD_HEADER);
+                            return write_header(slot, *index, ENC_DELTA, raw_len, dlen);
+                        }
+                        let (mut enc_byte, mut payload_len) = (ENC_RAW, raw_len);
+                        if self.worth_trying(*index) {
+                            z.clear();
+                            match enc.push(&slot[RECORD_HEADER..], &mut z, raw_len - raw_len / 32 - 1) {
+                                Some(start) => {
+                                    self.misses.store(0, Ordering::Relaxed);
+                                    slot[RECORD_HEADER..RECORD_HEADER + z.len()].copy_from_slice(&z);
+                                    enc_byte = if start { ENC_STREAM_START } else { ENC_STREAM_CONT };
+                                    payload_len = z.len();
+                                }
+                                None => {
+                                    self.misses.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        write_header(slot, *index, enc_byte, raw_len, payload_len)
+                    })
+                    .collect()
+            })
+            .collect();
+        lens.into_iter().flatten().collect()
     }
 
     /// Encode chunk `index` whose raw bytes already sit in `slot[RECORD_HEADER..]`
@@ -48,13 +159,12 @@ impl CompressPolicy {
     /// pays. Returns the record's final length (a prefix of `slot`).
     pub fn encode_in_slot(&self, index: u32, slot: &mut [u8]) -> usize {
         let raw_len = slot.len() - RECORD_HEADER;
-        let try_it =
-            self.level != 0 && (self.misses.load(Ordering::Relaxed) < GIVE_UP_AFTER || index % RETRY_EVERY == 0);
+        let try_it = self.worth_trying(index);
         let mut enc = ENC_RAW;
         let mut payload_len = raw_len;
         if try_it {
             let compressed = with_scratch(raw_len, |scratch| {
-                let n = compress_with_thread_context(self.level, &slot[RECORD_HEADER..], scratch)?;
+                let n = compress_with_thread_context(self.level(), &slot[RECORD_HEADER..], scratch)?;
                 if n < raw_len - raw_len / 32 {
                     slot[RECORD_HEADER..RECORD_HEADER + n].copy_from_slice(&scratch[..n]);
                     Some(n)
@@ -80,6 +190,19 @@ impl CompressPolicy {
         RECORD_HEADER + payload_len
     }
 
+    /// Stage `delta` in `slot` (as `delta_len u32 | delta`) for [`Self::encode_groups`] if it
+    /// is smaller than the chunk; returns its length, or None (slot untouched) when the chunk
+    /// should be sent as itself.
+    pub fn stage_delta_in_slot(&self, delta: &[u8], slot: &mut [u8]) -> Option<usize> {
+        let raw_len = slot.len() - RECORD_HEADER;
+        if delta.len() + 4 > raw_len.saturating_sub(8) {
+            return None;
+        }
+        slot[RECORD_HEADER..RECORD_HEADER + 4].copy_from_slice(&(delta.len() as u32).to_le_bytes());
+        slot[RECORD_HEADER + 4..RECORD_HEADER + 4 + delta.len()].copy_from_slice(delta);
+        Some(delta.len())
+    }
+
     /// Encode chunk `index` as `delta` (a librsync delta of its raw bytes) into `slot`
     /// (RECORD_HEADER + raw length long) if that is smaller than the chunk (applying a
     /// delta is a copy, so any saving pays); the delta is zstd-compressed when that pays too. Returns None (slot untouched beyond
@@ -89,9 +212,9 @@ impl CompressPolicy {
         let budget = raw_len.saturating_sub(8);
         let mut enc = ENC_DELTA;
         let mut payload_len = delta.len();
-        if self.level != 0 && delta.len() > 256 {
+        if self.level() != 0 && delta.len() > 256 {
             let z = with_scratch(delta.len(), |scratch| {
-                let n = compress_with_thread_context(self.level, delta, scratch)?;
+                let n = compress_with_thread_context(self.level(), delta, scratch)?;
                 (n + 4 < delta.len() - delta.len() / 32 && n + 4 <= budget).then(|| {
                     slot[RECORD_HEADER..RECORD_HEADER + 4].copy_from_slice(&(delta.len() as u32).to_le_bytes());
                     slot[RECORD_HEADER + 4..RECORD_HEADER + 4 + n].copy_from_slice(&scratch[..n]);
@@ -129,14 +252,26 @@ impl CompressPolicy {
             slots.push(slot);
             rest = tail;
         }
-        let used: Vec<usize> = slots
-            .par_iter_mut()
-            .zip(records.par_iter())
-            .map(|(slot, &(index, raw))| {
-                slot[RECORD_HEADER..].copy_from_slice(raw);
-                self.encode_in_slot(index, slot)
-            })
-            .collect();
+        let used: Vec<usize> = if self.streams() {
+            let mut indexed: Vec<GroupSlot<'_>> = slots
+                .into_iter()
+                .zip(records)
+                .map(|(slot, &(index, raw))| {
+                    slot[RECORD_HEADER..].copy_from_slice(raw);
+                    (index, slot, None)
+                })
+                .collect();
+            self.encode_groups(&mut indexed)
+        } else {
+            slots
+                .par_iter_mut()
+                .zip(records.par_iter())
+                .map(|(slot, &(index, raw))| {
+                    slot[RECORD_HEADER..].copy_from_slice(raw);
+                    self.encode_in_slot(index, slot)
+                })
+                .collect()
+        };
         let (mut write, mut read) = (0usize, 0usize);
         for (u, (_, raw)) in used.into_iter().zip(records) {
             out.copy_within(read..read + u, write);
@@ -155,6 +290,14 @@ impl CompressPolicy {
         let n = self.encode_in_slot(index, &mut out[start..]);
         out.truncate(start + n);
     }
+}
+
+fn write_header(slot: &mut [u8], index: u32, enc: u8, raw_len: usize, payload_len: usize) -> usize {
+    slot[0..4].copy_from_slice(&index.to_le_bytes());
+    slot[4] = enc;
+    slot[5..9].copy_from_slice(&(raw_len as u32).to_le_bytes());
+    slot[9..13].copy_from_slice(&(payload_len as u32).to_le_bytes());
+    RECORD_HEADER + payload_len
 }
 
 // Per-thread zstd contexts and scratch space: creating a context or touching fresh
@@ -212,12 +355,17 @@ pub struct Record<'a> {
     pub encoding: u8,
     pub payload: &'a [u8],
     pub raw_len: u32,
+    /// A stream record's bytes, decoded (in order) when the batch was split.
+    pub inflated: Option<Vec<u8>>,
 }
 
 impl Record<'_> {
     /// True if the payload is (or decompresses to) the chunk's bytes; false for deltas.
     pub fn is_delta(&self) -> bool {
-        matches!(self.encoding, ENC_DELTA | ENC_DELTA_ZSTD)
+        matches!(
+            self.encoding,
+            ENC_DELTA | ENC_DELTA_ZSTD | ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT
+        )
     }
 
     /// True if the payload is not the chunk's bytes themselves (needs a scratch buffer).
@@ -229,6 +377,17 @@ impl Record<'_> {
     pub fn raw<'b>(&'b self, buf: &'b mut Vec<u8>) -> Result<&'b [u8]> {
         match self.encoding {
             ENC_RAW => Ok(self.payload),
+            ENC_STREAM_START | ENC_STREAM_CONT => {
+                let d = self.inflated.as_deref().ok_or_else(|| {
+                    CoreError::malformed(
+                        "chunk batch",
+                        format!("chunk {}: its stream was not decoded", self.index),
+                    )
+                })?;
+                buf.clear();
+                buf.extend_from_slice(d);
+                Ok(&buf[..])
+            }
             ENC_ZSTD => {
                 buf.resize(self.raw_len as usize, 0);
                 decompress_exact(self.payload, &mut buf[..]).map_err(|e| {
@@ -248,6 +407,15 @@ impl Record<'_> {
         let bad = |r: String| CoreError::malformed("chunk batch", format!("chunk {}: {r}", self.index));
         match self.encoding {
             ENC_DELTA => Ok(self.payload),
+            ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT => {
+                let d = self
+                    .inflated
+                    .as_deref()
+                    .ok_or_else(|| bad("its stream was not decoded".into()))?;
+                buf.clear();
+                buf.extend_from_slice(d);
+                Ok(&buf[..])
+            }
             ENC_DELTA_ZSTD => {
                 if self.payload.len() < 4 {
                     return Err(bad("truncated compressed delta".into()));
@@ -300,6 +468,18 @@ pub fn decode<'a>(batch: &'a [u8], manifest: &Manifest) -> Result<Vec<Record<'a>
                 return Err(bad(format!("raw chunk {index} has payload length {plen}")))
             }
             ENC_RAW | ENC_ZSTD | ENC_DELTA | ENC_DELTA_ZSTD => {}
+            ENC_STREAM_START | ENC_STREAM_CONT => {}
+            ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT => {
+                if plen < 4 {
+                    return Err(bad(format!("chunk {index}: truncated stream delta")));
+                }
+                let len = u32_at(payload, 0) as usize;
+                if len > max_delta_len(raw_len) {
+                    return Err(bad(format!(
+                        "chunk {index}: delta of {len} bytes for a chunk of {raw_len}"
+                    )));
+                }
+            }
             other => return Err(bad(format!("unknown chunk encoding {other}"))),
         }
         out.push(Record {
@@ -307,8 +487,39 @@ pub fn decode<'a>(batch: &'a [u8], manifest: &Manifest) -> Result<Vec<Record<'a>
             encoding: enc,
             payload,
             raw_len,
+            inflated: None,
         });
     }
+    // Stream records decode in order within their group (each needs the records before it);
+    // groups are independent (each opens with a start record), so they decode in parallel.
+    let starts = |r: &Record| matches!(r.encoding, ENC_STREAM_START | ENC_DELTA_STREAM_START);
+    let mut segments: Vec<&mut [Record]> = Vec::new();
+    let mut rest = &mut out[..];
+    while !rest.is_empty() {
+        let cut = rest.iter().skip(1).position(starts).map_or(rest.len(), |p| p + 1);
+        let (seg, tail) = rest.split_at_mut(cut);
+        segments.push(seg);
+        rest = tail;
+    }
+    segments.into_par_iter().try_for_each(|seg| -> Result<()> {
+        let mut dec = crate::zstream::GroupDecoder::default();
+        for r in seg.iter_mut() {
+            let (start, len, payload) = match r.encoding {
+                ENC_STREAM_START | ENC_STREAM_CONT => (r.encoding == ENC_STREAM_START, r.raw_len as usize, r.payload),
+                ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT => (
+                    r.encoding == ENC_DELTA_STREAM_START,
+                    u32_at(r.payload, 0) as usize,
+                    &r.payload[4..],
+                ),
+                _ => continue,
+            };
+            let mut data = vec![0u8; len];
+            dec.next(start, payload, &mut data)
+                .map_err(|m| bad(format!("chunk {}: {m}", r.index)))?;
+            r.inflated = Some(data);
+        }
+        Ok(())
+    })?;
     Ok(out)
 }
 
@@ -421,5 +632,140 @@ mod tests {
             "output bounded by the chunk"
         );
         assert!(t0.elapsed() < std::time::Duration::from_secs(1));
+    }
+
+    fn stream_batch(data: &[u8], m: &Manifest, level: i32) -> Vec<u8> {
+        let p = CompressPolicy::with_stream(level, true);
+        let records: Vec<(u32, &[u8])> = m
+            .chunks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (i as u32, &data[c.offset as usize..c.end() as usize]))
+            .collect();
+        p.encode_batch(&records)
+    }
+
+    fn check(batch: &[u8], data: &[u8], m: &Manifest) -> Result<()> {
+        let mut buf = Vec::new();
+        for r in decode(batch, m)? {
+            let c = m.chunks[r.index as usize];
+            if r.raw(&mut buf)? != &data[c.offset as usize..c.end() as usize] {
+                return Err(CoreError::ChunkCorrupt {
+                    index: r.index,
+                    origin: "test",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A text-like file whose chunks repeat each other's phrases (as a JS bundle does),
+    /// with an incompressible tail.
+    fn texty() -> (Vec<u8>, Manifest) {
+        let words: Vec<Vec<u8>> = (0..400).map(|i| pseudo_random(12 + i % 9, i as u64)).collect();
+        let mut data = Vec::new();
+        let mut x = 1u64;
+        while data.len() < 900_000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            data.extend_from_slice(&words[(x >> 33) as usize % words.len()]);
+        }
+        data.extend_from_slice(&pseudo_random(100_000, 9)); // incompressible tail: sent raw
+        let m = manifest_of_bytes(&data, None, &crate::chunker::InMemory);
+        (data, m)
+    }
+
+    #[test]
+    fn stream_records_round_trip_and_share_a_context() {
+        // One stream per group beats a frame per chunk.
+        let (data, m) = texty();
+        let framed = encode_all(&data, &m, 3);
+        let streamed = stream_batch(&data, &m, 3);
+        check(&streamed, &data, &m).unwrap();
+        assert!(
+            streamed.len() * 10 < framed.len() * 9,
+            "streamed {} framed {}",
+            streamed.len(),
+            framed.len()
+        );
+        let recs = decode(&streamed, &m).unwrap();
+        assert_eq!(recs[0].encoding, ENC_STREAM_START);
+        assert!(recs.iter().any(|r| r.encoding == ENC_STREAM_CONT));
+        assert_eq!(recs.last().unwrap().encoding, ENC_RAW);
+        // Level 0 never streams; without the capability the old encodings only.
+        assert_eq!(
+            stream_batch(&data, &m, 0).len(),
+            data.len() + RECORD_HEADER * m.chunks.len()
+        );
+        assert!(decode(&framed, &m).unwrap().iter().all(|r| r.encoding <= ENC_ZSTD));
+    }
+
+    #[test]
+    fn hostile_stream_records_fail_bounded() {
+        let (data, m) = texty();
+        let streamed = stream_batch(&data, &m, 3);
+        let recs = decode(&streamed, &m).unwrap();
+        let k = recs
+            .iter()
+            .position(|r| r.encoding == ENC_STREAM_CONT)
+            .expect("a continuation");
+        let lens: Vec<usize> = recs.iter().map(|r| RECORD_HEADER + r.payload.len()).collect();
+        let at = lens[..k].iter().sum::<usize>();
+        // The continuation alone: no stream to continue.
+        assert!(decode(&streamed[at..at + lens[k]], &m).is_err());
+        // A bomb: a stream start whose payload inflates to 1 GiB of zeros, declared as chunk 0.
+        let bomb = crate::testutil::zstd_zeros(b"", 1 << 30);
+        let mut b = Vec::new();
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.push(ENC_STREAM_START);
+        b.extend_from_slice(&m.chunks[0].len.to_le_bytes());
+        b.extend_from_slice(&(bomb.len() as u32).to_le_bytes());
+        b.extend_from_slice(&bomb);
+        let t0 = std::time::Instant::now();
+        let e = decode(&b, &m).err().expect("a bomb must fail").to_string();
+        assert!(e.contains("more than its declared length"), "{e}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(2));
+        // Every bit flip: an error or the right bytes, never a panic.
+        for i in (0..streamed.len()).step_by(97) {
+            let mut evil = streamed.clone();
+            evil[i] ^= 0x04;
+            let _ = check(&evil, &data, &m);
+        }
+    }
+
+    #[test]
+    fn staged_deltas_share_the_stream_and_are_bounded() {
+        let (data, m) = texty();
+        let p = CompressPolicy::with_stream(3, true);
+        // Chunk 0 as itself, chunk 1 as a "delta" (any bytes: decoding does not apply it).
+        let (c0, c1) = (m.chunks[0], m.chunks[1]);
+        let delta = data[c0.offset as usize..c0.offset as usize + 3000].to_vec();
+        let mut s0 = vec![0u8; RECORD_HEADER + c0.len as usize];
+        s0[RECORD_HEADER..].copy_from_slice(&data[c0.offset as usize..c0.end() as usize]);
+        let mut s1 = vec![0u8; RECORD_HEADER + c1.len as usize];
+        assert_eq!(p.stage_delta_in_slot(&delta, &mut s1), Some(3000));
+        let lens = p.encode_groups(&mut [(0, &mut s0[..], None), (1, &mut s1[..], Some(3000))]);
+        let batch = [&s0[..lens[0]], &s1[..lens[1]]].concat();
+        let recs = decode(&batch, &m).unwrap();
+        assert_eq!(
+            (recs[0].encoding, recs[1].encoding),
+            (ENC_STREAM_START, ENC_DELTA_STREAM_CONT)
+        );
+        assert!(
+            recs[1].payload.len() < 600,
+            "the delta matched the chunk before it: {}",
+            recs[1].payload.len()
+        );
+        let mut buf = Vec::new();
+        assert_eq!(recs[1].delta(&mut buf).unwrap(), &delta[..]);
+        assert!(recs[1].is_delta() && recs[1].raw(&mut buf).is_err());
+        // A declared delta length over the bound is refused before anything is decoded.
+        let mut evil = batch.clone();
+        let at = lens[0] + RECORD_HEADER;
+        evil[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode(&evil, &m).is_err());
+        // Declared shorter than the stream's output: refused (no spill into the next record).
+        let mut evil = batch.clone();
+        evil[at..at + 4].copy_from_slice(&2000u32.to_le_bytes());
+        assert!(decode(&evil, &m).is_err());
     }
 }

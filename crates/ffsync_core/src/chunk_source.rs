@@ -3,7 +3,7 @@
 //! batches, compressing in parallel. Chunks the receiver described with a refinement
 //! table ([`crate::refine`]) are sent as deltas against its old bytes when that is smaller.
 
-use crate::chunk_batch::{CompressPolicy, RECORD_HEADER};
+use crate::chunk_batch::{CompressPolicy, GroupSlot, RECORD_HEADER};
 use crate::chunker::Chunk;
 use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
@@ -21,6 +21,10 @@ thread_local! {
     static DELTA_BUF: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
+/// Markers in the first pass of a streamed batch: `usize::MAX` = chunk left raw in its slot,
+/// `DELTA_STAGED - n` = a delta of n bytes staged in it (both encoded by group afterwards).
+const DELTA_STAGED: usize = usize::MAX - 1;
+
 pub struct ChunkSource {
     path: PathBuf,
     file: File,
@@ -31,14 +35,21 @@ pub struct ChunkSource {
 }
 
 impl ChunkSource {
-    pub fn open(path: &Path, manifest: Manifest, identity: FileIdentity, compress_level: i32) -> Result<ChunkSource> {
+    /// `stream`: the receiver decodes stream records (BATCH_STREAM).
+    pub fn open(
+        path: &Path,
+        manifest: Manifest,
+        identity: FileIdentity,
+        compress_level: i32,
+        stream: bool,
+    ) -> Result<ChunkSource> {
         let file = File::open(path).map_err(|e| CoreError::io(path, e))?;
         Ok(ChunkSource {
             path: path.to_path_buf(),
             file,
             identity,
             manifest,
-            policy: CompressPolicy::new(compress_level),
+            policy: CompressPolicy::with_stream(compress_level, stream),
             refine: OnceLock::new(),
         })
     }
@@ -49,6 +60,11 @@ impl ChunkSource {
         self.refine
             .set(t)
             .map_err(|_| CoreError::Usage("refinement table already set".into()))
+    }
+
+    /// The zstd level for batches read from now on.
+    pub fn set_level(&self, level: i32) {
+        self.policy.set_level(level);
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -100,7 +116,8 @@ impl ChunkSource {
             }
         }
         let refine = self.refine.get();
-        let used: Vec<Result<usize>> = slots
+        let streams = self.policy.streams();
+        let mut used: Vec<Result<usize>> = slots
             .par_iter_mut()
             .map(|(i, slot)| {
                 let c = &self.manifest.chunks[*i as usize];
@@ -124,15 +141,39 @@ impl ChunkSource {
                         mid.copy_from_slice(&slot[RECORD_HEADER..]);
                         read_exact_at(&self.file, tail, c.end()).map_err(|e| CoreError::io(&self.path, e))?;
                         t.diff_chunk(k, sig, padded, before as usize, c.len as usize, d)?;
+                        if streams {
+                            // Staged: compressed below in its group's stream (the marker
+                            // carries the delta's length).
+                            return Ok(self.policy.stage_delta_in_slot(d, slot).map(|n| DELTA_STAGED - n));
+                        }
                         Ok(self.policy.encode_delta_in_slot(*i, d, slot))
                     })?;
                     if let Some(n) = encoded {
                         return Ok(n);
                     }
                 }
+                if streams {
+                    return Ok(usize::MAX); // encoded below, with its neighbours
+                }
                 Ok(self.policy.encode_in_slot(*i, slot))
             })
             .collect();
+        if streams {
+            let mut pending: Vec<(usize, GroupSlot<'_>)> = Vec::new();
+            for (k, (i, slot)) in slots.iter_mut().enumerate() {
+                match used[k] {
+                    Ok(usize::MAX) => pending.push((k, (*i, &mut **slot, None))),
+                    Ok(n) if n >= DELTA_STAGED - u32::MAX as usize && n <= DELTA_STAGED => {
+                        pending.push((k, (*i, &mut **slot, Some(DELTA_STAGED - n))))
+                    }
+                    _ => {}
+                }
+            }
+            let (ks, mut group): (Vec<usize>, Vec<GroupSlot<'_>>) = pending.into_iter().unzip();
+            for (k, n) in ks.into_iter().zip(self.policy.encode_groups(&mut group)) {
+                used[k] = Ok(n);
+            }
+        }
         // Pack: move each record down to close the gaps left by compression.
         let mut write = 0usize;
         let mut read = 0usize;

@@ -93,8 +93,10 @@ pub fn tree_manifest_decode(data: &[u8]) {
 /// never a panic, never content of another length than declared, and a table that
 /// decodes re-encodes to the same bytes (nothing is silently dropped or invented).
 pub fn tree_frames_decode(data: &[u8]) {
-    if let Ok(records) = crate::tree::file_batch::decode(data) {
-        for r in records {
+    if let Ok(mut records) = crate::tree::file_batch::decode(data) {
+        // A stream that does not decode is an error, never a panic; then nothing is written.
+        let inflated = crate::tree::file_batch::inflate_streams(&mut records).is_ok();
+        for r in records.iter().filter(|_| inflated) {
             // content() checks the root itself; what must also hold is the declared length.
             if let Ok(bytes) = r.content() {
                 assert_eq!(bytes.len(), r.raw_len as usize);
@@ -222,6 +224,22 @@ mod tests {
         );
         crate::tree::file_batch::encode_record(2, crate::tree::file_batch::FileStatus::Ok, b"small", 1, &mut batch);
         mutate_all(&batch, 5_000, tree_frames_decode);
+        // Stream records (BATCH_STREAM): a group of three files sharing one context.
+        let files: Vec<_> = [
+            pseudo_random(3000, 4),
+            b"small small small small".repeat(40),
+            pseudo_random(3000, 4),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, data)| crate::tree::file_batch::BatchFile {
+            action: i as u32,
+            status: crate::tree::file_batch::FileStatus::Ok,
+            data,
+        })
+        .collect();
+        let streamed: Vec<u8> = crate::tree::file_batch::encode_batch(&files, 3, true).concat();
+        mutate_all(&streamed, 5_000, tree_frames_decode);
         mutate_all(b"*.log\n!keep.log\n/build/\n**/gen/**", 5_000, tree_frames_decode);
         use crate::tree::attrs::{attr_flags, AttrTable, EntryAttrs};
         let table = AttrTable {

@@ -34,5 +34,6 @@ pub mod sparse;
 #[cfg(test)]
 mod testutil;
 pub mod tree;
+pub mod zstream;
 
 pub use error::{CoreError, Result};

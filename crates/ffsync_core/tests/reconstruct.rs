@@ -22,7 +22,7 @@ fn sync(src: &Path, dst: &Path, limit: Option<usize>) -> Option<(u64, u64)> {
     }
     let r = Reconstruction::begin(dst, s.manifest.clone(), local).unwrap();
     let need = r.needed();
-    let source = ChunkSource::open(src, s.manifest.clone(), s.identity, 1).unwrap();
+    let source = ChunkSource::open(src, s.manifest.clone(), s.identity, 1, true).unwrap();
     r.copy_local().unwrap();
     let mut sent = 0u64;
     for (n, group) in need.chunks(4).enumerate() {
@@ -88,7 +88,7 @@ fn corrupt_chunk_is_rejected_and_target_untouched() {
     fs::write(&dst, b"old content").unwrap();
     let s = scan_file(&src, &ScanOptions::default()).unwrap();
     let r = Reconstruction::begin(&dst, s.manifest.clone(), vec![]).unwrap();
-    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0).unwrap();
+    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0, false).unwrap();
     let (mut batch, _) = source.read_batch(&[0]).unwrap();
     let last = batch.len() - 1;
     batch[last] ^= 1;
@@ -122,7 +122,7 @@ fn old_file_changed_during_sync_fails_verification() {
     let racing = rand_bytes(3_000_000, 77);
     fs::write(&dst, &racing).unwrap();
     let copy = r.copy_local();
-    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0).unwrap();
+    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0, false).unwrap();
     for i in r.needed() {
         r.write_batch(&source.read_batch(&[i]).unwrap().0).unwrap();
     }
@@ -161,7 +161,7 @@ fn duplicate_or_unrequested_chunks_are_refused() {
     fs::write(&src, rand_bytes(2_000_000, 8)).unwrap();
     let s = scan_file(&src, &ScanOptions::default()).unwrap();
     let r = Reconstruction::begin(&dst, s.manifest.clone(), vec![]).unwrap();
-    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0).unwrap();
+    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0, false).unwrap();
     let (b0, _) = source.read_batch(&[0]).unwrap();
     r.write_batch(&b0).unwrap();
     assert_eq!(
@@ -190,7 +190,7 @@ fn a_failed_batch_poisons_the_reconstruction() {
     let s = scan_file(&src, &ScanOptions::default()).unwrap();
     assert_eq!(s.manifest.chunks.len(), 1);
     let r = Reconstruction::begin(&dst, s.manifest.clone(), vec![]).unwrap();
-    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0).unwrap();
+    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0, false).unwrap();
     let (mut batch, _) = source.read_batch(&[0]).unwrap();
     let last = batch.len() - 1;
     batch[last] ^= 1;
@@ -229,7 +229,7 @@ fn a_chunk_that_does_not_decompress_poisons_the_reconstruction() {
     fs::write(&dst, b"old").unwrap();
     let s = scan_file(&src, &ScanOptions::default()).unwrap();
     let r = Reconstruction::begin(&dst, s.manifest.clone(), vec![]).unwrap();
-    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 1).unwrap();
+    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 1, false).unwrap();
     let (mut batch, _) = source.read_batch(&[0]).unwrap();
     assert_eq!(batch[4], 1, "the chunk went compressed");
     for b in &mut batch[13..] {

@@ -34,7 +34,7 @@ fn sync_refined(src: &Path, dst: &Path, level: i32) -> Sent {
     .unwrap();
     let table = r.refinement().unwrap();
     let need = r.needed();
-    let source = ChunkSource::open(src, s.manifest.clone(), s.identity, level).unwrap();
+    let source = ChunkSource::open(src, s.manifest.clone(), s.identity, level, level % 2 == 1).unwrap();
     source.set_refinement(&table).unwrap();
     r.copy_local().unwrap();
     let mut sent = Sent {
@@ -210,7 +210,7 @@ fn a_delta_for_a_chunk_that_was_not_refined_is_refused() {
     )
     .unwrap();
     let table = planner.refinement().unwrap();
-    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0).unwrap();
+    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0, false).unwrap();
     source.set_refinement(&table).unwrap();
     let (batch, _) = source.read_batch(&receiver_side.needed()).unwrap();
     assert!(count_deltas(&batch) > 0);
@@ -252,7 +252,7 @@ fn one_delta(seed: u64) -> OneDelta {
     )
     .unwrap();
     let table = r.refinement().unwrap();
-    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0).unwrap();
+    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0, false).unwrap();
     source.set_refinement(&table).unwrap();
     r.copy_local().unwrap();
     let (batch, _) = source.read_batch(&r.needed()).unwrap();

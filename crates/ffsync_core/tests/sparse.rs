@@ -52,7 +52,7 @@ fn rebuild(src: &Path, dst: &Path, hole_list: Vec<Hole>, local: bool) -> ffsync_
             ..Default::default()
         },
     )?;
-    let source = ChunkSource::open(src, s.manifest.clone(), s.identity, 0).unwrap();
+    let source = ChunkSource::open(src, s.manifest.clone(), s.identity, 0, false).unwrap();
     r.copy_local()?;
     let need = r.needed();
     for group in need.chunks(8) {

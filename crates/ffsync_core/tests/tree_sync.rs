@@ -241,7 +241,7 @@ fn send_small(s: &TreeSync, r: &TreeSync) -> (Vec<u32>, Vec<String>) {
     let mut buf = vec![0u8; (biggest as usize + 4096).max(48 * 1024)];
     let (mut cursor, mut records, mut errors) = (Some(0), Vec::new(), Vec::new());
     while let Some(c) = cursor {
-        let (n, next, _) = s.read_small(c, &mut buf, 1).unwrap();
+        let (n, next, _) = s.read_small(c, &mut buf, 1, c % 2 == 0).unwrap();
         records.extend(file_batch::decode(&buf[..n]).unwrap().iter().map(|rec| rec.action));
         let o = r.write_small(&buf[..n]).unwrap();
         errors.extend(o.errors.into_iter().chain(o.vanished));
@@ -1208,7 +1208,7 @@ fn a_link_planted_at_the_partial_name_is_left_alone() {
         assert_ne!(r.temp_path(), partial, "{planted}: a fresh temp name");
         let need = r.needed();
         let id = ffsync_core::file_identity::FileIdentity::of(&fs::metadata(&src).unwrap());
-        let cs = ffsync_core::chunk_source::ChunkSource::open(&src, m.clone(), id, 0).unwrap();
+        let cs = ffsync_core::chunk_source::ChunkSource::open(&src, m.clone(), id, 0, false).unwrap();
         let (batch, _) = cs.read_batch(&need).unwrap();
         r.write_batch(&batch).unwrap();
         r.finish(None, None, None).unwrap();

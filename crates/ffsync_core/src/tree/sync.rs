@@ -398,8 +398,16 @@ impl TreeSync {
     // ---- sender ----
 
     /// Fill `out` with records of small files starting at action `cursor`; returns
-    /// (bytes written, next cursor or None when done, raw bytes read).
-    pub fn read_small(&self, cursor: usize, out: &mut [u8], level: i32) -> Result<(usize, Option<usize>, u64)> {
+    /// (bytes written, next cursor or None when done, raw bytes read). `shared`: the peer
+    /// decodes stream records (capability BATCH_STREAM), so the batch's files share a
+    /// compression context.
+    pub fn read_small(
+        &self,
+        cursor: usize,
+        out: &mut [u8],
+        level: i32,
+        shared: bool,
+    ) -> Result<(usize, Option<usize>, u64)> {
         let plan = self.plan();
         let s = &self.local.manifest;
         let mut picked = Vec::new();
@@ -417,23 +425,25 @@ impl TreeSync {
             }
             k += 1;
         }
-        let records: Vec<(Vec<u8>, u64, Option<Claim>)> = picked
+        let files: Vec<(file_batch::BatchFile, Option<Claim>)> = picked
             .par_iter()
             .map(|&k| {
                 let a = &plan.actions[k];
                 let i = a.s as usize;
                 let e = s.entry(i);
-                let mut rec = Vec::with_capacity(e.size as usize + file_batch::RECORD_HEADER);
                 match self.read_whole(i) {
                     Ok(data) => {
-                        file_batch::encode_record(k as u32, FileStatus::Ok, &data, level, &mut rec);
-                        let root: [u8; 32] = rec[14..46].try_into().unwrap();
                         let claim = Claim {
                             path: e.path.to_vec(),
                             identity: self.local.identity(i),
-                            root,
+                            root: [0; 32],
                         };
-                        (rec, data.len() as u64, Some(claim))
+                        let f = file_batch::BatchFile {
+                            action: k as u32,
+                            status: FileStatus::Ok,
+                            data,
+                        };
+                        (f, Some(claim))
                     }
                     Err(err) => {
                         let status = match &err {
@@ -442,10 +452,27 @@ impl TreeSync {
                             }
                             _ => FileStatus::Unreadable,
                         };
-                        file_batch::encode_record(k as u32, status, &[], level, &mut rec);
-                        (rec, 0, None)
+                        let f = file_batch::BatchFile {
+                            action: k as u32,
+                            status,
+                            data: Vec::new(),
+                        };
+                        (f, None)
                     }
                 }
+            })
+            .collect();
+        let (files, claims_of): (Vec<_>, Vec<_>) = files.into_iter().unzip();
+        let encoded = file_batch::encode_batch(&files, level, shared);
+        let records: Vec<(Vec<u8>, u64, Option<Claim>)> = encoded
+            .into_iter()
+            .zip(files.iter().zip(claims_of))
+            .map(|(rec, (f, claim))| {
+                let claim = claim.map(|mut c| {
+                    c.root = rec[14..46].try_into().unwrap();
+                    c
+                });
+                (rec, f.data.len() as u64, claim)
             })
             .collect();
         let mut n = 0;
@@ -739,7 +766,7 @@ impl TreeSync {
 
     /// Verify and write one batch of small files (in parallel).
     pub fn write_small(&self, batch: &[u8]) -> Result<Outcome> {
-        let records = file_batch::decode(batch)?;
+        let mut records = file_batch::decode(batch)?;
         let s = self.s();
         for r in &records {
             let k = r.action as usize;
@@ -762,6 +789,7 @@ impl TreeSync {
             }
             self.claim_once(k)?;
         }
+        file_batch::inflate_streams(&mut records)?;
         let results: Vec<Result<Outcome>> = records
             .par_iter()
             .map(|r| {

@@ -32,7 +32,7 @@ pub fn rebuild(src: &Path, dst: &Path, opts: BeginOptions, before_finish: impl F
     }];
     let r = Reconstruction::begin_with(dst, s.manifest.clone(), local, opts).unwrap();
     let plan = r.summary();
-    let source = ChunkSource::open(src, s.manifest.clone(), s.identity, 0).unwrap();
+    let source = ChunkSource::open(src, s.manifest.clone(), s.identity, 0, false).unwrap();
     r.copy_local().unwrap();
     for group in r.needed().chunks(8) {
         let (batch, _) = source.read_batch(group).unwrap();
