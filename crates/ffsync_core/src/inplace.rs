@@ -244,7 +244,6 @@ mod tests {
     use super::*;
     use crate::chunker::InMemory;
     use crate::scan::manifest_of_bytes;
-    use std::fs;
 
     #[test]
     fn journal_round_trip_and_damage() {

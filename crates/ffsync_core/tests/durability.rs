@@ -24,7 +24,7 @@ fn fresh(src: &Path, dst: &Path, fsync: bool) -> Reconstruction {
         },
     )
     .unwrap();
-    let source = ChunkSource::open(src, s.manifest.clone(), s.identity, 0).unwrap();
+    let source = ChunkSource::open(src, s.manifest.clone(), s.identity, 0, false).unwrap();
     for group in r.needed().chunks(8) {
         let (batch, _) = source.read_batch(group).unwrap();
         r.write_batch(&batch).unwrap();
@@ -115,7 +115,7 @@ fn no_fsync_still_refuses_a_bad_chunk_and_leaves_the_target_alone() {
         },
     )
     .unwrap();
-    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0).unwrap();
+    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0, false).unwrap();
     let need = r.needed();
     let (mut batch, _) = source.read_batch(&need).unwrap();
     // Raw records: the last byte is the last chunk's payload.
