@@ -49,6 +49,13 @@ function relay(targetPort: number, o: { clear: boolean; bothWays?: boolean }, se
           if (fromSender && type === FrameType.DATA) {
             for (let at = 0; at < payload.length; at += 13 + payload.readUInt32LE(at + 9)) seen.data.add(payload[at + 4]);
           }
+          // Protocol version 2 carries large files' DATA inside MUX frames (docs/protocol.md
+          // §9.9): `stream id u32 | inner frames`; our peers write an inner frame's header and
+          // payload in one MUX frame, so a DATA frame starts right after the id.
+          if (fromSender && type === FrameType.MUX && payload.length > 9 && payload[8] === FrameType.DATA && payload.readUInt32LE(4) === payload.length - 8) {
+            const inner = payload.subarray(9);
+            for (let at = 0; at < inner.length; at += 13 + inner.readUInt32LE(at + 9)) seen.data.add(inner[at + 4]);
+          }
           to.write(frame);
         }
       });
