@@ -94,9 +94,15 @@ export class FrameDecoder {
   /** Reads shorter than this are coalesced into 64 KiB accumulators. */
   static readonly SMALL_READ = 4096;
   private static readonly TAIL_SIZE = 64 * 1024;
-  // Two buffers: one frame being assembled, one still held by the session. (It was six:
-  // 12 MiB per connection kept for the life of the connection, ~800 MiB for 64 serve sessions.)
-  private readonly pool = new BufferPool(2 * 1024 * 1024 + 64 * 1024, 2);
+  // Kept for reuse: as many as a receiving session has in flight at once (one being
+  // assembled, up to two queued, two being verified and written). With fewer kept, every
+  // frame beyond them allocated a fresh 2 MiB buffer and dropped one: 82 per 512 MiB received,
+  // promoted to the old generation before they died, so ~190 MB of dead buffers waited for a
+  // major GC (peak RSS 258 MB; 147 MB with six). Buffers are created only when frames that
+  // large span reads, and all of them go when the connection closes (`dispose`), so an idle or
+  // finished `serve` session holds none (the reason this once was two: before `dispose`, six
+  // stayed for the connection's life, ~800 MiB for 64 sessions).
+  private readonly pool = new BufferPool(2 * 1024 * 1024 + 64 * 1024, 6);
 
   /** The connection closed: drop partial input and pooled buffers (frames already decoded
    * stay valid; their release() then frees nothing into the pool). */
