@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { seeded, sender, snapshot, snapshotTree, startReceiver, sync, tmpdir } from './helpers/peers';
+import { bystanders, seeded, sender, snapshot, snapshotTree, startReceiver, sync, tmpdir } from './helpers/peers';
 import { frameReader, relayAddingExcludes } from './helpers/raw-peer';
 import { encodeFrame, FrameType } from '../ts/protocol/frames';
 import { Decision, decodeDecision, encodeDataEnd, encodeHello, encodeOffer, manifestFrames, OfferKind, Role } from '../ts/protocol/messages';
@@ -212,13 +212,8 @@ describe('writes never escape the target through links the receiver did not look
    * (small files, a deeper dir, a large file) and the receiver is told to exclude `link`. */
   async function attack(recvArgs: string[] = []) {
     const base = tmpdir();
-    const outside = path.join(base, 'outside');
-    const sibling = path.join(base, 'sibling');
-    fs.mkdirSync(outside);
-    fs.mkdirSync(sibling);
-    fs.writeFileSync(path.join(outside, 'victim.txt'), 'precious');
+    const { outside, sibling } = bystanders(base);
     fs.writeFileSync(path.join(outside, 'big.bin'), 'precious too');
-    fs.writeFileSync(path.join(sibling, 'keep.txt'), 'sibling');
     const target = path.join(base, 'target');
     fs.mkdirSync(target);
     fs.symlinkSync(outside, path.join(target, 'link'));

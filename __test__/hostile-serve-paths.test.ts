@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import tls from 'node:tls';
 import { describe, it } from 'node:test';
-import { CLI, run, seeded, snapshotTree, tmpdir } from './helpers/peers';
+import { bystanders, CLI, run, seeded, snapshotTree, tmpdir } from './helpers/peers';
 import { relayAddingExcludes } from './helpers/raw-peer';
 
 function id(state: string): string {
@@ -42,12 +42,7 @@ async function mitm(port: number, state: string, rewrite: 'toDaemon' | 'toClient
 /** `outside/` with a file, `sibling/` beside it, and a sender tree with `link/…` in it. */
 function scene() {
   const base = tmpdir();
-  const outside = path.join(base, 'outside');
-  const sibling = path.join(base, 'sibling');
-  fs.mkdirSync(outside);
-  fs.mkdirSync(sibling);
-  fs.writeFileSync(path.join(outside, 'victim.txt'), 'precious');
-  fs.writeFileSync(path.join(sibling, 'keep.txt'), 'sibling');
+  const { outside, sibling } = bystanders(base);
   const tree = path.join(base, 'tree');
   fs.mkdirSync(path.join(tree, 'link', 'sub'), { recursive: true });
   fs.writeFileSync(path.join(tree, 'ok.txt'), 'fine');

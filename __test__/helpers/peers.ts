@@ -289,3 +289,15 @@ export function makeImmutable(p: string): boolean {
 export function undoImmutable(p: string): void {
   execFileSync('chattr', ['-i', p]);
 }
+
+/** Directories a hostile peer must not touch, beside a test's target under `base`:
+ * `outside/victim.txt` (where a planted link points) and `sibling/keep.txt`. */
+export function bystanders(base: string): { outside: string; sibling: string } {
+  const outside = path.join(base, 'outside');
+  const sibling = path.join(base, 'sibling');
+  fs.mkdirSync(outside);
+  fs.mkdirSync(sibling);
+  fs.writeFileSync(path.join(outside, 'victim.txt'), 'precious');
+  fs.writeFileSync(path.join(sibling, 'keep.txt'), 'sibling');
+  return { outside, sibling };
+}

@@ -35,7 +35,7 @@ import type { ReceiveOptions } from './receive.js';
 import { hashWithin, receiveFileContent, WRITES_IN_FLIGHT } from './file-transfer.js';
 import { WorkLimit } from '../utils/data-turns.js';
 import { exchangeManifestsAndRoots, HASHING_AT_ONCE, treeSummary } from './tree-common.js';
-import { Multiplexer, MUX_MAX_STREAMS } from '../transport/mux.js';
+import { Multiplexer } from '../transport/mux.js';
 
 export interface TreeReceiveOptions {
   /** The receiver's own patterns: matching paths are never deleted. */
@@ -112,14 +112,12 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
   // lanes for byte counts (their bytes are counted on the connection carrying them).
   const multiplexed = o.negotiated.version >= 2;
   const streams: FramedConnection[] = [];
-  let largeFiles = 0; // known once triaged
   // Basis files hashed at once while many conversations run (see HASHING_AT_ONCE).
   const hashing = multiplexed ? new WorkLimit(HASHING_AT_ONCE) : undefined;
   const carryStreams = (c: FramedConnection) => {
     if (!multiplexed) return;
     new Multiplexer(c, {
       opener: false,
-      maxIds: () => MUX_MAX_STREAMS + largeFiles,
       onStream: (s) => {
         streams.push(s);
         startLane(s);
@@ -206,7 +204,6 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     matched += prep.bytes;
 
     const large = new Map<number, LargeTransferInfo>(tree.largeTransfers().map((l) => [l.action, l]));
-    largeFiles = large.size;
     const done = new Set<number>();
     let smallDone = 0;
     let progressNow: (n: number) => void = () => undefined;
@@ -391,7 +388,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     // as "peer closed", which would keep their partial files for a resume that a protocol
     // error does not deserve), and their clean-up finishes before we return.
     const why = e instanceof Error ? e : new Error(String(e));
-    for (const c of [...streams, ...lanes]) c.failFromParent(why);
+    for (const c of [...streams, ...lanes]) c.failWith(why);
     await Promise.race([Promise.allSettled(laneWork), new Promise((r) => setTimeout(r, SETTLE_MS).unref())]);
     throw e;
   } finally {

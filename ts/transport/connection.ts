@@ -406,8 +406,9 @@ export class FramedConnection {
     return false;
   }
 
-  /** The connection carrying this stream failed or closed. */
-  failFromParent(e: Error): void {
+  /** Fail with `e` from outside (the connection carrying this stream failed, or the session
+   * ends with `e`): receives in progress reject with it, not as "peer closed". */
+  failWith(e: Error): void {
     this.fail(e);
   }
 
@@ -430,7 +431,7 @@ export class FramedConnection {
     return this.sendParts(type, [payload], onWritten);
   }
 
-  /** `send` of a payload given in parts (written in order, never copied into one buffer).
+  /** `send` of a payload given in parts (at least one; written in order, never copied into one buffer).
    * With `wait` false it resolves at once: the caller waits on `onWritten` instead. */
   sendParts(type: FrameType, parts: Uint8Array[], onWritten?: () => void, wait = true): Promise<void> {
     // After a local failure only an ERROR frame may still go out (to tell the peer why).
@@ -448,7 +449,6 @@ export class FramedConnection {
       const last = i === parts.length - 1;
       ok = this.stream.write(parts[i], last && onWritten ? () => onWritten() : undefined);
     }
-    if (parts.length === 0 && onWritten) ok = this.stream.write(Buffer.alloc(0), () => onWritten());
     this.stream.uncork();
     // Our own KEEPALIVE is not the peer's progress; nor is a stream's frame (the stream's
     // own conversation says whether it was: a KEEPALIVE on a stream is not).

@@ -15,7 +15,7 @@ import { Duplex } from 'node:stream';
 import { FramedConnection } from './connection.js';
 import { FrameType, protocolError } from '../protocol/frames.js';
 
-/** Streams one connection carries at once. */
+/** Streams one connection carries at once, and ids the peer may open beyond those it spent. */
 export const MUX_MAX_STREAMS = 64;
 /** Bytes received for streams but not yet taken by their conversations: above this the
  * connection stops reading (every stream waits) until they drain below MUX_LOW_WATER. */
@@ -71,10 +71,6 @@ export interface MultiplexerOptions {
   opener: boolean;
   /** Acceptor: a stream the peer opened, with its conversation ready to run. */
   onStream?: (c: FramedConnection) => void;
-  /** Acceptor: ids the peer may open in all (default MUX_MAX_STREAMS). A stream is spent
-   * when its file fails alone, and the opener opens a fresh one: a tree session allows one
-   * per large file on top of the window, never more. */
-  maxIds?: () => number;
 }
 
 /** The streams of one physical connection (TCP, TLS, ssh stdio, a QUIC stream, a pipe). */
@@ -84,6 +80,10 @@ export class Multiplexer {
   private opened = 0;
   /** Acceptor: ids the peer opened so far (its streams' first frames may arrive in any order). */
   private readonly seen = new Set<number>();
+  /** Streams this side dropped while the peer still had them open: a file that failed alone
+   * spends its stream, and the opener replaces it with a fresh id. Each large file is begun
+   * once, so this is bounded by the tree's large files. */
+  private spent = 0;
   private over = false;
 
   constructor(
@@ -120,10 +120,11 @@ export class Multiplexer {
       if (!s) {
         if (this.o.opener ? id >= 1 && id <= this.opened : this.seen.has(id)) return; // a stream already closed: late bytes are dropped
         if (this.o.opener) throw protocolError(`MUX frame for stream ${id}, which this side never opened`);
-        const maxIds = this.o.maxIds?.() ?? MUX_MAX_STREAMS;
-        if (id < 1 || id > maxIds || this.streams.size >= MUX_MAX_STREAMS) {
-          throw protocolError(`MUX frame opens stream ${id}; ids run from 1 to ${maxIds}, at most ${MUX_MAX_STREAMS} open at once`);
-        }
+        // Ids beyond the window replace spent streams only; that also keeps the streams open at
+        // once within the window (checked anyway).
+        const maxIds = MUX_MAX_STREAMS + this.spent;
+        if (id < 1 || id > maxIds) throw protocolError(`MUX frame opens stream ${id}; ids run from 1 to ${maxIds} (${MUX_MAX_STREAMS} + ${this.spent} spent)`);
+        if (this.streams.size >= MUX_MAX_STREAMS) throw protocolError(`MUX frame opens stream ${id}; at most ${MUX_MAX_STREAMS} are open at once`);
         this.seen.add(id);
         const conn = this.start(id);
         s = this.streams.get(id)!;
@@ -176,12 +177,14 @@ export class Multiplexer {
   }
 
   forget(s: MuxStream): void {
-    if (this.streams.get(s.id) === s) this.streams.delete(s.id);
+    if (this.streams.get(s.id) !== s) return;
+    this.streams.delete(s.id);
+    if (!s.peerEnded) this.spent++;
     this.maybeResume();
   }
 
   /** The connection failed or closed: every stream's conversation ends with it. */
   private closeAll(why: Error): void {
-    for (const s of [...this.streams.values()]) s.conn.failFromParent(why);
+    for (const s of [...this.streams.values()]) s.conn.failWith(why);
   }
 }

@@ -19,9 +19,9 @@ use ffsync_core::CoreError;
 /// One long-lived thread takes them in order; if it cannot be started, `value` drops here.
 pub(crate) fn drop_in_background<T: Send + 'static>(value: T) {
     use std::sync::mpsc::{channel, Sender};
-    use std::sync::{Mutex, OnceLock};
+    use std::sync::OnceLock;
     type Garbage = Box<dyn Send>;
-    static DROPPER: OnceLock<Option<Mutex<Sender<Garbage>>>> = OnceLock::new();
+    static DROPPER: OnceLock<Option<Sender<Garbage>>> = OnceLock::new();
     let tx = DROPPER.get_or_init(|| {
         let (tx, rx) = channel::<Garbage>();
         std::thread::Builder::new()
@@ -32,13 +32,11 @@ pub(crate) fn drop_in_background<T: Send + 'static>(value: T) {
                 }
             })
             .ok()
-            .map(|_| Mutex::new(tx))
+            .map(|_| tx)
     });
-    let boxed: Garbage = Box::new(value);
+    // A send that fails hands the value back inside its error, which drops it here.
     if let Some(tx) = tx {
-        if let Err(back) = tx.lock().unwrap().send(boxed) {
-            drop(back.0);
-        }
+        let _ = tx.send(Box::new(value));
     }
 }
 

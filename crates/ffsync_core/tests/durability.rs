@@ -2,33 +2,24 @@
 //! lands when the result will be fsynced, nothing is started without it, and verification
 //! is the same either way.
 
-use ffsync_core::chunk_source::ChunkSource;
-use ffsync_core::reconstruct::{BeginOptions, LocalSource, Reconstruction};
-use ffsync_core::scan::{scan_file, ScanOptions};
+use ffsync_core::reconstruct::{BeginOptions, Reconstruction};
 use std::fs;
 use std::path::Path;
 
 mod common;
-use common::{rand_bytes, rebuild};
+use common::{begin, feed, leftovers, rand_bytes, rebuild};
+
+fn opts(fsync: bool) -> BeginOptions {
+    BeginOptions {
+        fsync,
+        ..Default::default()
+    }
+}
 
 /// A fresh reconstruction of `src` at `dst` (nothing local), fed every chunk in batches.
 fn fresh(src: &Path, dst: &Path, fsync: bool) -> Reconstruction {
-    let s = scan_file(src, &ScanOptions::default()).unwrap();
-    let r = Reconstruction::begin_with(
-        dst,
-        s.manifest.clone(),
-        Vec::new(),
-        BeginOptions {
-            fsync,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let source = ChunkSource::open(src, s.manifest.clone(), s.identity, 0, false).unwrap();
-    for group in r.needed().chunks(8) {
-        let (batch, _) = source.read_batch(group).unwrap();
-        r.write_batch(&batch).unwrap();
-    }
+    let (r, source) = begin(src, dst, false, opts(fsync));
+    feed(&r, &source);
     r
 }
 
@@ -62,12 +53,7 @@ fn no_fsync_starts_no_writeback_and_still_commits_the_verified_file() {
     assert_eq!(r.writeback_started(), 0);
     r.finish(Some(1_700_000_000_000_000_000), Some(0o640), None).unwrap();
     assert_eq!(fs::read(&dst).unwrap(), fs::read(&src).unwrap());
-    let leftovers: Vec<_> = fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .filter(|n| n.to_string_lossy().ends_with(".ffsync-part"))
-        .collect();
-    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert_eq!(leftovers(dir.path()), Vec::<String>::new());
 }
 
 #[test]
@@ -81,15 +67,7 @@ fn no_fsync_delta_rebuild_converges() {
         *b ^= 0x5a;
     }
     fs::write(&src, &data).unwrap();
-    let plan = rebuild(
-        &src,
-        &dst,
-        BeginOptions {
-            fsync: false,
-            ..Default::default()
-        },
-        |r| assert_eq!(r.writeback_started(), 0),
-    );
+    let plan = rebuild(&src, &dst, opts(false), |r| assert_eq!(r.writeback_started(), 0));
     assert!(plan.copy_bytes > 0 && plan.wire_bytes > 0, "{plan:?}");
 }
 
@@ -100,22 +78,7 @@ fn no_fsync_still_refuses_a_bad_chunk_and_leaves_the_target_alone() {
     let old = rand_bytes(3 << 20, 10);
     fs::write(&dst, &old).unwrap();
     fs::write(&src, rand_bytes(3 << 20, 12)).unwrap();
-    let s = scan_file(&src, &ScanOptions::default()).unwrap();
-    let local = vec![LocalSource {
-        path: dst.clone(),
-        manifest: scan_file(&dst, &ScanOptions::default()).unwrap().manifest,
-    }];
-    let r = Reconstruction::begin_with(
-        &dst,
-        s.manifest.clone(),
-        local,
-        BeginOptions {
-            fsync: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let source = ChunkSource::open(&src, s.manifest.clone(), s.identity, 0, false).unwrap();
+    let (r, source) = begin(&src, &dst, true, opts(false));
     let need = r.needed();
     let (mut batch, _) = source.read_batch(&need).unwrap();
     // Raw records: the last byte is the last chunk's payload.

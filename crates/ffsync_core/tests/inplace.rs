@@ -2,7 +2,7 @@
 //! kept, the redo journal completing an interrupted commit, and an incomplete one reported.
 
 mod common;
-use common::rand_bytes;
+use common::{leftovers, rand_bytes};
 use ffsync_core::inplace::{journal_path, recover, write_journal, Journal};
 use ffsync_core::reconstruct::{BeginOptions, LocalSource, Reconstruction};
 use ffsync_core::scan::{scan_file, ScanOptions};
@@ -19,14 +19,6 @@ fn sync_inplace(src: &Path, dst: &Path) -> ffsync_core::reconstruct::PlanSummary
         },
         |_| (),
     )
-}
-
-fn leftovers(dir: &Path) -> Vec<String> {
-    fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(".ffsync-"))
-        .collect()
 }
 
 #[test]
