@@ -96,6 +96,7 @@ mod tests {
             .read(true)
             .write(true)
             .create(true)
+            .truncate(true)
             .open(dir.path().join("t"))
             .unwrap();
         let size = 1 << 30;

@@ -403,7 +403,7 @@ mod tests {
         let bomb = crate::testutil::zstd_zeros(b"", 1 << 20);
         let mut b = Vec::new();
         push_record(1, FileStatus::Ok, ENC_STREAM_START, 1000, &[0; 32], &bomb, &mut b);
-        let err = decode_all(&b).err().expect("a bomb must fail");
+        let err = decode_all(&b).expect_err("a bomb must fail");
         assert!(err.to_string().contains("more than its declared length"), "{err}");
         // Declared longer than the payload inflates to: refused too.
         let mut b = Vec::new();
