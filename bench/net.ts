@@ -90,6 +90,7 @@ const { values } = parseArgs({
     // Internal: the TCP delay relay, started by this script inside namespace S.
     'relay-tcp': { type: 'string' },
     'relay-delay': { type: 'string' },
+    'relay-buffer': { type: 'string' },
   },
 });
 
@@ -170,8 +171,14 @@ function netSetup(): void {
 }
 
 /** tbf on both ends: burst of 1 ms at the rate (at least 64 KiB, so GSO packets pass whole), a
- * queue of 50 ms. */
+ * queue of 50 ms. And TCP buffers in the sending namespace sized as a real path of this rate and
+ * RTT would autotune them (twice the bandwidth x delay, 1 MiB to 4 MiB, the kernel's default
+ * send maximum): the relay terminates TCP on loopback, where autotuning would otherwise grow
+ * its receive buffer toward tcp_rmem's 32 MiB, and a sender would see no backpressure for the
+ * first tens of MB of any transfer, which no real path does. Same for every tool. */
 function shape(link: Link): void {
+  const tcpMax = Math.min(4 << 20, Math.max(1 << 20, Math.round(((2 * link.rateBits) / 8) * (link.rttMs / 1000))));
+  run('ip', ['netns', 'exec', NS_S, 'sysctl', '-qw', `net.ipv4.tcp_wmem=4096 16384 ${tcpMax}`, `net.ipv4.tcp_rmem=4096 131072 ${tcpMax}`]);
   const burst = Math.max(64 * KiB, Math.round(link.rateBits / 8 / 1000));
   for (const [ns, dev] of [[NS_S, IF_S], [NS_R, IF_R]] as const) {
     run('tc', ['-n', ns, 'qdisc', 'replace', 'dev', dev, 'root', 'tbf', 'rate', link.rate, 'burst', String(burst), 'latency', '50ms']);
@@ -225,11 +232,17 @@ interface Endpoints {
   close(): Promise<void>;
 }
 
+/** The relay's queue: twice the link's one-way bandwidth x delay (at least 256 KiB), what a
+ * path's queues hold, not more (see tcpDelayProxy). */
+function relayBuffer(link: Link): number {
+  return Math.max(256 * KiB, Math.round(((2 * link.rateBits) / 8) * (link.rttMs / 2 / 1000)));
+}
+
 async function endpoints(link: Link, ssh: Sshd): Promise<Endpoints> {
   const direct = `${IP_R}:${RECV_PORT}`;
   if (link.rttMs === 0) return { tls: direct, sshHost: IP_R, rsh: ssh.rsh, quic: async () => ({ addr: direct, close: async () => undefined }), close: async () => undefined };
   const oneWay = link.rttMs / 2;
-  const tcp = new Proc('tcp relay', inNs(NS_S, [process.execPath, '--import', 'tsx', __filename, '--relay-tcp', `${direct},${IP_R}:${SSH_PORT}`, '--relay-delay', String(oneWay)]));
+  const tcp = new Proc('tcp relay', inNs(NS_S, [process.execPath, '--import', 'tsx', __filename, '--relay-tcp', `${direct},${IP_R}:${SSH_PORT}`, '--relay-delay', String(oneWay), '--relay-buffer', String(relayBuffer(link))]));
   const line = await tcp.waitForLine((l) => parseJsonLine(l)?.event === 'relay', 30_000);
   const [tlsPort, sshPort] = (parseJsonLine(line) as { ports: number[] }).ports;
   return {
@@ -532,7 +545,7 @@ function report(machine: ReturnType<typeof machineInfo>, describe: string[]): st
     '',
     `Command: \`${commandLine()}\` — ${machine.date}, ${machine.nproc} cores (${machine.cpu}), ${machine.memory}, ${machine.kernel}, ${machine.fs}, ${machine.rsync}, node ${machine.node}, ffsync-native ${machine.ffsync} (${path.relative(REPO, cli) || cli}, commit ${machine.commit}). Medians of ${repeat}; every run verified (SHA-256 of every file against the source).`,
     '',
-    `- Link: two network namespaces joined by a veth pair, \`tc tbf\` at the rate on both ends (burst 1 ms of the rate, at least 64 KiB; 50 ms queue). RTT: a user-space delay relay inside the sending namespace (RTT/2 each way; TCP relay __test__/helpers/delay-proxy.ts, UDP relay crates/ffsync_core/examples/udp_delay_relay.rs for QUIC). "no added delay": straight across the veth.`,
+    `- Link: two network namespaces joined by a veth pair, \`tc tbf\` at the rate on both ends (burst 1 ms of the rate, at least 64 KiB; 50 ms queue). RTT: a user-space delay relay inside the sending namespace (RTT/2 each way; TCP relay __test__/helpers/delay-proxy.ts, UDP relay crates/ffsync_core/examples/udp_delay_relay.rs for QUIC; the relay queues at most twice the link's bandwidth x delay and the sending namespace's TCP buffers are capped at twice that, 1–4 MiB, as a real path autotunes them). "no added delay": straight across the veth.`,
     '- Caveat: the TCP relay terminates TCP, so TCP\'s congestion control (TLS, ssh, rsync) runs over legs without the added delay (optimistic for TCP on cold, bandwidth-bound rows); QUIC datagrams carry the delay end to end. Round-trip-bound rows compare fairly.',
     '- Wire: bytes through the veth in each direction (kernel counters of the sending end: Ethernet frames, IP/TCP/UDP headers, ACKs, ssh/TLS/QUIC framing; GSO super-packets count one header) — one method for every tool. Floor: the busier direction\'s wire bytes at the link rate.',
     '- Time: from the sending command\'s start to the exit of every peer (send/receive: the receiver is already listening; ssh: includes ssh login and the remote start). Peak RSS: /usr/bin/time %M of each peer (sender: the local command incl. its ssh client; receiver: `receive`, or the peer started by sshd).',
@@ -637,7 +650,7 @@ if (values['relay-tcp']) {
     const ports: number[] = [];
     for (const t of values['relay-tcp']!.split(',')) {
       const i = t.lastIndexOf(':');
-      ports.push((await tcpDelayProxy(Number(t.slice(i + 1)), Number(values['relay-delay'] ?? 0), { targetHost: t.slice(0, i) })).port);
+      ports.push((await tcpDelayProxy(Number(t.slice(i + 1)), Number(values['relay-delay'] ?? 0), { targetHost: t.slice(0, i), maxQueuedBytes: values['relay-buffer'] ? Number(values['relay-buffer']) : undefined })).port);
     }
     process.stdout.write(`${JSON.stringify({ event: 'relay', ports })}\n`);
   })();

@@ -59,8 +59,9 @@ export async function udpDelayProxy(targetPort: number, oneWayMs: number): Promi
 /** TCP: each connection is relayed to targetHost:targetPort (default 127.0.0.1) with the delay
  * both ways; it listens on 127.0.0.1 (bench/net.ts runs it inside the sending namespace and
  * points it across a shaped veth link). */
-export async function tcpDelayProxy(targetPort: number, oneWayMs: number, opts: { targetHost?: string } = {}): Promise<DelayProxy> {
+export async function tcpDelayProxy(targetPort: number, oneWayMs: number, opts: { targetHost?: string; maxQueuedBytes?: number } = {}): Promise<DelayProxy> {
   const targetHost = opts.targetHost ?? '127.0.0.1';
+  const maxQueued = opts.maxQueuedBytes ?? 8 << 20;
   let dropping = false;
   const sockets = new Set<net.Socket>();
   // Like a TCP path, not a TCP endpoint: a half-close travels behind the data in its direction (the
@@ -69,10 +70,14 @@ export async function tcpDelayProxy(targetPort: number, oneWayMs: number, opts: 
   const relay = (from: net.Socket, to: net.Socket) => {
     let queued = 0; // bytes inside the delay line
     let paused = false;
-    // Bounded buffering (the delay line plus the far socket's queue): well above one-way
-    // bandwidth x delay for 1 Gbit/s at 15 ms (1.9 MB), so the relay itself never caps throughput.
+    // Bounded buffering (the delay line plus the far socket's queue). The default is well above
+    // one-way bandwidth x delay for 1 Gbit/s at 15 ms (1.9 MB), so the relay itself never caps
+    // throughput; bench/net.ts, which knows its link's rate, bounds it at twice the link's
+    // bandwidth x delay, as a path's queues are: a relay that buffered 8 MiB in front of a
+    // 100 Mbit/s link would be 0.7 s of bufferbloat that no real path has, hiding the link's
+    // rate from a sender's backpressure.
     const check = () => {
-      const over = queued + to.writableLength > 8 << 20;
+      const over = queued + to.writableLength > maxQueued;
       if (over !== paused) {
         paused = over;
         if (over) from.pause();

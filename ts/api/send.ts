@@ -1,9 +1,10 @@
 // The sending side of a single-file sync.
 
-import { LevelGovernor } from './compress-level.js';
+import { LevelGovernor, startLevel } from './compress-level.js';
 import fs from 'node:fs/promises';
 import { FramedConnection } from '../transport/connection.js';
 import { connect } from '../transport/tcp.js';
+import { handshakeMs } from '../transport/handshake-time.js';
 import { FrameType } from '../protocol/frames.js';
 import { Capability, Decision, DecisionReason, decodeDecision, decodeError, encodeOffer, OfferFlag, OfferKind, RequestOp, Role } from '../protocol/messages.js';
 import { loadIndex, type NativeChunkSource, type NativeTreeSync, type ScanResult } from '../native/binding.js';
@@ -54,6 +55,9 @@ export interface SendOptions {
   /** Overlapped phases (default on, when the peer supports them): stream a large file's
    * manifest while it is being hashed. `--no-overlap` turns it off. */
   overlap?: boolean;
+  /** How long the connection took to come up (transport/handshake-time.ts); picks the first
+   * compression level on a long link. Undefined: not measured (ssh, in-process). */
+  handshakeMs?: number;
 }
 
 export async function statSource(p: string): Promise<import('node:fs').BigIntStats> {
@@ -85,8 +89,10 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
     const { overQuic } = require('./over-quic.js') as typeof import('./over-quic.js');
     const { loadOrCreateIdentity } = require('../security/identity.js') as typeof import('../security/identity.js');
     /* eslint-enable @typescript-eslint/no-require-imports */
+    const dialed = performance.now();
     const quic = await QuicSession.connect(o.host, o.port, loadOrCreateIdentity(stateDir), { timeoutMs: o.connectTimeoutMs ?? Math.min(timeoutMs, 10_000), idleMs: timeoutMs });
-    return overQuic(quic, 'open', timeoutMs, (conn, stream) => runSender(conn, { ...o, stateDir, st, walking, t0, secure: stream, dialLane: () => quic.openStream() }));
+    const quicHandshakeMs = performance.now() - dialed;
+    return overQuic(quic, 'open', timeoutMs, (conn, stream) => runSender(conn, { ...o, stateDir, st, walking, t0, secure: stream, dialLane: () => quic.openStream(), handshakeMs: quicHandshakeMs }));
   }
   /* eslint-disable @typescript-eslint/no-require-imports */
   const identity = o.plaintext ? undefined : (require('../security/identity.js') as typeof import('../security/identity.js')).loadOrCreateIdentity(stateDir);
@@ -95,7 +101,7 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   const dial = (): Promise<Duplex> => (identity ? tls!.tlsConnect(o.host, o.port, identity) : connect(o.host, o.port));
   const sock = await dial();
   const conn = new FramedConnection(sock, timeoutMs);
-  return runSender(conn, { ...o, stateDir, st, walking, secure: identity ? sock : undefined, dialLane: dial, t0 });
+  return runSender(conn, { ...o, stateDir, st, walking, secure: identity ? sock : undefined, dialLane: dial, t0, handshakeMs: handshakeMs(sock) });
 }
 
 /** Everything after the transport is up: over TCP/TLS (`send`), an ssh channel or an
@@ -156,7 +162,7 @@ export async function runSender(
       sourceHolder = holder;
       // Compress only for a peer that said it can decode zstd.
       const level = negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
-      const r = await sendFileContent(conn, { path: o.path, st, scan, stateDir, checksum: o.checksum, level, bwlimitKiBps: o.bwlimitKiBps, events: o.events, label: o.path, refine: Boolean(negotiated.capabilities & Capability.REFINE), sparse: Boolean(negotiated.capabilities & Capability.SPARSE), stream: Boolean(negotiated.capabilities & Capability.STREAM), overlap: o.overlap, batchStream: Boolean(negotiated.capabilities & Capability.BATCH_STREAM), governor: new LevelGovernor(level, o.compressLevel === undefined) }, holder);
+      const r = await sendFileContent(conn, { path: o.path, st, scan, stateDir, checksum: o.checksum, level, bwlimitKiBps: o.bwlimitKiBps, events: o.events, label: o.path, refine: Boolean(negotiated.capabilities & Capability.REFINE), sparse: Boolean(negotiated.capabilities & Capability.SPARSE), stream: Boolean(negotiated.capabilities & Capability.STREAM), overlap: o.overlap, batchStream: Boolean(negotiated.capabilities & Capability.BATCH_STREAM), governor: new LevelGovernor(level, o.compressLevel === undefined, startLevel(level, o.handshakeMs)) }, holder);
       summary.root = r.root;
       summary.upToDate = r.upToDate;
       summary.decidedBy = r.upToDate ? 'scan-root' : 'transfer';

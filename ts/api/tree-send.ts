@@ -32,7 +32,7 @@ import { countLaneBytes, expect, reportError } from './session.js';
 import type { Negotiated } from './session.js';
 import { inPhase, type SyncSummary } from './events.js';
 import type { SendOptions } from './send.js';
-import { LevelGovernor } from './compress-level.js';
+import { LevelGovernor, startLevel } from './compress-level.js';
 import { afterPrior, BATCH_BUFFER, type ContentResult, identityChanged, PriorFailed, rateLimiter, SEND_BUFFERS, sendFileContent } from './file-transfer.js';
 import { exchangeManifestsAndRoots, HASHING_AT_ONCE, sendParts, treeSummary } from './tree-common.js';
 import { Multiplexer } from '../transport/mux.js';
@@ -126,7 +126,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
     // One --bwlimit for the session, however many files send at once.
     const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : undefined;
     // One governor for the session: what it learned about the link carries over to each file.
-    const gov = new LevelGovernor(level, o.compressLevel === undefined);
+    const gov = new LevelGovernor(level, o.compressLevel === undefined, startLevel(level, o.handshakeMs));
     const smallSent = multiplexed ? sendSmallFiles(conn, tree, gov, o, limiter) : Promise.resolve(await sendSmallFiles(conn, tree, gov, o, limiter));
     smallSent.catch(() => undefined);
     const large = tree.largeTransfers();

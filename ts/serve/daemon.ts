@@ -29,6 +29,7 @@ import { resolveStateDir } from '../utils/state-dir.js';
 import { type Access, authorize, type AuthorizationConfig, configPath, loadConfig, normalizeRequestPath } from './authorization.js';
 import { PathLocks } from './path-locks.js';
 import { type SessionLog, sessionLog } from './session-log.js';
+import { handshakeMs, noteHandshake } from '../transport/handshake-time.js';
 
 export interface ServeOptions {
   root: string;
@@ -360,6 +361,7 @@ export class ServeDaemon {
           return Promise.reject(new FfsyncError('EBUSY', ExitCode.SOCKET_IO, entry.error));
         }
         ticket.sock = sock;
+        noteHandshake(sock, Date.now() - ticket.t0);
         let fp: string | undefined;
         try {
           fp = peerFingerprint(sock);
@@ -578,6 +580,7 @@ export class ServeDaemon {
         negotiated,
         st,
         t0,
+        handshakeMs: handshakeMs(sock),
       });
       entry.bytesRead = summary.literalBytes;
     }

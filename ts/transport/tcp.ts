@@ -5,6 +5,7 @@ import net from 'node:net';
 import type { SecureStream } from './peer-identity.js';
 import type { Duplex } from 'node:stream';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
+import { noteHandshake } from './handshake-time.js';
 
 export interface Listener {
   host: string;
@@ -79,6 +80,7 @@ export async function bind(server: net.Server, host: string, port: number): Prom
 
 export function connect(host: string, port: number, timeoutMs = 15000): Promise<net.Socket> {
   return new Promise((resolve, reject) => {
+    const started = performance.now();
     const sock = net.connect({ host, port });
     const timer = setTimeout(() => {
       sock.destroy();
@@ -86,6 +88,7 @@ export function connect(host: string, port: number, timeoutMs = 15000): Promise<
     }, timeoutMs);
     sock.once('connect', () => {
       clearTimeout(timer);
+      noteHandshake(sock, performance.now() - started);
       sock.removeAllListeners('error');
       resolve(tune(sock));
     });

@@ -5,6 +5,7 @@ import net from 'node:net';
 import tls from 'node:tls';
 import type { Identity } from '../security/identity.js';
 import { recordPeerCertificate } from './peer-identity.js';
+import { noteHandshake } from './handshake-time.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { bind, type Listener, SocketQueue } from './tcp.js';
 
@@ -93,6 +94,7 @@ async function listenTls(
 
 export function tlsConnect(host: string, port: number, id: Identity, timeoutMs = 15000): Promise<tls.TLSSocket> {
   return new Promise((resolve, reject) => {
+    const started = performance.now();
     const sock = tls.connect({ ...BASE, host, port, key: id.keyPem, cert: id.certPem, checkServerIdentity: () => undefined, servername: net.isIP(host) ? undefined : host });
     const timer = setTimeout(() => {
       sock.destroy();
@@ -100,6 +102,7 @@ export function tlsConnect(host: string, port: number, id: Identity, timeoutMs =
     }, timeoutMs);
     sock.once('secureConnect', () => {
       clearTimeout(timer);
+      noteHandshake(sock, performance.now() - started);
       sock.removeAllListeners('error');
       sock.setNoDelay(true);
       capture(sock);
