@@ -5,7 +5,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { it } from 'node:test';
 import { run, seeded, tmpdir } from './helpers/peers';
-import { receive, send } from '../ts/api/index';
+import { ExitCode, FfsyncError, receive, send } from '../ts/api/index';
 
 it('--version prints the package version; --help lists send and receive', async () => {
   const v = await run(['--version']).done;
@@ -87,4 +87,41 @@ it('library API: send/receive in-process without a shell', async () => {
   assert.equal(sum.literalBytes, 5 << 20);
   assert.equal(rsum.literalBytes, 5 << 20);
   assert.deepEqual(fs.readFileSync(path.join(dir, 'out.bin')), fs.readFileSync(src));
+});
+
+it('library API: aborting a send through its AbortSignal rejects both sides with an "interrupted" error (exit 20)', async () => {
+  const dir = tmpdir();
+  const src = path.join(dir, 'lib.bin');
+  fs.writeFileSync(src, seeded(32 << 20, 4));
+  const out = path.join(dir, 'out.bin');
+  fs.writeFileSync(out, 'old');
+  let port = 0;
+  let listening!: () => void;
+  const ready = new Promise<void>((r) => (listening = r));
+  let receivedBytes = 0;
+  let started!: () => void;
+  const flowing = new Promise<void>((r) => (started = r));
+  const received = receive({
+    path: out,
+    port: 0,
+    plaintext: true,
+    stateDir: path.join(dir, 'r'),
+    events: {
+      listening: (_h, p) => ((port = p), listening()),
+      progress: (phase, done) => {
+        if (phase === 'receiving' && done > 0 && receivedBytes === 0) started();
+        receivedBytes = done;
+      },
+    },
+  });
+  received.catch(() => undefined);
+  await ready;
+  const ac = new AbortController();
+  const sent = send({ path: src, host: '127.0.0.1', port, plaintext: true, stateDir: path.join(dir, 's'), bwlimitKiBps: 8 * 1024, signal: ac.signal });
+  sent.catch(() => undefined);
+  await flowing;
+  ac.abort();
+  await assert.rejects(sent, (e: unknown) => e instanceof FfsyncError && e.exitCode === ExitCode.SIGNAL && e.code === 'ESIGNAL' && e.message === 'interrupted');
+  await assert.rejects(received, (e: unknown) => e instanceof FfsyncError && e.exitCode === ExitCode.SIGNAL && /^peer: interrupted/.test(e.message));
+  assert.equal(fs.readFileSync(out, 'utf8'), 'old', 'the old file is untouched');
 });

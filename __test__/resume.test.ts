@@ -51,8 +51,32 @@ it('receiver interrupted by SIGTERM keeps its partial and exits 20', async () =>
   recv.child.kill('SIGTERM');
   const r = await recv.done;
   assert.equal(r.code, 20, r.stderr);
+  assert.match(r.stderr, /^ffsync-native: error: interrupted \(SIGTERM\)$/m, 'the interrupted side says so in words');
   assert.equal(fs.existsSync(dst), false);
   const sres = await s.done;
-  assert.notEqual(sres.code, 0);
+  // The peer is told (an ERROR frame, exit 20), not left with a closed connection.
+  assert.equal(sres.code, 20, sres.stderr);
+  assert.match(sres.stderr, /^ffsync-native: error: peer: interrupted$/m);
+  assert.equal(sres.stderr.trimEnd().split('\n').filter((l) => l.startsWith('ffsync-native: error:')).length, 1, 'one error line');
   assert.equal(fs.readdirSync(dir).filter((n) => n.endsWith('.ffsync-part')).length, 1);
+});
+
+it('sender interrupted by SIGINT (Ctrl-C): both sides say "interrupted" and exit 20, the receiver keeps its partial and the old file', async () => {
+  const dir = tmpdir();
+  const src = path.join(dir, 'big.bin');
+  const dst = path.join(dir, 'target.bin');
+  fs.writeFileSync(src, seeded(32 * MiB, 13));
+  fs.writeFileSync(dst, 'old version');
+  const { peer: recv, port } = await startReceiver(dst, ['--state-dir', path.join(dir, 'r')]);
+  const s = sender(src, port, ['--state-dir', path.join(dir, 's'), '--bwlimit', String(8 * 1024)]);
+  await recv.waitFor((e) => e.event === 'progress' && e.phase === 'receiving' && e.doneBytes > 0);
+  s.child.kill('SIGINT');
+  const [sres, r] = await Promise.all([s.done, recv.done]);
+  assert.equal(sres.code, 20, sres.stderr);
+  assert.match(sres.stderr, /^ffsync-native: error: interrupted \(SIGINT\)$/m);
+  assert.equal(r.code, 20, r.stderr);
+  assert.match(r.stderr, /^ffsync-native: error: peer: interrupted; partial file kept, rerun the same command to resume$/m);
+  assert.doesNotMatch(r.stderr + sres.stderr, /closed by peer|frame/, 'no connection or frame talk');
+  assert.equal(fs.readFileSync(dst, 'utf8'), 'old version', 'the old file is untouched');
+  assert.equal(fs.readdirSync(dir).filter((n) => n.endsWith('.ffsync-part')).length, 1, 'the partial is kept for a resume');
 });

@@ -656,9 +656,12 @@ function countRecords(batch: Buffer): { chunks: number; raw: number } {
   return { chunks, raw };
 }
 
+/** The session ended without anything being wrong with the data: the connection dropped or
+ * went silent, or one side was interrupted (its own signal, or the peer's ERROR saying so).
+ * The verified partial is then kept for a rerun to resume from. */
 function connectionLost(e: unknown): boolean {
   const err = e instanceof FfsyncError ? e : undefined;
-  return e instanceof PeerClosedError || err?.exitCode === ExitCode.SOCKET_IO || err?.exitCode === ExitCode.TIMEOUT;
+  return e instanceof PeerClosedError || err?.exitCode === ExitCode.SOCKET_IO || err?.exitCode === ExitCode.TIMEOUT || err?.exitCode === ExitCode.SIGNAL;
 }
 
 async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOptions, assembler: ManifestAssembler, maxLength: number, early: EarlyPlacement): Promise<ContentResult> {

@@ -10,7 +10,7 @@ import { Capability, Decision, DecisionReason, decodeOffer, encodeDecision, Offe
 import { loadIndex, markUpToDate, scanFile, type ScanResult, recoverInplace } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { resolveStateDir } from '../utils/state-dir.js';
-import { abortable, authenticatePeer, endSession, expect, handshake, type Negotiated, reportError, requestPath, senderVerdict } from './session.js';
+import { abortable, authenticatePeer, closeOnAbort, endSession, expect, handshake, interruptedError, type Negotiated, reportError, requestPath, senderVerdict } from './session.js';
 import type { SecureStream } from '../transport/peer-identity.js';
 import { inPhase, newSummary, type SyncEvents, type SyncSummary } from './events.js';
 import { identityChanged, receiveFileContent } from './file-transfer.js';
@@ -157,8 +157,7 @@ export interface ReceiverContext extends ReceiveOptions {
 export async function runReceiver(conn: FramedConnection, o: ReceiverContext): Promise<SyncSummary> {
   const { stateDir, initial, initialIndex, prescan, prewalk, listener } = o;
   let target = o.target;
-  const onAbort = () => conn.destroy();
-  o.signal?.addEventListener('abort', onAbort, { once: true });
+  const stopWatching = closeOnAbort(conn, o.signal);
   const t0 = Date.now();
   const summary = newSummary('receiver', o.path, 0);
   try {
@@ -271,12 +270,14 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
     return summary;
   } catch (e) {
     let err = e instanceof FfsyncError ? e : fromSystemError(e, 'receive failed');
+    // Interrupted here: whatever the closed connection made of it, that is the error.
+    if (o.signal?.aborted) err = interruptedError(err);
     await reportError(conn, err);
     err = await senderVerdict(conn, err);
     err.summary = summary;
     throw err;
   } finally {
-    o.signal?.removeEventListener('abort', onAbort);
+    stopWatching();
     await endSession(conn, summary, t0);
   }
 

@@ -10,7 +10,7 @@ import { Capability, Decision, DecisionReason, decodeDecision, decodeError, enco
 import { loadIndex, type NativeChunkSource, type NativeTreeSync, type ScanResult } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { resolveStateDir } from '../utils/state-dir.js';
-import { authenticatePeer, endSession, expect, handshake, type Negotiated, reportError, requestPath } from './session.js';
+import { authenticatePeer, closeOnAbort, endSession, expect, handshake, interruptedError, type Negotiated, reportError, requestPath } from './session.js';
 import type { Duplex } from 'node:stream';
 import type { SecureStream } from '../transport/peer-identity.js';
 import { newSummary, type SyncEvents, type SyncSummary } from './events.js';
@@ -123,8 +123,7 @@ export async function runSender(
   },
 ): Promise<SyncSummary> {
   const { stateDir, st, walking, t0 } = o;
-  const onAbort = () => conn.destroy();
-  o.signal?.addEventListener('abort', onAbort, { once: true });
+  const stopWatching = closeOnAbort(conn, o.signal);
   const summary = newSummary('sender', o.path, st.isDirectory() ? 0 : Number(st.size));
   let sourceHolder: { source?: NativeChunkSource } = {};
   try {
@@ -181,6 +180,8 @@ export async function runSender(
     const peerError = conn.takePeerError();
     // (Not over our own "source changed" verdict: that is what the receiver waits for.)
     if (peerError && !err.message.startsWith('peer: ') && err.exitCode !== ExitCode.VANISHED) err = decodeError(peerError.payload);
+    // Interrupted here: whatever the closed connection made of it, that is the error.
+    if (o.signal?.aborted) err = interruptedError(err);
     const source = sourceHolder.source;
     // Our own reason, or the peer's when it is one a changed source explains.
     const detail = err.message.startsWith('peer: ') ? '' : ` (${err.message})`;
@@ -198,7 +199,7 @@ export async function runSender(
     err.summary = summary;
     throw err;
   } finally {
-    o.signal?.removeEventListener('abort', onAbort);
+    stopWatching();
     await endSession(conn, summary, t0);
   }
 }

@@ -114,13 +114,13 @@ export async function expect(conn: FramedConnection, ...types: FrameType[]): Pro
   return f;
 }
 
-/** Best effort: tell the peer why we stop (unless the error came from the peer). */
-export async function reportError(conn: FramedConnection, e: FfsyncError): Promise<void> {
+/** Best effort, for at most `waitMs`: tell the peer why we stop (unless the error came from the peer). */
+export async function reportError(conn: FramedConnection, e: FfsyncError, waitMs = 1000): Promise<void> {
   if (conn.errorSent || conn.isClosed || e.message.startsWith('peer: ') || e instanceof PeerClosedError || e.exitCode === ExitCode.SOCKET_IO) return;
   let timer: NodeJS.Timeout | undefined;
   try {
     conn.errorSent = true;
-    await Promise.race([conn.send(FrameType.ERROR, encodeError(e.exitCode, e.code, e.message)), new Promise((r) => (timer = setTimeout(r, 1000)))]);
+    await Promise.race([conn.send(FrameType.ERROR, encodeError(e.exitCode, e.code, e.message)), new Promise((r) => (timer = setTimeout(r, waitMs)))]);
   } catch {
     // the connection is already gone
   } finally {
@@ -151,13 +151,31 @@ export function expectUnless(conn: FramedConnection, failed: Promise<never>, ...
   return Promise.race([next, failed]);
 }
 
+/** What an interrupted session (Ctrl-C, SIGTERM, a library caller's AbortSignal) ends with, on
+ * this side and, through an ERROR frame, on the peer's: exit 20 in words, never a closed
+ * connection or a frame name. */
+export function interruptedError(cause?: unknown): FfsyncError {
+  return new FfsyncError('ESIGNAL', ExitCode.SIGNAL, 'interrupted', cause === undefined ? undefined : { cause });
+}
+
+/**
+ * Close `conn` when `signal` aborts, first telling the peer (an ERROR frame, exit 20, for at
+ * most half a second: a stalled peer must not hold up a Ctrl-C). Returns the remover.
+ */
+export function closeOnAbort(conn: FramedConnection, signal: AbortSignal | undefined): () => void {
+  if (!signal) return () => undefined;
+  const onAbort = () => void reportError(conn, interruptedError(), 500).finally(() => conn.destroy());
+  signal.addEventListener('abort', onAbort, { once: true });
+  return () => signal.removeEventListener('abort', onAbort);
+}
+
 /** Reject with a signal error when `signal` aborts first (and run `onAbort`). */
 export function abortable<T>(p: Promise<T>, signal: AbortSignal | undefined, onAbort: () => void): Promise<T> {
   if (!signal) return p;
   return new Promise<T>((resolve, reject) => {
     const stop = () => {
       onAbort();
-      reject(new FfsyncError('ESIGNAL', ExitCode.SIGNAL, 'interrupted'));
+      reject(interruptedError());
     };
     if (signal.aborted) return stop();
     signal.addEventListener('abort', stop, { once: true });

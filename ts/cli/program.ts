@@ -17,6 +17,7 @@ import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { VERSION } from '../utils/version.js';
 import type { Reporter } from './reporter.js';
 import { serveCommand } from './serve.js';
+import { oneLineUsageErrors } from './usage-errors.js';
 
 /**
  * Load what a command needs, when it needs it. A module that cannot load the native addon
@@ -100,9 +101,9 @@ async function run(reporterOpts: CommonOptions, body: (r: Reporter, signal: Abor
   process.exitCode = ExitCode.PROTOCOL_STREAM;
   process.once('beforeExit', () => reporter.error('internal error: the session stalled with nothing left to wait for', ExitCode.PROTOCOL_STREAM));
   const ac = new AbortController();
-  let signalled = false;
-  const onSignal = () => {
-    signalled = true;
+  let signalled: string | undefined;
+  const onSignal = (name: NodeJS.Signals) => {
+    signalled = name;
     ac.abort();
   };
   process.once('SIGINT', onSignal);
@@ -115,7 +116,7 @@ async function run(reporterOpts: CommonOptions, body: (r: Reporter, signal: Abor
   } catch (e) {
     const err = e instanceof FfsyncError ? e : new FfsyncError('EINTERNAL', ExitCode.FILE_IO, String((e as Error)?.stack ?? e));
     const code = signalled ? ExitCode.SIGNAL : err.exitCode;
-    reporter.error(signalled ? `interrupted by signal (${err.message})` : err.message, code, err.summary as SyncSummary | undefined);
+    reporter.error(signalled ? `interrupted (${signalled})` : err.message, code, err.summary as SyncSummary | undefined);
     return exit(code);
   } finally {
     reporter.stop();
@@ -133,7 +134,6 @@ export function buildProgram(): Command {
   const program = new Command('ffsync-native')
     .description('File sync that moves the difference, not the file.')
     .version(VERSION, '-V, --version')
-    .showHelpAfterError()
     .exitOverride();
 
   common(
@@ -280,6 +280,7 @@ export function buildProgram(): Command {
     .option('--numeric-ids', "don't map uid/gid values by user/group name")
     .option('-r, --recursive', 'recurse into directories')
     .option('-v, --verbose', 'list what changes')
+    .option('-h, --human-readable', 'numbers in --stats in units (K, M, G of 1000; -hh: of 1024), as rsync\'s -h', (_: unknown, level: number) => level + 1, 0)
     .option('-q, --quiet', 'print errors only')
     .option('-n, --dry-run', 'show what would change; write nothing')
     .option('-z, --compress', 'compress data (always on: zstd where it pays)')
@@ -311,6 +312,8 @@ export function buildProgram(): Command {
     .option('--state-dir <dir>', 'state directory (indexes)')
     .addOption(new Option('--timeout <seconds>', 'give up when the peer is silent this long (exit 30)').argParser(intArg(1, 86400)).default(60));
   for (const [flags] of notSupported) syncCmd.option(flags, 'not supported (refused with exit 1)');
+  // -h is rsync's --human-readable here, as rsync users type it (`-avh`); help is --help only.
+  syncCmd.helpOption('--help', 'display help for command');
   syncCmd.action(async (src: string, dest: string, o: Record<string, any>) => {
     for (const [flags, key] of notSupported) {
       if (o[key] !== undefined) {
@@ -353,7 +356,7 @@ export function buildProgram(): Command {
           signal,
         });
       },
-      o.stats ? (s) => process.stdout.write(rsyncStats(s)) : undefined,
+      o.stats ? (s) => process.stdout.write(rsyncStats(s, o.humanReadable ?? 0, Boolean(o.dryRun))) : undefined,
     );
   });
 
@@ -461,26 +464,39 @@ export function buildProgram(): Command {
         for (const p of pins().readPins(stateDirs().resolveStateDir(o.stateDir))) process.stdout.write(`${p.fingerprint}${p.note ? '  ' + p.note : ''}\n`);
       }),
     );
+  oneLineUsageErrors(program);
   return program;
 }
 
-/** `--stats`: rsync-like totals. */
-function rsyncStats(s: SyncSummary): string {
-  const { formatBytes } = require('../utils/format.js') as typeof import('../utils/format.js');
+/** `--stats`: rsync's fields in rsync's format (numbers as its `-h` level asks: commas by
+ * default, units with `-h`), for the totals this tool knows. rsync's "created files" and
+ * file-list lines have no counterpart here and are left out rather than invented. */
+export function rsyncStats(s: SyncSummary, human: number, dryRun = false): string {
+  const { rsyncNumber, rsyncDecimal } = require('../utils/format.js') as typeof import('../utils/format.js');
+  const n = (x: number) => rsyncNumber(x, human + 1);
   const t = s.tree;
-  const lines = [
+  const files = t ? `${n(t.files + t.dirs + t.symlinks)} (reg: ${n(t.files)}, dir: ${n(t.dirs)}, link: ${n(t.symlinks)})` : `1 (reg: 1)`;
+  const transferred = t ? t.smallTransfers + t.largeTransfers + t.localCopies : s.upToDate ? 0 : 1;
+  const transferredSize = t ? t.transferBytes : s.upToDate ? 0 : s.size;
+  const { sent, received } = s.bytesOnWire;
+  const seconds = Math.max(s.durationMs, 1) / 1000;
+  const speedup = sent + received > 0 ? s.size / (sent + received) : 0;
+  return [
     '',
-    `Number of files: ${t ? t.files : 1}`,
-    `Number of regular files transferred: ${t ? t.written : s.upToDate ? 0 : 1}`,
-    `Number of deleted files: ${t ? t.deleted : 0}`,
-    `Total file size: ${s.size} bytes (${formatBytes(s.size)})`,
-    `Literal data: ${s.literalBytes} bytes`,
-    `Matched data: ${s.matchedBytes} bytes`,
-    `Total bytes sent: ${s.bytesOnWire.sent}`,
-    `Total bytes received: ${s.bytesOnWire.received}`,
+    `Number of files: ${files}`,
+    `Number of deleted files: ${n(t ? t.deleted : 0)}`,
+    `Number of regular files transferred: ${n(transferred)}`,
+    `Total file size: ${n(s.size)} bytes`,
+    `Total transferred file size: ${n(transferredSize)} bytes`,
+    `Literal data: ${n(s.literalBytes)} bytes`,
+    `Matched data: ${n(s.matchedBytes)} bytes`,
+    `Total bytes sent: ${n(sent)}`,
+    `Total bytes received: ${n(received)}`,
     '',
-  ];
-  return lines.join('\n');
+    `sent ${n(sent)} bytes  received ${n(received)} bytes  ${rsyncDecimal((sent + received) / seconds, human + 1)} bytes/sec`,
+    `total size is ${n(s.size)}  speedup is ${speedup.toFixed(2)}${dryRun ? ' (DRY RUN)' : ''}`,
+    '',
+  ].join('\n');
 }
 
 /** Small synchronous commands: one error line and the documented exit code. */
