@@ -12,6 +12,16 @@ export interface SyncEvents {
   progress?(phase: Phase, doneBytes: number): void;
   phaseEnd?(phase: Phase, doneBytes: number, ms: number): void;
   info?(message: string): void;
+  /** One change of a tree's plan, as listed for `-v` and `--dry-run` (`mkdir   d/`,
+   * `send    f (12 bytes)`, `link    l -> t`, `delete  x`…); `dryRun`: it will not happen.
+   * Without a handler the line goes to `info` (prefixed `would ` on a dry run). */
+  change?(line: string, dryRun: boolean): void;
+}
+
+/** Report a plan line through `change`, or `info` when the caller has no change handler. */
+export function reportChange(events: SyncEvents | undefined, line: string, dryRun: boolean): void {
+  if (events?.change) events.change(line, dryRun);
+  else events?.info?.(dryRun ? `would ${line}` : line);
 }
 
 export interface SyncSummary {

@@ -30,7 +30,7 @@ import { joinTreePath, showTreePath } from '../utils/tree-path.js';
 import { countLaneBytes, expect, expectUnless, type Negotiated, reportError, senderVerdict } from './session.js';
 import type { Listener } from '../transport/tcp.js';
 import { acceptLanes, LANE_TOKEN_BYTES } from './lanes.js';
-import { inPhase, type SyncSummary } from './events.js';
+import { inPhase, reportChange, type SyncSummary } from './events.js';
 import type { ReceiveOptions } from './receive.js';
 import { hashWithin, receiveFileContent, WRITES_IN_FLIGHT } from './file-transfer.js';
 import { WorkLimit } from '../utils/data-turns.js';
@@ -186,7 +186,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     o.summary.size = counts.sourceBytes;
 
     if (dryRun) {
-      for (const line of tree.describe().split('\n').filter(Boolean)) o.events?.info?.(`would ${line}`);
+      for (const line of tree.describe().split('\n').filter(Boolean)) reportChange(o.events, line, true);
       decodeTreeEnd((await expect(conn, FrameType.TREE_END)).payload);
       await conn.send(FrameType.TREE_RESULT, encodeTreeResult({ exitCode: 0, filesWritten: 0n, literalBytes: 0n, matchedBytes: 0n, deleted: 0n, errorCount: 0, message: '' }));
       o.summary.upToDate = counts.smallTransfers + counts.largeTransfers + counts.localCopies + counts.deletes + counts.mkdirs + counts.symlinks + counts.attrsOnly === 0;

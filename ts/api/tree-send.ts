@@ -30,7 +30,7 @@ import { BufferPool } from '../utils/buffer-pool.js';
 import { joinTreePath, showTreePath } from '../utils/tree-path.js';
 import { countLaneBytes, expect, reportError } from './session.js';
 import type { Negotiated } from './session.js';
-import { inPhase, type SyncSummary } from './events.js';
+import { inPhase, reportChange, type SyncSummary } from './events.js';
 import type { SendOptions } from './send.js';
 import { LevelGovernor, startLevel } from './compress-level.js';
 import { afterPrior, BATCH_BUFFER, type ContentResult, identityChanged, PriorFailed, rateLimiter, SEND_BUFFERS, sendFileContent } from './file-transfer.js';
@@ -114,10 +114,10 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   o.summary.size = counts.sourceBytes;
   o.summary.tree = treeSummary(stats, counts);
   if (t.dryRun) {
-    for (const line of tree.describe().split('\n').filter(Boolean)) o.events?.info?.(`would ${line}`);
+    for (const line of tree.describe().split('\n').filter(Boolean)) reportChange(o.events, line, true);
     await conn.send(FrameType.TREE_END, encodeTreeEnd({ smallFiles: 0, largeFiles: 0, senderProblems: stats.problems.length }));
   } else {
-    if (t.verbose) for (const line of tree.describe().split('\n').filter(Boolean)) o.events?.info?.(line);
+    if (t.verbose) for (const line of tree.describe().split('\n').filter(Boolean)) reportChange(o.events, line, false);
     const level = o.negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
     // Version 2: large files' conversations run many at once on multiplexed streams, beside
     // the small-file batches; version 1: small files first, then one large file at a time

@@ -44,6 +44,10 @@ interface CommonOptions {
   trust?: string;
   json?: boolean;
   quiet?: boolean;
+  progress?: boolean;
+  progressInterval?: number;
+  stats?: boolean;
+  verbose?: boolean;
   stateDir?: string;
   plaintext?: boolean;
   quic?: boolean;
@@ -90,12 +94,32 @@ function common(cmd: Command): Command {
     .option('--quic', 'QUIC over UDP instead of TCP (TLS 1.3 built in, same identities and pins; both sides)')
     .option('--trust <fingerprint>', 'accept exactly this peer fingerprint (and pin it); needed without a TTY for a new peer')
     .option('-c, --checksum', 'ignore indexes and the size/mtime quick check; hash everything')
-    .addOption(new Option('--timeout <seconds>', 'give up when the peer is silent this long (exit 30)').argParser(intArg(1, 86400)).default(60));
+    .addOption(new Option('--timeout <seconds>', 'give up when the peer is silent this long (exit 30)').argParser(intArg(1, 86400)).default(60))
+    .option('--progress', 'show progress: in place on a terminal (the default there), else a plain line every --progress-interval seconds')
+    .option('--no-progress', 'no progress display, even on a terminal')
+    .addOption(new Option('--progress-interval <seconds>', 'plain progress lines (no terminal) this often').argParser(intArg(1, 3600)).default(5))
+    .option('--stats', "print rsync's transfer statistics at the end");
 }
 
-async function run(reporterOpts: CommonOptions, body: (r: Reporter, signal: AbortSignal) => Promise<SyncSummary>, after?: (s: SyncSummary) => void): Promise<never> {
+async function run(
+  reporterOpts: CommonOptions & { style?: 'sync' | 'peer'; listHeader?: string; dryRun?: boolean; humanReadable?: number },
+  body: (r: Reporter, signal: AbortSignal) => Promise<SyncSummary>,
+): Promise<never> {
   const { createReporter } = require('./reporter.js') as typeof import('./reporter.js');
-  const reporter = await createReporter({ json: Boolean(reporterOpts.json), quiet: Boolean(reporterOpts.quiet) });
+  const o = reporterOpts;
+  const reporter = await createReporter({
+    json: Boolean(o.json),
+    quiet: Boolean(o.quiet),
+    style: o.style,
+    progress: o.progress,
+    progressIntervalMs: (o.progressInterval ?? 5) * 1000,
+    verbose: o.verbose,
+    stats: o.stats,
+    listHeader: o.listHeader,
+    dryRun: o.dryRun,
+  });
+  // --stats: rsync's totals on stdout after the summary (not with --json: the summary event has them).
+  const after = o.stats && !o.json && !o.quiet ? (s: SyncSummary) => process.stdout.write(rsyncStats(s, o.humanReadable ?? 0, Boolean(o.dryRun))) : undefined;
   // If the event loop ever drains with the session unfinished, that is a bug: never
   // let it look like success.
   process.exitCode = ExitCode.PROTOCOL_STREAM;
@@ -190,6 +214,7 @@ export function buildProgram(): Command {
     .option('--exclude-from <file>', 'trees: read exclude patterns from a file (one per line, # comments)')
     .option('--no-delete', 'trees: keep files only the receiver has')
     .option('-n, --dry-run', 'trees: both sides report what would change; nothing is written')
+    .option('-v, --verbose', 'trees: list what changes')
     .addOption(new Option('--parallel <K>', 'trees: spread large files over K connections (QUIC: K streams, default 16)').argParser(intArg(1, 16)))
     .addOption(new Option('--max-size <SIZE>', "trees: leave files larger than SIZE alone (rsync's rules; e.g. 100M)").argParser(sizeArg))
     .addOption(new Option('--min-size <SIZE>', 'trees: leave files smaller than SIZE alone').argParser(sizeArg))
@@ -210,7 +235,7 @@ export function buildProgram(): Command {
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
           bwlimitKiBps: o.bwlimit,
-          tree: { excludes, noDelete: o.delete === false, dryRun: o.dryRun, parallel: o.parallel, maxSize: o.maxSize, minSize: o.minSize },
+          tree: { excludes, noDelete: o.delete === false, dryRun: o.dryRun, verbose: o.verbose, parallel: o.parallel, maxSize: o.maxSize, minSize: o.minSize },
           plaintext: o.plaintext,
           quic: o.quic,
           trust: o.trust,
@@ -298,10 +323,12 @@ export function buildProgram(): Command {
     .option('--include <pattern>', 're-include matching paths (first matching rule wins)', (v: string) => (rules.push(`!${v}`), rules))
     .option('--exclude-from <file>', 'read exclude patterns from a file')
     .addOption(new Option('--bwlimit <KiBps>', 'limit data to this many KiB per second').argParser(intArg(1, 2 ** 31)))
-    .option('--progress', 'show progress (the default on a terminal)')
+    .option('--progress', 'show progress: in place on a terminal, else a plain line every --progress-interval seconds')
+    .addOption(new Option('--progress-interval <seconds>', 'plain progress lines (no terminal) this often').argParser(intArg(1, 3600)).default(5))
+    .addOption(new Option('--info <FLAGS>', "rsync's --info: progress2 (or progress1) shows progress, stats (stats1..3) prints the totals; other flags are refused").argParser(infoArg))
     .option('--partial', 'keep partially transferred files (always on: a rerun resumes them)')
     .option('-P', 'same as --partial --progress')
-    .option('--stats', 'print transfer statistics at the end')
+    .option('--stats', "print rsync's transfer statistics at the end")
     .option('-e, --rsh <command>', 'remote shell to use (default ssh)')
     .option('--remote-cmd <command>', 'program to run on the remote side (default ffsync-native on its PATH)')
     .option('--quic', 'push/pull: ssh starts the remote peer and vouches for both identities; the data moves over QUIC (UDP)')
@@ -321,8 +348,22 @@ export function buildProgram(): Command {
         process.exit(ExitCode.USAGE);
       }
     }
+    const { parseLocation } = need(() => require('../api/sync.js') as typeof import('../api/sync.js'));
+    const info = (o.info ?? new Set<string>()) as Set<string>;
     await run(
-      { json: o.json, quiet: o.quiet, timeout: o.timeout } as CommonOptions,
+      {
+        json: o.json,
+        quiet: o.quiet,
+        timeout: o.timeout,
+        style: 'sync',
+        verbose: o.verbose,
+        stats: Boolean(o.stats || info.has('stats')),
+        progress: o.progress || o.P || info.has('progress') ? true : undefined,
+        progressInterval: o.progressInterval,
+        humanReadable: o.humanReadable,
+        dryRun: o.dryRun,
+        listHeader: parseLocation(src).host ? 'receiving incremental file list' : 'sending incremental file list',
+      },
       async (events, signal) => {
         const { sync } = need(() => require('../api/sync.js') as typeof import('../api/sync.js'));
         const { AttrFlag } = require('../protocol/messages.js') as typeof import('../protocol/messages.js');
@@ -356,7 +397,6 @@ export function buildProgram(): Command {
           signal,
         });
       },
-      o.stats ? (s) => process.stdout.write(rsyncStats(s, o.humanReadable ?? 0, Boolean(o.dryRun))) : undefined,
     );
   });
 
@@ -472,31 +512,39 @@ export function buildProgram(): Command {
  * default, units with `-h`), for the totals this tool knows. rsync's "created files" and
  * file-list lines have no counterpart here and are left out rather than invented. */
 export function rsyncStats(s: SyncSummary, human: number, dryRun = false): string {
-  const { rsyncNumber, rsyncDecimal } = require('../utils/format.js') as typeof import('../utils/format.js');
+  const { rsyncNumber } = require('../utils/format.js') as typeof import('../utils/format.js');
+  const { rsyncClosingLines } = require('./reporter.js') as typeof import('./reporter.js');
   const n = (x: number) => rsyncNumber(x, human + 1);
   const t = s.tree;
   const files = t ? `${n(t.files + t.dirs + t.symlinks)} (reg: ${n(t.files)}, dir: ${n(t.dirs)}, link: ${n(t.symlinks)})` : `1 (reg: 1)`;
   const transferred = t ? t.smallTransfers + t.largeTransfers + t.localCopies : s.upToDate ? 0 : 1;
   const transferredSize = t ? t.transferBytes : s.upToDate ? 0 : s.size;
-  const { sent, received } = s.bytesOnWire;
-  const seconds = Math.max(s.durationMs, 1) / 1000;
-  const speedup = sent + received > 0 ? s.size / (sent + received) : 0;
-  return [
-    '',
-    `Number of files: ${files}`,
-    `Number of deleted files: ${n(t ? t.deleted : 0)}`,
-    `Number of regular files transferred: ${n(transferred)}`,
-    `Total file size: ${n(s.size)} bytes`,
-    `Total transferred file size: ${n(transferredSize)} bytes`,
-    `Literal data: ${n(s.literalBytes)} bytes`,
-    `Matched data: ${n(s.matchedBytes)} bytes`,
-    `Total bytes sent: ${n(sent)}`,
-    `Total bytes received: ${n(received)}`,
-    '',
-    `sent ${n(sent)} bytes  received ${n(received)} bytes  ${rsyncDecimal((sent + received) / seconds, human + 1)} bytes/sec`,
-    `total size is ${n(s.size)}  speedup is ${speedup.toFixed(2)}${dryRun ? ' (DRY RUN)' : ''}`,
-    '',
-  ].join('\n');
+  return (
+    [
+      '',
+      `Number of files: ${files}`,
+      `Number of deleted files: ${n(t ? t.deleted : 0)}`,
+      `Number of regular files transferred: ${n(transferred)}`,
+      `Total file size: ${n(s.size)} bytes`,
+      `Total transferred file size: ${n(transferredSize)} bytes`,
+      `Literal data: ${n(s.literalBytes)} bytes`,
+      `Matched data: ${n(s.matchedBytes)} bytes`,
+      `Total bytes sent: ${n(s.bytesOnWire.sent)}`,
+      `Total bytes received: ${n(s.bytesOnWire.received)}`,
+    ].join('\n') + `\n${rsyncClosingLines(s, human, dryRun)}`
+  );
+}
+
+/** rsync's --info flags this tool understands (`progress2`, `stats2`…; comma-separated, as
+ * rsync takes them); anything else is refused by name. */
+function infoArg(v: string, prev?: Set<string>): Set<string> {
+  const out = new Set(prev);
+  for (const flag of v.split(',').filter(Boolean)) {
+    const m = /^(progress|stats)([0-3]?)$/i.exec(flag);
+    if (!m) throw new InvalidArgumentError(`--info=${flag} is not supported (supported: progress2, stats)`);
+    if (m[2] !== '0') out.add(m[1]!.toLowerCase());
+  }
+  return out;
 }
 
 /** Small synchronous commands: one error line and the documented exit code. */

@@ -3,7 +3,7 @@
 // then goes to stderr).
 
 import type { Phase, SyncEvents, SyncSummary } from '../api/events.js';
-import { formatBytes, formatRate } from '../utils/format.js';
+import { formatBytes, formatRate, rsyncDecimal, rsyncNumber } from '../utils/format.js';
 
 export interface Reporter extends SyncEvents {
   summary(s: SyncSummary): void;
@@ -11,29 +11,107 @@ export interface Reporter extends SyncEvents {
   stop(): void;
 }
 
-type Spinner = { text: string; start(): Spinner; succeed(t?: string): void; stop(): void };
+type Spinner = { text: string; start(): Spinner; succeed(t?: string): void; stopAndPersist(o: { symbol: string; text: string }): void; stop(): void };
 
-export async function createReporter(opts: { json: boolean; quiet: boolean }): Promise<Reporter> {
+export interface ReporterOptions {
+  json: boolean;
+  quiet: boolean;
+  /** `sync` speaks rsync: silent unless asked (-v, --progress, --stats), `-v` lists changes
+   * on stdout in rsync's format. `peer`: send, receive, pull, serve. */
+  style?: 'sync' | 'peer';
+  /** --progress / -P / --info=progress2: true; --no-progress: false; unset: the default
+   * (a spinner on a terminal for send/receive, nothing for sync). */
+  progress?: boolean;
+  /** Plain progress lines (no terminal) every this many ms. */
+  progressIntervalMs?: number;
+  verbose?: boolean;
+  /** --stats prints the totals itself (and rsync's closing lines with them). */
+  stats?: boolean;
+  /** sync -v: rsync's first line (`sending incremental file list`, or `receiving` for a pull). */
+  listHeader?: string;
+  dryRun?: boolean;
+}
+
+/** Where progress can be drawn in place: a terminal with columns to draw in (a pseudo-terminal
+ * with 0 columns, as under `script` or some CI runners, gets plain lines instead). */
+export function canDraw(stream: NodeJS.WriteStream): boolean {
+  return Boolean(stream.isTTY) && (stream.columns ?? 0) > 0;
+}
+
+/** NO_COLOR (https://no-color.org): set and not empty. */
+export function noColor(env: NodeJS.ProcessEnv = process.env): boolean {
+  return Boolean(env.NO_COLOR);
+}
+
+export async function createReporter(opts: ReporterOptions): Promise<Reporter> {
   if (opts.json) return jsonReporter();
-  const tty = Boolean(process.stderr.isTTY) && !opts.quiet;
-  let ora: ((o: { text: string; stream: NodeJS.WritableStream }) => Spinner) | undefined;
-  if (tty) {
+  const style = opts.style ?? 'peer';
+  const spinners = canDraw(process.stderr) && !opts.quiet && (style === 'peer' ? opts.progress !== false : opts.progress === true);
+  let ora: ((o: { text: string; stream: NodeJS.WritableStream; color?: boolean | string }) => Spinner) | undefined;
+  if (spinners) {
     // ora is ESM-only; load it only when a spinner will be shown.
     ora = (await import('ora')).default as unknown as typeof ora;
   }
-  return humanReporter(opts.quiet, ora);
+  return humanReporter({ ...opts, style }, ora);
 }
 
-function line(phase: Phase, done: number, total: number, ms: number): string {
-  if (phase === 'scanning') return `${phase.padEnd(9)} ${done} entries  ${(ms / 1000).toFixed(2)} s`;
-  const amount = total > 0 && done < total ? `${formatBytes(done)} / ${formatBytes(total)}` : formatBytes(done);
-  return `${phase.padEnd(9)} ${amount}  ${formatRate(done, ms)}  ${(ms / 1000).toFixed(2)} s`;
+/** `m:ss` or `h:mm:ss`. */
+function clock(seconds: number): string {
+  const s = Math.max(0, Math.round(seconds));
+  const h = Math.floor(s / 3600);
+  const mm = String(Math.floor((s % 3600) / 60));
+  const ss = String(s % 60).padStart(2, '0');
+  return h > 0 ? `${h}:${mm.padStart(2, '0')}:${ss}` : `${mm}:${ss}`;
 }
 
-function humanReporter(quiet: boolean, ora?: (o: { text: string; stream: NodeJS.WritableStream }) => Spinner): Reporter {
-  const started = new Map<Phase, { t0: number; total: number; spinner?: Spinner }>();
+/** One progress line: amount (of the total, with percent, when known), rate, elapsed time, and
+ * while the phase runs the time left at the current rate. */
+export function progressLine(phase: Phase, done: number, total: number, ms: number, finished = false): string {
+  if (phase === 'scanning') return `${phase.padEnd(9)} ${done} ${done === 1 ? 'entry' : 'entries'}  ${(ms / 1000).toFixed(2)} s`;
+  const known = total > 0 && done <= total;
+  const amount = known && !finished ? `${formatBytes(done)} / ${formatBytes(total)}  ${Math.floor((done / total) * 100)}%` : formatBytes(done);
+  const rate = formatRate(done, ms);
+  const eta = known && !finished && done > 0 && ms > 0 ? `  ETA ${clock(((total - done) / done) * (ms / 1000))}` : '';
+  return `${phase.padEnd(9)} ${amount}${rate ? `  ${rate}` : ''}  ${(ms / 1000).toFixed(2)} s${eta}`;
+}
+
+/** A plan line of the core (`mkdir   d/`, `send    f (12 bytes, delta)`, `copy    f (from g, no
+ * data sent)`, `link    l -> t`, `attrs   f`, `delete  x`, `skip    f (…)`) as rsync -v lists it:
+ * the name (directories with '/'), `l -> t` for a link, `deleting x`. Unknown lines pass as they are. */
+export function rsyncListLine(planLine: string): string {
+  const m = /^(\w+)\s+(.*)$/.exec(planLine);
+  if (!m) return planLine;
+  const [, verb, rest] = m as unknown as [string, string, string];
+  switch (verb) {
+    case 'mkdir':
+    case 'link':
+    case 'attrs':
+      return rest;
+    case 'send':
+    case 'copy':
+      return rest.replace(/ \((?:\d+ bytes(?:, delta)?|from .*, no data sent)\)$/, '');
+    case 'delete':
+      return `deleting ${rest}`;
+    default:
+      return planLine;
+  }
+}
+
+function humanReporter(o: ReporterOptions & { style: 'sync' | 'peer' }, ora?: (o: { text: string; stream: NodeJS.WritableStream; color?: boolean | string }) => Spinner): Reporter {
+  const { quiet, style } = o;
+  const plain = !ora && o.progress === true && !quiet;
+  const interval = o.progressIntervalMs ?? 5000;
+  const started = new Map<Phase, { t0: number; total: number; done: number; spinner?: Spinner; lastLine: number }>();
   const err = (s: string) => {
     if (!quiet) process.stderr.write(s + '\n');
+  };
+  const colorless = noColor();
+  let headerShown = false;
+  const header = () => {
+    if (style === 'sync' && o.verbose && o.listHeader && !headerShown && !quiet) {
+      headerShown = true;
+      process.stdout.write(`${o.listHeader}\n`);
+    }
   };
   return {
     listening(host, port) {
@@ -44,32 +122,56 @@ function humanReporter(quiet: boolean, ora?: (o: { text: string; stream: NodeJS.
       if (!pinned) process.stderr.write(`peer ${label} fingerprint ${fingerprint}\n`);
     },
     phaseStart(phase, total) {
-      const spinner = ora?.({ text: line(phase, 0, total, 0), stream: process.stderr }).start();
-      started.set(phase, { t0: Date.now(), total, spinner });
+      header();
+      const spinner = ora?.({ text: progressLine(phase, 0, total, 0), stream: process.stderr, ...(colorless ? { color: false } : {}) }).start();
+      started.set(phase, { t0: Date.now(), total, done: 0, spinner, lastLine: Date.now() });
     },
     progress(phase, done) {
       const s = started.get(phase);
-      if (s?.spinner) s.spinner.text = line(phase, done, s.total, Date.now() - s.t0);
+      if (!s) return;
+      s.done = done;
+      const now = Date.now();
+      if (s.spinner) s.spinner.text = progressLine(phase, done, s.total, now - s.t0);
+      else if (plain && now - s.lastLine >= interval) {
+        s.lastLine = now;
+        err(progressLine(phase, done, s.total, now - s.t0));
+      }
     },
     phaseEnd(phase, done, ms) {
       const s = started.get(phase);
-      const text = line(phase, done, s?.total ?? done, ms);
-      if (s?.spinner) s.spinner.succeed(text);
-      else err(text);
+      const text = progressLine(phase, done, s?.total ?? done, ms, true);
+      if (s?.spinner) {
+        if (colorless) s.spinner.stopAndPersist({ symbol: '-', text });
+        else s.spinner.succeed(text);
+      } else if (style === 'peer' || plain) err(text);
     },
     info: err,
+    change(line, dryRun) {
+      if (style === 'sync') {
+        // rsync: -v lists, on stdout; a dry run without -v lists nothing.
+        if (o.verbose && !quiet) {
+          header();
+          process.stdout.write(`${rsyncListLine(line)}\n`);
+        }
+      } else err(dryRun ? `would ${line}` : line);
+    },
     summary(s) {
+      if (quiet) return;
+      if (style === 'sync') {
+        header();
+        // --stats prints its own block with these lines; -v alone ends with rsync's two lines.
+        if (o.verbose && !o.stats) process.stdout.write(rsyncClosingLines(s, 0, Boolean(o.dryRun)));
+        return;
+      }
       const t = s.tree;
       const what = t
-        ? `${t.files} files, ${t.written} written (${t.localCopies} served locally), ${t.attrsOnly} attributes only, ${t.deleted} deleted, ${t.unchanged} unchanged; ${formatBytes(s.literalBytes)} literal, ${formatBytes(s.matchedBytes)} reused`
+        ? `${t.files} ${t.files === 1 ? 'file' : 'files'}, ${t.written} written (${t.localCopies} served locally), ${t.attrsOnly} attributes only, ${t.deleted} deleted, ${t.unchanged} unchanged; ${formatBytes(s.literalBytes)} literal, ${formatBytes(s.matchedBytes)} reused`
         : s.upToDate
           ? `up to date (${s.decidedBy})`
           : `${formatBytes(s.literalBytes)} literal, ${formatBytes(s.matchedBytes)} reused`;
-      if (!quiet) {
-        process.stdout.write(
-          `${s.role === 'sender' ? 'sent' : 'received'} ${s.path}: ${t ? '' : formatBytes(s.size) + ', '}${what}; wire ${formatBytes(s.bytesOnWire.sent)} sent, ${formatBytes(s.bytesOnWire.received)} received; ${(s.durationMs / 1000).toFixed(2)} s\n`,
-        );
-      }
+      process.stdout.write(
+        `${s.role === 'sender' ? 'sent' : 'received'} ${s.path}: ${t ? '' : formatBytes(s.size) + ', '}${what}; wire ${formatBytes(s.bytesOnWire.sent)} sent, ${formatBytes(s.bytesOnWire.received)} received; ${(s.durationMs / 1000).toFixed(2)} s\n`,
+      );
     },
     error(message) {
       for (const s of started.values()) s.spinner?.stop();
@@ -79,6 +181,20 @@ function humanReporter(quiet: boolean, ora?: (o: { text: string; stream: NodeJS.
       for (const s of started.values()) s.spinner?.stop();
     },
   };
+}
+
+/** rsync's closing lines (`-v`, and the end of `--stats`): bytes sent and received with the
+ * rate, then the total size and the speedup, `(DRY RUN)` on a dry run; numbers at `human`
+ * (0 = rsync's default commas, 1 = -h, 2 = -hh). */
+export function rsyncClosingLines(s: SyncSummary, human: number, dryRun: boolean): string {
+  const { sent, received } = s.bytesOnWire;
+  const n = (x: number) => rsyncNumber(x, human + 1);
+  const seconds = Math.max(s.durationMs, 1) / 1000;
+  const speedup = sent + received > 0 ? s.size / (sent + received) : 0;
+  return (
+    `\nsent ${n(sent)} bytes  received ${n(received)} bytes  ${rsyncDecimal((sent + received) / seconds, human + 1)} bytes/sec\n` +
+    `total size is ${n(s.size)}  speedup is ${speedup.toFixed(2)}${dryRun ? ' (DRY RUN)' : ''}\n`
+  );
 }
 
 function jsonReporter(): Reporter {
