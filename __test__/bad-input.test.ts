@@ -67,7 +67,7 @@ describe('sender-side bad input', () => {
     assert.match(oneErrorLine(r.stderr), /cannot connect/);
   });
 
-  it('a peer that answers with garbage: exit 12', async () => {
+  it('a web server that answers in text: exit 2 (not an ffsync-native peer), quoting what it said', async () => {
     const dir = tmpdir();
     fs.writeFileSync(path.join(dir, 'a'), 'x');
     const srv = net.createServer((s) => s.end(Buffer.from('HTTP/1.1 400 Bad Request\r\n\r\n')));
@@ -75,8 +75,20 @@ describe('sender-side bad input', () => {
     const port = (srv.address() as net.AddressInfo).port;
     const r = await run(['send', path.join(dir, 'a'), `127.0.0.1:${port}`, '--plaintext', '--state-dir', path.join(dir, 's')]).done;
     srv.close();
+    assert.equal(r.code, 2);
+    assert.match(oneErrorLine(r.stderr), /127\.0\.0\.1:\d+: the far end is not an ffsync-native peer: it said "HTTP\/1\.1 400 Bad Request" \(a web server\)/);
+  });
+
+  it('a peer that answers with binary garbage: exit 12', async () => {
+    const dir = tmpdir();
+    fs.writeFileSync(path.join(dir, 'a'), 'x');
+    const srv = net.createServer((s) => s.end(Buffer.from([0xff, 0xff, 0xff, 0x7f, 0x01, 0x00, 0x80])));
+    await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+    const port = (srv.address() as net.AddressInfo).port;
+    const r = await run(['send', path.join(dir, 'a'), `127.0.0.1:${port}`, '--plaintext', '--state-dir', path.join(dir, 's')]).done;
+    srv.close();
     assert.equal(r.code, 12);
-    oneErrorLine(r.stderr);
+    assert.match(oneErrorLine(r.stderr), /out of bounds/);
   });
 
   it('usage errors exit 1: bad address, malformed fingerprint, unknown option, bad port', async () => {

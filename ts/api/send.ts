@@ -182,6 +182,8 @@ export async function runSender(
     if (peerError && !err.message.startsWith('peer: ') && err.exitCode !== ExitCode.VANISHED) err = decodeError(peerError.payload);
     // Interrupted here: whatever the closed connection made of it, that is the error.
     if (o.signal?.aborted) err = interruptedError(err);
+    // Something other than an ffsync-native peer answered: name the address we dialed.
+    if (err.code === 'ENOTPEER' || err.code === 'ETLSPEER') err = new FfsyncError(err.code, err.exitCode, `${o.host}:${o.port}: ${err.message}`, { cause: err });
     const source = sourceHolder.source;
     // Our own reason, or the peer's when it is one a changed source explains.
     const detail = err.message.startsWith('peer: ') ? '' : ` (${err.message})`;

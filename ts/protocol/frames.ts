@@ -83,6 +83,22 @@ export class FrameDecoder {
   private head = 0;
   private buffered = 0;
   private sawStart = false;
+  /** A valid frame header arrived: from then on a bad one is the peer's framing error. */
+  private sawFrame = false;
+
+  /**
+   * The very first bytes are no frame. If they are text (an ssh banner, an HTTP answer, an SMTP
+   * greeting), the far end is some other program: say so with what it said, as exit 2
+   * (incompatible), instead of a frame length out of bounds. Binary garbage stays a framing
+   * error (exit 12), whoever sent it.
+   */
+  private notAPeer(): void {
+    const first = this.peek(Math.min(this.buffered, 64));
+    if (!first.every((b) => (b >= 0x20 && b < 0x7f) || b === 0x09 || b === 0x0a || b === 0x0d)) return;
+    const said = first.toString('latin1').split(/\r?\n/)[0]!.slice(0, 48);
+    const hint = /^SSH-/.test(said) ? ' (an ssh server: for ssh use `ffsync-native sync SRC host:path`)' : /^HTTP\//.test(said) ? ' (a web server)' : '';
+    throw new FfsyncError('ENOTPEER', ExitCode.PROTOCOL_INCOMPATIBLE, `the far end is not an ffsync-native peer: it said "${said}"${hint}`);
+  }
   /** Small reads are copied into this accumulator instead of being kept as separate
    * buffers: a peer dribbling a frame in 1-byte TLS records must not cost ~100 bytes of
    * Buffer object per byte it sent. `tailEnd`: bytes of it in use. */
@@ -138,9 +154,13 @@ export class FrameDecoder {
       if (this.buffered < FRAME_HEADER) break;
       const head = this.peek(FRAME_HEADER);
       const bodyLen = head.readUInt32LE(0);
-      if (bodyLen < 1 || bodyLen > MAX_FRAME_BODY) throw protocolError(`frame length ${bodyLen} out of bounds`);
       const type = head.readUInt8(4);
-      if (!KNOWN_TYPES.has(type)) throw protocolError(`unknown frame type 0x${type.toString(16)}`);
+      if (bodyLen < 1 || bodyLen > MAX_FRAME_BODY || !KNOWN_TYPES.has(type)) {
+        if (!this.sawFrame) this.notAPeer();
+        if (bodyLen < 1 || bodyLen > MAX_FRAME_BODY) throw protocolError(`frame length ${bodyLen} out of bounds`);
+        throw protocolError(`unknown frame type 0x${type.toString(16)}`);
+      }
+      this.sawFrame = true;
       if (this.buffered < 4 + bodyLen) break;
       const { whole, pooled } = this.take(4 + bodyLen);
       const frame: Frame = { type: type as FrameType, payload: whole.subarray(FRAME_HEADER) };

@@ -21,12 +21,17 @@ function handshakeError(e: unknown, context: string): FfsyncError {
   if (['ECONNREFUSED', 'ECONNRESET', 'EADDRINUSE', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN'].includes(err?.code ?? '')) {
     return fromSystemError(e, context);
   }
-  return new FfsyncError(
-    'ETLS',
-    ExitCode.PROTOCOL_INCOMPATIBLE,
-    `${context}: TLS handshake failed (${err?.message ?? String(e)}); is the peer running with --plaintext? Use it on both sides or on neither`,
-    { cause: e },
-  );
+  // OpenSSL's own text (`error:0A00010B:SSL routines:…`) means nothing to a user; what it
+  // tells apart does: the far end answered, but not with TLS.
+  const text = `${err?.message ?? ''} ${(err as { reason?: string })?.reason ?? ''}`;
+  const notTls = /wrong version number|packet length too long|unknown protocol|record layer failure|http request/i.test(text);
+  const closed = err?.code === 'ECONNRESET' || /socket hang up|disconnected before/i.test(text);
+  const why = notTls
+    ? 'the far end does not speak TLS: it is not an ffsync-native peer, or one started with --plaintext (then give --plaintext on both sides, or on neither)'
+    : closed
+      ? 'the far end closed the connection during the TLS handshake: it is not an ffsync-native peer, or it refused us (see its output)'
+      : `the TLS handshake failed (${(err as { reason?: string })?.reason ?? err?.code ?? 'unknown reason'})`;
+  return new FfsyncError('ETLS', ExitCode.PROTOCOL_INCOMPATIBLE, `${context}: ${why}`, { cause: e });
 }
 
 function capture(sock: tls.TLSSocket): void {

@@ -65,11 +65,47 @@ export function normalizeNativeError(e: unknown): FfsyncError {
 }
 
 /** Map a Node system error (net/fs) to an FfsyncError. */
+/** What a system error code means, in words, with what to do where there is something to do:
+ * the context names the address or path, this says what went wrong there. */
+const IN_WORDS: Record<string, string> = {
+  ECONNREFUSED: 'connection refused (nothing listens there: is the receiver running, on this port?)',
+  ECONNRESET: 'connection reset by the peer',
+  EPIPE: 'connection closed by the peer while writing',
+  ENOTFOUND: 'host not found (check the name, or use its IP address)',
+  EAI_AGAIN: 'host name lookup failed for now (DNS did not answer; try again, or use the IP address)',
+  EHOSTUNREACH: 'no route to the host (check the address and the network)',
+  ENETUNREACH: 'network unreachable (check the address and the network)',
+  ETIMEDOUT: 'timed out (is the host up, and is the port open in its firewall?)',
+  EADDRINUSE: 'address already in use (another program listens on this port: pick another, or 0 for a free one)',
+  EADDRNOTAVAIL: 'address not available on this machine (check --bind)',
+  ENOENT: 'no such file or directory',
+  ENOTDIR: 'a part of the path is not a directory',
+  EISDIR: 'is a directory',
+  EACCES: 'permission denied',
+  EPERM: 'operation not permitted',
+  ENOSPC: 'no space left on the device',
+  EDQUOT: 'disk quota exceeded',
+  EROFS: 'read-only file system',
+  ELOOP: 'too many levels of symbolic links',
+  ENAMETOOLONG: 'file name too long',
+  EMFILE: 'too many open files (raise the limit: ulimit -n)',
+  ENFILE: 'too many open files on this system',
+  EXDEV: 'not on the same file system',
+  EBUSY: 'resource busy',
+  EIO: 'input/output error (the disk or file system reported a failure)',
+};
+
+/** A system error's words (IN_WORDS), or its own message for a code without any. */
+export function systemErrorWords(e: unknown): string {
+  const err = e as NodeJS.ErrnoException;
+  return (err?.code && IN_WORDS[err.code]) || (err?.message ?? String(e));
+}
+
 export function fromSystemError(e: unknown, context: string): FfsyncError {
   if (e instanceof FfsyncError) return e;
   const err = e as NodeJS.ErrnoException;
   const code = err?.code ?? 'EIO';
   const socket = ['ECONNREFUSED', 'ECONNRESET', 'EADDRINUSE', 'EADDRNOTAVAIL', 'EPIPE', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN', 'ETIMEDOUT'];
   const exit = socket.includes(code) ? ExitCode.SOCKET_IO : ExitCode.FILE_IO;
-  return new FfsyncError(code, exit, `${context}: ${err?.message ?? String(e)}`, { cause: e });
+  return new FfsyncError(code, exit, `${context}: ${systemErrorWords(e)}`, { cause: e });
 }
