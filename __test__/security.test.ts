@@ -75,28 +75,55 @@ describe('TLS sessions', () => {
     assert.equal(sha256(t.dst), sha256(t.src));
   });
 
-  it('an unpinned peer without a TTY is refused on both sides (exit 5) and nothing is written', async () => {
+  /** The command a hint tells the user to run (`... run 'ffsync-native trust FP --state-dir DIR' ...`), run as written. */
+  async function runHint(stderr: string): Promise<void> {
+    const m = /run 'ffsync-native (trust [^']+)'/.exec(stderr);
+    assert.ok(m, `a hint naming the command: ${stderr}`);
+    const args = m[1]!.split(' ');
+    const r = await run(args).done;
+    assert.equal(r.code, 0, `'ffsync-native ${m[1]}' as the hint says: ${r.stderr}`);
+  }
+
+  it('an unpinned peer without a TTY is refused (exit 5), nothing is written, and the receiver keeps waiting: following both hints literally, the retry succeeds', async () => {
     const t = setup();
     const before = snapshot(t.out);
-    const r = await tlsSync(t.src, t.dst, t.stateS, t.stateR);
-    assert.equal(r.recv.code, 5, r.recv.stderr);
-    assert.equal(r.send.code, 5, r.send.stderr);
+    const recv = run(['receive', t.dst, '0', '--json', '--bind', '127.0.0.1', '--timeout', '10', '--state-dir', t.stateR]);
+    const l = await recv.waitFor((e) => e.event === 'listening');
+    const refusedBySender = await run(['send', t.src, `127.0.0.1:${l.port}`, '--timeout', '10', '--state-dir', t.stateS]).done;
+    assert.equal(refusedBySender.code, 5, refusedBySender.stderr);
+    const refusal = await recv.waitFor((e) => e.event === 'info' && /refused a connection/.test(e.message));
     const fsender = await id(t.stateS);
-    assert.match(r.recv.stderr, new RegExp(`unknown peer .*${fsender}`));
+    assert.match(refusal.message, new RegExp(`unknown peer .*${fsender}.*still waiting for a trusted sender`));
     assert.deepEqual(snapshot(t.out), before);
+    // The hints include the options that make them work here (--state-dir: not the default).
+    assert.match(refusal.message, new RegExp(`run 'ffsync-native trust ${fsender} --state-dir ${t.stateR}'`));
+    await runHint(refusal.message);
+    await runHint(refusedBySender.stderr);
+    // The same receiver, never restarted, now takes the retry.
+    const retry = await run(['send', t.src, `127.0.0.1:${l.port}`, '--timeout', '10', '--state-dir', t.stateS]).done;
+    assert.equal(retry.code, 0, retry.stderr);
+    const r = await recv.done;
+    assert.equal(r.code, 0, r.stderr);
+    assert.equal(sha256(t.dst), sha256(t.src));
   });
 
-  it('a pinned fingerprint presented by a different key is a loud mismatch (exit 5)', async () => {
+  it('a pinned fingerprint presented by a different key is a loud mismatch (exit 5); the receiver refuses it and waits for the real sender', async () => {
     const t = setup();
     const impostorState = path.join(t.dir, 'impostor');
     const realSender = await id(t.stateS);
     await id(impostorState); // a different key
     const fr = await id(t.stateR);
-    const r = await tlsSync(t.src, t.dst, impostorState, t.stateR, ['--trust', realSender], ['--trust', fr]);
-    assert.equal(r.recv.code, 5);
-    assert.match(r.recv.stderr, /FINGERPRINT MISMATCH/);
-    assert.notEqual(r.send.code, 0);
+    const recv = run(['receive', t.dst, '0', '--json', '--bind', '127.0.0.1', '--timeout', '10', '--state-dir', t.stateR, '--trust', realSender]);
+    const l = await recv.waitFor((e) => e.event === 'listening');
+    const impostor = await run(['send', t.src, `127.0.0.1:${l.port}`, '--timeout', '10', '--state-dir', impostorState, '--trust', fr]).done;
+    assert.notEqual(impostor.code, 0);
+    const refusal = await recv.waitFor((e) => e.event === 'info' && /refused a connection/.test(e.message));
+    assert.match(refusal.message, /FINGERPRINT MISMATCH/);
     assert.equal(fs.existsSync(t.dst), false);
+    const real = await run(['send', t.src, `127.0.0.1:${l.port}`, '--timeout', '10', '--state-dir', t.stateS, '--trust', fr]).done;
+    assert.equal(real.code, 0, real.stderr);
+    assert.equal((await recv.done).code, 0);
+    assert.equal(sha256(t.dst), sha256(t.src));
   });
 
   it('--plaintext on one side only: a clear error on both sides, never a hang', async () => {

@@ -122,11 +122,26 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
       const session = await abortable(quic.acceptSession(), o.signal, () => quic.close());
       return await overQuic!(session, 'accept', timeoutMs, (conn, stream) => runReceiver(conn, { ...context, listener: session.lanes(), secure: stream }));
     }
-    const sock = await abortable(listener!.accept(), o.signal, () => listener!.close());
-    return await runReceiver(new FramedConnection(sock, timeoutMs), { ...context, listener, secure: identity ? sock : undefined });
+    // A sender we do not trust (yet) is refused, and we keep waiting: the user may pin it
+    // (`trust`, in another terminal) and the sender retry, without restarting this side.
+    for (;;) {
+      const sock = await abortable(listener!.accept(), o.signal, () => listener!.close());
+      try {
+        return await runReceiver(new FramedConnection(sock, timeoutMs), { ...context, listener, secure: identity ? sock : undefined });
+      } catch (e) {
+        if (!(e instanceof FfsyncError) || !refusedPeer(e) || o.signal?.aborted) throw e;
+        o.events?.info?.(`refused a connection: ${e.message}; still waiting for a trusted sender`);
+      }
+    }
   } finally {
     bound.close();
   }
+}
+
+/** This side refused the peer's certificate (unknown, or not the --trust one): nothing of the
+ * session happened, so a one-session receiver may wait for the next connection. */
+function refusedPeer(e: FfsyncError): boolean {
+  return e.exitCode === ExitCode.UNTRUSTED && (e.code === 'EUNTRUSTED' || e.code === 'EFINGERPRINT') && !e.message.startsWith('peer: ');
 }
 
 export interface ReceiverContext extends ReceiveOptions {

@@ -209,7 +209,9 @@ export async function authenticatePeer(
     const err = e as FfsyncError;
     try {
       const why = err.code === 'EFINGERPRINT' ? 'it expected another fingerprint (--trust)' : 'it has not pinned it';
-      const msg = `refused: the other side does not trust our fingerprint ${fp} (${why}); there, run 'ffsync-native trust ${fp}' or pass --trust ${fp}`;
+      // The refusing side knows its own state directory: the hint carries it.
+      const { stateDirOption } = require('../utils/state-dir.js') as typeof import('../utils/state-dir.js'); // eslint-disable-line @typescript-eslint/no-require-imports
+      const msg = `refused: the other side does not trust our fingerprint ${fp} (${why}); there, run 'ffsync-native trust ${fp}${stateDirOption(o.stateDir)}' or pass --trust ${fp}`;
       await conn.send(FrameType.ERROR, encodeError(err.exitCode, err.code, msg));
       conn.errorSent = true;
     } catch {

@@ -5,6 +5,7 @@ import readline from 'node:readline';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { parseFingerprint } from './fingerprint.js';
 import { addPin, isPinned } from './pins.js';
+import { stateDirOption } from '../utils/state-dir.js';
 
 export interface TrustOptions {
   stateDir: string;
@@ -54,6 +55,6 @@ export async function verifyPeer(fingerprint: string, o: TrustOptions): Promise<
   throw new FfsyncError(
     'EUNTRUSTED',
     ExitCode.UNTRUSTED,
-    `unknown peer ${o.peerLabel} with fingerprint ${fingerprint}; if that is right, run 'ffsync-native trust ${fingerprint}' or pass --trust ${fingerprint}`,
+    `unknown peer ${o.peerLabel} with fingerprint ${fingerprint}; if that is right, run 'ffsync-native trust ${fingerprint}${stateDirOption(o.stateDir)}' or pass --trust ${fingerprint}`,
   );
 }

@@ -15,3 +15,12 @@ export function resolveStateDir(explicit?: string): string {
       return path.join(process.env.XDG_STATE_HOME ?? path.join(home, '.local', 'state'), 'ffsync-native');
   }
 }
+
+/** ` --state-dir DIR` when `stateDir` is not what a command run without the option would use
+ * (so a hint such as "run 'ffsync-native trust FP'" works when pasted), else ''. The path is
+ * quoted for a POSIX shell when it needs to be. */
+export function stateDirOption(stateDir: string): string {
+  if (path.resolve(stateDir) === resolveStateDir()) return '';
+  const quoted = /^[\w@%+=:,./-]+$/.test(stateDir) ? stateDir : `'${stateDir.replace(/'/g, `'\\''`)}'`;
+  return ` --state-dir ${quoted}`;
+}
