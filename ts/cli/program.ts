@@ -11,7 +11,7 @@
 // per-file cost of ~40 modules; a bundled module still runs only when first required.
 /* eslint-disable @typescript-eslint/no-require-imports -- the lazy loads described above */
 
-import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
+import { Argument, Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 import type { SyncSummary } from '../api/events.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { VERSION } from '../utils/version.js';
@@ -504,6 +504,17 @@ export function buildProgram(): Command {
         for (const p of pins().readPins(stateDirs().resolveStateDir(o.stateDir))) process.stdout.write(`${p.fingerprint}${p.note ? '  ' + p.note : ''}\n`);
       }),
     );
+  program
+    .command('completion')
+    .description('print a shell completion script (bash, zsh or fish)')
+    .addArgument(new Argument('<shell>', 'bash, zsh or fish').choices(['bash', 'zsh', 'fish']))
+    .action((shell: 'bash' | 'zsh' | 'fish') =>
+      admin(() => {
+        const { completionScript } = require('./completion.js') as typeof import('./completion.js');
+        process.stdout.write(completionScript(program, shell));
+      }),
+    );
+
   oneLineUsageErrors(program);
   return program;
 }
