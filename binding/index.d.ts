@@ -107,7 +107,7 @@ export declare class NativeReconstruction {
    * resolved without following any link. `fsync` (default true): the result is made
    * durable before it is renamed into place; false is `--no-fsync`.
    */
-  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ProgressFn | undefined | null, holes?: Buffer | undefined | null, inplace?: boolean | undefined | null, prefill?: NativePrefill | undefined | null, beneath?: string | undefined | null, fsync?: boolean | undefined | null): Promise<NativeReconstruction>
+  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ((doneBytes: number) => void) | undefined | null, holes?: Buffer | undefined | null, inplace?: boolean | undefined | null, prefill?: NativePrefill | undefined | null, beneath?: string | undefined | null, fsync?: boolean | undefined | null): Promise<NativeReconstruction>
   /** Indices of chunks that must come over the wire, ascending. */
   needed(): Uint32Array
   summary(): PlanSummary
@@ -142,7 +142,7 @@ export declare class NativeScanStream {
    * Start scanning `path` in windows of `window` bytes (index-aware, like `scanFileNative`).
    * With `early`, each window's entries are followed by its chunks as chunk batches.
    */
-  static open(path: string | Buffer, window: number, options?: ScanFileOptions | undefined | null, onProgress?: ProgressFn | undefined | null, early?: EarlyData | undefined | null): NativeScanStream
+  static open(path: string | Buffer, window: number, options?: ScanFileOptions | undefined | null, onProgress?: ((doneBytes: number) => void) | undefined | null, early?: EarlyData | undefined | null): NativeScanStream
   /**
    * The next window's entries, an early DATA batch (copied into `into` when it fits), or
    * (last) the whole scan's result.
@@ -160,7 +160,7 @@ export declare class NativeScanStream {
 /** One peer's side of a tree sync. */
 export declare class NativeTreeSync {
   /** Walk `root` (in parallel) and load its tree index; progress counts entries listed. */
-  static walk(root: string, options: WalkTreeOptions, onProgress?: ProgressFn | undefined | null): Promise<NativeTreeSync>
+  static walk(root: string, options: WalkTreeOptions, onProgress?: ((doneBytes: number) => void) | undefined | null): Promise<NativeTreeSync>
   /**
    * Receiver: `false` is `--no-fsync` (files are not made durable before the session
    * reports success: no early writeback, no final syncfs). Default true. Call before
@@ -181,7 +181,7 @@ export declare class NativeTreeSync {
   /** Indices of our entries the protocol needs us to hash. */
   rootsToSupply(checksum: boolean): Uint32Array
   /** Hash those entries on every core; resolves to the ROOTS payload. */
-  hashEntries(indices: Uint32Array, onProgress?: ProgressFn | undefined | null): Promise<Buffer>
+  hashEntries(indices: Uint32Array, onProgress?: ((doneBytes: number) => void) | undefined | null): Promise<Buffer>
   setPeerRoots(roots: Buffer): void
   /** Run triage (identical on both peers) and count what the plan does. */
   triage(checksum: boolean, deleteExtraneous: boolean, update?: boolean | undefined | null, wholeFile?: boolean | undefined | null, maxSize?: number | undefined | null, minSize?: number | undefined | null): PlanCounts
@@ -350,7 +350,7 @@ export interface QuicWireBytes {
 export declare function recoverInplace(target: string | Buffer, beneath?: string | undefined | null): Promise<string | null>
 
 /** Chunk and hash a file on every core (or load its manifest from the index). */
-export declare function scanFileNative(path: string | Buffer, options?: ScanFileOptions | undefined | null, onProgress?: ProgressFn | undefined | null): Promise<ScanResult>
+export declare function scanFileNative(path: string | Buffer, options?: ScanFileOptions | undefined | null, onProgress?: ((doneBytes: number) => void) | undefined | null): Promise<ScanResult>
 
 export interface ScanFileOptions {
   /** State directory holding indexes; omit to neither read nor write an index. */

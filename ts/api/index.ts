@@ -1,6 +1,10 @@
 // Public library API: the CLI is a thin layer over these.
 export { send, type SendOptions } from './send.js';
 export { receive, type ReceiveOptions } from './receive.js';
+export { sync, type SyncOptions } from './sync.js';
+export { pull, type PullOptions } from './pull.js';
+export { id, trust, untrust, fingerprints, type StateOptions } from './identity.js';
+export type { Pin } from '../security/pins.js';
 export type { SyncEvents, SyncSummary, Phase } from './events.js';
 export { FfsyncError, ExitCode } from '../utils/errors.js';
 export { resolveStateDir } from '../utils/state-dir.js';

@@ -1,7 +1,7 @@
 // Plain TCP transport (`--plaintext`). TLS (the default, with pinning) wraps the same
 // sockets in its own module.
 
-import net from 'node:net';
+import * as net from 'node:net';
 import type { SecureStream } from './peer-identity.js';
 import type { Duplex } from 'node:stream';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';

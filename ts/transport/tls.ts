@@ -1,8 +1,8 @@
 // TLS 1.3 transport, mutually authenticated by pinned certificate fingerprints (not by a
 // CA or host names: every peer's certificate is self-signed, see ts/security/). Both
 // sides present their identity; trust is decided after the handshake by ts/security/trust.
-import net from 'node:net';
-import tls from 'node:tls';
+import * as net from 'node:net';
+import * as tls from 'node:tls';
 import type { Identity } from '../security/identity.js';
 import { recordPeerCertificate } from './peer-identity.js';
 import { noteHandshake } from './handshake-time.js';

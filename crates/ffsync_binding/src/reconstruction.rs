@@ -181,7 +181,7 @@ impl NativeReconstruction {
         #[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg,
         manifest: Buffer,
         locals: Vec<LocalFile>,
-        on_progress: Option<ProgressFn>,
+        #[napi(ts_arg_type = "((doneBytes: number) => void) | undefined | null")] on_progress: Option<ProgressFn>,
         holes: Option<Buffer>,
         inplace: Option<bool>,
         prefill: Option<&NativePrefill>,

@@ -102,7 +102,7 @@ impl From<Scanned> for ScanResult {
 pub fn scan_file_native(
     #[napi(ts_arg_type = "string | Buffer")] path: crate::PathArg,
     options: Option<ScanFileOptions>,
-    on_progress: Option<ProgressFn>,
+    #[napi(ts_arg_type = "((doneBytes: number) => void) | undefined | null")] on_progress: Option<ProgressFn>,
 ) -> AsyncTask<ScanTask> {
     let o = options.unwrap_or(ScanFileOptions {
         state_dir: None,
@@ -300,7 +300,7 @@ impl NativeScanStream {
         #[napi(ts_arg_type = "string | Buffer")] path: crate::PathArg,
         window: f64,
         options: Option<ScanFileOptions>,
-        on_progress: Option<ProgressFn>,
+        #[napi(ts_arg_type = "((doneBytes: number) => void) | undefined | null")] on_progress: Option<ProgressFn>,
         early: Option<EarlyData>,
     ) -> Result<NativeScanStream> {
         let early = early.map(|e| {

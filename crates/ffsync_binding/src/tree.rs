@@ -268,7 +268,11 @@ impl Task for StepTask {
 impl NativeTreeSync {
     /// Walk `root` (in parallel) and load its tree index; progress counts entries listed.
     #[napi(ts_return_type = "Promise<NativeTreeSync>")]
-    pub fn walk(root: String, options: WalkTreeOptions, on_progress: Option<ProgressFn>) -> AsyncTask<WalkTask> {
+    pub fn walk(
+        root: String,
+        options: WalkTreeOptions,
+        #[napi(ts_arg_type = "((doneBytes: number) => void) | undefined | null")] on_progress: Option<ProgressFn>,
+    ) -> AsyncTask<WalkTask> {
         AsyncTask::new(WalkTask {
             root: root.into(),
             o: options,
@@ -352,7 +356,11 @@ impl NativeTreeSync {
 
     /// Hash those entries on every core; resolves to the ROOTS payload.
     #[napi(ts_return_type = "Promise<Buffer>")]
-    pub fn hash_entries(&self, indices: Uint32Array, on_progress: Option<ProgressFn>) -> AsyncTask<HashTask> {
+    pub fn hash_entries(
+        &self,
+        indices: Uint32Array,
+        #[napi(ts_arg_type = "((doneBytes: number) => void) | undefined | null")] on_progress: Option<ProgressFn>,
+    ) -> AsyncTask<HashTask> {
         AsyncTask::new(HashTask {
             t: self.inner.clone(),
             indices: indices.to_vec(),
