@@ -149,3 +149,90 @@ describe('sync -h is --human-readable; --stats in rsync’s format', () => {
     assert.equal(rsyncDecimal(12.5, 1), '12.50');
   });
 });
+
+describe('rsync flags on sync, with rsync as the oracle', () => {
+  /** Relative paths (dirs with '/', links as 'l -> target') and file contents under `root`. */
+  function listing(root: string): string[] {
+    const out: string[] = [];
+    const walk = (rel: string) => {
+      for (const name of fs.readdirSync(path.join(root, rel)).sort()) {
+        const r = rel ? `${rel}/${name}` : name;
+        const st = fs.lstatSync(path.join(root, r));
+        if (st.isSymbolicLink()) out.push(`${r} -> ${fs.readlinkSync(path.join(root, r))}`);
+        else if (st.isDirectory()) {
+          out.push(`${r}/`);
+          walk(r);
+        } else out.push(`${r}: ${fs.readFileSync(path.join(root, r), 'utf8')}`);
+      }
+    };
+    if (fs.existsSync(root)) walk('');
+    return out;
+  }
+
+  function source(dir: string): string {
+    const src = path.join(dir, 'src');
+    fs.mkdirSync(path.join(src, 'd1', 'deep'), { recursive: true });
+    fs.mkdirSync(path.join(src, 'd2'));
+    fs.writeFileSync(path.join(src, 'a'), 'a\n');
+    fs.writeFileSync(path.join(src, 'keep.txt'), 'k\n');
+    fs.writeFileSync(path.join(src, 'd1', 'b.log'), 'b\n');
+    fs.writeFileSync(path.join(src, 'd1', 'deep', 'c.txt'), 'c\n');
+    fs.symlinkSync('a', path.join(src, 'l'));
+    return src;
+  }
+
+  /** Same flags, same tree, same starting target: ffsync-native sync and rsync end with the same listing. */
+  async function sameAsRsync(flags: string[], prepare?: (target: string) => void): Promise<string[]> {
+    const dir = tmpdir();
+    const src = source(dir);
+    const ours = path.join(dir, 'ours');
+    const theirs = path.join(dir, 'theirs');
+    prepare?.(ours);
+    prepare?.(theirs);
+    const r = await run(['sync', ...flags, '--state-dir', path.join(dir, 'state'), src + '/', ours]).done;
+    assert.equal(r.code, 0, `sync ${flags.join(' ')}: ${r.stderr}`);
+    const rs = spawnSync('rsync', [...flags, src + '/', theirs], { encoding: 'utf8' });
+    assert.equal(rs.status, 0, `rsync ${flags.join(' ')}: ${rs.stderr}`);
+    assert.deepEqual(listing(ours), listing(theirs), `sync ${flags.join(' ')} vs rsync`);
+    return listing(ours);
+  }
+
+  const skip = !haveRsync && 'rsync is not installed';
+
+  it('the letters of -a given one by one (-rlptD, -rlpt) copy what rsync copies', { skip }, async () => {
+    await sameAsRsync(['-rlptD']);
+    await sameAsRsync(['-rlpt']);
+  });
+
+  it('an exclude that matches the source directory’s own name, or everything, never drops the root', { skip }, async () => {
+    assert.deepEqual(await sameAsRsync(['-a', '--exclude', '*']), []);
+    assert.ok((await sameAsRsync(['-a', '--exclude', 'src'])).includes('a: a\n'), 'the tree is copied');
+  });
+
+  it('--include-from keeps its patterns in the rules’ order', { skip }, async () => {
+    const dir = tmpdir();
+    const list = path.join(dir, 'include.txt');
+    fs.writeFileSync(list, '# comment\n\nd1/\nd1/deep/\n*.txt\n');
+    const got = await sameAsRsync(['-a', '--include-from', list, '--exclude', '*']);
+    assert.ok(got.includes('d1/deep/c.txt: c\n') && !got.some((l) => l.startsWith('d1/b.log')), got.join('\n'));
+  });
+
+  it('--delete-after deletes what only DEST has, like --delete', { skip }, async () => {
+    const got = await sameAsRsync(['-a', '--delete-after'], (t) => {
+      fs.mkdirSync(t, { recursive: true });
+      fs.writeFileSync(path.join(t, 'only-here'), 'x');
+    });
+    assert.ok(!got.some((l) => l.startsWith('only-here')));
+  });
+
+  it('rsync options not implemented yet are refused by name (exit 1), never ignored or called unknown', async () => {
+    const dir = tmpdir();
+    const src = source(dir);
+    for (const opt of [['-i'], ['--itemize-changes'], ['--partial-dir', '.p'], ['-b'], ['--backup-dir', 'b'], ['--files-from', 'f'], ['--filter', '- x'], ['-F'], ['-C'], ['--size-only'], ['--ignore-existing'], ['--existing'], ['--remove-source-files'], ['--delete-excluded'], ['--max-delete', '3'], ['--chmod', 'u+x'], ['--chown', 'a:b'], ['--mkpath'], ['-L'], ['-m'], ['--contimeout', '5'], ['--log-file', 'l'], ['-4'], ['-6'], ['-H'], ['-A']]) {
+      const r = await run(['sync', '-a', ...opt, '--state-dir', path.join(dir, 'state'), src + '/', path.join(dir, 'out')]).done;
+      assert.equal(r.code, 1, `${opt.join(' ')}: ${r.stderr}`);
+      assert.match(r.stderr, /^ffsync-native: error: .* is not supported by this version of ffsync-native\n$/, opt.join(' '));
+      assert.equal(fs.existsSync(path.join(dir, 'out')), false, `${opt.join(' ')}: nothing written`);
+    }
+  });
+});

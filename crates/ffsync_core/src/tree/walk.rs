@@ -269,7 +269,13 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
         .process_read_dir({
             let root = root_buf.clone();
             let filter = filter.clone();
-            move |_depth, dir, _state, children| {
+            move |depth, dir, _state, children| {
+                // jwalk first calls this for the root's parent, with the root itself as the
+                // only child (depth None). The root is never filtered: a pattern matching its
+                // own name (`*`, or `src` for `src/`) must not empty the whole tree.
+                if depth.is_none() {
+                    return;
+                }
                 let rel_dir = rel_bytes(&root, dir);
                 let stat_at = StatAt::open(dir);
                 for child in children.iter_mut().flatten() {
@@ -434,6 +440,44 @@ mod tests {
     use super::*;
     use std::fs;
 
+    /// The tree under `root` with only `filter`, and its paths in manifest order.
+    fn walk_filtered(root: &Path, filter: &Filter) -> (LocalTree, Vec<String>) {
+        let options = WalkOptions {
+            filter,
+            protect: None,
+            index: None,
+            progress: None,
+            one_file_system: false,
+        };
+        let tree = walk(root, &options).unwrap();
+        let paths = tree
+            .manifest
+            .iter()
+            .map(|e| String::from_utf8_lossy(e.path).into_owned())
+            .collect();
+        (tree, paths)
+    }
+
+    #[test]
+    fn a_pattern_matching_the_root_s_own_name_does_not_exclude_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        std::fs::create_dir_all(src.join("d")).unwrap();
+        std::fs::write(src.join("a"), b"a").unwrap();
+        std::fs::write(src.join("d/b"), b"b").unwrap();
+        for (rules, want) in [
+            (vec!["*"], vec![""]),
+            (vec!["src"], vec!["", "a", "d", "d/b"]),
+            (vec!["!a", "*"], vec!["", "a"]),
+        ] {
+            let filter = Filter::new(&rules.iter().map(|r| r.to_string()).collect::<Vec<_>>()).unwrap();
+            let (tree, paths) = walk_filtered(&src, &filter);
+            assert_eq!(paths, want, "rules {rules:?}");
+            // A peer accepts it (a tree of only its root included).
+            TreeManifest::decode(tree.manifest.encoded().to_vec()).unwrap();
+        }
+    }
+
     #[test]
     fn lists_in_tree_order_without_following_links_and_prunes_excludes() {
         let d = tempfile::tempdir().unwrap();
@@ -447,22 +491,7 @@ mod tests {
         #[cfg(unix)]
         std::os::unix::fs::symlink(r.join("a"), r.join("link")).unwrap();
         let filter = Filter::new(&["skip/".to_string(), "*.log".to_string()]).unwrap();
-        let t = walk(
-            r,
-            &WalkOptions {
-                filter: &filter,
-                protect: None,
-                index: None,
-                progress: None,
-                one_file_system: false,
-            },
-        )
-        .unwrap();
-        let paths: Vec<String> = t
-            .manifest
-            .iter()
-            .map(|e| String::from_utf8_lossy(e.path).into_owned())
-            .collect();
+        let (t, paths) = walk_filtered(r, &filter);
         #[cfg(unix)]
         assert_eq!(paths, vec!["", "a", "a/x", "a/x/f", "a-b", "link"]);
         let f = t.manifest.entry(3);
