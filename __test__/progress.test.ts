@@ -130,6 +130,25 @@ describe('terminals', { skip: !haveScript && 'util-linux script is not installed
   });
 });
 
+describe('progress that is true', () => {
+  it('a large file sent to an empty target: "sending" counts the early DATA while the file is still hashed, and ends at its size, not 0 B', async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'big.bin');
+    // Over the 64 MiB streaming window, so the manifest streams and the chunks go early.
+    fs.writeFileSync(src, seeded(80 << 20, 8));
+    const { peer: recv, port } = await startReceiver(path.join(dir, 'out.bin'), ['--state-dir', path.join(dir, 'r')]);
+    // 32 MiB/s: about 2.5 s, so 1 s lines show the transfer moving.
+    const s = await run(['send', src, `127.0.0.1:${port}`, '--plaintext', '--progress', '--progress-interval', '1', '--bwlimit', String(32 * 1024), '--state-dir', path.join(dir, 's')]).done;
+    assert.equal(s.code, 0, s.stderr);
+    assert.equal((await recv.done).code, 0);
+    const lines = s.stderr.split('\n');
+    const hashingEnd = lines.findIndex((l) => l.startsWith('hashing'));
+    const moving = lines.findIndex((l) => /^sending +[\d.]+ MiB \/ 80\.0 MiB +\d+%/.test(l));
+    assert.ok(moving >= 0 && moving < hashingEnd, `sending progress while hashing:\n${s.stderr}`);
+    assert.match(lines.filter((l) => l.startsWith('sending')).at(-1)!, /^sending +80\.0 MiB /, 'the phase ends at the bytes that moved');
+  });
+});
+
 describe('reporter pieces', () => {
   it('progress lines: percent and ETA while running, the total when done; singular and plural', () => {
     assert.equal(progressLine('sending', 1 << 20, 4 << 20, 1000), 'sending   1.00 MiB / 4.00 MiB  25%  1.00 MiB/s  1.00 s  ETA 0:03');

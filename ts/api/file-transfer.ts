@@ -194,6 +194,11 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
   // Early DATA (to an empty basis) is data: it waits for its turn like the DATA phase does,
   // holding the buffers it may use (EARLY_BUFFERS).
   if (streamed && emptyBasis) await turn.take(EARLY_BUFFERS);
+  // To an empty basis every chunk moves, most of them while the file is still being hashed
+  // (early DATA): the sending phase starts now, over the whole file, and runs beside hashing,
+  // so progress shows the bytes actually moving instead of a frozen hash and "sending 0 B".
+  const sendingEarly = streamed && emptyBasis ? { t0: Date.now() } : undefined;
+  if (sendingEarly) o.events?.phaseStart?.('sending', Number(o.st.size));
   if (!scan) {
     // KEEPALIVEs carry the bytes hashed: the receiver counts them as progress (§4.11).
     const hashed = workMeter();
@@ -257,7 +262,12 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
     const total = needed.reduce((a, i) => a + manifestChunkLength(scan!.manifest, i), 0);
     let raw = 0;
     const limit = limiter ?? (async () => undefined);
-    await inPhase(o.events, 'sending', total, async (progress) => {
+    // The phase started with the early DATA continues (its count includes it), else one starts.
+    const sendingPhase = (run: (progress: (n: number) => void) => Promise<void>): Promise<void> =>
+      sendingEarly
+        ? run((n) => o.events?.progress?.('sending', early.raw + n)).then(() => o.events?.phaseEnd?.('sending', early.raw + raw, Date.now() - sendingEarly.t0))
+        : inPhase(o.events, 'sending', total, run);
+    await sendingPhase(async (progress) => {
       // Batches are encoded natively into recycled buffers, READ_AHEAD at a time, while
       // earlier ones are being written to the socket.
       const pool = new BufferPool(BATCH_BUFFER, SEND_BUFFERS);

@@ -101,10 +101,19 @@ function humanReporter(o: ReporterOptions & { style: 'sync' | 'peer' }, ora?: (o
   const { quiet, style } = o;
   const plain = !ora && o.progress === true && !quiet;
   const interval = o.progressIntervalMs ?? 5000;
-  const started = new Map<Phase, { t0: number; total: number; done: number; spinner?: Spinner; lastLine: number }>();
-  const err = (s: string) => {
-    if (!quiet) process.stderr.write(s + '\n');
+  const err = (line: string) => {
+    if (!quiet) process.stderr.write(line + '\n');
   };
+  // Phases may run at once (a large file's early DATA goes out while it is still hashed):
+  // one spinner shows every running phase on its line; a phase that ends leaves its final
+  // line above it.
+  const started = new Map<Phase, { t0: number; total: number; done: number; lastLine: number; ended: boolean }>();
+  let spinner: Spinner | undefined;
+  const running = () => [...started.entries()].filter(([, s]) => !s.ended);
+  const render = () =>
+    running()
+      .map(([phase, s]) => progressLine(phase, s.done, s.total, Date.now() - s.t0))
+      .join('   ');
   const colorless = noColor();
   let headerShown = false;
   const header = () => {
@@ -123,15 +132,18 @@ function humanReporter(o: ReporterOptions & { style: 'sync' | 'peer' }, ora?: (o
     },
     phaseStart(phase, total) {
       header();
-      const spinner = ora?.({ text: progressLine(phase, 0, total, 0), stream: process.stderr, ...(colorless ? { color: false } : {}) }).start();
-      started.set(phase, { t0: Date.now(), total, done: 0, spinner, lastLine: Date.now() });
+      started.set(phase, { t0: Date.now(), total, done: 0, lastLine: Date.now(), ended: false });
+      if (ora) {
+        if (spinner) spinner.text = render();
+        else spinner = ora({ text: render(), stream: process.stderr, ...(colorless ? { color: false } : {}) }).start();
+      }
     },
     progress(phase, done) {
       const s = started.get(phase);
-      if (!s) return;
+      if (!s || s.ended) return;
       s.done = done;
       const now = Date.now();
-      if (s.spinner) s.spinner.text = progressLine(phase, done, s.total, now - s.t0);
+      if (spinner) spinner.text = render();
       else if (plain && now - s.lastLine >= interval) {
         s.lastLine = now;
         err(progressLine(phase, done, s.total, now - s.t0));
@@ -140,9 +152,11 @@ function humanReporter(o: ReporterOptions & { style: 'sync' | 'peer' }, ora?: (o
     phaseEnd(phase, done, ms) {
       const s = started.get(phase);
       const text = progressLine(phase, done, s?.total ?? done, ms, true);
-      if (s?.spinner) {
-        if (colorless) s.spinner.stopAndPersist({ symbol: '-', text });
-        else s.spinner.succeed(text);
+      if (s) s.ended = true;
+      if (spinner) {
+        if (colorless) spinner.stopAndPersist({ symbol: '-', text });
+        else spinner.succeed(text);
+        spinner = running().length > 0 ? ora!({ text: render(), stream: process.stderr, ...(colorless ? { color: false } : {}) }).start() : undefined;
       } else if (style === 'peer' || plain) err(text);
     },
     info: err,
@@ -174,11 +188,13 @@ function humanReporter(o: ReporterOptions & { style: 'sync' | 'peer' }, ora?: (o
       );
     },
     error(message) {
-      for (const s of started.values()) s.spinner?.stop();
+      spinner?.stop();
+      spinner = undefined;
       process.stderr.write(`ffsync-native: error: ${message}\n`);
     },
     stop() {
-      for (const s of started.values()) s.spinner?.stop();
+      spinner?.stop();
+      spinner = undefined;
     },
   };
 }
