@@ -84,7 +84,11 @@ const haveScript = spawnSync('script', ['--version']).status === 0;
 function underPty(args: string[], cols: number, onStart?: (kill: (sig: NodeJS.Signals) => void) => void): Promise<{ out: string; code: number | null }> {
   const quoted = [process.execPath, CLI, ...args].map((a) => `'${a.replace(/'/g, `'\\''`)}'`).join(' ');
   // `exec` so that signalling the shell's pid signals the CLI itself.
-  const child = spawn('script', ['-q', '-e', '-c', `stty cols ${cols} rows 24; exec ${quoted}`, '/dev/null'], { stdio: ['pipe', 'pipe', 'pipe'] });
+  // A terminal as a person has it: ora (like most tools) draws nothing animated when CI is
+  // set or TERM is dumb, which CI runners do.
+  const env = { ...process.env, TERM: 'xterm-256color' };
+  delete env.CI;
+  const child = spawn('script', ['-q', '-e', '-c', `stty cols ${cols} rows 24; exec ${quoted}`, '/dev/null'], { stdio: ['pipe', 'pipe', 'pipe'], env });
   let out = '';
   child.stdout.on('data', (d: Buffer) => (out += d.toString('latin1')));
   onStart?.((sig) => {
