@@ -44,7 +44,7 @@ export function noColor(env: NodeJS.ProcessEnv = process.env): boolean {
 }
 
 export async function createReporter(opts: ReporterOptions): Promise<Reporter> {
-  if (opts.json) return jsonReporter();
+  if (opts.json) return jsonReporter(opts.progress === true && !opts.quiet ? (opts.progressIntervalMs ?? 5000) : undefined);
   const style = opts.style ?? 'peer';
   const spinners = canDraw(process.stderr) && !opts.quiet && (style === 'peer' ? opts.progress !== false : opts.progress === true);
   let ora: ((o: { text: string; stream: NodeJS.WritableStream; color?: boolean | string }) => Spinner) | undefined;
@@ -213,23 +213,38 @@ export function rsyncClosingLines(s: SyncSummary, human: number, dryRun: boolean
   );
 }
 
-function jsonReporter(): Reporter {
+/** NDJSON on stdout; with `plainEveryMs` (--json --progress, as in a CI job log that also
+ * wants the events), plain progress lines go to stderr at that interval too. */
+function jsonReporter(plainEveryMs?: number): Reporter {
   const emit = (o: object) => process.stdout.write(JSON.stringify(o) + '\n');
   let lastProgress = 0;
+  const phases = new Map<Phase, { t0: number; total: number; lastLine: number }>();
   return {
     listening: (host, port) => emit({ event: 'listening', host, port }),
     peer: (label, fingerprint, pinned) => {
       emit({ event: 'peer', peer: label, fingerprint, pinned });
       if (!pinned) process.stderr.write(`peer ${label} fingerprint ${fingerprint}\n`);
     },
-    phaseStart: (phase, total) => emit({ event: 'phase', phase, state: 'start', totalBytes: total }),
+    phaseStart: (phase, total) => {
+      phases.set(phase, { t0: Date.now(), total, lastLine: Date.now() });
+      emit({ event: 'phase', phase, state: 'start', totalBytes: total });
+    },
     progress(phase, done) {
       const now = Date.now();
+      const p = phases.get(phase);
+      if (plainEveryMs !== undefined && p && now - p.lastLine >= plainEveryMs) {
+        p.lastLine = now;
+        process.stderr.write(`${progressLine(phase, done, p.total, now - p.t0)}\n`);
+      }
       if (now - lastProgress < 250) return;
       lastProgress = now;
       emit({ event: 'progress', phase, doneBytes: done });
     },
-    phaseEnd: (phase, done, ms) => emit({ event: 'phase', phase, state: 'end', doneBytes: done, durationMs: ms }),
+    phaseEnd: (phase, done, ms) => {
+      const p = phases.get(phase);
+      if (plainEveryMs !== undefined) process.stderr.write(`${progressLine(phase, done, p?.total ?? done, ms, true)}\n`);
+      emit({ event: 'phase', phase, state: 'end', doneBytes: done, durationMs: ms });
+    },
     info: (message) => {
       process.stderr.write(message + '\n');
       emit({ event: 'info', message });
