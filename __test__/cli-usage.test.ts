@@ -130,6 +130,18 @@ describe('sync -h is --human-readable; --stats in rsync’s format', () => {
       const a = fields(r.stdout);
       const b = fields(rs.stdout);
       for (const k of compared) assert.equal(a.get(k), b.get(k), `${step}: "${k}": ours ${a.get(k)}, rsync ${b.get(k)}`);
+      // Created: rsync also counts the root directory when DEST did not exist; the sender does not
+      // know that, so ours leaves the root out (README).
+      const rootMade = step === 'first' ? 1 : 0;
+      const rc = /^(\d+)(?: \((.*)\))?$/.exec(b.get('Number of created files')!)!;
+      const rsyncKinds = Object.fromEntries((rc[2] ?? '').split(', ').filter(Boolean).map((kv) => kv.split(': ')));
+      const want = Number(rc[1]) - rootMade;
+      const kinds = [
+        ['reg', Number(rsyncKinds.reg ?? 0)],
+        ['dir', Number(rsyncKinds.dir ?? 0) - rootMade],
+        ['link', Number(rsyncKinds.link ?? 0)],
+      ].filter(([, k]) => (k as number) > 0);
+      assert.equal(a.get('Number of created files'), want === 0 ? '0' : `${want} (${kinds.map(([k, v]) => `${k}: ${v}`).join(', ')})`, `${step}: created`);
       // rsync breaks a non-zero deletion count down by type ("1 (dir: 1)"); ours gives the count.
       assert.equal(a.get('Number of deleted files'), b.get('Number of deleted files')!.split(' ')[0], `${step}: deletions`);
     }

@@ -313,6 +313,10 @@ export interface PlanCounts {
   /** Files and bytes of the sender's tree (after excludes). */
   sourceFiles: number
   sourceBytes: number
+  /** What the plan creates that the receiver lacks (rsync's "Number of created files"). */
+  createdFiles: number
+  createdDirs: number
+  createdSymlinks: number
 }
 
 export interface PlanSummary {

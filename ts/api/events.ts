@@ -77,6 +77,9 @@ export interface TreeSummary {
   /** Source files left alone by --max-size / --min-size. */
   sizeSkipped: number;
   skipped: number;
+  /** What the plan creates that the receiver lacked (the root included when the target did not
+   * exist): rsync's "Number of created files". */
+  created: { files: number; dirs: number; symlinks: number };
   /** Connections or streams that carried large files (1 + the extra lanes that joined). */
   lanes: number;
   /** What happened (receiver's count). */

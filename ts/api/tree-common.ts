@@ -84,6 +84,7 @@ export function treeSummary(stats: TreeStats, c: PlanCounts): TreeSummary {
     keptNewer: c.keptNewer,
     sizeSkipped: c.sizeSkipped,
     skipped: c.skipped,
+    created: { files: c.createdFiles, dirs: c.createdDirs, symlinks: c.createdSymlinks },
     lanes: 1,
     written: 0,
     deleted: 0,

@@ -568,12 +568,24 @@ export function rsyncStats(s: SyncSummary, human: number, dryRun = false): strin
   const n = (x: number) => rsyncNumber(x, human + 1);
   const t = s.tree;
   const files = t ? `${n(t.files + t.dirs + t.symlinks)} (reg: ${n(t.files)}, dir: ${n(t.dirs)}, link: ${n(t.symlinks)})` : `1 (reg: 1)`;
+  // rsync names only the kinds there are, and no list at all for 0. (A single file's summary
+  // does not say whether the target existed: the line is left out rather than guessed.)
+  const created = (c: { files: number; dirs: number; symlinks: number }): string => {
+    const kinds = [
+      ['reg', c.files],
+      ['dir', c.dirs],
+      ['link', c.symlinks],
+    ].filter(([, k]) => (k as number) > 0);
+    const total = c.files + c.dirs + c.symlinks;
+    return total === 0 ? '0' : `${n(total)} (${kinds.map(([name, k]) => `${name}: ${n(k as number)}`).join(', ')})`;
+  };
   const transferred = t ? t.smallTransfers + t.largeTransfers + t.localCopies : s.upToDate ? 0 : 1;
   const transferredSize = t ? t.transferBytes : s.upToDate ? 0 : s.size;
   return (
     [
       '',
       `Number of files: ${files}`,
+      ...(t ? [`Number of created files: ${created(t.created)}`] : []),
       `Number of deleted files: ${n(t ? t.deleted : 0)}`,
       `Number of regular files transferred: ${n(transferred)}`,
       `Total file size: ${n(s.size)} bytes`,

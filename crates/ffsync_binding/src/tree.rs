@@ -62,6 +62,10 @@ pub struct PlanCounts {
     /// Files and bytes of the sender's tree (after excludes).
     pub source_files: f64,
     pub source_bytes: f64,
+    /// What the plan creates that the receiver lacks (rsync's "Number of created files").
+    pub created_files: f64,
+    pub created_dirs: f64,
+    pub created_symlinks: f64,
 }
 
 #[napi(object)]
@@ -410,6 +414,9 @@ impl NativeTreeSync {
             size_skipped: plan.size_skipped as f64,
             source_files: 0.0,
             source_bytes: 0.0,
+            created_files: 0.0,
+            created_dirs: 0.0,
+            created_symlinks: 0.0,
         };
         let mut bytes = 0u64;
         let small = triage::action_flags::SMALL;
@@ -433,6 +440,10 @@ impl NativeTreeSync {
         let (files, total) = t.source_totals();
         c.source_files = files as f64;
         c.source_bytes = total as f64;
+        let created = t.created();
+        c.created_files = created.files as f64;
+        c.created_dirs = created.dirs as f64;
+        c.created_symlinks = created.symlinks as f64;
         c
     }
 

@@ -59,6 +59,14 @@ pub struct LargeTransfer {
     pub delta: bool,
 }
 
+/// Counts of [`TreeSync::created`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Created {
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+}
+
 pub struct TreeSync {
     pub local: LocalTree,
     pub is_sender: bool,
@@ -1095,6 +1103,25 @@ impl TreeSync {
         let mut claims = self.local.claims();
         claims.extend(new);
         let _ = index::store(state_dir, &self.local.root, claims);
+    }
+
+    /// What the plan creates that the receiver does not have: regular files, directories and
+    /// symlinks (rsync's "Number of created files"), the root directory included when the
+    /// receiver's tree does not exist yet.
+    pub fn created(&self) -> Created {
+        let mut c = Created {
+            dirs: self.r().is_empty() as u64,
+            ..Created::default()
+        };
+        for a in self.plan().actions.iter().filter(|a| a.r == triage::NONE) {
+            match a.op {
+                Op::Transfer | Op::LocalCopy => c.files += 1,
+                Op::Mkdir => c.dirs += 1,
+                Op::Symlink => c.symlinks += 1,
+                _ => {}
+            }
+        }
+        c
     }
 
     /// Human-readable list of what the plan does (for --dry-run and -v).
