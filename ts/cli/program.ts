@@ -378,7 +378,8 @@ export function buildProgram(): Command {
     .option('--json', 'newline-delimited JSON events on stdout')
     .option('--state-dir <dir>', 'state directory (indexes)')
     .addOption(new Option('--timeout <seconds>', 'give up when the peer is silent this long (exit 30)').argParser(intArg(1, 86400)).default(60));
-  for (const [flags] of notSupported) syncCmd.option(flags, 'not supported (refused with exit 1)');
+  // Refused when given, but not advertised: --help and the completion scripts list what works.
+  for (const [flags] of notSupported) syncCmd.addOption(new Option(flags, 'not supported (refused with exit 1)').hideHelp());
   // -h is rsync's --human-readable here, as rsync users type it (`-avh`); help is --help only.
   syncCmd.helpOption('--help', 'display help for command');
   syncCmd.action(async (src: string, dest: string, o: Record<string, any>) => {
