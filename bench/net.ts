@@ -177,7 +177,7 @@ function netSetup(): void {
  * its receive buffer toward tcp_rmem's 32 MiB, and a sender would see no backpressure for the
  * first tens of MB of any transfer, which no real path does. Same for every tool. */
 function shape(link: Link): void {
-  const tcpMax = Math.min(4 << 20, Math.max(1 << 20, Math.round(((2 * link.rateBits) / 8) * (link.rttMs / 1000))));
+  const tcpMax = Math.min(4 << 20, Math.max(1 << 20, 2 * bandwidthDelay(link, link.rttMs)));
   run('ip', ['netns', 'exec', NS_S, 'sysctl', '-qw', `net.ipv4.tcp_wmem=4096 16384 ${tcpMax}`, `net.ipv4.tcp_rmem=4096 131072 ${tcpMax}`]);
   const burst = Math.max(64 * KiB, Math.round(link.rateBits / 8 / 1000));
   for (const [ns, dev] of [[NS_S, IF_S], [NS_R, IF_R]] as const) {
@@ -235,7 +235,12 @@ interface Endpoints {
 /** The relay's queue: twice the link's one-way bandwidth x delay (at least 256 KiB), what a
  * path's queues hold, not more (see tcpDelayProxy). */
 function relayBuffer(link: Link): number {
-  return Math.max(256 * KiB, Math.round(((2 * link.rateBits) / 8) * (link.rttMs / 2 / 1000)));
+  return Math.max(256 * KiB, 2 * bandwidthDelay(link, link.rttMs / 2));
+}
+
+/** Bytes the link carries in `ms`. */
+function bandwidthDelay(link: Link, ms: number): number {
+  return Math.round((link.rateBits / 8) * (ms / 1000));
 }
 
 async function endpoints(link: Link, ssh: Sshd): Promise<Endpoints> {

@@ -263,3 +263,40 @@ function jsonReporter(plainEveryMs?: number): Reporter {
     stop() {},
   };
 }
+
+/** `--stats`: rsync's fields in rsync's format (numbers as its `-h` level asks: commas by
+ * default, units with `-h`), for the totals this tool knows. rsync's file-list lines have no
+ * counterpart here and are left out rather than invented. */
+export function rsyncStats(s: SyncSummary, human: number, dryRun = false): string {
+  const n = (x: number) => rsyncNumber(x, human + 1);
+  const t = s.tree;
+  const files = t ? `${n(t.files + t.dirs + t.symlinks)} (reg: ${n(t.files)}, dir: ${n(t.dirs)}, link: ${n(t.symlinks)})` : `1 (reg: 1)`;
+  // rsync names only the kinds there are, and no list at all for 0. (A single file's summary
+  // does not say whether the target existed: the line is left out rather than guessed.)
+  const created = (c: { files: number; dirs: number; symlinks: number }): string => {
+    const kinds = [
+      ['reg', c.files],
+      ['dir', c.dirs],
+      ['link', c.symlinks],
+    ].filter(([, k]) => (k as number) > 0);
+    const total = c.files + c.dirs + c.symlinks;
+    return total === 0 ? '0' : `${n(total)} (${kinds.map(([name, k]) => `${name}: ${n(k as number)}`).join(', ')})`;
+  };
+  const transferred = t ? t.smallTransfers + t.largeTransfers + t.localCopies : s.upToDate ? 0 : 1;
+  const transferredSize = t ? t.transferBytes : s.upToDate ? 0 : s.size;
+  return (
+    [
+      '',
+      `Number of files: ${files}`,
+      ...(t ? [`Number of created files: ${created(t.created)}`] : []),
+      `Number of deleted files: ${n(t ? t.deleted : 0)}`,
+      `Number of regular files transferred: ${n(transferred)}`,
+      `Total file size: ${n(s.size)} bytes`,
+      `Total transferred file size: ${n(transferredSize)} bytes`,
+      `Literal data: ${n(s.literalBytes)} bytes`,
+      `Matched data: ${n(s.matchedBytes)} bytes`,
+      `Total bytes sent: ${n(s.bytesOnWire.sent)}`,
+      `Total bytes received: ${n(s.bytesOnWire.received)}`,
+    ].join('\n') + `\n${rsyncClosingLines(s, human, dryRun)}`
+  );
+}
