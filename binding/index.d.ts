@@ -35,6 +35,17 @@ export declare class NativeChunkSource {
   release(): void
 }
 
+export declare class NativePairing {
+  /** `role` is `"sender"` or `"receiver"`; `exporter` and the fingerprints are 32 bytes each. */
+  constructor(role: string, code: string, exporter: Buffer, senderFingerprint: Buffer, receiverFingerprint: Buffer)
+  /** Our SPAKE2 message (33 bytes), to send in a PAIR frame. */
+  message(): Buffer
+  /** Takes the peer's SPAKE2 message; returns our key confirmation (32 bytes). */
+  finish(peerMessage: Buffer): Buffer
+  /** Whether the peer's confirmation proves the same code over the same TLS channel. */
+  verify(peerConfirmation: Buffer): boolean
+}
+
 /** Early placement while a streamed manifest arrives (see crates/ffsync_core/src/prefill.rs). */
 export declare class NativePrefill {
   /**
@@ -292,6 +303,12 @@ export interface ManifestInfo {
 
 /** The target already has the sender's content: apply mtime/mode and refresh its index. */
 export declare function markUpToDate(target: string | Buffer, manifest: Buffer, mtimeNs?: bigint | undefined | null, mode?: number | undefined | null, stateDir?: string | undefined | null, beneath?: string | undefined | null): Promise<void>
+
+/** The canonical form of a typed code, or an `EUSAGE` error naming what is wrong. */
+export declare function normalizePairingCode(code: string): string
+
+/** A fresh one-time code, e.g. `7-amber-orbit`. */
+export declare function pairingCode(): string
 
 export interface PlanCounts {
   mkdirs: number

@@ -836,6 +836,7 @@ function __napiStampBindingTarget(exportsObject, target) {
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
 module.exports.NativeChunkSource = nativeBinding.NativeChunkSource
+module.exports.NativePairing = nativeBinding.NativePairing
 module.exports.NativePrefill = nativeBinding.NativePrefill
 module.exports.NativeQuicConnection = nativeBinding.NativeQuicConnection
 module.exports.NativeQuicListener = nativeBinding.NativeQuicListener
@@ -851,6 +852,8 @@ module.exports.generateIdentity = nativeBinding.generateIdentity
 module.exports.hasPartial = nativeBinding.hasPartial
 module.exports.loadIndex = nativeBinding.loadIndex
 module.exports.markUpToDate = nativeBinding.markUpToDate
+module.exports.normalizePairingCode = nativeBinding.normalizePairingCode
+module.exports.pairingCode = nativeBinding.pairingCode
 module.exports.quicConnect = nativeBinding.quicConnect
 module.exports.quicListen = nativeBinding.quicListen
 module.exports.recoverInplace = nativeBinding.recoverInplace

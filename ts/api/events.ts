@@ -7,6 +7,8 @@ export interface SyncEvents {
   listening?(host: string, port: number): void;
   /** TLS: the peer's certificate fingerprint, and whether it was already pinned. */
   peer?(label: string, fingerprint: string, pinned: boolean): void;
+  /** `receive` offers a one-time pairing code: `command` is the line to run on the sender. */
+  pairing?(code: string, command: string): void;
   phaseStart?(phase: Phase, totalBytes: number): void;
   /** Throttled (native ticker, ~10 Hz). */
   progress?(phase: Phase, doneBytes: number): void;

@@ -50,6 +50,10 @@ export interface ReceiveOptions {
   /** Sub-chunk refinement (REFINE frames) when the sender supports it; default on. Local
    * syncs turn it off: nothing crosses a wire, so signatures and deltas would only cost CPU. */
   refine?: boolean;
+  /** First contact by a one-time code (TLS only): `true` offers a code even when peers are
+   * pinned, `false` never; undefined offers one when no peer is pinned and no `trust` is
+   * given. Codes are announced through `events.pairing`. */
+  pair?: boolean;
   /** Make each file durable before it replaces the target (default true). `false`
    * (`--no-fsync`): verified files are renamed into place from the page cache, as rsync
    * does by default: every file is still verified before the rename, but a crash soon
@@ -108,6 +112,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
   const bound = (quic ?? listener)!;
   // The listening event is always the first one (scripts read the port from it).
   o.events?.listening?.(bound.host, bound.port);
+  const offer = listener && identity ? pairingOffer(o, stateDir, target, bound.host, bound.port) : undefined;
   const prescan =
     initial?.isFile() && !initialIndex
       ? inPhase(o.events, 'hashing', Number(initial.size), (progress) => scanFile(target, { stateDir, ignoreIndex: o.checksum, onProgress: progress }))
@@ -127,10 +132,12 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
     for (;;) {
       const sock = await abortable(listener!.accept(), o.signal, () => listener!.close());
       try {
-        return await runReceiver(new FramedConnection(sock, timeoutMs), { ...context, listener, secure: identity ? sock : undefined });
+        return await runReceiver(new FramedConnection(sock, timeoutMs), { ...context, listener, secure: identity ? sock : undefined, pairing: offer });
       } catch (e) {
         if (!(e instanceof FfsyncError) || !refusedPeer(e) || o.signal?.aborted) throw e;
         o.events?.info?.(`refused a connection: ${e.message}; still waiting for a trusted sender`);
+        // An attempt spent the code, whatever its outcome: offer the next one.
+        if (offer && offer.code === undefined && e.code === 'EPAIR') offer.issue();
       }
     }
   } finally {
@@ -141,7 +148,23 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
 /** This side refused the peer's certificate (unknown, or not the --trust one): nothing of the
  * session happened, so a one-session receiver may wait for the next connection. */
 function refusedPeer(e: FfsyncError): boolean {
-  return e.exitCode === ExitCode.UNTRUSTED && (e.code === 'EUNTRUSTED' || e.code === 'EFINGERPRINT') && !e.message.startsWith('peer: ');
+  return e.exitCode === ExitCode.UNTRUSTED && (e.code === 'EUNTRUSTED' || e.code === 'EFINGERPRINT' || e.code === 'EPAIR') && !e.message.startsWith('peer: ');
+}
+
+/** The one-time code this receive offers, if it offers one (see ReceiveOptions.pair). */
+function pairingOffer(o: ReceiveOptions, stateDir: string, target: string, host: string, port: number): import('../security/pairing.js').PairingOffer | undefined {
+  if (o.pair === false || o.trust) return undefined;
+  /* eslint-disable @typescript-eslint/no-require-imports */
+  const { readPins } = require('../security/pins.js') as typeof import('../security/pins.js');
+  if (o.pair === undefined && readPins(stateDir).length > 0) return undefined;
+  const { PairingOffer, pairCommand, MAX_CODES_PER_RUN } = require('../security/pairing.js') as typeof import('../security/pairing.js');
+  /* eslint-enable @typescript-eslint/no-require-imports */
+  const offer = new PairingOffer(
+    (code) => o.events?.pairing?.(code, pairCommand(code, host, port, target)),
+    () => o.events?.info?.(`pairing is off for this run: ${MAX_CODES_PER_RUN} codes were spent on failed attempts; pin the sender with 'trust', or restart receive for a new code`),
+  );
+  offer.issue();
+  return offer;
 }
 
 export interface ReceiverContext extends ReceiveOptions {
@@ -158,6 +181,8 @@ export interface ReceiverContext extends ReceiveOptions {
   secure?: SecureStream;
   /** Vouched-for peer fingerprint (`sync --quic`, learnt over ssh). */
   expectFingerprint?: string;
+  /** The one-time code `receive` offers to a sender that asks to pair. */
+  pairing?: import('../security/pairing.js').PairingOffer;
   /** Where the sender's offer lands, once its kind is known (`sync`'s rsync rules). */
   resolveTarget?: (kind: 'file' | 'tree') => Promise<string>;
   /** `serve` daemon taking a push: the client is authenticated and HELLO is done. */
@@ -178,7 +203,8 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
   try {
     if (o.secure) {
       const peerLabel = `${o.secure.remoteAddress}:${o.secure.remotePort}`;
-      summary.peerFingerprint = await authenticatePeer(conn, o.secure, { stateDir, trust: o.trust, expect: o.expectFingerprint, interactive: o.interactive, peerLabel, events: o.events });
+      const pair = o.pairing?.code ? { offer: o.pairing } : undefined;
+      summary.peerFingerprint = await authenticatePeer(conn, o.secure, { stateDir, trust: o.trust, expect: o.expectFingerprint, interactive: o.interactive, peerLabel, events: o.events, pair });
     }
     const negotiated = o.negotiated ?? (await handshake(conn, Role.RECEIVER));
     if (!o.negotiated) await requestPath(conn, negotiated, RequestOp.PULL, o.remotePath, o.peerLabel ?? 'the sender');

@@ -55,6 +55,9 @@ export interface SendOptions {
   /** Overlapped phases (default on, when the peer supports them): stream a large file's
    * manifest while it is being hashed. `--no-overlap` turns it off. */
   overlap?: boolean;
+  /** `--pair CODE`: first contact by the receiver's one-time code (TLS only); both sides
+   * pin each other on success. */
+  pair?: string;
   /** How long the connection took to come up (transport/handshake-time.ts); picks the first
    * compression level on a long link. Undefined: not measured (ssh, in-process). */
   handshakeMs?: number;
@@ -81,6 +84,13 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   const walking = st.isDirectory() ? startWalk(path.resolve(o.path), o, stateDir) : undefined;
   walking?.catch(() => undefined);
   const timeoutMs = o.timeoutMs ?? 60_000;
+  if (o.pair !== undefined) {
+    if (o.plaintext || o.quic) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `--pair runs over TLS: drop --${o.plaintext ? 'plaintext' : 'quic'} for the first session (after pairing, --quic works without a code)`);
+    if (o.trust) throw new FfsyncError('EUSAGE', ExitCode.USAGE, '--pair and --trust both decide whom to trust: give one');
+    // A typo is caught here, before it spends the receiver's code.
+    const { normalizePairingCode } = require('../security/pairing.js') as typeof import('../security/pairing.js'); // eslint-disable-line @typescript-eslint/no-require-imports
+    o = { ...o, pair: normalizePairingCode(o.pair) };
+  }
   if (o.quic) {
     if (o.plaintext) throw new FfsyncError('EUSAGE', ExitCode.USAGE, '--quic is always encrypted (QUIC has TLS 1.3 built in); drop --plaintext');
     // Loaded when used: a local `sync` (which runs runSender) needs neither TLS nor QUIC.
@@ -128,7 +138,7 @@ export async function runSender(
   let sourceHolder: { source?: NativeChunkSource } = {};
   try {
     if (o.secure) {
-      summary.peerFingerprint = await authenticatePeer(conn, o.secure, { stateDir, trust: o.trust, expect: o.expectFingerprint, interactive: o.interactive, peerLabel: `${o.host}:${o.port}`, events: o.events });
+      summary.peerFingerprint = await authenticatePeer(conn, o.secure, { stateDir, trust: o.trust, expect: o.expectFingerprint, interactive: o.interactive, peerLabel: `${o.host}:${o.port}`, events: o.events, pair: o.pair ? { code: o.pair } : undefined });
     }
     const negotiated = o.negotiated ?? (await handshake(conn, Role.SENDER));
     if (!o.negotiated) await requestPath(conn, negotiated, RequestOp.PUSH, o.remotePath, `${o.host}:${o.port}`);

@@ -48,6 +48,10 @@ export async function handshake(conn: FramedConnection, role: number): Promise<N
 async function peerHello(conn: FramedConnection): Promise<Hello> {
   const f = await recvRaw(conn);
   if (f.type === FrameType.ERROR) throw decodeError(f.payload);
+  if (f.type === FrameType.PAIR) {
+    // A sender with --pair, and a receiver that offers no code (it trusts the sender already).
+    throw new FfsyncError('EPAIR', ExitCode.UNTRUSTED, 'the sender asked to pair, but this receiver has no pairing code to offer (start it with --pair to offer one)');
+  }
   expectType(f.type, FrameType.HELLO);
   return decodeHello(f.payload);
 }
@@ -192,7 +196,16 @@ export function abortable<T>(p: Promise<T>, signal: AbortSignal | undefined, onA
 export async function authenticatePeer(
   conn: FramedConnection,
   sock: SecureStream,
-  o: { stateDir: string; trust?: string; expect?: string; interactive?: boolean; peerLabel: string; events?: import('./events.js').SyncEvents },
+  o: {
+    stateDir: string;
+    trust?: string;
+    expect?: string;
+    interactive?: boolean;
+    peerLabel: string;
+    events?: import('./events.js').SyncEvents;
+    /** Sender: `--pair CODE` (normalized). Receiver: the code it offers, if any. */
+    pair?: { code: string } | { offer: import('../security/pairing.js').PairingOffer };
+  },
 ): Promise<string> {
   // Only TLS and QUIC sessions get here. `require`, not `import()`: in this CommonJS build
   // `import()` boots Node's ESM loader first (about 7 ms on Node 20).
@@ -203,6 +216,16 @@ export async function authenticatePeer(
   const fp = peerFingerprint(sock);
   const known = o.expect === fp || isPinned(o.stateDir, fp);
   o.events?.peer?.(o.peerLabel, fp, known);
+  if (o.pair) {
+    const pairing = require('../security/pairing.js') as typeof import('../security/pairing.js'); // eslint-disable-line @typescript-eslint/no-require-imports
+    const p = { stateDir: o.stateDir, peerFingerprint: fp, peerLabel: o.peerLabel };
+    const paired =
+      'code' in o.pair ? (await pairing.pairAsSender(conn, sock as import('node:tls').TLSSocket, o.pair.code, p), true) : await pairing.pairAsReceiver(conn, sock as import('node:tls').TLSSocket, o.pair.offer, p);
+    if (paired) {
+      o.events?.info?.(`paired with ${o.peerLabel}: its fingerprint ${fp} is pinned; later sessions need no code`);
+      return fp;
+    }
+  }
   try {
     await verifyPeer(fp, { stateDir: o.stateDir, trust: o.trust, expect: o.expect, interactive: o.interactive, peerLabel: o.peerLabel });
   } catch (e) {
@@ -211,7 +234,7 @@ export async function authenticatePeer(
       const why = err.code === 'EFINGERPRINT' ? 'it expected another fingerprint (--trust)' : 'it has not pinned it';
       // The refusing side knows its own state directory: the hint carries it.
       const { stateDirOption } = require('../utils/state-dir.js') as typeof import('../utils/state-dir.js'); // eslint-disable-line @typescript-eslint/no-require-imports
-      const msg = `refused: the other side does not trust our fingerprint ${fp} (${why}); there, run 'ffsync-native trust ${fp}${stateDirOption(o.stateDir)}' or pass --trust ${fp}`;
+      const msg = `refused: the other side does not trust our fingerprint ${fp} (${why}); there, run 'ffsync-native trust ${fp}${stateDirOption(o.stateDir)}' or pass --trust ${fp}, or pair with a code ('receive --pair' prints one)`;
       await conn.send(FrameType.ERROR, encodeError(err.exitCode, err.code, msg));
       conn.errorSent = true;
     } catch {

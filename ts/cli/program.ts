@@ -174,7 +174,9 @@ export function buildProgram(): Command {
     .option('--no-delete', 'trees: keep files only this side has, whatever the sender asks')
     .option('--inplace', 'update files in place: write only changed ranges into the target (crash-safe redo journal; see README)')
     .option('--no-fsync', 'do not fsync received files before renaming them into place (rsync\'s default: no waiting for the disk, but a crash soon after may lose or truncate them; every file is still verified)')
-    .action(async (target: string, port: number, o: CommonOptions & TreeCli & { bind: string; from?: string[]; inplace?: boolean; fsync: boolean }) => {
+    .option('--pair', 'offer a one-time pairing code for a new sender even though peers are pinned (without pins, one is offered anyway)')
+    .option('--no-pair', 'offer no pairing code (only pinned or --trust senders get in)')
+    .action(async (target: string, port: number, o: CommonOptions & TreeCli & { bind: string; from?: string[]; inplace?: boolean; fsync: boolean; pair?: boolean }) => {
       await run(o, async (events, signal) => {
         const { receive } = need(() => require('../api/receive.js') as typeof import('../api/receive.js'));
         if (o.trust) fingerprints().parseFingerprint(o.trust);
@@ -193,6 +195,7 @@ export function buildProgram(): Command {
           plaintext: o.plaintext,
           quic: o.quic,
           trust: o.trust,
+          pair: o.pair,
           interactive: true,
           events,
           signal,
@@ -219,7 +222,8 @@ export function buildProgram(): Command {
     .addOption(new Option('--max-size <SIZE>', "trees: leave files larger than SIZE alone (rsync's rules; e.g. 100M)").argParser(sizeArg))
     .addOption(new Option('--min-size <SIZE>', 'trees: leave files smaller than SIZE alone').argParser(sizeArg))
     .option('--no-overlap', 'scan a large file completely before sending its manifest (default: stream it while hashing, so the receiver starts early)')
-    .action(async (source: string, addr: string, o: CommonOptions & TreeCli & { compressLevel: number; compress: boolean; bwlimit?: number; dryRun?: boolean; parallel?: number; maxSize?: number; minSize?: number; overlap: boolean }) => {
+    .option('--pair <code>', 'first contact: the one-time code the receiver printed (e.g. 7-amber-orbit); both sides pin each other')
+    .action(async (source: string, addr: string, o: CommonOptions & TreeCli & { compressLevel: number; compress: boolean; bwlimit?: number; dryRun?: boolean; parallel?: number; maxSize?: number; minSize?: number; overlap: boolean; pair?: string }) => {
       await run(o, async (events, signal) => {
         const { send } = need(() => require('../api/send.js') as typeof import('../api/send.js'));
         const { host, port, path: remotePath } = tcp().parseRemote(addr);
@@ -243,6 +247,7 @@ export function buildProgram(): Command {
           events,
           signal,
           overlap: o.overlap,
+          pair: o.pair,
         });
       });
     });

@@ -126,6 +126,10 @@ function humanReporter(o: ReporterOptions & { style: 'sync' | 'peer' }, ora?: (o
     listening(host, port) {
       process.stdout.write(`listening on ${host}:${port}\n`);
     },
+    pairing(code, command) {
+      // On stdout beside the address, even with -q: without it nobody can connect.
+      process.stdout.write(pairingText(code, command));
+    },
     peer(label, fingerprint, pinned) {
       // First contact: show the fingerprint (a TTY prompt, if any, follows this line).
       if (!pinned) process.stderr.write(`peer ${label} fingerprint ${fingerprint}\n`);
@@ -221,6 +225,10 @@ function jsonReporter(plainEveryMs?: number): Reporter {
   const phases = new Map<Phase, { t0: number; total: number; lastLine: number }>();
   return {
     listening: (host, port) => emit({ event: 'listening', host, port }),
+    pairing: (code, command) => {
+      emit({ event: 'pairing', code, command });
+      process.stderr.write(pairingText(code, command));
+    },
     peer: (label, fingerprint, pinned) => {
       emit({ event: 'peer', peer: label, fingerprint, pinned });
       if (!pinned) process.stderr.write(`peer ${label} fingerprint ${fingerprint}\n`);
@@ -299,4 +307,9 @@ export function rsyncStats(s: SyncSummary, human: number, dryRun = false): strin
       `Total bytes received: ${n(s.bytesOnWire.received)}`,
     ].join('\n') + `\n${rsyncClosingLines(s, human, dryRun)}`
   );
+}
+
+/** What `receive` shows a user for first contact: the code, and the exact line for the sender. */
+export function pairingText(code: string, command: string): string {
+  return `pairing code ${code} (one use; pins both sides); on the sender, run:\n  ${command}\n`;
 }

@@ -148,6 +148,34 @@ export function generateIdentity(label: string): { certPem: string; keyPem: stri
   }
 }
 
+/** A fresh one-time pairing code, e.g. `7-amber-orbit` (ffsync_core::pairing). */
+export function pairingCode(): string {
+  try {
+    return native.pairingCode();
+  } catch (e) {
+    throw normalizeNativeError(e);
+  }
+}
+
+/** The canonical form of a typed pairing code; a one-line usage error (exit 1) naming what is wrong. */
+export function normalizePairingCode(code: string): string {
+  try {
+    return native.normalizePairingCode(code);
+  } catch (e) {
+    throw normalizeNativeError(e);
+  }
+}
+
+/** One side of the PAKE exchange (see ts/security/pairing.ts); throws FfsyncErrors. */
+export function startPairing(role: 'sender' | 'receiver', code: string, exporter: Buffer, senderFingerprint: Buffer, receiverFingerprint: Buffer): Binding.NativePairing {
+  try {
+    return new native.NativePairing(role, code, exporter, senderFingerprint, receiverFingerprint);
+  } catch (e) {
+    throw normalizeNativeError(e);
+  }
+}
+export type NativePairing = Binding.NativePairing;
+
 /** Listen for QUIC on an IP address (errors stay native: ts/transport/quic.ts words them). */
 export function quicListenNative(ip: string, port: number, certPem: string, keyPem: string, idleMs: number): Promise<Binding.NativeQuicListener> {
   return native.quicListen(ip, port, certPem, keyPem, idleMs);

@@ -37,6 +37,7 @@ export const FrameType = {
   MANIFEST_STREAM: 0x1d,
   BASIS: 0x1e,
   MUX: 0x1f,
+  PAIR: 0x20,
   ERROR: 0x7f,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];

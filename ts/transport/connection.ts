@@ -423,6 +423,14 @@ export class FramedConnection {
     });
   }
 
+  /** Put a frame taken with `recv` back in front: the next `recv` returns it (a receiver
+   * that looked at the first frame for PAIR hands a HELLO on to the handshake). */
+  unshift(f: Frame): void {
+    if (this.qHead > 0) this.queue[--this.qHead] = f;
+    else this.queue.unshift(f);
+    this.queuedBytes += f.payload.length;
+  }
+
   /**
    * Write one frame; resolves once the stream can take more (backpressure).
    * `onWritten` runs when the payload has been handed to the OS (its buffer may be reused).

@@ -4,6 +4,7 @@
 //! callback driven by a ticker (not per chunk).
 
 mod identity;
+mod pairing;
 mod progress;
 mod quic;
 mod reconstruction;
