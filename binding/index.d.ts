@@ -200,6 +200,11 @@ export declare class NativeTreeSync {
   /** What the plan does, one line per action (dry-run and verbose output). */
   describe(): string
   /**
+   * rsync's `-i` lines for the plan; `direction` is `"sent"` (`<`, a push) or
+   * `"received"` (`>`, a local sync or a pull); `rootCreated`: the receiver made the root.
+   */
+  itemize(direction: 'sent' | 'received', rootCreated: boolean): string
+  /**
    * Sender: encode the next batch of small files into `out` (not touched by the caller
    * until the promise settles), starting at plan position `cursor` (0 at first).
    * `shared`: the receiver has BATCH_STREAM, so the batch's files share zstd streams.

@@ -26,6 +26,7 @@ import { runSender, statSource, type SendOptions } from './send.js';
 import type { SyncEvents, SyncSummary } from './events.js';
 import { startWalk, type TreeSendOptions } from './tree-send.js';
 import { startPrewalk } from './tree-receive.js';
+import type { Listing } from './tree-common.js';
 
 // What only push, pull or --quic use is loaded when they run (start-up of a local sync,
 // bench/startup.ts): ssh's child_process, QUIC, and the identity (TLS certificates).
@@ -67,6 +68,8 @@ export interface SyncOptions {
   compressLevel?: number;
   bwlimitKiBps?: number;
   verbose?: boolean;
+  /** rsync's -i: list changes as itemized lines (`>f.st...... name`). */
+  itemize?: boolean;
   /** rsync's -u, -W, -x. */
   update?: boolean;
   wholeFile?: boolean;
@@ -125,6 +128,13 @@ export async function syncTarget(dest: string, destSlash: boolean, srcName: stri
   return path.resolve(target);
 }
 
+function exists(p: string): Promise<boolean> {
+  return fs.lstat(p).then(
+    () => true,
+    () => false,
+  );
+}
+
 async function checkTreeTarget(target: string): Promise<void> {
   const st = await fs.lstat(target).catch(() => undefined);
   if (st && !st.isDirectory()) throw new FfsyncError('ENOTDIR', ExitCode.FILE_IO, `${target} exists and is not a directory`);
@@ -157,6 +167,19 @@ function engineOptions(
     events: o.events,
     signal: o.signal,
     tree: { excludes: o.excludes ?? [], noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs },
+  };
+}
+
+/** How this side lists the tree's changes (-v, -i), as rsync names them: under `src/` when
+ * the source had no trailing slash. `push`: files go to a remote receiver (`<`); else they
+ * land here (`>`). `destExisted`: undefined where this side cannot know (a remote DEST). */
+function listingOf(o: SyncOptions, src: Location, dest: Location, push: boolean, destExisted?: boolean, rootExisted?: boolean): Listing | undefined {
+  if (!o.verbose && !o.itemize) return undefined;
+  return {
+    itemize: o.itemize ? (push ? 'sent' : 'received') : undefined,
+    prefix: src.slash ? undefined : `${baseName(src.path)}/`,
+    rootCreated: rootExisted === false,
+    createdDir: destExisted === false ? dest.path.replace(/[/\\]+$/, '') : undefined,
   };
 }
 
@@ -197,13 +220,15 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     if (!dest.host) {
       if (o.quic) throw new FfsyncError('EUSAGE', ExitCode.USAGE, '--quic needs a remote side ([user@]host:path); a local sync uses no network');
       // Local to local: both peers here, over a pipe.
+      const destExisted = await exists(dest.path);
+      const rootExisted = src.slash ? destExisted : destExisted && (await exists(path.join(dest.path, srcName)));
       const target = await syncTarget(dest.path, dest.slash, srcName, kind, src.slash, o.dryRun);
       if (path.resolve(src.path) === target) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `SRC and DEST are the same path (${target})`);
       const [a, b] = pipePair();
       const recvConn = new FramedConnection(b, eng.timeoutMs!);
       const sendConn = new FramedConnection(a, eng.timeoutMs!);
       const lanes = localLanes();
-      const sending = { ...eng, compressLevel: 0, overlap: false, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
+      const sending = { ...eng, compressLevel: 0, overlap: false, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES, listing: listingOf(o, src, dest, false, destExisted, rootExisted) }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
       const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete }, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync };
       // Both trees are walked from the start, neither waiting on the handshake or the other
       // side's frames. The receiver's early walk has no exclude rules, so it is started only
@@ -242,12 +267,12 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       return remote.run((conn) =>
         quicOverSsh(conn, dest.host!, o, stateDir, (session, peer) =>
           overQuic(session, 'open', eng.timeoutMs!, (qconn, stream) =>
-            runSender(qconn, { ...eng, quic: true, path: src.path, host: dest.host!, port: 0, stateDir, st, t0, secure: stream, expectFingerprint: peer, dialLane: () => session.openStream() }),
+            runSender(qconn, { ...eng, tree: { ...eng.tree, listing: listingOf(o, src, dest, true) }, quic: true, path: src.path, host: dest.host!, port: 0, stateDir, st, t0, secure: stream, expectFingerprint: peer, dialLane: () => session.openStream() }),
           ),
         ),
       );
     }
-    return remote.run((conn) => runSender(conn, { ...eng, path: src.path, host: dest.host!, port: 0, stateDir, st, t0 }));
+    return remote.run((conn) => runSender(conn, { ...eng, tree: { ...eng.tree, listing: listingOf(o, src, dest, true) }, path: src.path, host: dest.host!, port: 0, stateDir, st, t0 }));
   }
 
   // Pull: the remote side sends; we receive by rsync's placement rules.
@@ -267,6 +292,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     ...sizeArgs(o),
     ...(o.attrs ? ['--attrs', String(o.attrs)] : []),
   ];
+  const destExisted = await exists(dest.path);
   const remote = startRemote(o, src.host, senderArgs);
   const srcName = baseName(src.path);
   const receiving = {
@@ -277,7 +303,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     checksum: o.checksum,
     timeoutMs: eng.timeoutMs,
     signal: o.signal,
-    tree: { noDelete: !o.delete },
+    tree: { noDelete: !o.delete, listing: listingOf(o, src, dest, false, destExisted) },
     sizeLimits: limitsOf(o),
     inplace: o.inplace,
     fsync: o.fsync,

@@ -96,3 +96,27 @@ export function treeSummary(stats: TreeStats, c: PlanCounts): TreeSummary {
  * file being hashed is mapped, which counts as resident memory (64 files of 8 MiB hashed at
  * once cost ~30 MB more than one at a time). */
 export const HASHING_AT_ONCE = Math.max(1, Math.min(4, os.availableParallelism()));
+
+/** How `sync` lists a tree's changes, as rsync does with -v (names) or -i (itemized lines). */
+export interface Listing {
+  /** rsync's -i: files marked `<` when sent to a remote receiver, `>` when they land here. */
+  itemize?: 'sent' | 'received';
+  /** Names are shown under this prefix: `src/` for `sync src dest`, where rsync's transfer
+   * root is DEST and the tree is the directory `src` inside it. */
+  prefix?: string;
+  /** The tree's root did not exist before this session (rsync: `cd+++++++++`). */
+  rootCreated?: boolean;
+  /** rsync's `created directory DEST` line: DEST as the user wrote it, created by this run. */
+  createdDir?: string;
+}
+
+/** The plan's lines for `listing` (rsync's order: the created directory first). */
+export function listingLines(tree: NativeTreeSync, listing: Listing | undefined): string[] {
+  const raw = (listing?.itemize ? tree.itemize(listing.itemize, Boolean(listing.rootCreated)) : tree.describe()).split('\n').filter(Boolean);
+  // The name starts at a fixed column: after the 11 itemize characters and a space, or
+  // after describe()'s verb padded to 8.
+  const col = listing?.itemize ? 12 : 8;
+  const prefix = listing?.prefix ?? '';
+  const lines = prefix ? raw.map((l) => l.slice(0, col) + (l.slice(col) === './' ? prefix : prefix + l.slice(col))) : raw;
+  return listing?.createdDir ? [`created directory ${listing.createdDir}`, ...lines] : lines;
+}

@@ -34,7 +34,7 @@ import { inPhase, reportChange, type SyncSummary } from './events.js';
 import type { ReceiveOptions } from './receive.js';
 import { hashWithin, receiveFileContent, WRITES_IN_FLIGHT } from './file-transfer.js';
 import { WorkLimit } from '../utils/data-turns.js';
-import { exchangeManifestsAndRoots, HASHING_AT_ONCE, treeSummary } from './tree-common.js';
+import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, treeSummary } from './tree-common.js';
 import { Multiplexer } from '../transport/mux.js';
 
 export interface TreeReceiveOptions {
@@ -42,6 +42,8 @@ export interface TreeReceiveOptions {
   protect?: string[];
   /** Keep files only the receiver has, whatever the sender asks. */
   noDelete?: boolean;
+  /** A pull lists its changes here, where the user is (rsync's -v names or -i lines). */
+  listing?: import('./tree-common.js').Listing;
 }
 
 interface Context extends ReceiveOptions {
@@ -185,13 +187,15 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     o.summary.tree = summary;
     o.summary.size = counts.sourceBytes;
 
+    const listing = () => listingLines(tree, o.tree?.listing && { ...o.tree.listing, rootCreated: !st });
     if (dryRun) {
-      for (const line of tree.describe().split('\n').filter(Boolean)) reportChange(o.events, line, true);
+      for (const line of listing()) reportChange(o.events, line, true);
       decodeTreeEnd((await expect(conn, FrameType.TREE_END)).payload);
       await conn.send(FrameType.TREE_RESULT, encodeTreeResult({ exitCode: 0, filesWritten: 0n, literalBytes: 0n, matchedBytes: 0n, deleted: 0n, errorCount: 0, message: '' }));
       o.summary.upToDate = counts.smallTransfers + counts.largeTransfers + counts.localCopies + counts.deletes + counts.mkdirs + counts.symlinks + counts.attrsOnly === 0;
       return;
     }
+    if (o.tree?.listing) for (const line of listing()) reportChange(o.events, line, false);
 
     const absorb = (r: StepOutcome) => {
       errors.push(...r.errors);

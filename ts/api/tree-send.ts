@@ -34,7 +34,7 @@ import { inPhase, reportChange, type SyncSummary } from './events.js';
 import type { SendOptions } from './send.js';
 import { LevelGovernor, startLevel } from './compress-level.js';
 import { afterPrior, BATCH_BUFFER, type ContentResult, identityChanged, PriorFailed, rateLimiter, SEND_BUFFERS, sendFileContent } from './file-transfer.js';
-import { exchangeManifestsAndRoots, HASHING_AT_ONCE, sendParts, treeSummary } from './tree-common.js';
+import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, sendParts, treeSummary } from './tree-common.js';
 import { Multiplexer } from '../transport/mux.js';
 import { type DataTurn, DataTurns, WorkLimit } from '../utils/data-turns.js';
 
@@ -62,6 +62,8 @@ export interface TreeSendOptions {
   parallel?: number;
   /** List each change as it is planned (rsync's -v). */
   verbose?: boolean;
+  /** `sync`: list changes as rsync does (-v names, -i itemized lines); see tree-common.ts. */
+  listing?: import('./tree-common.js').Listing;
   /** Do not enter directories on other filesystems (rsync's -x). */
   oneFileSystem?: boolean;
   /** rsync's -o / -g / -X (AttrFlag bits): owners, groups, xattrs travel in TREE_ATTRS. */
@@ -113,11 +115,12 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   const counts = tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile), t.maxSize, t.minSize);
   o.summary.size = counts.sourceBytes;
   o.summary.tree = treeSummary(stats, counts);
+  const listing = () => listingLines(tree, t.listing);
   if (t.dryRun) {
-    for (const line of tree.describe().split('\n').filter(Boolean)) reportChange(o.events, line, true);
+    for (const line of listing()) reportChange(o.events, line, true);
     await conn.send(FrameType.TREE_END, encodeTreeEnd({ smallFiles: 0, largeFiles: 0, senderProblems: stats.problems.length }));
   } else {
-    if (t.verbose) for (const line of tree.describe().split('\n').filter(Boolean)) reportChange(o.events, line, false);
+    if (t.verbose || t.listing?.itemize) for (const line of listing()) reportChange(o.events, line, false);
     const level = o.negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
     // Version 2: large files' conversations run many at once on multiplexed streams, beside
     // the small-file batches; version 1: small files first, then one large file at a time

@@ -10,6 +10,12 @@
 // eslint-disable-next-line @typescript-eslint/no-require-imports
 (require('node:module') as { enableCompileCache?: () => unknown }).enableCompileCache?.();
 
+// `sync -v | head`: a reader that closes stdout early must not crash the run with a stack
+// trace (EPIPE). The listing is lost, the sync goes on, and the exit code still tells.
+process.stdout.on('error', (e: NodeJS.ErrnoException) => {
+  if (e.code !== 'EPIPE' && e.code !== 'ERR_STREAM_DESTROYED') throw e;
+});
+
 let program: typeof import('./program.js');
 try {
   // eslint-disable-next-line @typescript-eslint/no-require-imports

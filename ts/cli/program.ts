@@ -102,7 +102,7 @@ function common(cmd: Command): Command {
 }
 
 async function run(
-  reporterOpts: CommonOptions & { style?: 'sync' | 'peer'; listHeader?: string; dryRun?: boolean; humanReadable?: number },
+  reporterOpts: CommonOptions & { style?: 'sync' | 'peer'; listHeader?: string; dryRun?: boolean; humanReadable?: number; itemize?: boolean },
   body: (r: Reporter, signal: AbortSignal) => Promise<SyncSummary>,
 ): Promise<never> {
   const { createReporter, rsyncStats } = require('./reporter.js') as typeof import('./reporter.js');
@@ -117,6 +117,7 @@ async function run(
     stats: o.stats,
     listHeader: o.listHeader,
     dryRun: o.dryRun,
+    itemize: o.itemize,
   });
   // --stats: rsync's totals on stdout after the summary (not with --json: the summary event has them).
   const after = o.stats && !o.json && !o.quiet ? (s: SyncSummary) => process.stdout.write(rsyncStats(s, o.humanReadable ?? 0, Boolean(o.dryRun))) : undefined;
@@ -300,7 +301,6 @@ export function buildProgram(): Command {
   const notSupported: [string, string][] = [
     ['-H, --hard-links', 'hardLinks'],
     ['-A, --acls', 'acls'],
-    ['-i, --itemize-changes', 'itemizeChanges'],
     ['--partial-dir <DIR>', 'partialDir'],
     ['-b, --backup', 'backup'],
     ['--suffix <SUFFIX>', 'suffix'],
@@ -347,6 +347,7 @@ export function buildProgram(): Command {
     .option('--devices', 'device files: skipped with a notice, as with -a')
     .option('--specials', 'special files (sockets, FIFOs): skipped with a notice, as with -a')
     .option('-v, --verbose', 'list what changes')
+    .option('-i, --itemize-changes', "list changes in rsync's itemized format (YXcstpoguax, e.g. >f.st...... name)")
     .option('-h, --human-readable', 'numbers in --stats in units (K, M, G of 1000; -hh: of 1024), as rsync\'s -h', (_: unknown, level: number) => level + 1, 0)
     .option('-q, --quiet', 'print errors only')
     .option('-n, --dry-run', 'show what would change; write nothing')
@@ -408,6 +409,7 @@ export function buildProgram(): Command {
         progressInterval: o.progressInterval,
         humanReadable: o.humanReadable,
         dryRun: o.dryRun,
+        itemize: o.itemizeChanges,
         listHeader: parseLocation(src).host ? 'receiving incremental file list' : 'sending incremental file list',
       },
       async (events, signal) => {
@@ -425,6 +427,7 @@ export function buildProgram(): Command {
           compressLevel: o.compressLevel,
           bwlimitKiBps: o.bwlimit,
           verbose: o.verbose,
+          itemize: o.itemizeChanges,
           update: o.update,
           wholeFile: o.wholeFile,
           oneFileSystem: o.oneFileSystem,

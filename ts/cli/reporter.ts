@@ -30,6 +30,8 @@ export interface ReporterOptions {
   /** sync -v: rsync's first line (`sending incremental file list`, or `receiving` for a pull). */
   listHeader?: string;
   dryRun?: boolean;
+  /** sync -i: change lines arrive in rsync's itemized format and are printed as they are. */
+  itemize?: boolean;
 }
 
 /** Where progress can be drawn in place: a terminal with columns to draw in (a pseudo-terminal
@@ -166,10 +168,10 @@ function humanReporter(o: ReporterOptions & { style: 'sync' | 'peer' }, ora?: (o
     info: err,
     change(line, dryRun) {
       if (style === 'sync') {
-        // rsync: -v lists, on stdout; a dry run without -v lists nothing.
-        if (o.verbose && !quiet) {
+        // rsync: -v (or -i) lists, on stdout; a dry run without either lists nothing.
+        if ((o.verbose || o.itemize) && !quiet) {
           header();
-          process.stdout.write(`${rsyncListLine(line)}\n`);
+          process.stdout.write(`${o.itemize ? line : rsyncListLine(line)}\n`);
         }
       } else err(dryRun ? `would ${line}` : line);
     },

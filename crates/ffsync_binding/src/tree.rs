@@ -471,6 +471,23 @@ impl NativeTreeSync {
         self.inner.read().unwrap().describe()
     }
 
+    /// rsync's `-i` lines for the plan; `direction` is `"sent"` (`<`, a push) or
+    /// `"received"` (`>`, a local sync or a pull); `rootCreated`: the receiver made the root.
+    #[napi]
+    pub fn itemize(
+        &self,
+        #[napi(ts_arg_type = "'sent' | 'received'")] direction: String,
+        root_created: bool,
+    ) -> String {
+        use ffsync_core::tree::itemize::Direction;
+        let d = if direction == "sent" {
+            Direction::Sent
+        } else {
+            Direction::Received
+        };
+        self.inner.read().unwrap().itemize(d, root_created)
+    }
+
     /// Sender: encode the next batch of small files into `out` (not touched by the caller
     /// until the promise settles), starting at plan position `cursor` (0 at first).
     /// `shared`: the receiver has BATCH_STREAM, so the batch's files share zstd streams.

@@ -5,6 +5,7 @@ pub mod attrs;
 pub mod file_batch;
 pub mod filter;
 pub mod index;
+pub mod itemize;
 pub mod manifest;
 pub mod path;
 pub mod sync;

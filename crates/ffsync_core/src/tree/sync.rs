@@ -1124,6 +1124,11 @@ impl TreeSync {
         c
     }
 
+    /// rsync's `-i` lines for the plan (see tree/itemize.rs).
+    pub fn itemize(&self, direction: super::itemize::Direction, root_created: bool) -> String {
+        super::itemize::itemize(self.plan(), self.s(), self.r(), direction, root_created)
+    }
+
     /// Human-readable list of what the plan does (for --dry-run and -v).
     pub fn describe(&self) -> String {
         let (s, r) = (self.s(), self.r());
