@@ -195,7 +195,7 @@ export declare class NativeTreeSync {
   hashEntries(indices: Uint32Array, onProgress?: ((doneBytes: number) => void) | undefined | null): Promise<Buffer>
   setPeerRoots(roots: Buffer): void
   /** Run triage (identical on both peers) and count what the plan does. */
-  triage(checksum: boolean, deleteExtraneous: boolean, update?: boolean | undefined | null, wholeFile?: boolean | undefined | null, maxSize?: number | undefined | null, minSize?: number | undefined | null): PlanCounts
+  triage(checksum: boolean, deleteExtraneous: boolean, update?: boolean | undefined | null, wholeFile?: boolean | undefined | null, maxSize?: number | undefined | null, minSize?: number | undefined | null, omitTimes?: boolean | undefined | null, omitPerms?: boolean | undefined | null): PlanCounts
   largeTransfers(): Array<LargeTransferInfo>
   /** What the plan does, one line per action (dry-run and verbose output). */
   describe(): string
@@ -286,8 +286,9 @@ export interface LargeTransferInfo {
   /** Relative path bytes (may not be UTF-8). */
   path: Buffer
   size: number
-  mtimeNs: bigint
-  mode: number
+  /** To set on commit; absent: leave it (sync without -t / -p, see TreeSync::metadata_for). */
+  mtimeNs?: bigint
+  mode?: number
   delta: boolean
 }
 
@@ -440,6 +441,8 @@ export interface TreeStats {
   bytes: number
   indexedFiles: number
   problems: Array<string>
+  /** Entries left out on purpose (special files; symlinks without -l), in rsync's words. */
+  notices: Array<string>
 }
 
 /** Throws `EUSAGE: ...` naming the first invalid exclude pattern. */
@@ -457,4 +460,6 @@ export interface WalkTreeOptions {
   isSender: boolean
   /** Do not enter directories on other filesystems (rsync's -x). */
   oneFileSystem?: boolean
+  /** Leave symlinks out, each noted (`sync` without -l). */
+  skipSymlinks?: boolean
 }

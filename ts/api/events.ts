@@ -14,6 +14,9 @@ export interface SyncEvents {
   progress?(phase: Phase, doneBytes: number): void;
   phaseEnd?(phase: Phase, doneBytes: number, ms: number): void;
   info?(message: string): void;
+  /** Something left out on purpose, in rsync's words (`skipping non-regular file "d/fifo"`):
+   * not a failure. `sync` prints it on stdout as rsync does; without a handler it goes to `info`. */
+  notice?(message: string): void;
   /** One change of a tree's plan, as listed for `-v` and `--dry-run` (`mkdir   d/`,
    * `send    f (12 bytes)`, `link    l -> t`, `delete  x`…); `dryRun`: it will not happen.
    * Without a handler the line goes to `info` (prefixed `would ` on a dry run). */

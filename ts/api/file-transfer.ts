@@ -407,8 +407,9 @@ export interface ReceiveContentOptions {
   /** A tree's root: `target` is resolved beneath it without following any link. */
   beneath?: string;
   size: bigint;
-  mtimeNs: bigint;
-  mode: number;
+  /** Set on commit; undefined leaves it (a tree synced without -t / -p). */
+  mtimeNs: bigint | undefined;
+  mode: number | undefined;
   /** Local files whose chunks may be reused (the old target first, if any). */
   localPaths: (string | Buffer)[];
   /** Their manifests, being computed while the sender streams its own. */

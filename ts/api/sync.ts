@@ -70,6 +70,9 @@ export interface SyncOptions {
   verbose?: boolean;
   /** rsync's -i: list changes as itemized lines (`>f.st...... name`). */
   itemize?: boolean;
+  /** rsync without -l / -t / -p (each is part of -a): symlinks left out with a notice,
+   * times not kept, permissions kept only on new entries (minus the umask). */
+  omit?: { links?: boolean; times?: boolean; perms?: boolean };
   /** rsync's -u, -W, -x. */
   update?: boolean;
   wholeFile?: boolean;
@@ -128,6 +131,12 @@ export async function syncTarget(dest: string, destSlash: boolean, srcName: stri
   return path.resolve(target);
 }
 
+/** The remote peer's `--omit` (server command): what -l / -t / -p left out. */
+function omitArgs(o: SyncOptions): string[] {
+  const left = (['links', 'times', 'perms'] as const).filter((k) => o.omit?.[k]);
+  return left.length ? ['--omit', left.join(',')] : [];
+}
+
 function exists(p: string): Promise<boolean> {
   return fs.lstat(p).then(
     () => true,
@@ -166,7 +175,7 @@ function engineOptions(
     timeoutMs: o.timeoutMs ?? 60_000,
     events: o.events,
     signal: o.signal,
-    tree: { excludes: o.excludes ?? [], noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs },
+    tree: { excludes: o.excludes ?? [], noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit },
   };
 }
 
@@ -291,6 +300,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     ...(o.jobs ? ['--jobs', String(o.jobs)] : []),
     ...sizeArgs(o),
     ...(o.attrs ? ['--attrs', String(o.attrs)] : []),
+    ...omitArgs(o),
   ];
   const destExisted = await exists(dest.path);
   const remote = startRemote(o, src.host, senderArgs);
@@ -430,6 +440,7 @@ export async function serveStdio(o: {
   maxSize?: number;
   minSize?: number;
   attrs?: number;
+  omit?: SyncOptions['omit'];
   inplace?: boolean;
   fsync?: boolean;
 }): Promise<SyncSummary> {
@@ -465,7 +476,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
       compressLevel: o.compressLevel,
       bwlimitKiBps: o.bwlimitKiBps,
       events: o.events,
-      tree: { excludes: o.excludes ?? [], dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs },
+      tree: { excludes: o.excludes ?? [], dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit },
     });
   }
   return runReceiver(conn, {

@@ -68,6 +68,9 @@ export interface TreeSendOptions {
   oneFileSystem?: boolean;
   /** rsync's -o / -g / -X (AttrFlag bits): owners, groups, xattrs travel in TREE_ATTRS. */
   attrs?: number;
+  /** `sync` without -l / -t / -p (rsync): symlinks left out (each noted), times and
+   * permissions not kept (see TreeOptions). Defaults keep all three. */
+  omit?: { links?: boolean; times?: boolean; perms?: boolean };
   /** rsync's --max-size / --min-size (bytes): files outside are left alone on both sides. */
   maxSize?: number;
   minSize?: number;
@@ -87,7 +90,7 @@ interface Context extends SendOptions {
 /** Walk the source tree (in parallel, natively); progress counts entries. */
 export function startWalk(root: string, o: SendOptions, stateDir: string): Promise<NativeTreeSync> {
   const excludes = o.tree?.excludes ?? [];
-  return inPhase(o.events, 'scanning', 0, (progress) => walkTree(root, { excludes, stateDir, ignoreIndex: o.checksum, isSender: true, oneFileSystem: o.tree?.oneFileSystem }, progress));
+  return inPhase(o.events, 'scanning', 0, (progress) => walkTree(root, { excludes, stateDir, ignoreIndex: o.checksum, isSender: true, oneFileSystem: o.tree?.oneFileSystem, skipSymlinks: o.tree?.omit?.links }, progress));
 }
 
 export async function sendTree(conn: FramedConnection, o: Context): Promise<void> {
@@ -102,7 +105,10 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   await conn.send(FrameType.OFFER, encodeOffer({ kind: OfferKind.TREE, size, mtimeNs: o.st.mtimeNs, mode: Number(o.st.mode & 0o7777n), flags }));
   await conn.send(FrameType.FILTER, encodeFilter(t.excludes ?? []));
   const attrs = t.dryRun ? 0 : (t.attrs ?? 0);
-  const options: TreeOptions = { maxSize: t.maxSize, minSize: t.minSize, attrs };
+  const options: TreeOptions = { maxSize: t.maxSize, minSize: t.minSize, attrs, omitTimes: t.omit?.times, omitPerms: t.omit?.perms };
+  if ((options.omitTimes || options.omitPerms) && !(o.negotiated.capabilities & Capability.OMIT_ATTRS)) {
+    throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${o.negotiated.peerSoftware}) always keeps times and permissions: give -t and -p (or -a), or upgrade it`);
+  }
   if (o.negotiated.capabilities & Capability.SIZE_LIMITS) await conn.send(FrameType.TREE_OPTIONS, encodeTreeOptions(options));
   else if (options.maxSize !== undefined || options.minSize !== undefined || attrs) {
     throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${o.negotiated.peerSoftware}) does not support --max-size / --min-size / -o / -g / -X`);
@@ -110,9 +116,10 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   const tree = await conn.keepAlive(o.walking);
   const stats = tree.stats();
   for (const p of stats.problems) o.events?.info?.(`warning: ${p}`);
+  for (const n of stats.notices) (o.events?.notice ?? o.events?.info)?.(n);
   const lanes = lanesWanted > 1 ? decodeLanes((await expect(conn, FrameType.LANES)).payload) : undefined;
   await exchangeManifestsAndRoots(conn, tree, Boolean(o.checksum), o.events);
-  const counts = tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile), t.maxSize, t.minSize);
+  const counts = tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile), t.maxSize, t.minSize, options.omitTimes, options.omitPerms);
   o.summary.size = counts.sourceBytes;
   o.summary.tree = treeSummary(stats, counts);
   const listing = () => listingLines(tree, t.listing);

@@ -338,11 +338,10 @@ export function buildProgram(): Command {
     .option('-X, --xattrs', 'preserve extended attributes (user.*; trusted.* as root)')
     .option('--numeric-ids', "don't map uid/gid values by user/group name")
     .option('-r, --recursive', 'recurse into directories')
-    // The letters of -a besides -r, -g, -o. Given, they mean what they mean in rsync; this
-    // version keeps symlinks, permissions and times whether or not they are given (see README).
-    .option('-l, --links', 'copy symlinks as symlinks (always done)')
-    .option('-p, --perms', 'preserve permissions (always done)')
-    .option('-t, --times', 'preserve modification times (always done)')
+    // The letters of -a besides -r, -g, -o: each one's absence means what it means in rsync.
+    .option('-l, --links', 'copy symlinks as symlinks (without it, as in rsync, they are skipped with a notice)')
+    .option('-p, --perms', 'preserve permissions (without it, existing files keep theirs and new ones get the source\'s minus the umask)')
+    .option('-t, --times', 'preserve modification times (without it, files get the time they were written)')
     .option('-D', 'same as --devices --specials: device and special files are skipped with a notice, as with -a')
     .option('--devices', 'device files: skipped with a notice, as with -a')
     .option('--specials', 'special files (sockets, FIFOs): skipped with a notice, as with -a')
@@ -439,6 +438,7 @@ export function buildProgram(): Command {
           minSize: o.minSize,
           inplace: o.inplace,
           fsync: o.fsync,
+          omit: { links: !(o.archive || o.links), times: !(o.archive || o.times), perms: !(o.archive || o.perms) },
           attrs: (o.archive || o.owner ? AttrFlag.OWNER : 0) | (o.archive || o.group ? AttrFlag.GROUP : 0) | (o.xattrs ? AttrFlag.XATTRS : 0) | (o.numericIds ? AttrFlag.NUMERIC_IDS : 0),
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
@@ -471,6 +471,7 @@ export function buildProgram(): Command {
     .addOption(new Option('--jobs <n>').argParser(intArg(1, 16)))
     .addOption(new Option('--max-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .addOption(new Option('--attrs <flags>').argParser(intArg(0, 15)))
+    .option('--omit <list>', '', (v: string) => Object.fromEntries(v.split(',').filter((k) => ['links', 'times', 'perms'].includes(k)).map((k) => [k, true])))
     .addOption(new Option('--min-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .option('--state-dir <dir>')
     .action(async (o: Record<string, any>) => {
@@ -496,6 +497,7 @@ export function buildProgram(): Command {
           maxSize: o.maxSize,
           minSize: o.minSize,
           attrs: o.attrs,
+          omit: o.omit,
           inplace: o.inplace,
           fsync: o.fsync,
           stateDir: o.stateDir,

@@ -166,6 +166,12 @@ function humanReporter(o: ReporterOptions & { style: 'sync' | 'peer' }, ora?: (o
       } else if (style === 'peer' || plain) err(text);
     },
     info: err,
+    notice(line) {
+      // rsync prints these on stdout, -v or not.
+      if (style === 'sync') {
+        if (!quiet) process.stdout.write(`${line}\n`);
+      } else err(line);
+    },
     change(line, dryRun) {
       if (style === 'sync') {
         // rsync: -v (or -i) lists, on stdout; a dry run without either lists nothing.

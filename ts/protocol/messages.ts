@@ -53,8 +53,11 @@ export const Capability = {
   /** Tree sessions: FILE_BATCH records may use encodings 2 and 3, consecutive files of a
    * batch sharing one zstd stream (§9.6). */
   BATCH_STREAM: 1 << 10,
+  /** Tree sessions: TREE_OPTIONS may carry OMIT_TIMES / OMIT_PERMS (`sync` without -t / -p,
+   * §9.2): both peers' triage then ignores those differences and the receiver keeps them. */
+  OMIT_ATTRS: 1 << 11,
 } as const;
-export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM | Capability.BATCH_STREAM;
+export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM | Capability.BATCH_STREAM | Capability.OMIT_ATTRS;
 /** Most REFINE bytes one file transfer may carry (mirrors refine::MAX_TABLE_BYTES). */
 export const MAX_REFINE_TABLE = 64 * 1024 * 1024;
 /** REFINE payloads are cut at this size. */
@@ -561,7 +564,15 @@ export const AttrFlag = { OWNER: 1, GROUP: 2, XATTRS: 4, NUMERIC_IDS: 8 } as con
 
 export interface TreeOptions extends SizeLimits {
   attrs: number;
+  /** rsync without -t: times are not kept (capability OMIT_ATTRS; bit 16 of the attrs byte). */
+  omitTimes?: boolean;
+  /** rsync without -p: existing entries keep their modes, new ones get the sender's minus
+   * the receiver's umask (capability OMIT_ATTRS; bit 32 of the attrs byte). */
+  omitPerms?: boolean;
 }
+
+const OMIT_TIMES = 16;
+const OMIT_PERMS = 32;
 
 const NO_MAX = 0xffff_ffff_ffff_ffffn;
 
@@ -569,17 +580,17 @@ export function encodeTreeOptions(l: TreeOptions): Buffer {
   const b = Buffer.alloc(17);
   b.writeBigUInt64LE(l.maxSize === undefined ? NO_MAX : BigInt(l.maxSize), 0);
   b.writeBigUInt64LE(BigInt(l.minSize ?? 0), 8);
-  b.writeUInt8(l.attrs, 16);
+  b.writeUInt8(l.attrs | (l.omitTimes ? OMIT_TIMES : 0) | (l.omitPerms ? OMIT_PERMS : 0), 16);
   return b;
 }
 
 export function decodeTreeOptions(p: Buffer): TreeOptions {
-  if (p.length !== 17 || p[16] > 15) throw protocolError('bad TREE_OPTIONS');
+  if (p.length !== 17 || p[16] > 63) throw protocolError('bad TREE_OPTIONS');
   const max = p.readBigUInt64LE(0);
   const min = p.readBigUInt64LE(8);
   if (max > BigInt(Number.MAX_SAFE_INTEGER) && max !== NO_MAX) throw protocolError('bad TREE_OPTIONS: max too large');
   if (min > BigInt(Number.MAX_SAFE_INTEGER)) throw protocolError('bad TREE_OPTIONS: min too large');
-  return { maxSize: max === NO_MAX ? undefined : Number(max), minSize: min === 0n ? undefined : Number(min), attrs: p[16] };
+  return { maxSize: max === NO_MAX ? undefined : Number(max), minSize: min === 0n ? undefined : Number(min), attrs: p[16] & 15, omitTimes: (p[16] & OMIT_TIMES) !== 0, omitPerms: (p[16] & OMIT_PERMS) !== 0 };
 }
 
 export const MAX_ERROR_MESSAGE = 4096;

@@ -28,6 +28,8 @@ pub struct WalkTreeOptions {
     pub is_sender: bool,
     /// Do not enter directories on other filesystems (rsync's -x).
     pub one_file_system: Option<bool>,
+    /// Leave symlinks out, each noted (`sync` without -l).
+    pub skip_symlinks: Option<bool>,
 }
 
 #[napi(object)]
@@ -39,6 +41,8 @@ pub struct TreeStats {
     pub bytes: f64,
     pub indexed_files: u32,
     pub problems: Vec<String>,
+    /// Entries left out on purpose (special files; symlinks without -l), in rsync's words.
+    pub notices: Vec<String>,
 }
 
 #[napi(object)]
@@ -74,8 +78,9 @@ pub struct LargeTransferInfo {
     /// Relative path bytes (may not be UTF-8).
     pub path: Buffer,
     pub size: f64,
-    pub mtime_ns: BigInt,
-    pub mode: u32,
+    /// To set on commit; absent: leave it (sync without -t / -p, see TreeSync::metadata_for).
+    pub mtime_ns: Option<BigInt>,
+    pub mode: Option<u32>,
     pub delta: bool,
 }
 
@@ -149,6 +154,7 @@ impl Task for WalkTask {
                 index: idx.as_ref(),
                 progress: Some(&counter),
                 one_file_system: self.o.one_file_system.unwrap_or(false),
+                skip_symlinks: self.o.skip_symlinks.unwrap_or(false),
             },
         );
         ticker.stop();
@@ -327,6 +333,7 @@ impl NativeTreeSync {
             bytes: bytes as f64,
             indexed_files: t.local.indexed_files as u32,
             problems: t.problems().to_vec(),
+            notices: t.notices().to_vec(),
         }
     }
 
@@ -387,6 +394,8 @@ impl NativeTreeSync {
         whole_file: Option<bool>,
         max_size: Option<f64>,
         min_size: Option<f64>,
+        omit_times: Option<bool>,
+        omit_perms: Option<bool>,
     ) -> PlanCounts {
         let mut t = self.inner.write().unwrap();
         let plan = t.triage(TriageOptions {
@@ -396,6 +405,8 @@ impl NativeTreeSync {
             whole_file: whole_file.unwrap_or(false),
             max_size: max_size.map(|v| v as u64),
             min_size: min_size.map(|v| v as u64),
+            omit_times: omit_times.unwrap_or(false),
+            omit_perms: omit_perms.unwrap_or(false),
         });
         let mut c = PlanCounts {
             mkdirs: 0,
@@ -458,7 +469,7 @@ impl NativeTreeSync {
                 action: l.action,
                 path: l.path.into(),
                 size: l.size as f64,
-                mtime_ns: BigInt::from(l.mtime_ns),
+                mtime_ns: l.mtime_ns.map(BigInt::from),
                 mode: l.mode,
                 delta: l.delta,
             })

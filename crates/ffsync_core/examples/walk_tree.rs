@@ -18,6 +18,7 @@ fn main() {
                 index: idx.as_ref(),
                 progress: None,
                 one_file_system: false,
+                skip_symlinks: false,
             },
         )
         .unwrap();

@@ -5,6 +5,7 @@
 //! by a direct copy + `claim_root`), finish.
 #![cfg(unix)]
 
+use ffsync_core::file_identity::FileIdentity;
 use ffsync_core::reconstruct::system_time_from_ns;
 use ffsync_core::tree::file_batch::{self, FileStatus};
 use ffsync_core::tree::filter::Filter;
@@ -137,6 +138,9 @@ struct Opts {
     min_size: Option<u64>,
     /// The receiver runs with `--no-fsync`.
     no_fsync: bool,
+    /// `sync` without -t / -p.
+    omit_times: bool,
+    omit_perms: bool,
 }
 
 struct Synced {
@@ -191,6 +195,7 @@ fn open(side: &Side, filter: &Filter, protect: Option<&Filter>, sender: bool) ->
         index: idx.as_ref(),
         progress: None,
         one_file_system: false,
+        skip_symlinks: false,
     };
     TreeSync::new(walk::walk(&side.tree, &o).unwrap(), sender, Some(side.state.clone()))
 }
@@ -218,6 +223,8 @@ fn negotiate(src: &Side, dst: &Side, o: Opts) -> (TreeSync, TreeSync) {
         delete: o.delete,
         max_size: o.max_size,
         min_size: o.min_size,
+        omit_times: o.omit_times,
+        omit_perms: o.omit_perms,
         ..Default::default()
     };
     let sp = s.triage(t).actions.clone();
@@ -264,9 +271,10 @@ fn execute(src: &Side, dst: &Side, s: &TreeSync, r: &TreeSync, delete_ok: bool) 
         let to = join(&dst.tree, &lt.path);
         fs::copy(join(&src.tree, &lt.path), &to).unwrap();
         let f = File::options().write(true).open(&to).unwrap();
-        f.set_times(FileTimes::new().set_modified(system_time_from_ns(lt.mtime_ns)))
+        f.set_times(FileTimes::new().set_modified(system_time_from_ns(lt.mtime_ns.expect("times kept by default"))))
             .unwrap();
-        f.set_permissions(Permissions::from_mode(lt.mode)).unwrap();
+        f.set_permissions(Permissions::from_mode(lt.mode.expect("modes kept by default")))
+            .unwrap();
         let root = file_batch::root_of_bytes(&fs::read(&to).unwrap());
         s.claim_root(k, root);
         r.claim_root(k, root);
@@ -368,6 +376,51 @@ fn mtimes_and_modes_of_files_and_dirs_are_adopted() {
     assert!(out.ops(Op::Mkdir).is_empty() && out.ops(Op::Delete).is_empty());
     assert_same(&src, &dst);
     assert_eq!(fs::metadata(dst.p("deep/er/still")).unwrap().mode() & 0o7777, 0o700);
+}
+
+#[test]
+fn without_times_and_perms_their_differences_change_nothing_and_existing_modes_stay() {
+    let (src, dst) = (Side::new(), Side::new());
+    populate(&src);
+    sync_ok(&src, &dst, Opts::default());
+    let omit = Opts {
+        omit_times: true,
+        omit_perms: true,
+        ..Default::default()
+    };
+    // Attribute-only differences: nothing to do (rsync without -t and -p).
+    chmod(&src.p("many/f04"), 0o640);
+    set_mtime(&src.p("many/f05"), T0 + 2_000);
+    chmod(&src.p("deep/er"), 0o700);
+    set_mtime(&src.p("emptydir"), T0 + 3_000);
+    let out = sync_ok(&src, &dst, omit);
+    assert!(
+        out.ops(Op::FileMeta).is_empty() && out.ops(Op::DirMeta).is_empty(),
+        "{}",
+        out.s.describe()
+    );
+    assert_eq!(fs::metadata(dst.p("deep/er")).unwrap().mode() & 0o7777, 0o750);
+    // A changed file keeps the receiver's mode and gets the time of the write; a new one
+    // gets the sender's mode minus the umask.
+    chmod(&dst.p("a.txt"), 0o604);
+    put(&src.tree, "a.txt", b"hello, changed", T0 + 9_000);
+    put(&src.tree, "fresh.sh", b"#!/bin/sh", T0 + 9_000);
+    chmod(&src.p("fresh.sh"), 0o777);
+    let out = sync_ok(&src, &dst, omit);
+    let (_, a) = out.find(Op::Transfer, "a.txt");
+    assert_eq!(out.r.metadata_for(&a), (None, Some(0o604)));
+    let a = fs::metadata(dst.p("a.txt")).unwrap();
+    assert_eq!(fs::read(dst.p("a.txt")).unwrap(), b"hello, changed");
+    assert_eq!(a.mode() & 0o7777, 0o604);
+    assert_ne!(FileIdentity::of(&a).mtime_ns, T0 + 9_000);
+    let umask = {
+        let probe = dst.tree.join(".umask-probe");
+        fs::create_dir(&probe).unwrap();
+        let m = 0o777 & !(fs::metadata(&probe).unwrap().mode() & 0o777);
+        fs::remove_dir(&probe).unwrap();
+        m
+    };
+    assert_eq!(fs::metadata(dst.p("fresh.sh")).unwrap().mode() & 0o7777, 0o777 & !umask);
 }
 
 #[test]

@@ -53,8 +53,9 @@ pub struct LargeTransfer {
     pub action: u32,
     pub path: Vec<u8>,
     pub size: u64,
-    pub mtime_ns: i64,
-    pub mode: u32,
+    /// What the receiver sets when it commits (see `TreeSync::metadata_for`): `None` leaves it.
+    pub mtime_ns: Option<i64>,
+    pub mode: Option<u32>,
     /// The receiver's old file at the same path is the delta basis.
     pub delta: bool,
 }
@@ -118,18 +119,49 @@ fn nofollow(o: &mut fs::OpenOptions) -> &mut fs::OpenOptions {
     o.custom_flags(libc::O_NOFOLLOW)
 }
 
+/// This process's file mode creation mask (rsync's rule for new entries without -p).
+/// Read from /proc on Linux, so no thread ever sees it changed; elsewhere set and restored
+/// once (the first caller runs before any tree is written).
+fn umask() -> u32 {
+    static MASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *MASK.get_or_init(|| {
+        #[cfg(target_os = "linux")]
+        if let Some(m) = fs::read_to_string("/proc/self/status").ok().and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Umask:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        }) {
+            return m;
+        }
+        #[cfg(unix)]
+        {
+            // SAFETY: umask has no memory effects; it is restored at once.
+            let m = unsafe { libc::umask(0o022) };
+            unsafe { libc::umask(m) };
+            m as u32
+        }
+        #[cfg(not(unix))]
+        0o022
+    })
+}
+
 #[cfg(not(unix))]
 fn nofollow(o: &mut fs::OpenOptions) -> &mut fs::OpenOptions {
     o
 }
 
-fn set_dir_meta(d: &Dir, mtime_ns: i64, mode: u32) -> std::io::Result<()> {
+fn set_dir_meta(d: &Dir, mtime_ns: Option<i64>, mode: Option<u32>) -> std::io::Result<()> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         let d = d.as_file()?;
-        d.set_permissions(fs::Permissions::from_mode(mode & 0o1777))?;
-        d.set_times(fs::FileTimes::new().set_modified(crate::reconstruct::system_time_from_ns(mtime_ns)))
+        if let Some(mode) = mode {
+            d.set_permissions(fs::Permissions::from_mode(mode & 0o1777))?;
+        }
+        if let Some(mtime_ns) = mtime_ns {
+            d.set_times(fs::FileTimes::new().set_modified(crate::reconstruct::system_time_from_ns(mtime_ns)))?;
+        }
+        Ok(())
     }
     #[cfg(not(unix))]
     {
@@ -336,6 +368,29 @@ impl TreeSync {
         self.plan()
     }
 
+    /// The modification time and mode the receiver gives the entry an action writes, as
+    /// rsync's -t and -p decide: the sender's when kept; without -t none (the time of the
+    /// write); without -p an existing entry keeps its mode and a new one gets the sender's
+    /// masked by this process's umask.
+    pub fn metadata_for(&self, a: &Action) -> (Option<i64>, Option<u32>) {
+        let e = self.s().entry(a.s as usize);
+        let mtime = (!self.options.omit_times).then_some(e.mtime_ns);
+        if !self.options.omit_perms {
+            return (mtime, Some(e.mode));
+        }
+        let existing = (a.r != triage::NONE && a.flags & action_flags::REPLACE == 0)
+            .then(|| self.r().entry(a.r as usize))
+            .filter(|re| re.kind == e.kind);
+        let mode = match existing {
+            // A rebuilt file replaces the old one: it must carry the old mode over.
+            Some(re) if e.kind == Kind::File => Some(re.mode),
+            // A directory stays where it is: nothing to change.
+            Some(_) => None,
+            None => Some(e.mode & !umask()),
+        };
+        (mtime, mode)
+    }
+
     fn action(&self, k: usize) -> Result<&Action> {
         self.plan()
             .actions
@@ -372,12 +427,13 @@ impl TreeSync {
             .filter(|(_, a)| a.op == Op::Transfer && a.flags & action_flags::SMALL == 0)
             .map(|(k, a)| {
                 let e = s.entry(a.s as usize);
+                let (mtime_ns, mode) = self.metadata_for(a);
                 LargeTransfer {
                     action: k as u32,
                     path: e.path.to_vec(),
                     size: e.size,
-                    mtime_ns: e.mtime_ns,
-                    mode: e.mode,
+                    mtime_ns,
+                    mode,
                     delta: a.flags & action_flags::DELTA != 0,
                 }
             })
@@ -713,8 +769,8 @@ impl TreeSync {
                 std::io::Error::other("local copy did not match the sender's root"),
             ));
         }
-        let e = self.s().entry(a.s as usize);
-        apply_metadata(&dst, &tmp.shown(), Some(e.mtime_ns), Some(e.mode))?;
+        let (mtime_ns, mode) = self.metadata_for(a);
+        apply_metadata(&dst, &tmp.shown(), mtime_ns, mode)?;
         self.flush_file(&dst, size).map_err(|e| {
             let _ = tmp.unlink();
             CoreError::io(tmp.shown(), e)
@@ -830,14 +886,13 @@ impl TreeSync {
     }
 
     fn write_whole(&self, a: &Action, data: &[u8], root: &[u8; 32]) -> Result<()> {
-        let e = self.s().entry(a.s as usize);
+        let (mtime_ns, mode) = self.metadata_for(a);
         let shown = self.shown(a);
         let target = self.target(a).map_err(|err| CoreError::io(&shown, err))?;
         let (tmp, mut f) = create_exclusive(partial_of(&target, root)).map_err(|err| CoreError::io(&shown, err))?;
         let mut write = || -> std::io::Result<()> {
             f.write_all(data)?;
-            apply_metadata(&f, &tmp.shown(), Some(e.mtime_ns), Some(e.mode))
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            apply_metadata(&f, &tmp.shown(), mtime_ns, mode).map_err(|e| std::io::Error::other(e.to_string()))?;
             self.flush_file(&f, data.len() as u64)
         };
         write().map_err(|err| {
@@ -960,8 +1015,8 @@ impl TreeSync {
                     let p = self.shown(a);
                     (|| {
                         let f = self.target(a)?.open_read()?;
-                        apply_metadata(&f, &p, Some(e.mtime_ns), Some(e.mode))
-                            .map_err(|e| std::io::Error::other(e.to_string()))?;
+                        let (mtime_ns, mode) = self.metadata_for(a);
+                        apply_metadata(&f, &p, mtime_ns, mode).map_err(|e| std::io::Error::other(e.to_string()))?;
                         if let Some(root) = self.sender_root_of(a) {
                             let identity = FileIdentity::of(&f.metadata()?);
                             self.claims.lock().unwrap().push(Claim {
@@ -1009,7 +1064,8 @@ impl TreeSync {
             } else {
                 self.root_dir().and_then(|d| d.open_beneath(e.path))
             };
-            if let Err(err) = dir.and_then(|d| set_dir_meta(&d, e.mtime_ns, e.mode)) {
+            let (mtime_ns, mode) = self.metadata_for(a);
+            if let Err(err) = dir.and_then(|d| set_dir_meta(&d, mtime_ns, mode)) {
                 if err.kind() != std::io::ErrorKind::NotFound {
                     out.errors
                         .push(format!("cannot set attributes of {}/: {err}", display(e.path)));
@@ -1214,6 +1270,10 @@ impl TreeSync {
     /// Sender entries flagged unreadable and directories the walk could not list.
     pub fn problems(&self) -> &[String] {
         &self.local.problems
+    }
+
+    pub fn notices(&self) -> &[String] {
+        &self.local.notices
     }
 }
 

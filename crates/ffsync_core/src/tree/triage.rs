@@ -74,6 +74,13 @@ pub struct TriageOptions {
     /// deleted). `None`: no bound.
     pub max_size: Option<u64>,
     pub min_size: Option<u64>,
+    /// `sync` without -t (rsync): modification times are not kept, so a difference in
+    /// them alone changes nothing, and directories are not restamped.
+    pub omit_times: bool,
+    /// `sync` without -p (rsync): existing files and directories keep their permissions;
+    /// new ones get the sender's masked by the receiver's umask. A difference alone changes
+    /// nothing.
+    pub omit_perms: bool,
 }
 
 impl TriageOptions {
@@ -310,7 +317,9 @@ pub fn triage(
                             }
                             if same {
                                 plan.unchanged_files += 1;
-                                if se.mtime_ns != re.mtime_ns || applied(se.mode) != applied(re.mode) {
+                                if (!o.omit_times && se.mtime_ns != re.mtime_ns)
+                                    || (!o.omit_perms && applied(se.mode) != applied(re.mode))
+                                {
                                     metas.push(act(Op::FileMeta, 0, i, b, NONE));
                                 }
                                 return;
@@ -370,10 +379,13 @@ pub fn triage(
                 return;
             }
             let differs = match b.map(|j| r.entry(j)) {
-                Some(re) if re.is_dir() => applied(re.mode) != applied(se.mode) || re.mtime_ns != se.mtime_ns,
+                Some(re) if re.is_dir() => {
+                    (!o.omit_perms && applied(re.mode) != applied(se.mode))
+                        || (!o.omit_times && re.mtime_ns != se.mtime_ns)
+                }
                 _ => true,
             };
-            if differs || touched.contains(se.path) {
+            if differs || (!o.omit_times && touched.contains(se.path)) {
                 dirmeta.push(act(Op::DirMeta, 0, i, b, NONE));
             }
         }

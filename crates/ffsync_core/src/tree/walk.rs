@@ -6,7 +6,7 @@
 use super::filter::Filter;
 use super::index::{Claim, TreeIndex};
 use super::manifest::{flags, Kind, NewEntry, TreeBuilder, TreeManifest};
-use super::path::{is_under, join, name_bytes};
+use super::path::{display, is_under, name_bytes};
 use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
 use jwalk::{ClientState, Parallelism, WalkDirGeneric};
@@ -28,6 +28,9 @@ pub struct WalkOptions<'a> {
     pub progress: Option<&'a AtomicU64>,
     /// rsync's -x: a directory on another filesystem than the root is listed but not entered.
     pub one_file_system: bool,
+    /// `sync` without -l (rsync): symlinks are not part of the tree; each is noted as
+    /// rsync notes it (`skipping non-regular file "name"`).
+    pub skip_symlinks: bool,
 }
 
 /// A walked local tree: its manifest plus what only this machine needs.
@@ -37,8 +40,11 @@ pub struct LocalTree {
     /// The part of each entry's stat identity the manifest does not hold (size and mtime
     /// are in the entry), and its owner: 32 bytes per path instead of 48.
     stat_rest: Vec<StatRest>,
-    /// Directories that could not be read and special files skipped, for the report.
+    /// Directories that could not be read: each makes the sync partial (exit 23).
     pub problems: Vec<String>,
+    /// Entries left out on purpose, as rsync says it (`skipping non-regular file "d/fifo"`):
+    /// special files, and symlinks without -l. Reported; not failures.
+    pub notices: Vec<String>,
     /// Files whose root came from the index.
     pub indexed_files: u64,
 }
@@ -308,6 +314,7 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
     let mut b = TreeBuilder::new();
     let mut stat_rest = Vec::new();
     let mut problems = Vec::new();
+    let mut notices = Vec::new();
     let mut cursor = o.index.map(|i| i.cursor());
     let mut indexed_files = 0;
     let mut protected_dir: Option<Vec<u8>> = None;
@@ -352,9 +359,13 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
             if entry.file_type.is_file() || entry.file_type.is_dir() || entry.file_type.is_symlink() {
                 continue;
             }
-            problems.push(format!("skipping non-regular file {}", join(root, &info.rel).display()));
+            notices.push(format!("skipping non-regular file \"{}\"", display(&info.rel)));
             continue;
         };
+        if st.kind == Kind::Symlink && o.skip_symlinks {
+            notices.push(format!("skipping non-regular file \"{}\"", display(&info.rel)));
+            continue;
+        }
         if let Some(p) = o.protect {
             if protected_dir.as_ref().is_some_and(|d| !is_under(&info.rel, d)) {
                 protected_dir = None;
@@ -395,6 +406,7 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
         manifest: b.finish(),
         stat_rest,
         problems,
+        notices,
         indexed_files,
     })
 }
@@ -448,6 +460,7 @@ mod tests {
             index: None,
             progress: None,
             one_file_system: false,
+            skip_symlinks: false,
         };
         let tree = walk(root, &options).unwrap();
         let paths = tree
@@ -518,6 +531,7 @@ mod tests {
                 index: None,
                 progress: None,
                 one_file_system: false,
+                skip_symlinks: false,
             },
         )
         .unwrap();
