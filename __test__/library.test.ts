@@ -61,3 +61,28 @@ it('the type declarations check in a strict consumer project without skipLibChec
   const r = spawnSync(process.execPath, [path.join(REPO, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', 'tsconfig.json'], { cwd: dir, encoding: 'utf8', timeout: 120_000 });
   assert.equal(r.status, 0, `${r.stdout}\n${r.stderr}`);
 });
+
+it('aborting through an AbortSignal rejects with a distinct abort error (ESIGNAL, exit 20) on both sides, not "connection closed"', async () => {
+  const { send, receive, FfsyncError, ExitCode } = await import('../ts/api/index');
+  const dir = tmpdir();
+  const src = path.join(dir, 'big.bin');
+  fs.writeFileSync(src, Buffer.alloc(24 << 20, 7));
+  const state = path.join(dir, 'state');
+  let listening: (port: number) => void = () => undefined;
+  const bound = new Promise<number>((resolve) => (listening = resolve));
+  const receiving = receive({ path: path.join(dir, 'out.bin'), port: 0, plaintext: true, stateDir: state, events: { listening: (_h, p) => listening(p) } });
+  receiving.catch(() => undefined);
+  const port = await bound;
+  const ac = new AbortController();
+  const sending = send({ path: src, host: '127.0.0.1', port, plaintext: true, stateDir: state, bwlimitKiBps: 2048, compressLevel: 0, signal: ac.signal });
+  setTimeout(() => ac.abort(), 700);
+  const [s, r] = await Promise.allSettled([sending, receiving]);
+  assert.equal(s.status, 'rejected');
+  assert.equal(r.status, 'rejected');
+  const se = (s as PromiseRejectedResult).reason;
+  const re = (r as PromiseRejectedResult).reason;
+  assert.ok(se instanceof FfsyncError && re instanceof FfsyncError);
+  assert.deepEqual([se.code, se.exitCode, se.message], ['ESIGNAL', ExitCode.SIGNAL, 'interrupted']);
+  assert.equal(re.exitCode, ExitCode.SIGNAL, re.message);
+  assert.match(re.message, /peer: interrupted/);
+});
