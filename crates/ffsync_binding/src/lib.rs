@@ -14,6 +14,13 @@ mod tree;
 
 use ffsync_core::CoreError;
 
+/// Runs when Node loads the addon: allocator tunables for the whole process (see
+/// ffsync_core::memory), before any session allocates.
+#[napi_derive::module_init]
+fn init() {
+    ffsync_core::memory::tune_allocator();
+}
+
 /// Drop `value` on a background thread, not the JavaScript one: closing a reconstruction's
 /// files can make the kernel free the blocks of the target it replaced (~2 ms for a 1 MiB
 /// file here, most of a second for a large one), and a tree session releases one per file.

@@ -24,6 +24,7 @@ pub mod index;
 pub mod inplace;
 pub mod io;
 pub mod manifest;
+pub mod memory;
 pub mod pairing;
 pub mod params;
 pub mod prefill;

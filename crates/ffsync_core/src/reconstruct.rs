@@ -584,6 +584,12 @@ impl Reconstruction {
             .collect();
         let runs = refine::plan_runs(&self.manifest, &wire, &anchor, &lens);
         let (table, kept) = refine::encode_table(&runs, self.manifest.params.avg, |r| self.region(r));
+        // The signatures are made: the old bytes need not stay resident (a 30 MB binary's
+        // would otherwise count in this process's RSS to the end). Deltas fault back in just
+        // the runs they rebuild from.
+        for map in self.maps.iter().filter_map(|m| m.get()).flatten() {
+            crate::scan::release_mapped(map, 0, map.len());
+        }
         self.refined
             .set(kept)
             .map_err(|_| CoreError::Usage("refinement already computed".into()))?;
@@ -610,14 +616,22 @@ impl Reconstruction {
                 self.sources[run.source].0.display()
             ))
         })?;
-        DELTA_BUF.with(|d| {
+        let applied = DELTA_BUF.with(|d| {
             let mut d = d.borrow_mut();
             let delta = r.delta(&mut d)?;
             refine::apply_into(base, delta, r.raw_len as usize, out)?;
             Ok(refine::literal_len(delta)
                 .unwrap_or(r.raw_len as u64)
                 .min(r.raw_len as u64))
-        })
+        });
+        // The run's last chunk: its old bytes are done with (an earlier chunk arriving later
+        // only faults its pages back in).
+        if r.index + 1 == run.first + run.count {
+            if let Some(Some(map)) = self.maps[run.source].get() {
+                crate::scan::release_mapped(map, run.offset as usize, (run.offset + run.len) as usize);
+            }
+        }
+        applied
     }
 
     /// The refined run (described old bytes) that chunk `index` belongs to.

@@ -154,6 +154,12 @@ fn page_range(from: usize, to: usize) -> (usize, usize) {
     (from / PAGE * PAGE, to / PAGE * PAGE)
 }
 
+/// Done with `[from, to)` of a read-only file map held elsewhere (the restorer's refinement
+/// maps): drop this process's page-table entries for it, as the scanner does.
+pub(crate) fn release_mapped(map: &Mmap, from: usize, to: usize) {
+    MapResidency(map).release(from, to.min(map.len()));
+}
+
 impl MappedFile {
     /// Done with `[from, to)`: drop this process's page-table entries for it (the pages stay
     /// in the page cache), so reading a whole file through the map keeps resident memory flat.
