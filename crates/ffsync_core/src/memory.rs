@@ -15,7 +15,10 @@ pub fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         let unset = |name: &str| std::env::var_os(name).is_none();
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2);
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+            .max(2);
         // SAFETY: mallopt only changes allocator tunables; it is called at module load.
         unsafe {
             if unset("MALLOC_MMAP_THRESHOLD_") {
