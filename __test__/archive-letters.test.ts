@@ -133,3 +133,39 @@ describe('the letters of -a, and their absence, as rsync', { skip }, () => {
     assert.match(rs.stdout, /^skipping non-regular file "pub\/pipe"$/m);
   });
 });
+
+describe('--size-only, --ignore-existing, --existing as rsync', { skip }, () => {
+  /** An older copy: one file of the same size with other bytes, one with another size, other modes and times. */
+  function older(target: string) {
+    existing(target);
+    fs.writeFileSync(path.join(target, 'run.sh'), '#!/bin/zz\n'); // same size as the source's, other bytes
+    fs.chmodSync(path.join(target, 'run.sh'), 0o700);
+    fs.utimesSync(path.join(target, 'run.sh'), OLD, OLD);
+  }
+
+  it('each one, with -a and -i: the same tree and the same itemized lines as rsync', () => {
+    for (const choice of ['--size-only', '--ignore-existing', '--existing']) {
+      const got = compare(['-ai', choice], older);
+      const file = (p: string) => got.ours.find((l) => l.startsWith(`${p}:`)) ?? `${p}: absent`;
+      if (choice === '--size-only') assert.match(file('run.sh'), /"#!\/bin\/zz\\n" mode 755/, 'same size: bytes kept, attributes brought over');
+      if (choice === '--ignore-existing') {
+        assert.match(file('pub/shared'), /"shared, old\\n" mode 600/, 'an existing file stays as it was');
+        assert.match(file('private/secret'), /"s\\n"/, 'a new file is created');
+      }
+      if (choice === '--existing') {
+        assert.match(file('pub/shared'), /"shared, changed\\n"/, 'an existing file is updated');
+        assert.equal(file('private/secret'), 'private/secret: absent', 'nothing new is created');
+      }
+    }
+  });
+
+  it('on a single file they are refused in one line (exit 1), like -n', () => {
+    const dir = tmpdir('ffsync-letters-');
+    const src = source(dir);
+    for (const choice of ['--size-only', '--ignore-existing', '--existing']) {
+      const r = spawnSync(process.execPath, [CLI, 'sync', '-a', choice, '--state-dir', path.join(dir, 'state'), path.join(src, 'a.txt'), path.join(dir, 'one.txt')], { encoding: 'utf8' });
+      assert.equal(r.status, 1, r.stderr);
+      assert.match(r.stderr, new RegExp(`^ffsync-native: error: ${choice} applies to directory trees in this version`));
+    }
+  });
+});

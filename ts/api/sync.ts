@@ -73,6 +73,9 @@ export interface SyncOptions {
   /** rsync without -l / -t / -p (each is part of -a): symlinks left out with a notice,
    * times not kept, permissions kept only on new entries (minus the umask). */
   omit?: { links?: boolean; times?: boolean; perms?: boolean };
+  /** rsync's --size-only (a matching size means the same file), --ignore-existing (leave
+   * what DEST has), --existing (create nothing new). */
+  choices?: { sizeOnly?: boolean; ignoreExisting?: boolean; existingOnly?: boolean };
   /** rsync's -u, -W, -x. */
   update?: boolean;
   wholeFile?: boolean;
@@ -137,6 +140,12 @@ function omitArgs(o: SyncOptions): string[] {
   return left.length ? ['--omit', left.join(',')] : [];
 }
 
+/** The remote peer's `--choices` (server command): --size-only, --ignore-existing, --existing. */
+function choiceArgs(o: SyncOptions): string[] {
+  const on = (['sizeOnly', 'ignoreExisting', 'existingOnly'] as const).filter((k) => o.choices?.[k]);
+  return on.length ? ['--choices', on.join(',')] : [];
+}
+
 function exists(p: string): Promise<boolean> {
   return fs.lstat(p).then(
     () => true,
@@ -157,6 +166,14 @@ function dryRunFile(): FfsyncError {
   return new FfsyncError('EUSAGE', ExitCode.USAGE, '-n/--dry-run applies to directory trees in this version, not to a single file');
 }
 
+/** Options this version applies to trees only: a single file is refused in one line. */
+function treeOnly(o: SyncOptions): FfsyncError | undefined {
+  if (o.dryRun) return dryRunFile();
+  const c = o.choices ?? {};
+  const named = [c.sizeOnly && '--size-only', c.ignoreExisting && '--ignore-existing', c.existingOnly && '--existing'].filter(Boolean);
+  return named.length ? new FfsyncError('EUSAGE', ExitCode.USAGE, `${named.join(', ')} ${named.length > 1 ? 'apply' : 'applies'} to directory trees in this version, not to a single file`) : undefined;
+}
+
 /** The last component of a path as written (`a/b/` -> `b`). */
 function baseName(p: string): string {
   return path.basename(p.replace(/[/\\]+$/, '')) || p;
@@ -175,7 +192,7 @@ function engineOptions(
     timeoutMs: o.timeoutMs ?? 60_000,
     events: o.events,
     signal: o.signal,
-    tree: { excludes: o.excludes ?? [], noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit },
+    tree: { excludes: o.excludes ?? [], noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
   };
 }
 
@@ -225,7 +242,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     if (st.isDirectory() && !o.recursive) throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, `${src.path} is a directory: use -r or -a`);
     const srcName = baseName(src.path);
     const kind = st.isDirectory() ? 'tree' : 'file';
-    if (kind === 'file' && o.dryRun) throw dryRunFile();
+    if (kind === 'file' && treeOnly(o)) throw treeOnly(o);
     if (!dest.host) {
       if (o.quic) throw new FfsyncError('EUSAGE', ExitCode.USAGE, '--quic needs a remote side ([user@]host:path); a local sync uses no network');
       // Local to local: both peers here, over a pipe.
@@ -301,6 +318,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     ...sizeArgs(o),
     ...(o.attrs ? ['--attrs', String(o.attrs)] : []),
     ...omitArgs(o),
+    ...choiceArgs(o),
   ];
   const destExisted = await exists(dest.path);
   const remote = startRemote(o, src.host, senderArgs);
@@ -319,7 +337,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     fsync: o.fsync,
     resolveTarget: (kind: 'file' | 'tree') => {
       if (kind === 'tree' && !o.recursive) throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, `${o.src} is a directory: use -r or -a`);
-      if (kind === 'file' && o.dryRun) throw dryRunFile();
+      if (kind === 'file' && treeOnly(o)) throw treeOnly(o);
       return syncTarget(dest.path, dest.slash, srcName, kind, src.slash, o.dryRun);
     },
   };
@@ -441,6 +459,7 @@ export async function serveStdio(o: {
   minSize?: number;
   attrs?: number;
   omit?: SyncOptions['omit'];
+  choices?: SyncOptions['choices'];
   inplace?: boolean;
   fsync?: boolean;
 }): Promise<SyncSummary> {
@@ -476,7 +495,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
       compressLevel: o.compressLevel,
       bwlimitKiBps: o.bwlimitKiBps,
       events: o.events,
-      tree: { excludes: o.excludes ?? [], dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit },
+      tree: { excludes: o.excludes ?? [], dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
     });
   }
   return runReceiver(conn, {

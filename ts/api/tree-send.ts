@@ -11,6 +11,7 @@ import {
   Capability,
   decodeLanes,
   encodeTreeOptions,
+  hasTriageChoices,
   type TreeOptions,
   decodeTreeResult,
   encodeFileBegin,
@@ -71,6 +72,8 @@ export interface TreeSendOptions {
   /** `sync` without -l / -t / -p (rsync): symlinks left out (each noted), times and
    * permissions not kept (see TreeOptions). Defaults keep all three. */
   omit?: { links?: boolean; times?: boolean; perms?: boolean };
+  /** rsync's --size-only, --ignore-existing, --existing (see TreeOptions). */
+  choices?: { sizeOnly?: boolean; ignoreExisting?: boolean; existingOnly?: boolean };
   /** rsync's --max-size / --min-size (bytes): files outside are left alone on both sides. */
   maxSize?: number;
   minSize?: number;
@@ -105,7 +108,10 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   await conn.send(FrameType.OFFER, encodeOffer({ kind: OfferKind.TREE, size, mtimeNs: o.st.mtimeNs, mode: Number(o.st.mode & 0o7777n), flags }));
   await conn.send(FrameType.FILTER, encodeFilter(t.excludes ?? []));
   const attrs = t.dryRun ? 0 : (t.attrs ?? 0);
-  const options: TreeOptions = { maxSize: t.maxSize, minSize: t.minSize, attrs, omitTimes: t.omit?.times, omitPerms: t.omit?.perms };
+  const options: TreeOptions = { maxSize: t.maxSize, minSize: t.minSize, attrs, omitTimes: t.omit?.times, omitPerms: t.omit?.perms, ...t.choices };
+  if (hasTriageChoices(options) && !(o.negotiated.capabilities & Capability.TRIAGE_CHOICES)) {
+    throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${o.negotiated.peerSoftware}) does not support --size-only / --ignore-existing / --existing: upgrade it`);
+  }
   if ((options.omitTimes || options.omitPerms) && !(o.negotiated.capabilities & Capability.OMIT_ATTRS)) {
     throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${o.negotiated.peerSoftware}) always keeps times and permissions: give -t and -p (or -a), or upgrade it`);
   }
@@ -119,7 +125,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   for (const n of stats.notices) (o.events?.notice ?? o.events?.info)?.(n);
   const lanes = lanesWanted > 1 ? decodeLanes((await expect(conn, FrameType.LANES)).payload) : undefined;
   await exchangeManifestsAndRoots(conn, tree, Boolean(o.checksum), o.events);
-  const counts = tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile), t.maxSize, t.minSize, options.omitTimes, options.omitPerms);
+  const counts = tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile), t.maxSize, t.minSize, options.omitTimes, options.omitPerms, options.sizeOnly, options.ignoreExisting, options.existingOnly);
   o.summary.size = counts.sourceBytes;
   o.summary.tree = treeSummary(stats, counts);
   const listing = () => listingLines(tree, t.listing);

@@ -309,9 +309,6 @@ export function buildProgram(): Command {
     ['-f, --filter <RULE>', 'filter'],
     ['-F', 'F'],
     ['-C, --cvs-exclude', 'cvsExclude'],
-    ['--size-only', 'sizeOnly'],
-    ['--ignore-existing', 'ignoreExisting'],
-    ['--existing', 'existing'],
     ['--remove-source-files', 'removeSourceFiles'],
     ['--delete-before', 'deleteBefore'],
     ['--delete-during', 'deleteDuring'],
@@ -346,6 +343,9 @@ export function buildProgram(): Command {
     .option('--devices', 'device files: skipped with a notice, as with -a')
     .option('--specials', 'special files (sockets, FIFOs): skipped with a notice, as with -a')
     .option('-v, --verbose', 'list what changes')
+    .option('--size-only', 'skip files that match in size (their content is not compared)')
+    .option('--ignore-existing', 'skip updating files that exist on the receiving side')
+    .option('--existing', 'skip creating new files on the receiving side (only update what is there)')
     .option('-i, --itemize-changes', "list changes in rsync's itemized format (YXcstpoguax, e.g. >f.st...... name)")
     .option('-h, --human-readable', 'numbers in --stats in units (K, M, G of 1000; -hh: of 1024), as rsync\'s -h', (_: unknown, level: number) => level + 1, 0)
     .option('-q, --quiet', 'print errors only')
@@ -439,6 +439,7 @@ export function buildProgram(): Command {
           inplace: o.inplace,
           fsync: o.fsync,
           omit: { links: !(o.archive || o.links), times: !(o.archive || o.times), perms: !(o.archive || o.perms) },
+          choices: { sizeOnly: o.sizeOnly, ignoreExisting: o.ignoreExisting, existingOnly: o.existing },
           attrs: (o.archive || o.owner ? AttrFlag.OWNER : 0) | (o.archive || o.group ? AttrFlag.GROUP : 0) | (o.xattrs ? AttrFlag.XATTRS : 0) | (o.numericIds ? AttrFlag.NUMERIC_IDS : 0),
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
@@ -472,6 +473,7 @@ export function buildProgram(): Command {
     .addOption(new Option('--max-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .addOption(new Option('--attrs <flags>').argParser(intArg(0, 15)))
     .option('--omit <list>', '', (v: string) => Object.fromEntries(v.split(',').filter((k) => ['links', 'times', 'perms'].includes(k)).map((k) => [k, true])))
+    .option('--choices <list>', '', (v: string) => Object.fromEntries(v.split(',').filter((k) => ['sizeOnly', 'ignoreExisting', 'existingOnly'].includes(k)).map((k) => [k, true])))
     .addOption(new Option('--min-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .option('--state-dir <dir>')
     .action(async (o: Record<string, any>) => {
@@ -498,6 +500,7 @@ export function buildProgram(): Command {
           minSize: o.minSize,
           attrs: o.attrs,
           omit: o.omit,
+          choices: o.choices,
           inplace: o.inplace,
           fsync: o.fsync,
           stateDir: o.stateDir,

@@ -56,8 +56,11 @@ export const Capability = {
   /** Tree sessions: TREE_OPTIONS may carry OMIT_TIMES / OMIT_PERMS (`sync` without -t / -p,
    * §9.2): both peers' triage then ignores those differences and the receiver keeps them. */
   OMIT_ATTRS: 1 << 11,
+  /** Tree sessions: TREE_OPTIONS may have an 18th byte of triage choices (rsync's
+   * --size-only, --ignore-existing, --existing, §9.2) that both peers' triage applies. */
+  TRIAGE_CHOICES: 1 << 12,
 } as const;
-export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM | Capability.BATCH_STREAM | Capability.OMIT_ATTRS;
+export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM | Capability.BATCH_STREAM | Capability.OMIT_ATTRS | Capability.TRIAGE_CHOICES;
 /** Most REFINE bytes one file transfer may carry (mirrors refine::MAX_TABLE_BYTES). */
 export const MAX_REFINE_TABLE = 64 * 1024 * 1024;
 /** REFINE payloads are cut at this size. */
@@ -569,15 +572,29 @@ export interface TreeOptions extends SizeLimits {
   /** rsync without -p: existing entries keep their modes, new ones get the sender's minus
    * the receiver's umask (capability OMIT_ATTRS; bit 32 of the attrs byte). */
   omitPerms?: boolean;
+  /** rsync's --size-only, --ignore-existing, --existing (capability TRIAGE_CHOICES; the
+   * 18th byte, bits 1, 2, 4). */
+  sizeOnly?: boolean;
+  ignoreExisting?: boolean;
+  existingOnly?: boolean;
 }
 
 const OMIT_TIMES = 16;
 const OMIT_PERMS = 32;
+const SIZE_ONLY = 1;
+const IGNORE_EXISTING = 2;
+const EXISTING_ONLY = 4;
+
+/** Whether these options need the 18th byte (only sent to a peer with TRIAGE_CHOICES). */
+export function hasTriageChoices(l: TreeOptions): boolean {
+  return Boolean(l.sizeOnly || l.ignoreExisting || l.existingOnly);
+}
 
 const NO_MAX = 0xffff_ffff_ffff_ffffn;
 
 export function encodeTreeOptions(l: TreeOptions): Buffer {
-  const b = Buffer.alloc(17);
+  const b = Buffer.alloc(hasTriageChoices(l) ? 18 : 17);
+  if (b.length === 18) b.writeUInt8((l.sizeOnly ? SIZE_ONLY : 0) | (l.ignoreExisting ? IGNORE_EXISTING : 0) | (l.existingOnly ? EXISTING_ONLY : 0), 17);
   b.writeBigUInt64LE(l.maxSize === undefined ? NO_MAX : BigInt(l.maxSize), 0);
   b.writeBigUInt64LE(BigInt(l.minSize ?? 0), 8);
   b.writeUInt8(l.attrs | (l.omitTimes ? OMIT_TIMES : 0) | (l.omitPerms ? OMIT_PERMS : 0), 16);
@@ -585,12 +602,13 @@ export function encodeTreeOptions(l: TreeOptions): Buffer {
 }
 
 export function decodeTreeOptions(p: Buffer): TreeOptions {
-  if (p.length !== 17 || p[16] > 63) throw protocolError('bad TREE_OPTIONS');
+  if ((p.length !== 17 && p.length !== 18) || p[16] > 63 || (p.length === 18 && (p[17] === 0 || p[17] > 7))) throw protocolError('bad TREE_OPTIONS');
+  const choices = p.length === 18 ? p[17] : 0;
   const max = p.readBigUInt64LE(0);
   const min = p.readBigUInt64LE(8);
   if (max > BigInt(Number.MAX_SAFE_INTEGER) && max !== NO_MAX) throw protocolError('bad TREE_OPTIONS: max too large');
   if (min > BigInt(Number.MAX_SAFE_INTEGER)) throw protocolError('bad TREE_OPTIONS: min too large');
-  return { maxSize: max === NO_MAX ? undefined : Number(max), minSize: min === 0n ? undefined : Number(min), attrs: p[16] & 15, omitTimes: (p[16] & OMIT_TIMES) !== 0, omitPerms: (p[16] & OMIT_PERMS) !== 0 };
+  return { maxSize: max === NO_MAX ? undefined : Number(max), minSize: min === 0n ? undefined : Number(min), attrs: p[16] & 15, omitTimes: (p[16] & OMIT_TIMES) !== 0, omitPerms: (p[16] & OMIT_PERMS) !== 0, sizeOnly: (choices & SIZE_ONLY) !== 0, ignoreExisting: (choices & IGNORE_EXISTING) !== 0, existingOnly: (choices & EXISTING_ONLY) !== 0 };
 }
 
 export const MAX_ERROR_MESSAGE = 4096;

@@ -396,6 +396,9 @@ impl NativeTreeSync {
         min_size: Option<f64>,
         omit_times: Option<bool>,
         omit_perms: Option<bool>,
+        size_only: Option<bool>,
+        ignore_existing: Option<bool>,
+        existing_only: Option<bool>,
     ) -> PlanCounts {
         let mut t = self.inner.write().unwrap();
         let plan = t.triage(TriageOptions {
@@ -407,6 +410,9 @@ impl NativeTreeSync {
             min_size: min_size.map(|v| v as u64),
             omit_times: omit_times.unwrap_or(false),
             omit_perms: omit_perms.unwrap_or(false),
+            size_only: size_only.unwrap_or(false),
+            ignore_existing: ignore_existing.unwrap_or(false),
+            existing_only: existing_only.unwrap_or(false),
         });
         let mut c = PlanCounts {
             mkdirs: 0,

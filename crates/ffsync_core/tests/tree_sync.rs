@@ -141,6 +141,10 @@ struct Opts {
     /// `sync` without -t / -p.
     omit_times: bool,
     omit_perms: bool,
+    /// rsync's --size-only, --ignore-existing, --existing.
+    size_only: bool,
+    ignore_existing: bool,
+    existing_only: bool,
 }
 
 struct Synced {
@@ -225,6 +229,9 @@ fn negotiate(src: &Side, dst: &Side, o: Opts) -> (TreeSync, TreeSync) {
         min_size: o.min_size,
         omit_times: o.omit_times,
         omit_perms: o.omit_perms,
+        size_only: o.size_only,
+        ignore_existing: o.ignore_existing,
+        existing_only: o.existing_only,
         ..Default::default()
     };
     let sp = s.triage(t).actions.clone();
@@ -421,6 +428,56 @@ fn without_times_and_perms_their_differences_change_nothing_and_existing_modes_s
         m
     };
     assert_eq!(fs::metadata(dst.p("fresh.sh")).unwrap().mode() & 0o7777, 0o777 & !umask);
+}
+
+#[test]
+fn size_only_ignore_existing_and_existing_choose_as_rsync() {
+    let (src, dst) = (Side::new(), Side::new());
+    populate(&src);
+    sync_ok(&src, &dst, Opts::default());
+    dst.forget_index(); // size-only must not lean on roots either
+    put(&src.tree, "a.txt", b"HELLO", T0 + 50); // same size, other bytes, other time
+    put(&src.tree, "many/f07", &bytes(9000, 7), T0 + 60); // another size
+    put(&src.tree, "new/file", b"n", T0);
+    let size_only = sync_ok(
+        &src,
+        &dst,
+        Opts {
+            size_only: true,
+            ..Default::default()
+        },
+    );
+    assert_eq!(size_only.ops(Op::FileMeta), ["a.txt"], "same size: attributes only");
+    assert_eq!(fs::read(dst.p("a.txt")).unwrap(), b"hello");
+    assert!(size_only.ops(Op::Transfer).contains(&"many/f07".to_string()));
+    assert!(size_only.ops(Op::Transfer).contains(&"new/file".to_string()));
+
+    put(&src.tree, "many/f08", &bytes(9100, 8), T0 + 70);
+    put(&src.tree, "new2/file", b"m", T0);
+    let ignore = sync_ok(
+        &src,
+        &dst,
+        Opts {
+            ignore_existing: true,
+            ..Default::default()
+        },
+    );
+    assert_eq!(ignore.ops(Op::Transfer), ["new2/file"], "{}", ignore.s.describe());
+    assert_eq!(ignore.ops(Op::FileMeta), Vec::<String>::new());
+    assert_eq!(ignore.ops(Op::Mkdir), ["new2"]);
+
+    put(&src.tree, "new3/file", b"o", T0);
+    let existing = sync_ok(
+        &src,
+        &dst,
+        Opts {
+            existing_only: true,
+            ..Default::default()
+        },
+    );
+    assert!(existing.ops(Op::Transfer).contains(&"many/f08".to_string()));
+    assert!(existing.ops(Op::Mkdir).is_empty() && !dst.p("new3").exists());
+    assert!(!existing.ops(Op::DirMeta).contains(&"new3".to_string()));
 }
 
 #[test]

@@ -81,6 +81,14 @@ pub struct TriageOptions {
     /// new ones get the sender's masked by the receiver's umask. A difference alone changes
     /// nothing.
     pub omit_perms: bool,
+    /// rsync's --size-only: a file whose size matches is the same file (content is not
+    /// compared); its time and mode are still brought over as usual.
+    pub size_only: bool,
+    /// rsync's --ignore-existing: whatever the receiver has at a path stays untouched (a
+    /// directory is still entered); only new paths are created.
+    pub ignore_existing: bool,
+    /// rsync's --existing: nothing new is created; only what the receiver has is updated.
+    pub existing_only: bool,
 }
 
 impl TriageOptions {
@@ -266,6 +274,17 @@ pub fn triage(
                     // Its entries are not extraneous: they go with it, or stay with it.
                     replaced.push(re.unwrap().path);
                 }
+                // --ignore-existing: a path the receiver has stays as it is (directories are
+                // still entered, as rsync does); --existing: a path it lacks is not created.
+                if o.ignore_existing && re.is_some_and(|re| !(se.is_dir() && re.is_dir())) {
+                    if let Some(re) = re.filter(|re| re.is_dir()) {
+                        replaced.push(re.path); // its entries stay with it
+                    }
+                    return;
+                }
+                if o.existing_only && re.is_none() {
+                    return;
+                }
                 if se.kind == Kind::File && o.size_excluded(se.size) {
                     // As rsync: not transferred, and whatever the receiver has at this path
                     // stays (it is on the sender's list, so it is not extraneous either).
@@ -297,7 +316,7 @@ pub fn triage(
                             let rroot = root_of(&re, j, r_extra);
                             let same = if se.size != re.size {
                                 false
-                            } else if se.size == 0 {
+                            } else if se.size == 0 || o.size_only {
                                 true
                             } else {
                                 match (sroot, rroot) {
@@ -377,6 +396,9 @@ pub fn triage(
             let se = s.entry(i);
             if !se.is_dir() {
                 return;
+            }
+            if o.existing_only && b.is_none() {
+                return; // not created, so nothing to stamp
             }
             let differs = match b.map(|j| r.entry(j)) {
                 Some(re) if re.is_dir() => {
