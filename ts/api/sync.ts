@@ -76,6 +76,11 @@ export interface SyncOptions {
   /** rsync's --size-only (a matching size means the same file), --ignore-existing (leave
    * what DEST has), --existing (create nothing new). */
   choices?: { sizeOnly?: boolean; ignoreExisting?: boolean; existingOnly?: boolean };
+  /** rsync's --mkpath: create DEST's missing path components. */
+  mkpath?: boolean;
+  /** rsync's -4 / -6 (passed to ssh) and --contimeout (ssh's ConnectTimeout, in seconds). */
+  ipFamily?: 4 | 6;
+  contimeoutS?: number;
   /** rsync's -u, -W, -x. */
   update?: boolean;
   wholeFile?: boolean;
@@ -114,7 +119,15 @@ function sizeArgs(o: { maxSize?: number; minSize?: number }): string[] {
 
 /** Where a transfer lands, by rsync's rules: a tree written `src/` fills DEST, `src` goes
  * to DEST/src; a file goes into DEST when DEST is a directory or written `dest/`. */
-export async function syncTarget(dest: string, destSlash: boolean, srcName: string, kind: 'file' | 'tree', srcSlash: boolean, dryRun = false): Promise<string> {
+export async function syncTarget(dest: string, destSlash: boolean, srcName: string, kind: 'file' | 'tree', srcSlash: boolean, dryRun = false, mkpath = false): Promise<string> {
+  // rsync's --mkpath: the missing components of DEST's path are created first (DEST itself
+  // too when it names a directory: written `dest/`, or receiving a tree's contents).
+  if (mkpath && !dryRun) {
+    const dir = destSlash || (kind === 'tree' && srcSlash) ? dest : path.dirname(path.resolve(dest));
+    await fs.mkdir(dir, { recursive: true }).catch((e: NodeJS.ErrnoException) => {
+      throw new FfsyncError(e.code ?? 'EIO', ExitCode.FILE_IO, `--mkpath: cannot create ${dir}: ${e.message}`);
+    });
+  }
   const destDir = await fs.stat(dest).then((s) => s.isDirectory(), () => false);
   let target: string;
   if (kind === 'tree') target = srcSlash ? dest : path.join(dest, srcName);
@@ -248,7 +261,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       // Local to local: both peers here, over a pipe.
       const destExisted = await exists(dest.path);
       const rootExisted = src.slash ? destExisted : destExisted && (await exists(path.join(dest.path, srcName)));
-      const target = await syncTarget(dest.path, dest.slash, srcName, kind, src.slash, o.dryRun);
+      const target = await syncTarget(dest.path, dest.slash, srcName, kind, src.slash, o.dryRun, o.mkpath);
       if (path.resolve(src.path) === target) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `SRC and DEST are the same path (${target})`);
       const [a, b] = pipePair();
       const recvConn = new FramedConnection(b, eng.timeoutMs!);
@@ -282,6 +295,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       srcName,
       ...(src.slash ? ['--src-slash'] : []),
       ...(dest.slash ? ['--dest-slash'] : []),
+      ...(o.mkpath ? ['--mkpath'] : []),
       ...(o.checksum ? ['-c'] : []),
       ...(o.dryRun ? ['-n'] : []),
       ...(o.quic ? ['--quic'] : []),
@@ -338,7 +352,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     resolveTarget: (kind: 'file' | 'tree') => {
       if (kind === 'tree' && !o.recursive) throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, `${o.src} is a directory: use -r or -a`);
       if (kind === 'file' && treeOnly(o)) throw treeOnly(o);
-      return syncTarget(dest.path, dest.slash, srcName, kind, src.slash, o.dryRun);
+      return syncTarget(dest.path, dest.slash, srcName, kind, src.slash, o.dryRun, o.mkpath);
     },
   };
   if (o.quic) {
@@ -392,6 +406,11 @@ async function quicAddress(sshHost: string, sshServerAddress: string): Promise<s
 /** The remote peer over ssh: `ssh HOST REMOTE_CMD server …` on stdin/stdout. */
 function startRemote(o: SyncOptions, host: string, serverArgs: string[]): { run: (body: (conn: FramedConnection) => Promise<SyncSummary>) => Promise<SyncSummary> } {
   const rsh = (o.rsh ?? 'ssh').trim().split(/\s+/);
+  // -4 / -6 and --contimeout reach the connection through ssh itself (rsync passes -4/-6 to
+  // ssh too); another remote shell (-e) gets them only if it is ssh.
+  if (path.basename(rsh[0]) === 'ssh') {
+    rsh.splice(1, 0, ...(o.ipFamily ? [`-${o.ipFamily}`] : []), ...(o.contimeoutS ? ['-o', `ConnectTimeout=${o.contimeoutS}`] : []));
+  }
   const remoteCmd = o.remoteCmd ?? 'ffsync-native';
   // The remote command line goes through the remote shell: quote every argument.
   const quote = (a: string) => `'${a.replace(/'/g, `'\\''`)}'`;
@@ -460,6 +479,7 @@ export async function serveStdio(o: {
   attrs?: number;
   omit?: SyncOptions['omit'];
   choices?: SyncOptions['choices'];
+  mkpath?: boolean;
   inplace?: boolean;
   fsync?: boolean;
 }): Promise<SyncSummary> {
@@ -510,7 +530,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
     sizeLimits: limitsOf(o),
     inplace: o.inplace,
     fsync: o.fsync,
-    resolveTarget: (kind) => syncTarget(o.path, Boolean(o.destSlash), o.name ?? baseName(o.path), kind, Boolean(o.srcSlash), o.dryRun),
+    resolveTarget: (kind) => syncTarget(o.path, Boolean(o.destSlash), o.name ?? baseName(o.path), kind, Boolean(o.srcSlash), o.dryRun, o.mkpath),
   });
 }
 

@@ -316,13 +316,9 @@ export function buildProgram(): Command {
     ['--max-delete <NUM>', 'maxDelete'],
     ['--chmod <CHMOD>', 'chmod'],
     ['--chown <USER:GROUP>', 'chown'],
-    ['--mkpath', 'mkpath'],
     ['-L, --copy-links', 'copyLinks'],
     ['-m, --prune-empty-dirs', 'pruneEmptyDirs'],
-    ['--contimeout <SECONDS>', 'contimeout'],
     ['--log-file <FILE>', 'logFile'],
-    ['-4, --ipv4', 'ipv4'],
-    ['-6, --ipv6', 'ipv6'],
   ];
   const syncCmd = program
     .command('sync')
@@ -343,6 +339,10 @@ export function buildProgram(): Command {
     .option('--devices', 'device files: skipped with a notice, as with -a')
     .option('--specials', 'special files (sockets, FIFOs): skipped with a notice, as with -a')
     .option('-v, --verbose', 'list what changes')
+    .option('--mkpath', "create the destination's missing path components")
+    .option('-4, --ipv4', 'prefer IPv4 (passed to ssh)')
+    .option('-6, --ipv6', 'prefer IPv6 (passed to ssh)')
+    .addOption(new Option('--contimeout <SECONDS>', "give up connecting after this long (ssh's ConnectTimeout)").argParser(intArg(1, 86400)))
     .option('--size-only', 'skip files that match in size (their content is not compared)')
     .option('--ignore-existing', 'skip updating files that exist on the receiving side')
     .option('--existing', 'skip creating new files on the receiving side (only update what is there)')
@@ -440,6 +440,9 @@ export function buildProgram(): Command {
           fsync: o.fsync,
           omit: { links: !(o.archive || o.links), times: !(o.archive || o.times), perms: !(o.archive || o.perms) },
           choices: { sizeOnly: o.sizeOnly, ignoreExisting: o.ignoreExisting, existingOnly: o.existing },
+          mkpath: o.mkpath,
+          ipFamily: o.ipv6 ? 6 : o.ipv4 ? 4 : undefined,
+          contimeoutS: o.contimeout,
           attrs: (o.archive || o.owner ? AttrFlag.OWNER : 0) | (o.archive || o.group ? AttrFlag.GROUP : 0) | (o.xattrs ? AttrFlag.XATTRS : 0) | (o.numericIds ? AttrFlag.NUMERIC_IDS : 0),
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
@@ -473,6 +476,7 @@ export function buildProgram(): Command {
     .addOption(new Option('--max-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .addOption(new Option('--attrs <flags>').argParser(intArg(0, 15)))
     .option('--omit <list>', '', (v: string) => Object.fromEntries(v.split(',').filter((k) => ['links', 'times', 'perms'].includes(k)).map((k) => [k, true])))
+    .option('--mkpath')
     .option('--choices <list>', '', (v: string) => Object.fromEntries(v.split(',').filter((k) => ['sizeOnly', 'ignoreExisting', 'existingOnly'].includes(k)).map((k) => [k, true])))
     .addOption(new Option('--min-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .option('--state-dir <dir>')
@@ -501,6 +505,7 @@ export function buildProgram(): Command {
           attrs: o.attrs,
           omit: o.omit,
           choices: o.choices,
+          mkpath: o.mkpath,
           inplace: o.inplace,
           fsync: o.fsync,
           stateDir: o.stateDir,
