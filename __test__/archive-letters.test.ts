@@ -159,6 +159,20 @@ describe('--size-only, --ignore-existing, --existing as rsync', { skip }, () => 
     }
   });
 
+  it('--delete-excluded (which implies --delete): what the excludes hide on DEST goes too, the same lines as rsync', () => {
+    const extra = (target: string) => {
+      older(target);
+      for (const rel of ['notes.log', 'private/old.log', 'stale']) {
+        fs.mkdirSync(path.dirname(path.join(target, rel)), { recursive: true });
+        fs.writeFileSync(path.join(target, rel), 'x\n');
+      }
+      for (const d of ['private', 'pub', '.']) fs.utimesSync(path.join(target, d), OLD, OLD);
+    };
+    const got = compare(['-ai', '--delete-excluded', '--exclude', '*.log'], extra);
+    assert.ok(!got.ours.some((l) => /\.log|stale/.test(l)), got.ours.join('\n'));
+    assert.match(got.stdout, /^\*deleting {3}private\/old\.log$/m);
+  });
+
   it('on a single file they are refused in one line (exit 1), like -n', () => {
     const dir = tmpdir('ffsync-letters-');
     const src = source(dir);

@@ -76,6 +76,8 @@ export interface SyncOptions {
   /** rsync's --size-only (a matching size means the same file), --ignore-existing (leave
    * what DEST has), --existing (create nothing new). */
   choices?: { sizeOnly?: boolean; ignoreExisting?: boolean; existingOnly?: boolean };
+  /** rsync's --delete-excluded: excluded paths are deleted on DEST too (set `delete` with it). */
+  deleteExcluded?: boolean;
   /** rsync's --mkpath: create DEST's missing path components. */
   mkpath?: boolean;
   /** rsync's -4 / -6 (passed to ssh) and --contimeout (ssh's ConnectTimeout, in seconds). */
@@ -205,7 +207,7 @@ function engineOptions(
     timeoutMs: o.timeoutMs ?? 60_000,
     events: o.events,
     signal: o.signal,
-    tree: { excludes: o.excludes ?? [], noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
+    tree: { excludes: o.excludes ?? [], deleteExcluded: o.deleteExcluded, noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
   };
 }
 
@@ -327,6 +329,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     ...(o.compressLevel !== undefined ? ['--compress-level', String(o.compressLevel)] : []),
     ...(o.bwlimitKiBps ? ['--bwlimit', String(o.bwlimitKiBps)] : []),
     ...(o.excludes ?? []).flatMap((p) => ['--exclude', p]),
+    ...(o.deleteExcluded ? ['--delete-excluded'] : []),
     ...(o.quic ? ['--quic'] : []),
     ...(o.jobs ? ['--jobs', String(o.jobs)] : []),
     ...sizeArgs(o),
@@ -480,6 +483,7 @@ export async function serveStdio(o: {
   omit?: SyncOptions['omit'];
   choices?: SyncOptions['choices'];
   mkpath?: boolean;
+  deleteExcluded?: boolean;
   inplace?: boolean;
   fsync?: boolean;
 }): Promise<SyncSummary> {
@@ -515,7 +519,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
       compressLevel: o.compressLevel,
       bwlimitKiBps: o.bwlimitKiBps,
       events: o.events,
-      tree: { excludes: o.excludes ?? [], dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
+      tree: { excludes: o.excludes ?? [], deleteExcluded: o.deleteExcluded, dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
     });
   }
   return runReceiver(conn, {

@@ -72,6 +72,9 @@ export interface TreeSendOptions {
   /** `sync` without -l / -t / -p (rsync): symlinks left out (each noted), times and
    * permissions not kept (see TreeOptions). Defaults keep all three. */
   omit?: { links?: boolean; times?: boolean; perms?: boolean };
+  /** rsync's --delete-excluded: paths our excludes hide are deleted on the receiver too
+   * (with deletion on: it implies --delete, as in rsync). */
+  deleteExcluded?: boolean;
   /** rsync's --size-only, --ignore-existing, --existing (see TreeOptions). */
   choices?: { sizeOnly?: boolean; ignoreExisting?: boolean; existingOnly?: boolean };
   /** rsync's --max-size / --min-size (bytes): files outside are left alone on both sides. */
@@ -106,7 +109,9 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
     (t.oneFileSystem ? OfferFlag.ONE_FILE_SYSTEM : 0);
   const size = lanesWanted > 1 ? BigInt(lanesWanted) : 0n;
   await conn.send(FrameType.OFFER, encodeOffer({ kind: OfferKind.TREE, size, mtimeNs: o.st.mtimeNs, mode: Number(o.st.mode & 0o7777n), flags }));
-  await conn.send(FrameType.FILTER, encodeFilter(t.excludes ?? []));
+  // --delete-excluded: the receiver walks without our excludes, so what they hide on its
+  // side is not on our list and goes as extraneous (our own walk still leaves it out).
+  await conn.send(FrameType.FILTER, encodeFilter(t.deleteExcluded ? [] : (t.excludes ?? [])));
   const attrs = t.dryRun ? 0 : (t.attrs ?? 0);
   const options: TreeOptions = { maxSize: t.maxSize, minSize: t.minSize, attrs, omitTimes: t.omit?.times, omitPerms: t.omit?.perms, ...t.choices };
   if (hasTriageChoices(options) && !(o.negotiated.capabilities & Capability.TRIAGE_CHOICES)) {

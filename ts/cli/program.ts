@@ -312,7 +312,6 @@ export function buildProgram(): Command {
     ['--remove-source-files', 'removeSourceFiles'],
     ['--delete-before', 'deleteBefore'],
     ['--delete-during', 'deleteDuring'],
-    ['--delete-excluded', 'deleteExcluded'],
     ['--max-delete <NUM>', 'maxDelete'],
     ['--chmod <CHMOD>', 'chmod'],
     ['--chown <USER:GROUP>', 'chown'],
@@ -340,6 +339,7 @@ export function buildProgram(): Command {
     .option('--specials', 'special files (sockets, FIFOs): skipped with a notice, as with -a')
     .option('-v, --verbose', 'list what changes')
     .option('--mkpath', "create the destination's missing path components")
+    .option('--delete-excluded', 'also delete excluded files on the receiving side (implies --delete)')
     .option('-4, --ipv4', 'prefer IPv4 (passed to ssh)')
     .option('-6, --ipv6', 'prefer IPv6 (passed to ssh)')
     .addOption(new Option('--contimeout <SECONDS>', "give up connecting after this long (ssh's ConnectTimeout)").argParser(intArg(1, 86400)))
@@ -419,7 +419,8 @@ export function buildProgram(): Command {
           src,
           dest,
           recursive: Boolean(o.archive || o.recursive),
-          delete: Boolean(o.delete || o.deleteAfter || o.deleteDelay),
+          delete: Boolean(o.delete || o.deleteAfter || o.deleteDelay || o.deleteExcluded),
+          deleteExcluded: o.deleteExcluded,
           excludes,
           dryRun: o.dryRun,
           checksum: o.checksum,
@@ -477,6 +478,7 @@ export function buildProgram(): Command {
     .addOption(new Option('--attrs <flags>').argParser(intArg(0, 15)))
     .option('--omit <list>', '', (v: string) => Object.fromEntries(v.split(',').filter((k) => ['links', 'times', 'perms'].includes(k)).map((k) => [k, true])))
     .option('--mkpath')
+    .option('--delete-excluded')
     .option('--choices <list>', '', (v: string) => Object.fromEntries(v.split(',').filter((k) => ['sizeOnly', 'ignoreExisting', 'existingOnly'].includes(k)).map((k) => [k, true])))
     .addOption(new Option('--min-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .option('--state-dir <dir>')
@@ -506,6 +508,7 @@ export function buildProgram(): Command {
           omit: o.omit,
           choices: o.choices,
           mkpath: o.mkpath,
+          deleteExcluded: o.deleteExcluded,
           inplace: o.inplace,
           fsync: o.fsync,
           stateDir: o.stateDir,
