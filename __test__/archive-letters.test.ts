@@ -173,6 +173,18 @@ describe('--size-only, --ignore-existing, --existing as rsync', { skip }, () => 
     assert.match(got.stdout, /^\*deleting {3}private\/old\.log$/m);
   });
 
+  it('--chmod rules change the modes sent exactly as rsync applies them, into an empty DEST and over an older copy', () => {
+    for (const rule of ['Du=rwx,Dgo=rx,Fu=rw,Fgo=r', 'u+x,u-w', 'g-w,o=', 'F644,D755', 'a+X', 'ug=rwX,Do+t']) {
+      compare(['-a', '--chmod', rule]);
+      compare(['-ai', '--chmod', rule], older);
+    }
+    const dir = tmpdir('ffsync-letters-');
+    const src = source(dir);
+    const r = spawnSync(process.execPath, [CLI, 'sync', '-a', '--chmod', 'u+q', '--state-dir', path.join(dir, 'state'), src + '/', path.join(dir, 'out')], { encoding: 'utf8' });
+    assert.equal(r.status, 1);
+    assert.match(r.stderr, /^ffsync-native: error: --chmod: cannot parse 'u\+q'/);
+  });
+
   it('on a single file they are refused in one line (exit 1), like -n', () => {
     const dir = tmpdir('ffsync-letters-');
     const src = source(dir);

@@ -231,6 +231,9 @@ export declare class NativeTreeSync {
   claimRoot(action: number, rootHex: string): void
 }
 
+/** rsync's --chmod applied to one mode (a single file's OFFER); an `EUSAGE` error names a bad clause. */
+export declare function applyChmod(rules: string, mode: number, isDir: boolean): number
+
 /** Validate a packed manifest from an untrusted peer (bounds, lengths, root). */
 export declare function decodeManifest(manifest: Buffer): ManifestInfo
 
@@ -462,4 +465,6 @@ export interface WalkTreeOptions {
   oneFileSystem?: boolean
   /** Leave symlinks out, each noted (`sync` without -l). */
   skipSymlinks?: boolean
+  /** rsync's --chmod rules for the modes this side lists (sender). */
+  chmod?: string
 }

@@ -844,6 +844,7 @@ module.exports.NativeQuicStream = nativeBinding.NativeQuicStream
 module.exports.NativeReconstruction = nativeBinding.NativeReconstruction
 module.exports.NativeScanStream = nativeBinding.NativeScanStream
 module.exports.NativeTreeSync = nativeBinding.NativeTreeSync
+module.exports.applyChmod = nativeBinding.applyChmod
 module.exports.decodeManifest = nativeBinding.decodeManifest
 module.exports.ensureDirBeneath = nativeBinding.ensureDirBeneath
 module.exports.excludesFromText = nativeBinding.excludesFromText

@@ -7,7 +7,7 @@ import { connect } from '../transport/tcp.js';
 import { handshakeMs } from '../transport/handshake-time.js';
 import { FrameType } from '../protocol/frames.js';
 import { Capability, Decision, DecisionReason, decodeDecision, decodeError, encodeOffer, OfferFlag, OfferKind, RequestOp, Role } from '../protocol/messages.js';
-import { loadIndex, type NativeChunkSource, type NativeTreeSync, type ScanResult } from '../native/binding.js';
+import { applyChmod, loadIndex, type NativeChunkSource, type NativeTreeSync, type ScanResult } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { authenticatePeer, closeOnAbort, endSession, expect, handshake, interruptedError, type Negotiated, reportError, requestPath } from './session.js';
@@ -55,6 +55,8 @@ export interface SendOptions {
   /** Overlapped phases (default on, when the peer supports them): stream a large file's
    * manifest while it is being hashed. `--no-overlap` turns it off. */
   overlap?: boolean;
+  /** rsync's --chmod: the modes offered are these rules applied to the real ones. */
+  chmod?: string;
   /** `--pair CODE`: first contact by the receiver's one-time code (TLS only); both sides
    * pin each other on success. */
   pair?: string;
@@ -155,7 +157,7 @@ export async function runSender(
         kind: OfferKind.FILE,
         size: st.size,
         mtimeNs: st.mtimeNs,
-        mode: Number(st.mode & 0o7777n),
+        mode: o.chmod ? applyChmod(o.chmod, Number(st.mode & 0o7777n), false) : Number(st.mode & 0o7777n),
         flags: (o.checksum ? OfferFlag.CHECKSUM : 0) | (o.update ? OfferFlag.UPDATE : 0) | (o.wholeFile ? OfferFlag.WHOLE_FILE : 0),
         root: scan ? Buffer.from(scan.root, 'hex') : undefined,
       }),

@@ -76,6 +76,8 @@ export interface SyncOptions {
   /** rsync's --size-only (a matching size means the same file), --ignore-existing (leave
    * what DEST has), --existing (create nothing new). */
   choices?: { sizeOnly?: boolean; ignoreExisting?: boolean; existingOnly?: boolean };
+  /** rsync's --chmod (comma-separated rules, e.g. `Du=rwx,Dgo=rx,Fu=rw,Fgo=r`). */
+  chmod?: string;
   /** rsync's --delete-excluded: excluded paths are deleted on DEST too (set `delete` with it). */
   deleteExcluded?: boolean;
   /** rsync's --mkpath: create DEST's missing path components. */
@@ -196,9 +198,10 @@ function baseName(p: string): string {
 
 function engineOptions(
   o: SyncOptions,
-): Pick<SendOptions, 'checksum' | 'compressLevel' | 'bwlimitKiBps' | 'stateDir' | 'timeoutMs' | 'events' | 'signal' | 'update' | 'wholeFile'> & { tree: TreeSendOptions } {
+): Pick<SendOptions, 'checksum' | 'compressLevel' | 'bwlimitKiBps' | 'stateDir' | 'timeoutMs' | 'events' | 'signal' | 'update' | 'wholeFile' | 'chmod'> & { tree: TreeSendOptions } {
   return {
     checksum: o.checksum,
+    chmod: o.chmod,
     update: o.update,
     wholeFile: o.wholeFile,
     compressLevel: o.compressLevel,
@@ -330,6 +333,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     ...(o.bwlimitKiBps ? ['--bwlimit', String(o.bwlimitKiBps)] : []),
     ...(o.excludes ?? []).flatMap((p) => ['--exclude', p]),
     ...(o.deleteExcluded ? ['--delete-excluded'] : []),
+    ...(o.chmod ? ['--chmod', o.chmod] : []),
     ...(o.quic ? ['--quic'] : []),
     ...(o.jobs ? ['--jobs', String(o.jobs)] : []),
     ...sizeArgs(o),
@@ -484,6 +488,7 @@ export async function serveStdio(o: {
   choices?: SyncOptions['choices'];
   mkpath?: boolean;
   deleteExcluded?: boolean;
+  chmod?: string;
   inplace?: boolean;
   fsync?: boolean;
 }): Promise<SyncSummary> {
@@ -514,6 +519,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
       st,
       t0: Date.now(),
       checksum: o.checksum,
+      chmod: o.chmod,
       update: o.update,
       wholeFile: o.wholeFile,
       compressLevel: o.compressLevel,

@@ -96,7 +96,7 @@ interface Context extends SendOptions {
 /** Walk the source tree (in parallel, natively); progress counts entries. */
 export function startWalk(root: string, o: SendOptions, stateDir: string): Promise<NativeTreeSync> {
   const excludes = o.tree?.excludes ?? [];
-  return inPhase(o.events, 'scanning', 0, (progress) => walkTree(root, { excludes, stateDir, ignoreIndex: o.checksum, isSender: true, oneFileSystem: o.tree?.oneFileSystem, skipSymlinks: o.tree?.omit?.links }, progress));
+  return inPhase(o.events, 'scanning', 0, (progress) => walkTree(root, { excludes, stateDir, ignoreIndex: o.checksum, isSender: true, oneFileSystem: o.tree?.oneFileSystem, skipSymlinks: o.tree?.omit?.links, chmod: o.chmod }, progress));
 }
 
 export async function sendTree(conn: FramedConnection, o: Context): Promise<void> {

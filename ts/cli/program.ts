@@ -313,7 +313,6 @@ export function buildProgram(): Command {
     ['--delete-before', 'deleteBefore'],
     ['--delete-during', 'deleteDuring'],
     ['--max-delete <NUM>', 'maxDelete'],
-    ['--chmod <CHMOD>', 'chmod'],
     ['--chown <USER:GROUP>', 'chown'],
     ['-L, --copy-links', 'copyLinks'],
     ['-m, --prune-empty-dirs', 'pruneEmptyDirs'],
@@ -340,6 +339,7 @@ export function buildProgram(): Command {
     .option('-v, --verbose', 'list what changes')
     .option('--mkpath', "create the destination's missing path components")
     .option('--delete-excluded', 'also delete excluded files on the receiving side (implies --delete)')
+    .option('--chmod <CHMOD>', "change the modes sent, as rsync does (e.g. Du=rwx,Dgo=rx,Fu=rw,Fgo=r; repeatable)", (v: string, prev?: string) => (prev ? `${prev},${v}` : v))
     .option('-4, --ipv4', 'prefer IPv4 (passed to ssh)')
     .option('-6, --ipv6', 'prefer IPv6 (passed to ssh)')
     .addOption(new Option('--contimeout <SECONDS>', "give up connecting after this long (ssh's ConnectTimeout)").argParser(intArg(1, 86400)))
@@ -421,6 +421,7 @@ export function buildProgram(): Command {
           recursive: Boolean(o.archive || o.recursive),
           delete: Boolean(o.delete || o.deleteAfter || o.deleteDelay || o.deleteExcluded),
           deleteExcluded: o.deleteExcluded,
+          chmod: o.chmod,
           excludes,
           dryRun: o.dryRun,
           checksum: o.checksum,
@@ -479,6 +480,7 @@ export function buildProgram(): Command {
     .option('--omit <list>', '', (v: string) => Object.fromEntries(v.split(',').filter((k) => ['links', 'times', 'perms'].includes(k)).map((k) => [k, true])))
     .option('--mkpath')
     .option('--delete-excluded')
+    .option('--chmod <rules>')
     .option('--choices <list>', '', (v: string) => Object.fromEntries(v.split(',').filter((k) => ['sizeOnly', 'ignoreExisting', 'existingOnly'].includes(k)).map((k) => [k, true])))
     .addOption(new Option('--min-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .option('--state-dir <dir>')
@@ -509,6 +511,7 @@ export function buildProgram(): Command {
           choices: o.choices,
           mkpath: o.mkpath,
           deleteExcluded: o.deleteExcluded,
+          chmod: o.chmod,
           inplace: o.inplace,
           fsync: o.fsync,
           stateDir: o.stateDir,

@@ -148,6 +148,15 @@ export function generateIdentity(label: string): { certPem: string; keyPem: stri
   }
 }
 
+/** rsync's --chmod applied to one mode; a one-line usage error (exit 1) for a bad rule. */
+export function applyChmod(rules: string, mode: number, isDir: boolean): number {
+  try {
+    return native.applyChmod(rules, mode, isDir);
+  } catch (e) {
+    throw normalizeNativeError(e);
+  }
+}
+
 /** A fresh one-time pairing code, e.g. `7-amber-orbit` (ffsync_core::pairing). */
 export function pairingCode(): string {
   try {

@@ -4,6 +4,7 @@
 
 use crate::progress::{ProgressFn, Ticker};
 use crate::to_napi;
+use ffsync_core::tree::chmod::ChmodRules;
 use ffsync_core::tree::filter::Filter;
 use ffsync_core::tree::sync::{Outcome, TreeSync};
 use ffsync_core::tree::triage::{Op, TriageOptions};
@@ -30,6 +31,8 @@ pub struct WalkTreeOptions {
     pub one_file_system: Option<bool>,
     /// Leave symlinks out, each noted (`sync` without -l).
     pub skip_symlinks: Option<bool>,
+    /// rsync's --chmod rules for the modes this side lists (sender).
+    pub chmod: Option<String>,
 }
 
 #[napi(object)]
@@ -131,6 +134,10 @@ impl Task for WalkTask {
 
     fn compute(&mut self) -> Result<TreeSync> {
         let filter = Filter::new(&self.o.excludes).map_err(to_napi)?;
+        let chmod = match &self.o.chmod {
+            Some(c) => Some(ChmodRules::parse(c).map_err(to_napi)?),
+            None => None,
+        };
         let protect = match &self.o.protect {
             Some(p) if !p.is_empty() => Some(Filter::new(p).map_err(to_napi)?),
             _ => None,
@@ -155,6 +162,7 @@ impl Task for WalkTask {
                 progress: Some(&counter),
                 one_file_system: self.o.one_file_system.unwrap_or(false),
                 skip_symlinks: self.o.skip_symlinks.unwrap_or(false),
+                chmod: chmod.as_ref(),
             },
         );
         ticker.stop();
@@ -601,4 +609,10 @@ pub fn validate_excludes(patterns: Vec<String>) -> Result<()> {
 #[napi]
 pub fn excludes_from_text(text: String) -> Vec<String> {
     Filter::patterns_from_text(&text)
+}
+
+/// rsync's --chmod applied to one mode (a single file's OFFER); an `EUSAGE` error names a bad clause.
+#[napi]
+pub fn apply_chmod(rules: String, mode: u32, is_dir: bool) -> Result<u32> {
+    Ok(ChmodRules::parse(&rules).map_err(to_napi)?.apply(mode, is_dir))
 }

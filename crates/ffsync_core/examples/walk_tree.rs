@@ -19,6 +19,7 @@ fn main() {
                 progress: None,
                 one_file_system: false,
                 skip_symlinks: false,
+                chmod: None,
             },
         )
         .unwrap();

@@ -200,6 +200,7 @@ fn open(side: &Side, filter: &Filter, protect: Option<&Filter>, sender: bool) ->
         progress: None,
         one_file_system: false,
         skip_symlinks: false,
+        chmod: None,
     };
     TreeSync::new(walk::walk(&side.tree, &o).unwrap(), sender, Some(side.state.clone()))
 }

@@ -2,6 +2,7 @@
 //! small-file batches, and one peer's execution of a tree sync.
 
 pub mod attrs;
+pub mod chmod;
 pub mod file_batch;
 pub mod filter;
 pub mod index;

@@ -31,6 +31,8 @@ pub struct WalkOptions<'a> {
     /// `sync` without -l (rsync): symlinks are not part of the tree; each is noted as
     /// rsync notes it (`skipping non-regular file "name"`).
     pub skip_symlinks: bool,
+    /// rsync's --chmod (sender): the modes listed are the rules applied to the real ones.
+    pub chmod: Option<&'a super::chmod::ChmodRules>,
 }
 
 /// A walked local tree: its manifest plus what only this machine needs.
@@ -340,7 +342,7 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
                 path: b"",
                 kind: Kind::Dir,
                 flags: fl,
-                mode: mode_of(&meta),
+                mode: o.chmod.map_or(mode_of(&meta), |c| c.apply(mode_of(&meta), true)),
                 size: 0,
                 mtime_ns: id.mtime_ns,
                 root: None,
@@ -386,7 +388,10 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
             path: &info.rel,
             kind: st.kind,
             flags: fl,
-            mode: st.mode,
+            mode: match (o.chmod, st.kind) {
+                (Some(c), Kind::Dir | Kind::File) => c.apply(st.mode, st.kind == Kind::Dir),
+                _ => st.mode,
+            },
             size: match st.kind {
                 Kind::File => st.identity.size,
                 Kind::Symlink => st.link.len() as u64,
@@ -461,6 +466,7 @@ mod tests {
             progress: None,
             one_file_system: false,
             skip_symlinks: false,
+            chmod: None,
         };
         let tree = walk(root, &options).unwrap();
         let paths = tree
@@ -532,6 +538,7 @@ mod tests {
                 progress: None,
                 one_file_system: false,
                 skip_symlinks: false,
+                chmod: None,
             },
         )
         .unwrap();
