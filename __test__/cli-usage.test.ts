@@ -232,12 +232,14 @@ describe('rsync flags on sync, with rsync as the oracle', () => {
     assert.ok(got.includes('d1/deep/c.txt: c\n') && !got.some((l) => l.startsWith('d1/b.log')), got.join('\n'));
   });
 
-  it('--delete-after deletes what only DEST has, like --delete', { skip }, async () => {
-    const got = await sameAsRsync(['-a', '--delete-after'], (t) => {
-      fs.mkdirSync(t, { recursive: true });
-      fs.writeFileSync(path.join(t, 'only-here'), 'x');
-    });
-    assert.ok(!got.some((l) => l.startsWith('only-here')));
+  it('--delete-after, --delete-before, --delete-during delete what only DEST has, like --delete', { skip }, async () => {
+    for (const flag of ['--delete-after', '--delete-before', '--delete-during']) {
+      const got = await sameAsRsync(['-a', flag], (t) => {
+        fs.mkdirSync(t, { recursive: true });
+        fs.writeFileSync(path.join(t, 'only-here'), 'x');
+      });
+      assert.ok(!got.some((l) => l.startsWith('only-here')), flag);
+    }
   });
 
   it('--mkpath creates the missing components of DEST, for a tree\'s contents, a named tree and a file', { skip }, async () => {

@@ -28,7 +28,7 @@ it('bash: commands, then each command’s own options, then paths', async () => 
   const r = await run(['completion', 'bash']).done;
   assert.equal(r.code, 0, r.stderr);
   assert.deepEqual(bashComplete(r.stdout, ['ffsync-native', 's'], dir).sort(), ['send', 'serve', 'sync']);
-  assert.deepEqual(bashComplete(r.stdout, ['ffsync-native', 'sync', '--del'], dir).sort(), ['--delete', '--delete-after', '--delete-delay', '--delete-excluded']);
+  assert.deepEqual(bashComplete(r.stdout, ['ffsync-native', 'sync', '--del'], dir).sort(), ['--delete', '--delete-after', '--delete-before', '--delete-delay', '--delete-during', '--delete-excluded']);
   assert.ok(!bashComplete(r.stdout, ['ffsync-native', 'sync', '-'], dir).includes('--partial-dir'), 'options refused as not supported are not offered');
   assert.ok(bashComplete(r.stdout, ['ffsync-native', 'sync', '-'], dir).includes('--human-readable'));
   assert.deepEqual(bashComplete(r.stdout, ['ffsync-native', 'send', '--del'], dir), [], 'send has no --delete (it has --no-delete)');

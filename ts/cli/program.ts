@@ -310,8 +310,6 @@ export function buildProgram(): Command {
     ['-F', 'F'],
     ['-C, --cvs-exclude', 'cvsExclude'],
     ['--remove-source-files', 'removeSourceFiles'],
-    ['--delete-before', 'deleteBefore'],
-    ['--delete-during', 'deleteDuring'],
     ['--max-delete <NUM>', 'maxDelete'],
     ['--chown <USER:GROUP>', 'chown'],
     ['-L, --copy-links', 'copyLinks'],
@@ -363,6 +361,8 @@ export function buildProgram(): Command {
     .option('--delete', 'delete files only DEST has')
     .option('--delete-after', 'the same as --delete: deletions always happen after every transfer succeeded')
     .option('--delete-delay', 'the same as --delete-after')
+    .option('--delete-before', 'the same as --delete-after (the final tree is the same; deleting last is what keeps a failed run from losing files)')
+    .option('--delete-during', 'the same as --delete-after (idem)')
     .option('--exclude <pattern>', 'exclude matching paths (repeatable; rules as in README)', (v: string) => (rules.push(v), rules))
     .option('--include <pattern>', 're-include matching paths (first matching rule wins)', (v: string) => (rules.push(`!${v}`), rules))
     .option('--exclude-from <file>', 'read exclude patterns from a file')
@@ -419,7 +419,7 @@ export function buildProgram(): Command {
           src,
           dest,
           recursive: Boolean(o.archive || o.recursive),
-          delete: Boolean(o.delete || o.deleteAfter || o.deleteDelay || o.deleteExcluded),
+          delete: Boolean(o.delete || o.deleteAfter || o.deleteDelay || o.deleteBefore || o.deleteDuring || o.deleteExcluded),
           deleteExcluded: o.deleteExcluded,
           chmod: o.chmod,
           excludes,
