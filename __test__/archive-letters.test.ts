@@ -68,9 +68,10 @@ function existing(target: string) {
   fs.chmodSync(path.join(target, 'pub'), 0o750);
 }
 
-function compare(flags: string[], prepare?: (target: string) => void) {
+function compare(flags: string[], prepare?: (target: string) => void, alter?: (src: string) => void) {
   const dir = tmpdir('ffsync-letters-');
   const src = source(dir);
+  alter?.(src);
   const ours = path.join(dir, 'ours');
   const theirs = path.join(dir, 'theirs');
   prepare?.(ours);
@@ -183,6 +184,23 @@ describe('--size-only, --ignore-existing, --existing as rsync', { skip }, () => 
     const r = spawnSync(process.execPath, [CLI, 'sync', '-a', '--chmod', 'u+q', '--state-dir', path.join(dir, 'state'), src + '/', path.join(dir, 'out')], { encoding: 'utf8' });
     assert.equal(r.status, 1);
     assert.match(r.stderr, /^ffsync-native: error: --chmod: cannot parse 'u\+q'/);
+  });
+
+  it('-m prunes directories with no file below them (after the excludes), and with --delete their DEST copies go', () => {
+    const empties = (src: string) => {
+      for (const d of ['empty/chain/deep', 'logs-only', 'pub/nothing']) fs.mkdirSync(path.join(src, d), { recursive: true });
+      fs.writeFileSync(path.join(src, 'logs-only', 'x.log'), 'x\n');
+      for (const d of ['empty/chain/deep', 'empty/chain', 'empty', 'logs-only', 'pub/nothing', 'pub', '.']) fs.utimesSync(path.join(src, d), OLD, OLD);
+    };
+    const stale = (target: string) => {
+      older(target);
+      fs.mkdirSync(path.join(target, 'empty', 'chain'), { recursive: true });
+      for (const d of ['empty/chain', 'empty', 'pub', '.']) fs.utimesSync(path.join(target, d), OLD, OLD);
+    };
+    const got = compare(['-ai', '-m', '--delete', '--exclude', '*.log'], stale, empties);
+    assert.ok(!got.ours.some((l) => /^(empty|logs-only|pub\/nothing)/.test(l)), got.ours.join('\n'));
+    assert.match(got.stdout, /^\*deleting {3}empty\/$/m);
+    compare(['-a', '--prune-empty-dirs'], undefined, empties);
   });
 
   it('on a single file they are refused in one line (exit 1), like -n', () => {

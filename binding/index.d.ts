@@ -467,4 +467,6 @@ export interface WalkTreeOptions {
   skipSymlinks?: boolean
   /** rsync's --chmod rules for the modes this side lists (sender). */
   chmod?: string
+  /** rsync's -m: leave directories without files below them off the list (sender). */
+  pruneEmptyDirs?: boolean
 }

@@ -76,6 +76,8 @@ export interface SyncOptions {
   /** rsync's --size-only (a matching size means the same file), --ignore-existing (leave
    * what DEST has), --existing (create nothing new). */
   choices?: { sizeOnly?: boolean; ignoreExisting?: boolean; existingOnly?: boolean };
+  /** rsync's -m/--prune-empty-dirs. */
+  pruneEmptyDirs?: boolean;
   /** rsync's --chmod (comma-separated rules, e.g. `Du=rwx,Dgo=rx,Fu=rw,Fgo=r`). */
   chmod?: string;
   /** rsync's --delete-excluded: excluded paths are deleted on DEST too (set `delete` with it). */
@@ -210,7 +212,7 @@ function engineOptions(
     timeoutMs: o.timeoutMs ?? 60_000,
     events: o.events,
     signal: o.signal,
-    tree: { excludes: o.excludes ?? [], deleteExcluded: o.deleteExcluded, noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
+    tree: { excludes: o.excludes ?? [], deleteExcluded: o.deleteExcluded, pruneEmptyDirs: o.pruneEmptyDirs, noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
   };
 }
 
@@ -334,6 +336,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     ...(o.excludes ?? []).flatMap((p) => ['--exclude', p]),
     ...(o.deleteExcluded ? ['--delete-excluded'] : []),
     ...(o.chmod ? ['--chmod', o.chmod] : []),
+    ...(o.pruneEmptyDirs ? ['--prune-empty-dirs'] : []),
     ...(o.quic ? ['--quic'] : []),
     ...(o.jobs ? ['--jobs', String(o.jobs)] : []),
     ...sizeArgs(o),
@@ -489,6 +492,7 @@ export async function serveStdio(o: {
   mkpath?: boolean;
   deleteExcluded?: boolean;
   chmod?: string;
+  pruneEmptyDirs?: boolean;
   inplace?: boolean;
   fsync?: boolean;
 }): Promise<SyncSummary> {
@@ -525,7 +529,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
       compressLevel: o.compressLevel,
       bwlimitKiBps: o.bwlimitKiBps,
       events: o.events,
-      tree: { excludes: o.excludes ?? [], deleteExcluded: o.deleteExcluded, dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
+      tree: { excludes: o.excludes ?? [], deleteExcluded: o.deleteExcluded, pruneEmptyDirs: o.pruneEmptyDirs, dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
     });
   }
   return runReceiver(conn, {

@@ -72,6 +72,8 @@ export interface TreeSendOptions {
   /** `sync` without -l / -t / -p (rsync): symlinks left out (each noted), times and
    * permissions not kept (see TreeOptions). Defaults keep all three. */
   omit?: { links?: boolean; times?: boolean; perms?: boolean };
+  /** rsync's -m/--prune-empty-dirs: directories with no file below them are not sent. */
+  pruneEmptyDirs?: boolean;
   /** rsync's --delete-excluded: paths our excludes hide are deleted on the receiver too
    * (with deletion on: it implies --delete, as in rsync). */
   deleteExcluded?: boolean;
@@ -96,7 +98,7 @@ interface Context extends SendOptions {
 /** Walk the source tree (in parallel, natively); progress counts entries. */
 export function startWalk(root: string, o: SendOptions, stateDir: string): Promise<NativeTreeSync> {
   const excludes = o.tree?.excludes ?? [];
-  return inPhase(o.events, 'scanning', 0, (progress) => walkTree(root, { excludes, stateDir, ignoreIndex: o.checksum, isSender: true, oneFileSystem: o.tree?.oneFileSystem, skipSymlinks: o.tree?.omit?.links, chmod: o.chmod }, progress));
+  return inPhase(o.events, 'scanning', 0, (progress) => walkTree(root, { excludes, stateDir, ignoreIndex: o.checksum, isSender: true, oneFileSystem: o.tree?.oneFileSystem, skipSymlinks: o.tree?.omit?.links, chmod: o.chmod, pruneEmptyDirs: o.tree?.pruneEmptyDirs }, progress));
 }
 
 export async function sendTree(conn: FramedConnection, o: Context): Promise<void> {

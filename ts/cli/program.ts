@@ -313,7 +313,6 @@ export function buildProgram(): Command {
     ['--max-delete <NUM>', 'maxDelete'],
     ['--chown <USER:GROUP>', 'chown'],
     ['-L, --copy-links', 'copyLinks'],
-    ['-m, --prune-empty-dirs', 'pruneEmptyDirs'],
     ['--log-file <FILE>', 'logFile'],
   ];
   const syncCmd = program
@@ -336,6 +335,7 @@ export function buildProgram(): Command {
     .option('--specials', 'special files (sockets, FIFOs): skipped with a notice, as with -a')
     .option('-v, --verbose', 'list what changes')
     .option('--mkpath', "create the destination's missing path components")
+    .option('-m, --prune-empty-dirs', 'leave directories with no file below them (after the excludes) off the list')
     .option('--delete-excluded', 'also delete excluded files on the receiving side (implies --delete)')
     .option('--chmod <CHMOD>', "change the modes sent, as rsync does (e.g. Du=rwx,Dgo=rx,Fu=rw,Fgo=r; repeatable)", (v: string, prev?: string) => (prev ? `${prev},${v}` : v))
     .option('-4, --ipv4', 'prefer IPv4 (passed to ssh)')
@@ -422,6 +422,7 @@ export function buildProgram(): Command {
           delete: Boolean(o.delete || o.deleteAfter || o.deleteDelay || o.deleteBefore || o.deleteDuring || o.deleteExcluded),
           deleteExcluded: o.deleteExcluded,
           chmod: o.chmod,
+          pruneEmptyDirs: o.pruneEmptyDirs,
           excludes,
           dryRun: o.dryRun,
           checksum: o.checksum,
@@ -481,6 +482,7 @@ export function buildProgram(): Command {
     .option('--mkpath')
     .option('--delete-excluded')
     .option('--chmod <rules>')
+    .option('--prune-empty-dirs')
     .option('--choices <list>', '', (v: string) => Object.fromEntries(v.split(',').filter((k) => ['sizeOnly', 'ignoreExisting', 'existingOnly'].includes(k)).map((k) => [k, true])))
     .addOption(new Option('--min-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .option('--state-dir <dir>')
@@ -512,6 +514,7 @@ export function buildProgram(): Command {
           mkpath: o.mkpath,
           deleteExcluded: o.deleteExcluded,
           chmod: o.chmod,
+          pruneEmptyDirs: o.pruneEmptyDirs,
           inplace: o.inplace,
           fsync: o.fsync,
           stateDir: o.stateDir,

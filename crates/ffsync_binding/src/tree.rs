@@ -33,6 +33,8 @@ pub struct WalkTreeOptions {
     pub skip_symlinks: Option<bool>,
     /// rsync's --chmod rules for the modes this side lists (sender).
     pub chmod: Option<String>,
+    /// rsync's -m: leave directories without files below them off the list (sender).
+    pub prune_empty_dirs: Option<bool>,
 }
 
 #[napi(object)]
@@ -163,6 +165,7 @@ impl Task for WalkTask {
                 one_file_system: self.o.one_file_system.unwrap_or(false),
                 skip_symlinks: self.o.skip_symlinks.unwrap_or(false),
                 chmod: chmod.as_ref(),
+                prune_empty_dirs: self.o.prune_empty_dirs.unwrap_or(false),
             },
         );
         ticker.stop();

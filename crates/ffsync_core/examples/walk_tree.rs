@@ -20,6 +20,7 @@ fn main() {
                 one_file_system: false,
                 skip_symlinks: false,
                 chmod: None,
+                prune_empty_dirs: false,
             },
         )
         .unwrap();

@@ -201,6 +201,7 @@ fn open(side: &Side, filter: &Filter, protect: Option<&Filter>, sender: bool) ->
         one_file_system: false,
         skip_symlinks: false,
         chmod: None,
+        prune_empty_dirs: false,
     };
     TreeSync::new(walk::walk(&side.tree, &o).unwrap(), sender, Some(side.state.clone()))
 }

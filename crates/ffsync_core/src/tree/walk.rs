@@ -33,6 +33,9 @@ pub struct WalkOptions<'a> {
     pub skip_symlinks: bool,
     /// rsync's --chmod (sender): the modes listed are the rules applied to the real ones.
     pub chmod: Option<&'a super::chmod::ChmodRules>,
+    /// rsync's -m/--prune-empty-dirs (sender): directories with no file or symlink anywhere
+    /// below them (after the excludes) are left off the list.
+    pub prune_empty_dirs: bool,
 }
 
 /// A walked local tree: its manifest plus what only this machine needs.
@@ -406,17 +409,61 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
             p.fetch_add(1, Ordering::Relaxed);
         }
     }
-    Ok(LocalTree {
+    let mut tree = LocalTree {
         root: root_buf,
         manifest: b.finish(),
         stat_rest,
         problems,
         notices,
         indexed_files,
-    })
+    };
+    if o.prune_empty_dirs {
+        tree.prune_empty_dirs();
+    }
+    Ok(tree)
 }
 
 impl LocalTree {
+    /// Drop the directories that hold no file or symlink at any depth (rsync's `-m`); the
+    /// root stays. The list keeps its tree order, and each entry its stat identity.
+    fn prune_empty_dirs(&mut self) {
+        let m = &self.manifest;
+        let mut full: std::collections::HashSet<&[u8]> = std::collections::HashSet::new();
+        for e in m.iter().filter(|e| !e.is_dir()) {
+            let mut p = e.path;
+            while let Some(cut) = p.iter().rposition(|&c| c == b'/') {
+                p = &p[..cut];
+                if !full.insert(p) {
+                    break; // its ancestors are in already
+                }
+            }
+        }
+        let keep: Vec<bool> = m
+            .iter()
+            .map(|e| !e.is_dir() || e.path.is_empty() || full.contains(e.path))
+            .collect();
+        if keep.iter().all(|&k| k) {
+            return;
+        }
+        let mut b = TreeBuilder::new();
+        let mut rest = Vec::with_capacity(self.stat_rest.len());
+        for (i, e) in m.iter().enumerate().filter(|(i, _)| keep[*i]) {
+            b.push(&NewEntry {
+                path: e.path,
+                kind: e.kind,
+                flags: e.flags,
+                mode: e.mode,
+                size: e.size,
+                mtime_ns: e.mtime_ns,
+                root: e.root.copied(),
+                link: e.link,
+            });
+            rest.push(self.stat_rest[i]);
+        }
+        self.manifest = b.finish();
+        self.stat_rest = rest;
+    }
+
     /// The stat identity entry `i` had when it was walked.
     pub fn identity(&self, i: usize) -> FileIdentity {
         let e = self.manifest.entry(i);
@@ -458,8 +505,9 @@ mod tests {
     use std::fs;
 
     /// The tree under `root` with only `filter`, and its paths in manifest order.
-    fn walk_filtered(root: &Path, filter: &Filter) -> (LocalTree, Vec<String>) {
-        let options = WalkOptions {
+    /// A sender's walk with `filter` and nothing else.
+    fn plain(filter: &Filter) -> WalkOptions<'_> {
+        WalkOptions {
             filter,
             protect: None,
             index: None,
@@ -467,14 +515,52 @@ mod tests {
             one_file_system: false,
             skip_symlinks: false,
             chmod: None,
-        };
-        let tree = walk(root, &options).unwrap();
+            prune_empty_dirs: false,
+        }
+    }
+
+    fn walk_filtered(root: &Path, filter: &Filter) -> (LocalTree, Vec<String>) {
+        let tree = walk(root, &plain(filter)).unwrap();
         let paths = tree
             .manifest
             .iter()
             .map(|e| String::from_utf8_lossy(e.path).into_owned())
             .collect();
         (tree, paths)
+    }
+
+    #[test]
+    fn prune_empty_dirs_drops_chains_without_files_and_keeps_identities_aligned() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        for d in ["a/b/c", "d/e", "g", "i", "k/l"] {
+            fs::create_dir_all(r.join(d)).unwrap();
+        }
+        fs::write(r.join("d/e/f.txt"), b"f").unwrap();
+        fs::write(r.join("k/l/x.log"), b"x").unwrap();
+        std::os::unix::fs::symlink("../d", r.join("i/link")).unwrap();
+        fs::write(r.join("top"), b"t").unwrap();
+        let filter = Filter::new(&["*.log".to_string()]).unwrap();
+        let walked = |prune| {
+            let o = WalkOptions {
+                prune_empty_dirs: prune,
+                ..plain(&filter)
+            };
+            walk(r, &o).unwrap()
+        };
+        let t = walked(true);
+        let paths: Vec<String> = t
+            .manifest
+            .iter()
+            .map(|e| String::from_utf8_lossy(e.path).into_owned())
+            .collect();
+        // k/l only held an excluded file: pruned too, as rsync prunes after the excludes.
+        assert_eq!(paths, ["", "d", "d/e", "d/e/f.txt", "i", "i/link", "top"]);
+        let full = walked(false);
+        for (i, e) in t.manifest.iter().enumerate() {
+            let j = full.manifest.find(e.path).unwrap();
+            assert_eq!(t.identity(i), full.identity(j), "{}", String::from_utf8_lossy(e.path));
+        }
     }
 
     #[test]
@@ -539,6 +625,7 @@ mod tests {
                 one_file_system: false,
                 skip_symlinks: false,
                 chmod: None,
+                prune_empty_dirs: false,
             },
         )
         .unwrap();
