@@ -33,7 +33,7 @@ function stampDir(root: string, rel: string, when = '2020-01-01T00:00:00Z') {
 }
 
 /** Both tools' -i lines, sorted (rsync interleaves deletions by directory), DEST names blanked. */
-function both(args: string[], src: string, theirs: string, ours: string, state: string): { rsync: string[]; ours: string[] } {
+function both(args: string[], src: string, theirs: string, ours: string, state: string, sorted = true): { rsync: string[]; ours: string[] } {
   const r = spawnSync('rsync', [...args, src, theirs], { encoding: 'utf8' });
   assert.equal(r.status, 0, r.stderr);
   const o = spawnSync(process.execPath, [CLI, 'sync', ...args, '--state-dir', state, src, ours], { encoding: 'utf8' });
@@ -43,7 +43,7 @@ function both(args: string[], src: string, theirs: string, ours: string, state: 
       .split('\n')
       .filter(Boolean)
       .map((l) => l.replace(`created directory ${dest.replace(/\/$/, '')}`, 'created directory DEST'))
-      .sort();
+      .sort(sorted ? undefined : () => 0);
   return { rsync: norm(r.stdout, theirs), ours: norm(o.stdout, ours) };
 }
 
@@ -127,6 +127,43 @@ describe('sync -i: rsync itemized changes', { skip: (!haveRsync && 'rsync is not
     assert.deepEqual(got.ours, ['>fc........ a']);
     assert.equal(fs.readFileSync(path.join(theirs, 'a'), 'utf8'), 'hello\n', 'rsync left the stale copy');
     assert.equal(fs.readFileSync(path.join(ours, 'a'), 'utf8'), 'HELLO\n');
+  });
+
+  it('lines come in rsync\'s order (a directory, then what is in it); deletions last, as they happen here', () => {
+    const { dir, src, state } = fixture();
+    const theirs = path.join(dir, 'theirs');
+    const ours = path.join(dir, 'ours');
+    const first = both(['-ai'], src + '/', theirs, ours, state, false);
+    assert.deepEqual(first.ours, first.rsync);
+    write(src, 'e/g', 'new\n');
+    write(src, 'a', 'grown, and newer\n', '2023-01-01T00:00:00Z');
+    fs.rmSync(path.join(src, 'b'));
+    for (const d of ['e', '.']) stampDir(src, d);
+    const got = both(['-ai', '--delete'], src + '/', theirs, ours, state, false);
+    const kept = (l: string[]) => l.filter((x) => !x.startsWith('*deleting'));
+    assert.deepEqual(kept(got.ours), kept(got.rsync));
+    assert.deepEqual(got.ours.slice(-1), ['*deleting   b']);
+  });
+
+  it('--log-file: rsync\'s stamped lines (building file list, the itemized changes, the totals), appended', () => {
+    const { dir, src, state } = fixture();
+    const logs = { ours: path.join(dir, 'ours.log'), theirs: path.join(dir, 'theirs.log') };
+    const r = spawnSync('rsync', ['-a', `--log-file=${logs.theirs}`, src + '/', path.join(dir, 'theirs')], { encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stderr);
+    for (const run of [1, 2]) {
+      const o = spawnSync(process.execPath, [CLI, 'sync', '-a', `--log-file=${logs.ours}`, '--state-dir', state, src + '/', path.join(dir, 'ours')], { encoding: 'utf8' });
+      assert.equal(o.status, 0, o.stderr);
+      assert.equal(o.stdout, '', 'the log is not printed');
+      void run;
+    }
+    const stamp = /^\d{4}\/\d\d\/\d\d \d\d:\d\d:\d\d \[\d+\] /;
+    const ours = fs.readFileSync(logs.ours, 'utf8').trim().split('\n');
+    const theirs = fs.readFileSync(logs.theirs, 'utf8').trim().split('\n');
+    for (const l of [...ours, ...theirs]) assert.match(l, stamp);
+    const body = (l: string[]) => l.map((x) => x.replace(stamp, '')).map((x) => x.replace(/^sent [\d,]+ bytes {2}received [\d,]+ bytes {2}total size [\d,]+$/, 'TOTALS'));
+    const firstRun = body(ours).slice(0, theirs.length);
+    assert.deepEqual(firstRun, body(theirs));
+    assert.deepEqual(body(ours).slice(theirs.length), ['building file list', 'TOTALS'], 'the second run appends, with nothing to do');
   });
 
   it('a reader that closes stdout early (| head) does not crash the sync: it finishes and exits 0', () => {

@@ -76,6 +76,8 @@ export interface SyncOptions {
   /** rsync's --size-only (a matching size means the same file), --ignore-existing (leave
    * what DEST has), --existing (create nothing new). */
   choices?: { sizeOnly?: boolean; ignoreExisting?: boolean; existingOnly?: boolean };
+  /** rsync's --log-file: receives each itemized change of a tree (`>f+++++++++ name`). */
+  logLine?: (text: string) => void;
   /** rsync's -m/--prune-empty-dirs. */
   pruneEmptyDirs?: boolean;
   /** rsync's --chmod (comma-separated rules, e.g. `Du=rwx,Dgo=rx,Fu=rw,Fgo=r`). */
@@ -220,8 +222,10 @@ function engineOptions(
  * the source had no trailing slash. `push`: files go to a remote receiver (`<`); else they
  * land here (`>`). `destExisted`: undefined where this side cannot know (a remote DEST). */
 function listingOf(o: SyncOptions, src: Location, dest: Location, push: boolean, destExisted?: boolean, rootExisted?: boolean): Listing | undefined {
-  if (!o.verbose && !o.itemize) return undefined;
+  if (!o.verbose && !o.itemize && !o.logLine) return undefined;
   return {
+    show: Boolean(o.verbose || o.itemize),
+    log: o.logLine ? { line: o.logLine, direction: push ? 'sent' : 'received' } : undefined,
     itemize: o.itemize ? (push ? 'sent' : 'received') : undefined,
     prefix: src.slash ? undefined : `${baseName(src.path)}/`,
     rootCreated: rootExisted === false,

@@ -108,6 +108,17 @@ export interface Listing {
   rootCreated?: boolean;
   /** rsync's `created directory DEST` line: DEST as the user wrote it, created by this run. */
   createdDir?: string;
+  /** The changes are printed (-v or -i); without it the listing only feeds the log. */
+  show?: boolean;
+  /** --log-file: every change as an itemized line (whatever -v / -i print), `<` or `>` as for -i. */
+  log?: { line: (text: string) => void; direction: 'sent' | 'received' };
+}
+
+/** Write the plan's itemized lines to the log, if there is one (rsync logs `cd+++++++++ ./`
+ * for a created root, and no `created directory` line). */
+export function logListing(tree: NativeTreeSync, listing: Listing | undefined): void {
+  if (!listing?.log) return;
+  for (const l of listingLines(tree, { ...listing, itemize: listing.log.direction, createdDir: undefined })) listing.log.line(l);
 }
 
 /** The plan's lines for `listing` (rsync's order: the created directory first). */

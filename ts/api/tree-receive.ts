@@ -34,7 +34,7 @@ import { inPhase, reportChange, type SyncSummary } from './events.js';
 import type { ReceiveOptions } from './receive.js';
 import { hashWithin, receiveFileContent, WRITES_IN_FLIGHT } from './file-transfer.js';
 import { WorkLimit } from '../utils/data-turns.js';
-import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, treeSummary } from './tree-common.js';
+import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, treeSummary } from './tree-common.js';
 import { Multiplexer } from '../transport/mux.js';
 
 export interface TreeReceiveOptions {
@@ -188,6 +188,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     o.summary.size = counts.sourceBytes;
 
     const listing = () => listingLines(tree, o.tree?.listing && { ...o.tree.listing, rootCreated: !st });
+    logListing(tree, o.tree?.listing && { ...o.tree.listing, rootCreated: !st });
     if (dryRun) {
       for (const line of listing()) reportChange(o.events, line, true);
       decodeTreeEnd((await expect(conn, FrameType.TREE_END)).payload);
@@ -195,7 +196,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
       o.summary.upToDate = counts.smallTransfers + counts.largeTransfers + counts.localCopies + counts.deletes + counts.mkdirs + counts.symlinks + counts.attrsOnly === 0;
       return;
     }
-    if (o.tree?.listing) for (const line of listing()) reportChange(o.events, line, false);
+    if (o.tree?.listing?.show) for (const line of listing()) reportChange(o.events, line, false);
 
     const absorb = (r: StepOutcome) => {
       errors.push(...r.errors);

@@ -35,7 +35,7 @@ import { inPhase, reportChange, type SyncSummary } from './events.js';
 import type { SendOptions } from './send.js';
 import { LevelGovernor, startLevel } from './compress-level.js';
 import { afterPrior, BATCH_BUFFER, type ContentResult, identityChanged, PriorFailed, rateLimiter, SEND_BUFFERS, sendFileContent } from './file-transfer.js';
-import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, sendParts, treeSummary } from './tree-common.js';
+import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, sendParts, treeSummary } from './tree-common.js';
 import { Multiplexer } from '../transport/mux.js';
 import { type DataTurn, DataTurns, WorkLimit } from '../utils/data-turns.js';
 
@@ -136,6 +136,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   o.summary.size = counts.sourceBytes;
   o.summary.tree = treeSummary(stats, counts);
   const listing = () => listingLines(tree, t.listing);
+  logListing(tree, t.listing);
   if (t.dryRun) {
     for (const line of listing()) reportChange(o.events, line, true);
     await conn.send(FrameType.TREE_END, encodeTreeEnd({ smallFiles: 0, largeFiles: 0, senderProblems: stats.problems.length }));

@@ -313,7 +313,6 @@ export function buildProgram(): Command {
     ['--max-delete <NUM>', 'maxDelete'],
     ['--chown <USER:GROUP>', 'chown'],
     ['-L, --copy-links', 'copyLinks'],
-    ['--log-file <FILE>', 'logFile'],
   ];
   const syncCmd = program
     .command('sync')
@@ -335,6 +334,7 @@ export function buildProgram(): Command {
     .option('--specials', 'special files (sockets, FIFOs): skipped with a notice, as with -a')
     .option('-v, --verbose', 'list what changes')
     .option('--mkpath', "create the destination's missing path components")
+    .option('--log-file <FILE>', "append what happened to FILE, as rsync's --log-file does (itemized changes of a tree, then the totals)")
     .option('-m, --prune-empty-dirs', 'leave directories with no file below them (after the excludes) off the list')
     .option('--delete-excluded', 'also delete excluded files on the receiving side (implies --delete)')
     .option('--chmod <CHMOD>', "change the modes sent, as rsync does (e.g. Du=rwx,Dgo=rx,Fu=rw,Fgo=r; repeatable)", (v: string, prev?: string) => (prev ? `${prev},${v}` : v))
@@ -415,7 +415,9 @@ export function buildProgram(): Command {
         const { sync } = need(() => require('../api/sync.js') as typeof import('../api/sync.js'));
         const { AttrFlag } = require('../protocol/messages.js') as typeof import('../protocol/messages.js');
         const excludes = await excludeRules().loadExcludes(rules, o.excludeFrom);
-        return sync({
+        const log = o.logFile ? (require('./log-file.js') as typeof import('./log-file.js')).openLogFile(o.logFile) : undefined;
+        const running = sync({
+          logLine: log?.line,
           src,
           dest,
           recursive: Boolean(o.archive || o.recursive),
@@ -452,6 +454,14 @@ export function buildProgram(): Command {
           events,
           signal,
         });
+        try {
+          const summary = await running;
+          log?.end(summary, Boolean(o.verbose));
+          return summary;
+        } catch (e) {
+          log?.end((e as FfsyncError).summary as SyncSummary | undefined, Boolean(o.verbose), (e as Error).message);
+          throw e;
+        }
       },
     );
   });

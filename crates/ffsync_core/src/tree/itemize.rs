@@ -9,6 +9,7 @@
 use super::manifest::{EntryRef, Kind, TreeManifest};
 use super::path::display;
 use super::triage::{action_flags, Op, Plan, NONE};
+use std::cmp::Ordering;
 
 /// Which way file data moves, seen from the side that prints (rsync's Y column for files).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,7 +22,9 @@ pub enum Direction {
 
 const NEW: &str = "+++++++++";
 
-/// One line per action that changes something, in plan order; the root directory is `./`.
+/// One line per action that changes something, in the sender's tree order as rsync lists
+/// them (a directory, then what is in it), deletions last (they happen last here, as with
+/// rsync's --delete-after); the root directory is `./`.
 /// `root_created`: the receiver created the tree's root for this session (it walks an
 /// empty directory then, so only the caller knows): listed first as `cd+++++++++ ./`.
 pub fn itemize(plan: &Plan, s: &TreeManifest, r: &TreeManifest, direction: Direction, root_created: bool) -> String {
@@ -29,9 +32,10 @@ pub fn itemize(plan: &Plan, s: &TreeManifest, r: &TreeManifest, direction: Direc
         Direction::Received => '>',
         Direction::Sent => '<',
     };
-    let mut out = String::new();
+    // (path for ordering, is a directory, deletion?, line)
+    let mut lines: Vec<(&[u8], bool, bool, String)> = Vec::new();
     if root_created {
-        out.push_str(&format!("cd{NEW} ./\n"));
+        lines.push((b"", true, false, format!("cd{NEW} ./")));
     }
     for a in &plan.actions {
         let se = |a: &super::triage::Action| s.entry(a.s as usize);
@@ -73,10 +77,51 @@ pub fn itemize(plan: &Plan, s: &TreeManifest, r: &TreeManifest, direction: Direc
             Op::Delete => format!("*deleting   {}", name(&r.entry(a.r as usize))),
             Op::Skip => continue,
         };
-        out.push_str(&line);
+        let (e, deletion) = match a.op {
+            Op::Delete => (r.entry(a.r as usize), true),
+            _ => (s.entry(a.s as usize), false),
+        };
+        lines.push((e.path, e.kind == Kind::Dir, deletion, line));
+    }
+    // Deletions keep the plan's order (contents before their directory).
+    lines.sort_by(|x, y| {
+        x.2.cmp(&y.2).then_with(|| {
+            if x.2 {
+                Ordering::Equal
+            } else {
+                rsync_order((x.0, x.1), (y.0, y.1))
+            }
+        })
+    });
+    let mut out = String::new();
+    for (_, _, _, l) in lines {
+        out.push_str(&l);
         out.push('\n');
     }
     out
+}
+
+/// rsync's list order: a directory, then its files and symlinks (by name), then its
+/// subdirectories (by name), each followed by what is in it.
+fn rsync_order(a: (&[u8], bool), b: (&[u8], bool)) -> Ordering {
+    let (ac, bc): (Vec<&[u8]>, Vec<&[u8]>) = (parts(a.0), parts(b.0));
+    for k in 0..ac.len().min(bc.len()) {
+        if ac[k] != bc[k] {
+            // At this level, is each side a directory (more below it, or itself one)?
+            let a_dir = k + 1 < ac.len() || a.1;
+            let b_dir = k + 1 < bc.len() || b.1;
+            return a_dir.cmp(&b_dir).then_with(|| ac[k].cmp(bc[k]));
+        }
+    }
+    ac.len().cmp(&bc.len()) // an ancestor before what is in it
+}
+
+fn parts(p: &[u8]) -> Vec<&[u8]> {
+    if p.is_empty() {
+        Vec::new()
+    } else {
+        p.split(|&c| c == b'/').collect()
+    }
 }
 
 /// The nine attribute columns for an item that exists on both sides.
