@@ -137,7 +137,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
         if (!(e instanceof FfsyncError) || !refusedPeer(e) || o.signal?.aborted) throw e;
         o.events?.info?.(`refused a connection: ${e.message}; still waiting for a trusted sender`);
         // An attempt spent the code, whatever its outcome: offer the next one.
-        if (offer && offer.code === undefined && e.code === 'EPAIR') offer.issue();
+        offer?.replaceSpent();
       }
     }
   } finally {

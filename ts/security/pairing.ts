@@ -28,6 +28,8 @@ export { normalizePairingCode };
 export class PairingOffer {
   code: string | undefined;
   private issued = 0;
+  /** The last attempt spent a code (a refused connection that took none changes nothing). */
+  private spent = false;
 
   constructor(private readonly announce: (code: string) => void, private readonly exhausted: () => void) {}
 
@@ -47,7 +49,15 @@ export class PairingOffer {
   take(): string | undefined {
     const c = this.code;
     this.code = undefined;
+    this.spent = c !== undefined;
     return c;
+  }
+
+  /** After a failed attempt: a new code if that attempt spent one. */
+  replaceSpent(): void {
+    if (!this.spent) return;
+    this.spent = false;
+    this.issue();
   }
 }
 
