@@ -125,7 +125,7 @@ describe('the letters of -a, and their absence, as rsync', { skip }, () => {
     const dir = tmpdir('ffsync-letters-');
     const src = source(dir);
     const made = spawnSync('mkfifo', [path.join(src, 'pub', 'pipe')]);
-    if (made.status !== 0) return;
+    assert.equal(made.status, 0, 'mkfifo');
     const r = spawnSync(process.execPath, [CLI, 'sync', '-rlpt', '--state-dir', path.join(dir, 'state'), src + '/', path.join(dir, 'o2')], { encoding: 'utf8' });
     assert.equal(r.status, 0, r.stderr);
     assert.match(r.stdout, /^skipping non-regular file "pub\/pipe"$/m);

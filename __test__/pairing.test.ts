@@ -77,9 +77,8 @@ describe('pairing code', () => {
       });
       void recv.done.then((r) => reject(new Error(`receiver exited: ${r.stderr}`)));
     });
-    const first = line;
-    assert.match(first, /^ffsync-native send \.\/dst\.bin 127\.0\.0\.1:\d+ --pair \d{1,3}-[a-z]+-[a-z]+$/);
-    const words = first.split(' ');
+    assert.match(line, /^ffsync-native send \.\/dst\.bin 127\.0\.0\.1:\d+ --pair \d{1,3}-[a-z]+-[a-z]+$/);
+    const words = line.split(' ');
     const [, , , addr, , code] = words;
     const s = await run(['send', t.src, addr, '--timeout', '10', '--state-dir', t.stateS, '--pair', code]).done;
     assert.equal(s.code, 0, s.stderr);

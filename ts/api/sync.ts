@@ -156,15 +156,20 @@ export async function syncTarget(dest: string, destSlash: boolean, srcName: stri
 }
 
 /** The remote peer's `--omit` (server command): what -l / -t / -p left out. */
-function omitArgs(o: SyncOptions): string[] {
-  const left = (['links', 'times', 'perms'] as const).filter((k) => o.omit?.[k]);
-  return left.length ? ['--omit', left.join(',')] : [];
+/** The names of the remote peer's flag sets (server `--omit`, `--choices`), defined once for
+ * both ends of the ssh command line. */
+export const FLAG_SETS = { omit: ['links', 'times', 'perms'], choices: ['sizeOnly', 'ignoreExisting', 'existingOnly'] } as const;
+
+/** `--omit links,times` (or nothing) for the flags of `set` that are on. */
+function flagSetArgs(name: keyof typeof FLAG_SETS, set: Partial<Record<string, boolean>> | undefined): string[] {
+  const on = FLAG_SETS[name].filter((k) => set?.[k]);
+  return on.length ? [`--${name}`, on.join(',')] : [];
 }
 
-/** The remote peer's `--choices` (server command): --size-only, --ignore-existing, --existing. */
-function choiceArgs(o: SyncOptions): string[] {
-  const on = (['sizeOnly', 'ignoreExisting', 'existingOnly'] as const).filter((k) => o.choices?.[k]);
-  return on.length ? ['--choices', on.join(',')] : [];
+/** The server command's parse of such a list (unknown names are ignored). */
+export function parseFlagSet(name: keyof typeof FLAG_SETS, value: string): Record<string, boolean> {
+  const known: readonly string[] = FLAG_SETS[name];
+  return Object.fromEntries(value.split(',').filter((k) => known.includes(k)).map((k) => [k, true]));
 }
 
 function exists(p: string): Promise<boolean> {
@@ -345,8 +350,8 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     ...(o.jobs ? ['--jobs', String(o.jobs)] : []),
     ...sizeArgs(o),
     ...(o.attrs ? ['--attrs', String(o.attrs)] : []),
-    ...omitArgs(o),
-    ...choiceArgs(o),
+    ...flagSetArgs('omit', o.omit),
+    ...flagSetArgs('choices', o.choices),
   ];
   const destExisted = await exists(dest.path);
   const remote = startRemote(o, src.host, senderArgs);

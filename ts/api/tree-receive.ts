@@ -187,8 +187,10 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     o.summary.tree = summary;
     o.summary.size = counts.sourceBytes;
 
-    const listing = () => listingLines(tree, o.tree?.listing && { ...o.tree.listing, rootCreated: !st });
-    logListing(tree, o.tree?.listing && { ...o.tree.listing, rootCreated: !st });
+    // Only this side knows whether it made the root (a pull's listing is printed here).
+    const here = o.tree?.listing && { ...o.tree.listing, rootCreated: !st };
+    const listing = () => listingLines(tree, here);
+    logListing(tree, here);
     if (dryRun) {
       for (const line of listing()) reportChange(o.events, line, true);
       decodeTreeEnd((await expect(conn, FrameType.TREE_END)).payload);

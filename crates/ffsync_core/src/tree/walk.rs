@@ -615,17 +615,12 @@ mod tests {
         fs::write(r.join("keep/deep/f"), b"1").unwrap();
         fs::write(r.join("other"), b"1").unwrap();
         let protect = Filter::new(&["keep/".to_string()]).unwrap();
+        let empty = Filter::empty();
         let t = walk(
             r,
             &WalkOptions {
-                filter: &Filter::empty(),
                 protect: Some(&protect),
-                index: None,
-                progress: None,
-                one_file_system: false,
-                skip_symlinks: false,
-                chmod: None,
-                prune_empty_dirs: false,
+                ..plain(&empty)
             },
         )
         .unwrap();
