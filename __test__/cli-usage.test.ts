@@ -7,7 +7,7 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { run, tmpdir } from './helpers/peers';
+import { listing, run, tmpdir } from './helpers/peers';
 import { rsyncDecimal, rsyncNumber } from '../ts/utils/format';
 
 const haveRsync = spawnSync('rsync', ['--version']).status === 0;
@@ -163,24 +163,6 @@ describe('sync -h is --human-readable; --stats in rsync’s format', () => {
 });
 
 describe('rsync flags on sync, with rsync as the oracle', () => {
-  /** Relative paths (dirs with '/', links as 'l -> target') and file contents under `root`. */
-  function listing(root: string): string[] {
-    const out: string[] = [];
-    const walk = (rel: string) => {
-      for (const name of fs.readdirSync(path.join(root, rel)).sort()) {
-        const r = rel ? `${rel}/${name}` : name;
-        const st = fs.lstatSync(path.join(root, r));
-        if (st.isSymbolicLink()) out.push(`${r} -> ${fs.readlinkSync(path.join(root, r))}`);
-        else if (st.isDirectory()) {
-          out.push(`${r}/`);
-          walk(r);
-        } else out.push(`${r}: ${fs.readFileSync(path.join(root, r), 'utf8')}`);
-      }
-    };
-    if (fs.existsSync(root)) walk('');
-    return out;
-  }
-
   function source(dir: string): string {
     const src = path.join(dir, 'src');
     fs.mkdirSync(path.join(src, 'd1', 'deep'), { recursive: true });
@@ -269,7 +251,7 @@ describe('rsync flags on sync, with rsync as the oracle', () => {
   it('rsync options not implemented yet are refused by name (exit 1), never ignored or called unknown', async () => {
     const dir = tmpdir();
     const src = source(dir);
-    for (const opt of [['--partial-dir', '.p'], ['-b'], ['--backup-dir', 'b'], ['--files-from', 'f'], ['--filter', '- x'], ['-F'], ['-C'], ['--remove-source-files'], ['--max-delete', '3'], ['--chown', 'a:b'], ['-L'], ['-H'], ['-A']]) {
+    for (const opt of [['--partial-dir', '.p'], ['-b'], ['--backup-dir', 'b'], ['--files-from', 'f'], ['--filter', '- x'], ['-F'], ['-C'], ['--max-delete', '3'], ['--chown', 'a:b'], ['-L'], ['-H'], ['-A']]) {
       const r = await run(['sync', '-a', ...opt, '--state-dir', path.join(dir, 'state'), src + '/', path.join(dir, 'out')]).done;
       assert.equal(r.code, 1, `${opt.join(' ')}: ${r.stderr}`);
       assert.match(r.stderr, /^ffsync-native: error: .* is not supported by this version of ffsync-native\n$/, opt.join(' '));

@@ -225,6 +225,11 @@ export declare class NativeTreeSync {
   finishReceiver(deleteOk: boolean): Promise<StepOutcome>
   /** Sender: store the tree index. */
   finishSender(): Promise<StepOutcome>
+  /**
+   * Sender, after a session that synced every file (rsync's --remove-source-files):
+   * remove the synced source files and symlinks that did not change since the walk.
+   */
+  removeSources(): Promise<StepOutcome>
   /** Receiver: before a large file is committed over a directory, remove the directory. */
   clearFor(action: number): void
   /** Remember the content root of a large file just sent or written (hex). */

@@ -301,3 +301,23 @@ export function bystanders(base: string): { outside: string; sibling: string } {
   fs.writeFileSync(path.join(sibling, 'keep.txt'), 'sibling');
   return { outside, sibling };
 }
+
+/** What rsync-oracle tests compare: relative paths under `root` in order, directories with
+ * '/', links as `l -> target`, files with their content (text up to 4 KiB, else size and
+ * SHA-256). Empty when `root` does not exist. */
+export function listing(root: string): string[] {
+  const out: string[] = [];
+  const walk = (rel: string) => {
+    for (const name of fs.readdirSync(path.join(root, rel)).sort()) {
+      const r = rel ? `${rel}/${name}` : name;
+      const st = fs.lstatSync(path.join(root, r));
+      if (st.isSymbolicLink()) out.push(`${r} -> ${fs.readlinkSync(path.join(root, r))}`);
+      else if (st.isDirectory()) {
+        out.push(`${r}/`);
+        walk(r);
+      } else out.push(`${r}: ${st.size <= 4096 ? fs.readFileSync(path.join(root, r), 'utf8') : `${st.size} bytes ${sha256(path.join(root, r))}`}`);
+    }
+  };
+  if (fs.existsSync(root)) walk('');
+  return out;
+}

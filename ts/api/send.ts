@@ -16,6 +16,7 @@ import type { SecureStream } from '../transport/peer-identity.js';
 import { newSummary, type SyncEvents, type SyncSummary } from './events.js';
 import { identityChanged, sendFileContent } from './file-transfer.js';
 import { sendTree, startWalk, type TreeSendOptions } from './tree-send.js';
+import { removeSourceFile } from './remove-sources.js';
 import path from 'node:path';
 
 export interface SendOptions {
@@ -57,6 +58,10 @@ export interface SendOptions {
   overlap?: boolean;
   /** rsync's --chmod: the modes offered are these rules applied to the real ones. */
   chmod?: string;
+  /** rsync's --remove-source-files: after a session in which every file was synced, remove
+   * the source files and symlinks the receiver now holds, each only if it is still the
+   * version that was listed (remove-sources.ts). */
+  removeSourceFiles?: boolean;
   /** `--pair CODE`: first contact by the receiver's one-time code (TLS only); both sides
    * pin each other on success. */
   pair?: string;
@@ -184,6 +189,12 @@ export async function runSender(
     const source = sourceHolder.source;
     if (source && !source.unchanged()) {
       o.events?.info?.(`warning: ${o.path} changed while it was being sent; the receiver has the version that was scanned`);
+    }
+    // (Not a file the receiver kept as it was on purpose: -u, --max-size / --min-size.)
+    if (o.removeSourceFiles && summary.decidedBy !== 'receiver-newer' && summary.decidedBy !== 'size-limit') {
+      conn.errorSent = true; // the session is over on the receiver's side: a failure here is ours alone
+      await removeSourceFile(o.path, st, o.events);
+      conn.errorSent = false;
     }
     return summary;
   } catch (e) {

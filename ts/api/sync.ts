@@ -84,6 +84,9 @@ export interface SyncOptions {
   chmod?: string;
   /** rsync's --delete-excluded: excluded paths are deleted on DEST too (set `delete` with it). */
   deleteExcluded?: boolean;
+  /** rsync's --remove-source-files: once every file is synced, the sending side removes the
+   * files and symlinks DEST now holds (directories stay). */
+  removeSourceFiles?: boolean;
   /** rsync's --mkpath: create DEST's missing path components. */
   mkpath?: boolean;
   /** rsync's -4 / -6 (passed to ssh) and --contimeout (ssh's ConnectTimeout, in seconds). */
@@ -207,9 +210,10 @@ function baseName(p: string): string {
 
 function engineOptions(
   o: SyncOptions,
-): Pick<SendOptions, 'checksum' | 'compressLevel' | 'bwlimitKiBps' | 'stateDir' | 'timeoutMs' | 'events' | 'signal' | 'update' | 'wholeFile' | 'chmod'> & { tree: TreeSendOptions } {
+): Pick<SendOptions, 'checksum' | 'compressLevel' | 'bwlimitKiBps' | 'stateDir' | 'timeoutMs' | 'events' | 'signal' | 'update' | 'wholeFile' | 'chmod' | 'removeSourceFiles'> & { tree: TreeSendOptions } {
   return {
     checksum: o.checksum,
+    removeSourceFiles: o.removeSourceFiles,
     chmod: o.chmod,
     update: o.update,
     wholeFile: o.wholeFile,
@@ -346,6 +350,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     ...(o.deleteExcluded ? ['--delete-excluded'] : []),
     ...(o.chmod ? ['--chmod', o.chmod] : []),
     ...(o.pruneEmptyDirs ? ['--prune-empty-dirs'] : []),
+    ...(o.removeSourceFiles ? ['--remove-source-files'] : []),
     ...(o.quic ? ['--quic'] : []),
     ...(o.jobs ? ['--jobs', String(o.jobs)] : []),
     ...sizeArgs(o),
@@ -502,6 +507,7 @@ export async function serveStdio(o: {
   deleteExcluded?: boolean;
   chmod?: string;
   pruneEmptyDirs?: boolean;
+  removeSourceFiles?: boolean;
   inplace?: boolean;
   fsync?: boolean;
 }): Promise<SyncSummary> {
@@ -535,6 +541,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
       chmod: o.chmod,
       update: o.update,
       wholeFile: o.wholeFile,
+      removeSourceFiles: o.removeSourceFiles,
       compressLevel: o.compressLevel,
       bwlimitKiBps: o.bwlimitKiBps,
       events: o.events,

@@ -37,6 +37,7 @@ import { LevelGovernor, startLevel } from './compress-level.js';
 import { afterPrior, BATCH_BUFFER, type ContentResult, identityChanged, PriorFailed, rateLimiter, SEND_BUFFERS, sendFileContent } from './file-transfer.js';
 import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, sendParts, treeSummary } from './tree-common.js';
 import { Multiplexer } from '../transport/mux.js';
+import { NOTHING_REMOVED, removeSourceTree } from './remove-sources.js';
 import { type DataTurn, DataTurns, WorkLimit } from '../utils/data-turns.js';
 
 /** Large files whose conversations run at once in a multiplexed (version 2) session: enough
@@ -240,8 +241,14 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   o.summary.upToDate = result.filesWritten === 0n && result.deleted === 0n && counts.attrsOnly === 0;
   if (result.exitCode !== 0) {
     conn.errorSent = true; // the receiver reported it; nothing to tell it
+    if (o.removeSourceFiles && !t.dryRun) o.events?.info?.(NOTHING_REMOVED);
     const what = result.exitCode === ExitCode.VANISHED ? 'some source files vanished' : `${result.errorCount} path(s) could not be synced`;
     throw new FfsyncError(result.exitCode === ExitCode.VANISHED ? 'EVANISHED' : 'EPARTIAL', result.exitCode as ExitCode, `partial transfer: ${what}\n${result.message}`.trimEnd());
+  }
+  if (o.removeSourceFiles && !t.dryRun) {
+    conn.errorSent = true; // the session is over on the receiver's side: a failure here is ours alone
+    await removeSourceTree(tree, o.events);
+    conn.errorSent = false;
   }
 }
 

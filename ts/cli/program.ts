@@ -309,7 +309,6 @@ export function buildProgram(): Command {
     ['-f, --filter <RULE>', 'filter'],
     ['-F', 'F'],
     ['-C, --cvs-exclude', 'cvsExclude'],
-    ['--remove-source-files', 'removeSourceFiles'],
     ['--max-delete <NUM>', 'maxDelete'],
     ['--chown <USER:GROUP>', 'chown'],
     ['-L, --copy-links', 'copyLinks'],
@@ -337,6 +336,7 @@ export function buildProgram(): Command {
     .option('--log-file <FILE>', "append what happened to FILE, as rsync's --log-file does (itemized changes of a tree, then the totals)")
     .option('-m, --prune-empty-dirs', 'leave directories with no file below them (after the excludes) off the list')
     .option('--delete-excluded', 'also delete excluded files on the receiving side (implies --delete)')
+    .option('--remove-source-files', 'sender removes the files (not directories) that are now on the receiving side, once every file is synced')
     .option('--chmod <CHMOD>', "change the modes sent, as rsync does (e.g. Du=rwx,Dgo=rx,Fu=rw,Fgo=r; repeatable)", (v: string, prev?: string) => (prev ? `${prev},${v}` : v))
     .option('-4, --ipv4', 'prefer IPv4 (passed to ssh)')
     .option('-6, --ipv6', 'prefer IPv6 (passed to ssh)')
@@ -425,6 +425,7 @@ export function buildProgram(): Command {
           deleteExcluded: o.deleteExcluded,
           chmod: o.chmod,
           pruneEmptyDirs: o.pruneEmptyDirs,
+          removeSourceFiles: o.removeSourceFiles,
           excludes,
           dryRun: o.dryRun,
           checksum: o.checksum,
@@ -493,6 +494,7 @@ export function buildProgram(): Command {
     .option('--delete-excluded')
     .option('--chmod <rules>')
     .option('--prune-empty-dirs')
+    .option('--remove-source-files')
     .option('--choices <list>', '', (v: string) => (require('../api/sync.js') as typeof import('../api/sync.js')).parseFlagSet('choices', v))
     .addOption(new Option('--min-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .option('--state-dir <dir>')
@@ -525,6 +527,7 @@ export function buildProgram(): Command {
           deleteExcluded: o.deleteExcluded,
           chmod: o.chmod,
           pruneEmptyDirs: o.pruneEmptyDirs,
+          removeSourceFiles: o.removeSourceFiles,
           inplace: o.inplace,
           fsync: o.fsync,
           stateDir: o.stateDir,

@@ -256,6 +256,7 @@ pub enum Step {
     ApplyAttrs(Buffer),
     Finish(bool),
     FinishSender,
+    RemoveSources,
 }
 
 pub struct StepTask {
@@ -277,6 +278,7 @@ impl Task for StepTask {
                 t.finish_sender();
                 Ok(Outcome::default())
             }
+            Step::RemoveSources => Ok(t.remove_sources()),
         }
         .map_err(to_napi)
     }
@@ -574,6 +576,13 @@ impl NativeTreeSync {
     #[napi(ts_return_type = "Promise<StepOutcome>")]
     pub fn finish_sender(&self) -> AsyncTask<StepTask> {
         self.step(Step::FinishSender)
+    }
+
+    /// Sender, after a session that synced every file (rsync's --remove-source-files):
+    /// remove the synced source files and symlinks that did not change since the walk.
+    #[napi(ts_return_type = "Promise<StepOutcome>")]
+    pub fn remove_sources(&self) -> AsyncTask<StepTask> {
+        self.step(Step::RemoveSources)
     }
 
     /// Receiver: before a large file is committed over a directory, remove the directory.

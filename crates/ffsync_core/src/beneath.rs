@@ -46,6 +46,8 @@ pub struct Stat {
     pub gid: u32,
     pub dev: u64,
     pub ino: u64,
+    /// Modification time, ns since the epoch.
+    pub mtime_ns: i64,
 }
 
 impl Stat {
@@ -515,6 +517,7 @@ mod imp {
             gid: st.st_gid,
             dev: st.st_dev as u64,
             ino: st.st_ino as u64,
+            mtime_ns: st.st_mtime as i64 * 1_000_000_000 + st.st_mtime_nsec as i64,
         }
     }
 
@@ -715,6 +718,11 @@ mod imp {
                     gid: 0,
                     dev: 0,
                     ino: 0,
+                    mtime_ns: m
+                        .modified()
+                        .ok()
+                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                        .map_or(0, |d| d.as_nanos() as i64),
                 }))
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),

@@ -1382,3 +1382,75 @@ fn no_fsync_writes_and_verifies_the_same_tree() {
     out.find(Op::LocalCopy, "other/moved.bin");
     assert_same(&src, &dst);
 }
+
+/// rsync's --remove-source-files: after a sync, the sender's files and symlinks that the
+/// receiver now holds (sent, or already the same there) are removed; directories stay, and
+/// so do the entries the options left alone (--max-size, -u, --ignore-existing, --existing)
+/// and an entry that changed after the walk listed it.
+#[test]
+fn remove_sources_removes_what_was_synced_and_keeps_what_was_left_alone_or_changed() {
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("sent.txt", b"new content");
+    src.put("same.txt", b"already there");
+    src.put("d/nested.bin", &bytes(200_000, 4));
+    src.put("big.bin", &bytes(300_000, 5));
+    src.put("changed.txt", b"listed version");
+    symlink("sent.txt", src.p("link")).unwrap();
+    fs::create_dir_all(src.p("emptydir")).unwrap();
+    // The receiver already has same.txt, byte for byte, with the same mtime.
+    dst.put("same.txt", b"already there");
+    set_mtime(&src.p("same.txt"), T0);
+    set_mtime(&dst.p("same.txt"), T0);
+    let out = sync_ok(
+        &src,
+        &dst,
+        Opts {
+            max_size: Some(250_000),
+            ..Default::default()
+        },
+    );
+    assert_eq!(out.s.plan().left_alone.len(), 1, "big.bin, above --max-size");
+    // Rewritten after the walk listed it (a new size): kept, and named.
+    fs::write(src.p("changed.txt"), b"written during the sync").unwrap();
+    let removal = out.s.remove_sources();
+    assert!(removal.errors.is_empty(), "{:?}", removal.errors);
+    assert_eq!(
+        removal.warnings,
+        ["Skipping sender remove for changed file: changed.txt"]
+    );
+    assert_eq!(removal.files, 4, "sent.txt, same.txt, d/nested.bin, link");
+    for gone in ["sent.txt", "same.txt", "d/nested.bin", "link"] {
+        assert!(fs::symlink_metadata(src.p(gone)).is_err(), "{gone} should be removed");
+    }
+    for kept in ["big.bin", "changed.txt", "d", "emptydir"] {
+        assert!(src.p(kept).exists(), "{kept} should stay");
+    }
+    assert_eq!(
+        dst.read("d/nested.bin"),
+        bytes(200_000, 4),
+        "the receiver's copies are untouched"
+    );
+    assert_eq!(fs::read_link(dst.p("link")).unwrap(), Path::new("sent.txt"));
+}
+
+/// A directory of the source swapped for a link after the walk: removal never goes through it.
+#[test]
+fn remove_sources_never_follows_a_link_planted_after_the_walk() {
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("sub/victim.txt", b"listed");
+    let outside = Side::new();
+    outside.put("victim.txt", b"listed");
+    let out = sync_ok(&src, &dst, Opts::default());
+    fs::rename(src.p("sub"), src.p("sub.moved")).unwrap();
+    symlink(outside.p(""), src.p("sub")).unwrap();
+    let removal = out.s.remove_sources();
+    assert_eq!(removal.files, 0);
+    assert_eq!(removal.errors.len(), 1, "{:?}", removal.errors);
+    assert!(removal.errors[0].contains("sub/victim.txt"), "{:?}", removal.errors);
+    assert_eq!(
+        outside.read("victim.txt"),
+        b"listed",
+        "nothing removed through the link"
+    );
+    assert!(src.p("sub.moved/victim.txt").exists());
+}

@@ -9,6 +9,7 @@ pub mod index;
 pub mod itemize;
 pub mod manifest;
 pub mod path;
+pub mod remove_sources;
 pub mod sync;
 pub mod triage;
 pub mod walk;

@@ -115,6 +115,10 @@ pub struct Plan {
     pub kept_newer: u64,
     /// Source files left alone by --max-size / --min-size.
     pub size_skipped: u64,
+    /// Sender entries (by manifest index) that the options left alone on purpose
+    /// (--ignore-existing, --existing, --max-size/--min-size, -u): they were not synced, so
+    /// --remove-source-files keeps them, as rsync does.
+    pub left_alone: Vec<u32>,
 }
 
 fn root_of<'a>(e: &EntryRef<'a>, i: usize, extra: &'a ExtraRoots) -> Option<&'a [u8; 32]> {
@@ -280,15 +284,18 @@ pub fn triage(
                     if let Some(re) = re.filter(|re| re.is_dir()) {
                         replaced.push(re.path); // its entries stay with it
                     }
+                    plan.left_alone.push(i as u32);
                     return;
                 }
                 if o.existing_only && re.is_none() {
+                    plan.left_alone.push(i as u32);
                     return;
                 }
                 if se.kind == Kind::File && o.size_excluded(se.size) {
                     // As rsync: not transferred, and whatever the receiver has at this path
                     // stays (it is on the sender's list, so it is not extraneous either).
                     plan.size_skipped += 1;
+                    plan.left_alone.push(i as u32);
                     return;
                 }
                 match se.kind {
@@ -332,6 +339,7 @@ pub fn triage(
                             };
                             if !same && o.update && re.mtime_ns > se.mtime_ns {
                                 plan.kept_newer += 1;
+                                plan.left_alone.push(i as u32);
                                 return;
                             }
                             if same {
