@@ -178,6 +178,11 @@ export declare class NativeTreeSync {
    * `prepare`.
    */
   setFsync(fsync: boolean): void
+  /**
+   * Receiver: rsync's --max-delete (`null`: no limit); see `TreeSync::set_max_delete`.
+   * Call before `finishReceiver`.
+   */
+  setMaxDelete(n?: number | undefined | null): void
   /** Entries of our walk (cheap; `stats()` counts by kind). */
   entryCount(): number
   /** Our manifest in wire form (zstd-compressed). */
@@ -439,6 +444,8 @@ export interface StepOutcome {
   errors: Array<string>
   vanished: Array<string>
   warnings: Array<string>
+  /** Deletions left undone by --max-delete. */
+  deletesSkipped: number
 }
 
 export interface TreeStats {

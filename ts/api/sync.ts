@@ -87,6 +87,9 @@ export interface SyncOptions {
   /** rsync's --remove-source-files: once every file is synced, the sending side removes the
    * files and symlinks DEST now holds (directories stay). */
   removeSourceFiles?: boolean;
+  /** rsync's --max-delete: the receiving side deletes at most this many paths (with
+   * `delete`); the rest stay and the sync exits 25. */
+  maxDelete?: number;
   /** rsync's --mkpath: create DEST's missing path components. */
   mkpath?: boolean;
   /** rsync's -4 / -6 (passed to ssh) and --contimeout (ssh's ConnectTimeout, in seconds). */
@@ -239,6 +242,7 @@ function listingOf(o: SyncOptions, src: Location, dest: Location, push: boolean,
     prefix: src.slash ? undefined : `${baseName(src.path)}/`,
     rootCreated: rootExisted === false,
     createdDir: destExisted === false ? dest.path.replace(/[/\\]+$/, '') : undefined,
+    maxDelete: o.maxDelete,
   };
 }
 
@@ -288,7 +292,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       const sendConn = new FramedConnection(a, eng.timeoutMs!);
       const lanes = localLanes();
       const sending = { ...eng, compressLevel: 0, overlap: false, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES, listing: listingOf(o, src, dest, false, destExisted, rootExisted) }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
-      const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete }, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync };
+      const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, maxDelete: o.maxDelete }, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync };
       // Both trees are walked from the start, neither waiting on the handshake or the other
       // side's frames. The receiver's early walk has no exclude rules, so it is started only
       // when the sender has none either (and no -x): then it is the walk the session makes.
@@ -321,6 +325,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       ...(o.quic ? ['--quic'] : []),
       ...(o.inplace ? ['--inplace'] : []),
       ...(o.fsync === false ? ['--no-fsync'] : []),
+      ...(o.maxDelete !== undefined ? ['--max-delete', String(o.maxDelete)] : []),
       ...sizeArgs(o),
     ]);
     if (o.quic) {
@@ -369,7 +374,8 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     checksum: o.checksum,
     timeoutMs: eng.timeoutMs,
     signal: o.signal,
-    tree: { noDelete: !o.delete, listing: listingOf(o, src, dest, false, destExisted) },
+    events: o.events,
+    tree: { noDelete: !o.delete, maxDelete: o.maxDelete, listing: listingOf(o, src, dest, false, destExisted) },
     sizeLimits: limitsOf(o),
     inplace: o.inplace,
     fsync: o.fsync,
@@ -508,6 +514,7 @@ export async function serveStdio(o: {
   chmod?: string;
   pruneEmptyDirs?: boolean;
   removeSourceFiles?: boolean;
+  maxDelete?: number;
   inplace?: boolean;
   fsync?: boolean;
 }): Promise<SyncSummary> {
@@ -556,7 +563,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
     stateDir,
     checksum: o.checksum,
     events: o.events,
-    tree: {},
+    tree: { maxDelete: o.maxDelete },
     sizeLimits: limitsOf(o),
     inplace: o.inplace,
     fsync: o.fsync,

@@ -112,6 +112,9 @@ export interface Listing {
   show?: boolean;
   /** --log-file: every change as an itemized line (whatever -v / -i print), `<` or `>` as for -i. */
   log?: { line: (text: string) => void; direction: 'sent' | 'received' };
+  /** rsync's --max-delete: the receiver deletes only the first this many of the plan's
+   * deletions (in the listed order), so only those are listed. */
+  maxDelete?: number;
 }
 
 /** Write the plan's itemized lines to the log, if there is one (rsync logs `cd+++++++++ ./`
@@ -128,6 +131,10 @@ export function listingLines(tree: NativeTreeSync, listing: Listing | undefined)
   // after describe()'s verb padded to 8.
   const col = listing?.itemize ? 12 : 8;
   const prefix = listing?.prefix ?? '';
-  const lines = prefix ? raw.map((l) => l.slice(0, col) + (l.slice(col) === './' ? prefix : prefix + l.slice(col))) : raw;
+  let lines = prefix ? raw.map((l) => l.slice(0, col) + (l.slice(col) === './' ? prefix : prefix + l.slice(col))) : raw;
+  if (listing?.maxDelete !== undefined) {
+    let left = listing.maxDelete;
+    lines = lines.filter((l) => !/^\*?deleting /.test(l) || left-- > 0);
+  }
   return listing?.createdDir ? [`created directory ${listing.createdDir}`, ...lines] : lines;
 }

@@ -42,6 +42,8 @@ export interface TreeReceiveOptions {
   protect?: string[];
   /** Keep files only the receiver has, whatever the sender asks. */
   noDelete?: boolean;
+  /** rsync's --max-delete: at most this many deletions; the rest are left (exit 25). */
+  maxDelete?: number;
   /** A pull lists its changes here, where the user is (rsync's -v names or -i lines). */
   listing?: import('./tree-common.js').Listing;
 }
@@ -180,6 +182,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     );
     opened = tree;
     tree.setFsync(o.fsync !== false);
+    tree.setMaxDelete(o.tree?.maxDelete ?? null);
     const stats = tree.stats();
     await exchangeManifestsAndRoots(conn, tree, checksum, o.events);
     const counts = tree.triage(checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0, limits.maxSize, limits.minSize, limits.omitTimes, limits.omitPerms, limits.sizeOnly, limits.ignoreExisting, limits.existingOnly);
@@ -360,9 +363,11 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     const fin = await conn.keepAlive(call(tree.finishReceiver(deleteOk)));
     errors.push(...fin.errors);
     for (const w of fin.warnings) o.events?.info?.(`warning: ${w}`);
-    const deleted = deleteOk ? counts.deletes - fin.errors.filter((e) => e.startsWith('cannot delete')).length : 0;
+    const deleted = deleteOk ? counts.deletes - fin.errors.filter((e) => e.startsWith('cannot delete')).length - fin.deletesSkipped : 0;
     for (const e of [...errors, ...vanished]) o.events?.info?.(`error: ${e}`);
-    const exitCode = errors.length > 0 ? ExitCode.PARTIAL : vanished.length > 0 ? ExitCode.VANISHED : ExitCode.OK;
+    // rsync's precedence: a partial transfer (23), then vanished files (24), then the limit (25).
+    const limited = fin.deletesSkipped > 0 ? `Deletions stopped due to --max-delete limit (${fin.deletesSkipped} skipped)` : undefined;
+    const exitCode = errors.length > 0 ? ExitCode.PARTIAL : vanished.length > 0 ? ExitCode.VANISHED : limited ? ExitCode.DELETE_LIMIT : ExitCode.OK;
     summary.written = written + prep.files;
     summary.lanes = 1 + lanes.length;
     summary.deleted = deleted;
@@ -370,11 +375,13 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     o.summary.literalBytes = literal;
     o.summary.matchedBytes = matched;
     o.summary.upToDate = summary.written === 0 && deleted === 0 && counts.attrsOnly === 0 && counts.mkdirs === 0 && counts.symlinks === 0;
-    const message = summary.errors.slice(0, MAX_REPORTED).join('\n') + (summary.errors.length > MAX_REPORTED ? `\n… and ${summary.errors.length - MAX_REPORTED} more` : '');
+    const message = exitCode === ExitCode.DELETE_LIMIT ? limited! : summary.errors.slice(0, MAX_REPORTED).join('\n') + (summary.errors.length > MAX_REPORTED ? `\n… and ${summary.errors.length - MAX_REPORTED} more` : '');
     await conn.send(
       FrameType.TREE_RESULT,
       encodeTreeResult({
-        exitCode,
+        // A sender without DELETE_LIMIT knows no exit 25: to it the session succeeded (it
+        // did, file by file); the limit is reported here, where a pull's user is.
+        exitCode: exitCode === ExitCode.DELETE_LIMIT && !(o.negotiated.capabilities & Capability.DELETE_LIMIT) ? ExitCode.OK : exitCode,
         filesWritten: BigInt(summary.written),
         literalBytes: BigInt(literal),
         matchedBytes: BigInt(matched),
@@ -383,6 +390,10 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
         message,
       }),
     );
+    if (exitCode === ExitCode.DELETE_LIMIT) {
+      conn.errorSent = true;
+      throw new FfsyncError('EMAXDELETE', exitCode, message);
+    }
     if (exitCode !== ExitCode.OK) {
       conn.errorSent = true;
       // The one error line names what exit 24 means (the fault suite found it saying only

@@ -239,7 +239,9 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   o.summary.literalBytes = Number(result.literalBytes);
   o.summary.matchedBytes = Number(result.matchedBytes);
   o.summary.upToDate = result.filesWritten === 0n && result.deleted === 0n && counts.attrsOnly === 0;
-  if (result.exitCode !== 0) {
+  // --max-delete left deletions undone (exit 25): every file was still synced.
+  const limited = result.exitCode === ExitCode.DELETE_LIMIT;
+  if (result.exitCode !== 0 && !limited) {
     conn.errorSent = true; // the receiver reported it; nothing to tell it
     if (o.removeSourceFiles && !t.dryRun) o.events?.info?.(NOTHING_REMOVED);
     const what = result.exitCode === ExitCode.VANISHED ? 'some source files vanished' : `${result.errorCount} path(s) could not be synced`;
@@ -249,6 +251,10 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
     conn.errorSent = true; // the session is over on the receiver's side: a failure here is ours alone
     await removeSourceTree(tree, o.events);
     conn.errorSent = false;
+  }
+  if (limited) {
+    conn.errorSent = true;
+    throw new FfsyncError('EMAXDELETE', ExitCode.DELETE_LIMIT, result.message || 'Deletions stopped due to --max-delete limit');
   }
 }
 

@@ -309,7 +309,6 @@ export function buildProgram(): Command {
     ['-f, --filter <RULE>', 'filter'],
     ['-F', 'F'],
     ['-C, --cvs-exclude', 'cvsExclude'],
-    ['--max-delete <NUM>', 'maxDelete'],
     ['--chown <USER:GROUP>', 'chown'],
     ['-L, --copy-links', 'copyLinks'],
   ];
@@ -336,6 +335,7 @@ export function buildProgram(): Command {
     .option('--log-file <FILE>', "append what happened to FILE, as rsync's --log-file does (itemized changes of a tree, then the totals)")
     .option('-m, --prune-empty-dirs', 'leave directories with no file below them (after the excludes) off the list')
     .option('--delete-excluded', 'also delete excluded files on the receiving side (implies --delete)')
+    .addOption(new Option('--max-delete <NUM>', "don't delete more than NUM files and directories (with --delete; the rest stay, exit 25)").argParser(intArg(0, 2 ** 31 - 1)))
     .option('--remove-source-files', 'sender removes the files (not directories) that are now on the receiving side, once every file is synced')
     .option('--chmod <CHMOD>', "change the modes sent, as rsync does (e.g. Du=rwx,Dgo=rx,Fu=rw,Fgo=r; repeatable)", (v: string, prev?: string) => (prev ? `${prev},${v}` : v))
     .option('-4, --ipv4', 'prefer IPv4 (passed to ssh)')
@@ -426,6 +426,7 @@ export function buildProgram(): Command {
           chmod: o.chmod,
           pruneEmptyDirs: o.pruneEmptyDirs,
           removeSourceFiles: o.removeSourceFiles,
+          maxDelete: o.maxDelete,
           excludes,
           dryRun: o.dryRun,
           checksum: o.checksum,
@@ -495,6 +496,7 @@ export function buildProgram(): Command {
     .option('--chmod <rules>')
     .option('--prune-empty-dirs')
     .option('--remove-source-files')
+    .addOption(new Option('--max-delete <n>').argParser(intArg(0, 2 ** 31 - 1)))
     .option('--choices <list>', '', (v: string) => (require('../api/sync.js') as typeof import('../api/sync.js')).parseFlagSet('choices', v))
     .addOption(new Option('--min-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .option('--state-dir <dir>')
@@ -528,6 +530,7 @@ export function buildProgram(): Command {
           chmod: o.chmod,
           pruneEmptyDirs: o.pruneEmptyDirs,
           removeSourceFiles: o.removeSourceFiles,
+          maxDelete: o.maxDelete,
           inplace: o.inplace,
           fsync: o.fsync,
           stateDir: o.stateDir,

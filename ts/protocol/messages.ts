@@ -59,8 +59,10 @@ export const Capability = {
   /** Tree sessions: TREE_OPTIONS may have an 18th byte of triage choices (rsync's
    * --size-only, --ignore-existing, --existing, §9.2) that both peers' triage applies. */
   TRIAGE_CHOICES: 1 << 12,
+  /** Tree sessions: TREE_RESULT may carry exit 25 (rsync's --max-delete left deletions undone). */
+  DELETE_LIMIT: 1 << 13,
 } as const;
-export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM | Capability.BATCH_STREAM | Capability.OMIT_ATTRS | Capability.TRIAGE_CHOICES;
+export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM | Capability.BATCH_STREAM | Capability.OMIT_ATTRS | Capability.TRIAGE_CHOICES | Capability.DELETE_LIMIT;
 /** Most REFINE bytes one file transfer may carry (mirrors refine::MAX_TABLE_BYTES). */
 export const MAX_REFINE_TABLE = 64 * 1024 * 1024;
 /** REFINE payloads are cut at this size. */
@@ -495,7 +497,7 @@ export function encodeTreeResult(r: TreeResult): Buffer {
 }
 
 export function decodeTreeResult(p: Buffer): TreeResult {
-  if (p.length < 37 || p.length > 37 + MAX_ERROR_MESSAGE || ![0, 23, 24].includes(p[0])) throw protocolError('bad TREE_RESULT');
+  if (p.length < 37 || p.length > 37 + MAX_ERROR_MESSAGE || ![0, 23, 24, 25].includes(p[0])) throw protocolError('bad TREE_RESULT');
   return {
     exitCode: p[0],
     filesWritten: p.readBigUInt64LE(1),

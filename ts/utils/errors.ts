@@ -14,6 +14,8 @@ export const ExitCode = {
   SIGNAL: 20,
   PARTIAL: 23,
   VANISHED: 24,
+  /** rsync's RERR_DEL_LIMIT: --max-delete left deletions undone. */
+  DELETE_LIMIT: 25,
   TIMEOUT: 30,
   /** `sync` over ssh: the remote program is not on the remote PATH (the shell's 127). */
   REMOTE_COMMAND_MISSING: 127,

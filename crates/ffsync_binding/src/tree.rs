@@ -96,6 +96,8 @@ pub struct StepOutcome {
     pub errors: Vec<String>,
     pub vanished: Vec<String>,
     pub warnings: Vec<String>,
+    /// Deletions left undone by --max-delete.
+    pub deletes_skipped: f64,
 }
 
 impl From<Outcome> for StepOutcome {
@@ -106,6 +108,7 @@ impl From<Outcome> for StepOutcome {
             errors: o.errors,
             vanished: o.vanished,
             warnings: o.warnings,
+            deletes_skipped: o.deletes_skipped as f64,
         }
     }
 }
@@ -309,6 +312,13 @@ impl NativeTreeSync {
     #[napi]
     pub fn set_fsync(&self, fsync: bool) {
         self.inner.write().unwrap().set_fsync(fsync);
+    }
+
+    /// Receiver: rsync's --max-delete (`null`: no limit); see `TreeSync::set_max_delete`.
+    /// Call before `finishReceiver`.
+    #[napi]
+    pub fn set_max_delete(&self, n: Option<u32>) {
+        self.inner.write().unwrap().set_max_delete(n.map(u64::from));
     }
 
     /// Entries of our walk (cheap; `stats()` counts by kind).

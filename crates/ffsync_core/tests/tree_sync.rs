@@ -1454,3 +1454,40 @@ fn remove_sources_never_follows_a_link_planted_after_the_walk() {
     );
     assert!(src.p("sub.moved/victim.txt").exists());
 }
+
+/// rsync's --max-delete: at most N deletions (deepest first), the rest left in place; 0
+/// deletes nothing. Everything else in the plan still happens.
+#[test]
+fn max_delete_stops_deletions_at_the_limit() {
+    for (limit, left) in [(Some(3u64), 5usize), (Some(0), 8), (None, 0)] {
+        let (src, dst) = (Side::new(), Side::new());
+        src.put("keep.txt", b"new");
+        for i in 0..5 {
+            dst.put(&format!("old{i}.txt"), b"x");
+        }
+        dst.put("olddir/a", b"a");
+        dst.put("olddir/b", b"b");
+        let (s, mut r) = negotiate(
+            &src,
+            &dst,
+            Opts {
+                delete: true,
+                ..Default::default()
+            },
+        );
+        r.set_max_delete(limit);
+        let (_, errors) = execute(&src, &dst, &s, &r, true);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(dst.read("keep.txt"), b"new", "the transfer itself is not limited");
+        let extraneous = snapshot(&dst.tree)
+            .keys()
+            .filter(|k| !["", "keep.txt"].contains(&k.as_str()))
+            .count();
+        assert_eq!(
+            extraneous,
+            left,
+            "limit {limit:?}: {:?}",
+            snapshot(&dst.tree).keys().collect::<Vec<_>>()
+        );
+    }
+}

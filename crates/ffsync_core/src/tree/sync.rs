@@ -36,6 +36,8 @@ pub struct Outcome {
     /// Not failures (exit 0), but worth telling: names that differ only in case on a
     /// filesystem that folds case.
     pub warnings: Vec<String>,
+    /// Receiver: deletions left undone by rsync's --max-delete (exit 25).
+    pub deletes_skipped: u64,
 }
 
 impl Outcome {
@@ -45,6 +47,7 @@ impl Outcome {
         self.errors.extend(o.errors);
         self.vanished.extend(o.vanished);
         self.warnings.extend(o.warnings);
+        self.deletes_skipped += o.deletes_skipped;
     }
 }
 
@@ -97,6 +100,8 @@ pub struct TreeSync {
     flushing: Arc<AtomicBool>,
     /// Receiver: apply_attrs changed an owner, group or xattr (the tree needs a sync).
     attrs_changed: AtomicBool,
+    /// Receiver: rsync's --max-delete (at most this many deletions; `None`: no limit).
+    max_delete: Option<u64>,
 }
 
 /// Small files written between two background flushes of the tree's filesystem.
@@ -190,7 +195,15 @@ impl TreeSync {
             unflushed: AtomicU64::new(0),
             flushing: Arc::new(AtomicBool::new(false)),
             attrs_changed: AtomicBool::new(false),
+            max_delete: None,
         }
+    }
+
+    /// Receiver: rsync's --max-delete. Deletions run deepest first; once `n` were attempted,
+    /// the rest are left (a directory whose contents were left stays too) and counted in
+    /// `Outcome::deletes_skipped`. `Some(0)` deletes nothing and counts every deletion.
+    pub fn set_max_delete(&mut self, n: Option<u64>) {
+        self.max_delete = n;
     }
 
     /// Receiver: `false` (`--no-fsync`) writes files without starting their writeback or
@@ -1007,7 +1020,24 @@ impl TreeSync {
         let mut out = Outcome::default();
         let plan = self.plan();
         let (s, r) = (self.s(), self.r());
+        let mut deletes_tried = 0u64;
+        // Paths --max-delete left; deletions run deepest first, so a directory comes after
+        // everything under it.
+        let mut left: Vec<&[u8]> = Vec::new();
         for (k, a) in plan.actions.iter().enumerate() {
+            if a.op == Op::Delete && delete_ok && self.max_delete.is_some() {
+                let e = r.entry(a.r as usize);
+                if e.is_dir() && left.iter().any(|p| super::path::is_under(p, e.path)) {
+                    // Not empty, so not deletable: as rsync, not counted as skipped either.
+                    continue;
+                }
+                if self.max_delete.is_some_and(|m| deletes_tried >= m) {
+                    out.deletes_skipped += 1;
+                    left.push(e.path);
+                    continue;
+                }
+                deletes_tried += 1;
+            }
             let res: std::io::Result<()> = match a.op {
                 Op::Symlink => self.make_link(a, &s.entry(a.s as usize)),
                 Op::FileMeta => {
