@@ -9,7 +9,7 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { CLI, listing, makeImmutable, tmpdir, undoImmutable } from './helpers/peers';
+import { CLI, listing, makeImmutable, standInSsh, tmpdir, undoImmutable } from './helpers/peers';
 
 const haveRsync = spawnSync('rsync', ['--version']).status === 0;
 const skip = (!haveRsync && 'rsync is not installed') || (process.platform === 'win32' && 'POSIX symlinks and a shell stand-in for ssh');
@@ -54,9 +54,7 @@ interface Case {
 function compare(c: Case): { ours: { src: string[]; dst: string[] }; theirs: { src: string[]; dst: string[] }; stderr: string } {
   const dir = tmpdir('ffsync-rsf-');
   const result = { ours: { src: [] as string[], dst: [] as string[] }, theirs: { src: [] as string[], dst: [] as string[] }, stderr: '' };
-  // A stand-in for ssh: runs the remote command here (HOST is ignored).
-  const fake = path.join(dir, 'fake-ssh.sh');
-  fs.writeFileSync(fake, '#!/bin/sh\nshift\nexec /bin/sh -c "$*"\n', { mode: 0o755 });
+  const ssh = standInSsh(dir);
   for (const tool of ['ours', 'theirs'] as const) {
     const src = path.join(dir, tool, 'src');
     const dst = path.join(dir, tool, 'dst');
@@ -66,8 +64,8 @@ function compare(c: Case): { ours: { src: string[]; dst: string[] }; theirs: { s
     const args = [...c.flags, `${remote(src, 'pull')}/`, `${remote(dst, 'push')}/`];
     const r =
       tool === 'ours'
-        ? spawnSync(process.execPath, [CLI, 'sync', '--state-dir', path.join(dir, 'state'), ...(c.mode && c.mode !== 'local' ? ['-e', fake, '--remote-cmd', `env FFSYNC_STATE_DIR=${path.join(dir, 'remote-state')} ${process.execPath} ${CLI}`] : []), ...args], { encoding: 'utf8' })
-        : spawnSync('rsync', [...(c.mode && c.mode !== 'local' ? ['-e', fake] : []), ...args], { encoding: 'utf8' });
+        ? spawnSync(process.execPath, [CLI, 'sync', '--state-dir', path.join(dir, 'state'), ...(c.mode && c.mode !== 'local' ? ['-e', ssh.rsh, '--remote-cmd', ssh.remoteCmd] : []), ...args], { encoding: 'utf8' })
+        : spawnSync('rsync', [...(c.mode && c.mode !== 'local' ? ['-e', ssh.rsh] : []), ...args], { encoding: 'utf8' });
     assert.equal(r.status, 0, `${tool} ${args.join(' ')}: ${r.stderr}`);
     if (tool === 'ours') result.stderr = r.stderr;
     result[tool] = { src: listing(src), dst: listing(dst) };

@@ -118,7 +118,7 @@ export declare class NativeReconstruction {
    * resolved without following any link. `fsync` (default true): the result is made
    * durable before it is renamed into place; false is `--no-fsync`.
    */
-  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ((doneBytes: number) => void) | undefined | null, holes?: Buffer | undefined | null, inplace?: boolean | undefined | null, prefill?: NativePrefill | undefined | null, beneath?: string | undefined | null, fsync?: boolean | undefined | null): Promise<NativeReconstruction>
+  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ((doneBytes: number) => void) | undefined | null, holes?: Buffer | undefined | null, inplace?: boolean | undefined | null, prefill?: NativePrefill | undefined | null, beneath?: string | undefined | null, fsync?: boolean | undefined | null, backup?: BackupOptions | undefined | null): Promise<NativeReconstruction>
   /** Indices of chunks that must come over the wire, ascending. */
   needed(): Uint32Array
   summary(): PlanSummary
@@ -178,6 +178,11 @@ export declare class NativeTreeSync {
    * `prepare`.
    */
   setFsync(fsync: boolean): void
+  /**
+   * Receiver: rsync's -b / --suffix / --backup-dir (`null`: no backups); `dir` is
+   * relative to the tree's root unless absolute. Call before `prepare`.
+   */
+  setBackup(backup?: BackupOptions | undefined | null): void
   /**
    * Receiver: rsync's --max-delete (`null`: no limit); see `TreeSync::set_max_delete`.
    * Call before `finishReceiver`.
@@ -243,6 +248,17 @@ export declare class NativeTreeSync {
 
 /** rsync's --chmod applied to one mode (a single file's OFFER); an `EUSAGE` error names a bad clause. */
 export declare function applyChmod(rules: string, mode: number, isDir: boolean): number
+
+/** rsync's -b / --suffix / --backup-dir (the receiver's options). */
+export interface BackupOptions {
+  /**
+   * --backup-dir, relative to the destination root (a tree's root, or a single file's
+   * directory) unless absolute.
+   */
+  dir?: string
+  /** --suffix; default `~`, or nothing with a directory. */
+  suffix?: string
+}
 
 /** Validate a packed manifest from an untrusted peer (bounds, lengths, root). */
 export declare function decodeManifest(manifest: Buffer): ManifestInfo

@@ -321,3 +321,11 @@ export function listing(root: string): string[] {
   if (fs.existsSync(root)) walk('');
   return out;
 }
+
+/** `sync -e` without sshd: a stand-in for ssh that runs the remote command here (HOST is
+ * ignored), and the `--remote-cmd` that runs this CLI there with a state dir of its own. */
+export function standInSsh(dir: string): { rsh: string; remoteCmd: string } {
+  const rsh = path.join(dir, 'fake-ssh.sh');
+  fs.writeFileSync(rsh, '#!/bin/sh\nshift\nexec /bin/sh -c "$*"\n', { mode: 0o755 });
+  return { rsh, remoteCmd: `env FFSYNC_STATE_DIR=${path.join(dir, 'remote-state')} ${process.execPath} ${CLI}` };
+}

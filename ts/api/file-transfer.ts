@@ -38,6 +38,7 @@ import {
   ResultStatus,
 } from '../protocol/messages.js';
 import {
+  type BackupOptions,
   beginPrefill,
   beginReconstruction,
   call,
@@ -436,6 +437,9 @@ export interface ReceiveContentOptions {
   stream?: boolean;
   /** `false` (`--no-fsync`): rename the verified file without making it durable first. */
   fsync?: boolean;
+  /** rsync's -b / --suffix / --backup-dir: the file this one replaces is kept under its
+   * backup name (crates/ffsync_core/src/backup.rs). */
+  backup?: BackupOptions;
 }
 
 /** Early placement while MANIFEST_STREAM frames (and early DATA) arrive: one chain of
@@ -760,6 +764,7 @@ async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOpt
             prefill,
             o.beneath,
             o.fsync,
+            o.backup,
           ),
         ),
       );

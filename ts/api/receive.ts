@@ -59,6 +59,10 @@ export interface ReceiveOptions {
    * does by default: every file is still verified before the rename, but a crash soon
    * after may leave a file empty or incomplete under its name. */
   fsync?: boolean;
+  /** rsync's -b / --suffix / --backup-dir: what a file replaces, and (trees) what a
+   * deletion removes, is first moved to its backup name. `dir` is relative to the
+   * destination root (a tree's root, a single file's directory) unless absolute. */
+  backup?: import('../native/binding.js').BackupOptions;
 }
 
 /** Fail before listening if the target can never be written. */
@@ -299,6 +303,7 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
       refine: o.refine !== false && Boolean(negotiated.capabilities & Capability.REFINE),
       sparse: Boolean(negotiated.capabilities & Capability.SPARSE),
       inplace: o.inplace,
+      backup: o.backup,
       stream: Boolean(negotiated.capabilities & Capability.STREAM),
       fsync: o.fsync,
     });

@@ -27,6 +27,7 @@ import type { SyncEvents, SyncSummary } from './events.js';
 import { startWalk, type TreeSendOptions } from './tree-send.js';
 import { startPrewalk } from './tree-receive.js';
 import type { Listing } from './tree-common.js';
+import type { BackupOptions } from '../native/binding.js';
 
 // What only push, pull or --quic use is loaded when they run (start-up of a local sync,
 // bench/startup.ts): ssh's child_process, QUIC, and the identity (TLS certificates).
@@ -87,6 +88,11 @@ export interface SyncOptions {
   /** rsync's --remove-source-files: once every file is synced, the sending side removes the
    * files and symlinks DEST now holds (directories stay). */
   removeSourceFiles?: boolean;
+  /** rsync's -b/--backup, --suffix, --backup-dir (which implies -b): the receiving side
+   * moves what a file replaces, or a deletion removes, to its backup name first. */
+  backup?: boolean;
+  suffix?: string;
+  backupDir?: string;
   /** rsync's --max-delete: the receiving side deletes at most this many paths (with
    * `delete`); the rest stay and the sync exits 25. */
   maxDelete?: number;
@@ -123,8 +129,32 @@ export interface SyncOptions {
   attrs?: number;
 }
 
+/** The receiving side's backup options (rsync's -b, --suffix, --backup-dir), if any. */
+export function backupOf(o: { backup?: boolean; suffix?: string; backupDir?: string; inplace?: boolean }): BackupOptions | undefined {
+  if (!o.backup && o.backupDir === undefined) return undefined;
+  if (o.inplace) throw new FfsyncError('EUSAGE', ExitCode.USAGE, '-b/--backup cannot be combined with --inplace in this version');
+  if (o.backupDir === undefined && o.suffix === '') throw new FfsyncError('EUSAGE', ExitCode.USAGE, '--suffix cannot be empty without --backup-dir');
+  return { dir: o.backupDir, suffix: o.suffix };
+}
+
+/** What the receiving side must never delete because of -b, as rsync protects it (with
+ * --delete): older backups beside their files (`*~`), and a backup directory inside DEST. */
+export function backupProtect(b: BackupOptions | undefined): string[] {
+  if (!b) return [];
+  const inside = b.dir !== undefined && !path.isAbsolute(b.dir) && !b.dir.split(/[/\\]/).includes('..');
+  return [...(b.dir === undefined ? [`*${b.suffix ?? '~'}`] : []), ...(inside ? [`/${b.dir!.replace(/^\.\/+|\/+$/g, '')}/`] : [])];
+}
+
 function limitsOf(o: { maxSize?: number; minSize?: number }): { maxSize?: number; minSize?: number } {
   return { maxSize: o.maxSize, minSize: o.minSize };
+}
+
+/** -b / --suffix / --backup-dir for the remote receiver (its --backup-dir, if relative, is
+ * relative to the remote DEST, as rsync's). */
+function backupArgs(o: SyncOptions): string[] {
+  const b = backupOf(o);
+  if (!b) return [];
+  return ['--backup', ...(b.suffix !== undefined ? ['--suffix', b.suffix] : []), ...(b.dir !== undefined ? ['--backup-dir', b.dir] : [])];
 }
 
 function sizeArgs(o: { maxSize?: number; minSize?: number }): string[] {
@@ -292,7 +322,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       const sendConn = new FramedConnection(a, eng.timeoutMs!);
       const lanes = localLanes();
       const sending = { ...eng, compressLevel: 0, overlap: false, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES, listing: listingOf(o, src, dest, false, destExisted, rootExisted) }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
-      const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, maxDelete: o.maxDelete }, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync };
+      const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, maxDelete: o.maxDelete, protect: backupProtect(backupOf(o)) }, backup: backupOf(o), listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync };
       // Both trees are walked from the start, neither waiting on the handshake or the other
       // side's frames. The receiver's early walk has no exclude rules, so it is started only
       // when the sender has none either (and no -x): then it is the walk the session makes.
@@ -326,6 +356,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       ...(o.inplace ? ['--inplace'] : []),
       ...(o.fsync === false ? ['--no-fsync'] : []),
       ...(o.maxDelete !== undefined ? ['--max-delete', String(o.maxDelete)] : []),
+      ...backupArgs(o),
       ...sizeArgs(o),
     ]);
     if (o.quic) {
@@ -375,7 +406,8 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     timeoutMs: eng.timeoutMs,
     signal: o.signal,
     events: o.events,
-    tree: { noDelete: !o.delete, maxDelete: o.maxDelete, listing: listingOf(o, src, dest, false, destExisted) },
+    tree: { noDelete: !o.delete, maxDelete: o.maxDelete, protect: backupProtect(backupOf(o)), listing: listingOf(o, src, dest, false, destExisted) },
+    backup: backupOf(o),
     sizeLimits: limitsOf(o),
     inplace: o.inplace,
     fsync: o.fsync,
@@ -515,6 +547,9 @@ export async function serveStdio(o: {
   pruneEmptyDirs?: boolean;
   removeSourceFiles?: boolean;
   maxDelete?: number;
+  backup?: boolean;
+  suffix?: string;
+  backupDir?: string;
   inplace?: boolean;
   fsync?: boolean;
 }): Promise<SyncSummary> {
@@ -563,7 +598,8 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
     stateDir,
     checksum: o.checksum,
     events: o.events,
-    tree: { maxDelete: o.maxDelete },
+    tree: { maxDelete: o.maxDelete, protect: backupProtect(backupOf(o)) },
+    backup: backupOf(o),
     sizeLimits: limitsOf(o),
     inplace: o.inplace,
     fsync: o.fsync,

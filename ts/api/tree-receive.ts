@@ -183,6 +183,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     opened = tree;
     tree.setFsync(o.fsync !== false);
     tree.setMaxDelete(o.tree?.maxDelete ?? null);
+    if (!dryRun) tree.setBackup(o.backup ?? null);
     const stats = tree.stats();
     await exchangeManifestsAndRoots(conn, tree, checksum, o.events);
     const counts = tree.triage(checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0, limits.maxSize, limits.minSize, limits.omitTimes, limits.omitPerms, limits.sizeOnly, limits.ignoreExisting, limits.existingOnly);
@@ -257,6 +258,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
         inplace: o.inplace,
         stream: Boolean(o.negotiated.capabilities & Capability.STREAM),
         fsync: o.fsync,
+        backup: o.backup,
       }).catch(async (e: unknown) => {
         // On a multiplexed stream, a file that changed on the sender fails alone: the
         // sender says so in an ERROR on that stream (exit 24), or answers our report of a

@@ -302,9 +302,6 @@ export function buildProgram(): Command {
     ['-H, --hard-links', 'hardLinks'],
     ['-A, --acls', 'acls'],
     ['--partial-dir <DIR>', 'partialDir'],
-    ['-b, --backup', 'backup'],
-    ['--suffix <SUFFIX>', 'suffix'],
-    ['--backup-dir <DIR>', 'backupDir'],
     ['--files-from <FILE>', 'filesFrom'],
     ['-f, --filter <RULE>', 'filter'],
     ['-F', 'F'],
@@ -336,6 +333,9 @@ export function buildProgram(): Command {
     .option('-m, --prune-empty-dirs', 'leave directories with no file below them (after the excludes) off the list')
     .option('--delete-excluded', 'also delete excluded files on the receiving side (implies --delete)')
     .addOption(new Option('--max-delete <NUM>', "don't delete more than NUM files and directories (with --delete; the rest stay, exit 25)").argParser(intArg(0, 2 ** 31 - 1)))
+    .option('-b, --backup', "the receiving side keeps what a file replaces or a deletion removes, as name~ (see --suffix, --backup-dir)")
+    .option('--suffix <SUFFIX>', 'backup suffix (default ~, or none with --backup-dir)')
+    .option('--backup-dir <DIR>', 'keep backups under DIR (relative to DEST unless absolute), same relative paths; implies -b')
     .option('--remove-source-files', 'sender removes the files (not directories) that are now on the receiving side, once every file is synced')
     .option('--chmod <CHMOD>', "change the modes sent, as rsync does (e.g. Du=rwx,Dgo=rx,Fu=rw,Fgo=r; repeatable)", (v: string, prev?: string) => (prev ? `${prev},${v}` : v))
     .option('-4, --ipv4', 'prefer IPv4 (passed to ssh)')
@@ -427,6 +427,9 @@ export function buildProgram(): Command {
           pruneEmptyDirs: o.pruneEmptyDirs,
           removeSourceFiles: o.removeSourceFiles,
           maxDelete: o.maxDelete,
+          backup: o.backup,
+          suffix: o.suffix,
+          backupDir: o.backupDir,
           excludes,
           dryRun: o.dryRun,
           checksum: o.checksum,
@@ -497,6 +500,9 @@ export function buildProgram(): Command {
     .option('--prune-empty-dirs')
     .option('--remove-source-files')
     .addOption(new Option('--max-delete <n>').argParser(intArg(0, 2 ** 31 - 1)))
+    .option('--backup')
+    .option('--suffix <suffix>')
+    .option('--backup-dir <dir>')
     .option('--choices <list>', '', (v: string) => (require('../api/sync.js') as typeof import('../api/sync.js')).parseFlagSet('choices', v))
     .addOption(new Option('--min-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .option('--state-dir <dir>')
@@ -531,6 +537,9 @@ export function buildProgram(): Command {
           pruneEmptyDirs: o.pruneEmptyDirs,
           removeSourceFiles: o.removeSourceFiles,
           maxDelete: o.maxDelete,
+          backup: o.backup,
+          suffix: o.suffix,
+          backupDir: o.backupDir,
           inplace: o.inplace,
           fsync: o.fsync,
           stateDir: o.stateDir,

@@ -20,7 +20,7 @@ export type NativeQuicConnection = Binding.NativeQuicConnection;
 export type NativeQuicStream = Binding.NativeQuicStream;
 export type NativeScanStream = Binding.NativeScanStream;
 export type NativePrefill = Binding.NativePrefill;
-export type { PlanCounts, LargeTransferInfo, SmallBatch, StepOutcome, TreeStats, WalkTreeOptions } from '../../binding/index.js';
+export type { BackupOptions, PlanCounts, LargeTransferInfo, SmallBatch, StepOutcome, TreeStats, WalkTreeOptions } from '../../binding/index.js';
 
 /** Await a native promise, turning `CODE: message` errors into FfsyncErrors. */
 export async function call<T>(p: Promise<T> | (() => T)): Promise<T> {
@@ -89,8 +89,10 @@ export function beginReconstruction(
   beneath?: string,
   /** Make the result durable before renaming it into place (default true; false: `--no-fsync`). */
   fsync?: boolean,
+  /** rsync's -b: the replaced file is moved to its backup name first. */
+  backup?: Binding.BackupOptions,
 ): Promise<Binding.NativeReconstruction> {
-  return call(native.NativeReconstruction.begin(target, manifest, locals, progressCallback(onProgress), holes, inplace, prefill, beneath, fsync));
+  return call(native.NativeReconstruction.begin(target, manifest, locals, progressCallback(onProgress), holes, inplace, prefill, beneath, fsync, backup));
 }
 
 /** Complete an interrupted `--inplace` commit of `target`, if any (message when one was). */

@@ -1,5 +1,6 @@
 use crate::progress::{ProgressFn, Ticker};
 use crate::{bigint_to_i64, to_napi};
+use ffsync_core::backup::Backup;
 use ffsync_core::beneath::Target;
 use ffsync_core::manifest::Manifest;
 use ffsync_core::reconstruct::{touch_up_to_date_at, BeginOptions, LocalSource, Reconstruction};
@@ -15,6 +16,23 @@ fn resolve(target: &Path, beneath: Option<&Path>) -> Result<Target> {
 }
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+
+/// rsync's -b / --suffix / --backup-dir (the receiver's options).
+#[napi(object)]
+#[derive(Clone)]
+pub struct BackupOptions {
+    /// --backup-dir, relative to the destination root (a tree's root, or a single file's
+    /// directory) unless absolute.
+    pub dir: Option<String>,
+    /// --suffix; default `~`, or nothing with a directory.
+    pub suffix: Option<String>,
+}
+
+fn backup_for(o: &BackupOptions, target: &Path, beneath: Option<&Path>) -> Result<(Arc<Backup>, Vec<u8>)> {
+    let (b, rel) = Backup::for_file(target, beneath, o.dir.as_deref().map(Path::new), o.suffix.as_deref())
+        .map_err(|e| to_napi(ffsync_core::CoreError::io(target, e)))?;
+    Ok((Arc::new(b), rel))
+}
 
 #[napi(object)]
 pub struct LocalFile {
@@ -60,6 +78,7 @@ pub struct BeginTask {
     holes: Option<Vec<u8>>,
     inplace: bool,
     fsync: bool,
+    backup: Option<BackupOptions>,
     progress: Option<ProgressFn>,
 }
 
@@ -80,6 +99,10 @@ impl Task for BeginTask {
             Some(buf) => ffsync_core::sparse::decode(buf, m.size).map_err(to_napi)?,
             None => Vec::new(),
         };
+        let backup = match &self.backup {
+            Some(o) => Some(backup_for(o, &self.target, self.beneath.as_deref())?),
+            None => None,
+        };
         Ok(Arc::new(
             Reconstruction::begin_at(
                 resolve(&self.target, self.beneath.as_deref())?,
@@ -90,6 +113,7 @@ impl Task for BeginTask {
                     inplace: self.inplace,
                     prefill: self.prefill.take().map(|p| p.into_prefilled()),
                     fsync: self.fsync,
+                    backup,
                 },
             )
             .map_err(to_napi)?,
@@ -187,6 +211,7 @@ impl NativeReconstruction {
         prefill: Option<&NativePrefill>,
         beneath: Option<String>,
         fsync: Option<bool>,
+        backup: Option<BackupOptions>,
     ) -> AsyncTask<BeginTask> {
         AsyncTask::new(BeginTask {
             prefill: prefill.and_then(|p| p.take()),
@@ -200,6 +225,7 @@ impl NativeReconstruction {
             holes: holes.map(|b| b.to_vec()),
             inplace: inplace.unwrap_or(false),
             fsync: fsync.unwrap_or(true),
+            backup,
             progress: on_progress,
         })
     }

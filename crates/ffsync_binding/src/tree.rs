@@ -314,6 +314,26 @@ impl NativeTreeSync {
         self.inner.write().unwrap().set_fsync(fsync);
     }
 
+    /// Receiver: rsync's -b / --suffix / --backup-dir (`null`: no backups); `dir` is
+    /// relative to the tree's root unless absolute. Call before `prepare`.
+    #[napi]
+    pub fn set_backup(&self, backup: Option<crate::reconstruction::BackupOptions>) -> Result<()> {
+        let mut t = self.inner.write().unwrap();
+        let b = match backup {
+            Some(o) => Some(std::sync::Arc::new(
+                ffsync_core::backup::Backup::new(
+                    &t.local.root,
+                    o.dir.as_deref().map(std::path::Path::new),
+                    o.suffix.as_deref(),
+                )
+                .map_err(|e| to_napi(ffsync_core::CoreError::io(&t.local.root, e)))?,
+            )),
+            None => None,
+        };
+        t.set_backup(b);
+        Ok(())
+    }
+
     /// Receiver: rsync's --max-delete (`null`: no limit); see `TreeSync::set_max_delete`.
     /// Call before `finishReceiver`.
     #[napi]

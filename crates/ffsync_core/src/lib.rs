@@ -12,6 +12,7 @@
 //! - [`beneath`]: filesystem access confined beneath a directory handle (no link followed)
 //! - [`identity`]: this peer's self-signed TLS identity (rcgen)
 
+pub mod backup;
 pub mod beneath;
 pub mod chunk_batch;
 pub mod chunk_source;

@@ -58,6 +58,10 @@ pub struct BeginOptions {
     /// verified result is renamed with its data still in the page cache (rsync's default
     /// trade-off). `--inplace` keeps its journal's fsyncs either way.
     pub fsync: bool,
+    /// rsync's -b: the file the result replaces is moved to its backup name just before the
+    /// rename, with its path relative to the destination root (for --backup-dir). Not with
+    /// `inplace` (the shell refuses the combination).
+    pub backup: Option<(std::sync::Arc<crate::backup::Backup>, Vec<u8>)>,
 }
 
 impl Default for BeginOptions {
@@ -67,6 +71,7 @@ impl Default for BeginOptions {
             inplace: false,
             prefill: None,
             fsync: true,
+            backup: None,
         }
     }
 }
@@ -151,6 +156,8 @@ pub struct Reconstruction {
     reservation: crate::io::reserve::Reservation,
     /// Fsync before the rename (see [`BeginOptions::fsync`]).
     fsync: bool,
+    /// See [`BeginOptions::backup`].
+    backup: Option<(std::sync::Arc<crate::backup::Backup>, Vec<u8>)>,
     /// Writeback started as data lands (crate::io::writeback).
     writeback: crate::io::Writeback,
     /// Decompression buffers reused across batches.
@@ -315,6 +322,7 @@ impl Reconstruction {
             inplace,
             prefill,
             fsync,
+            backup,
         } = opts;
         let temp = partial_of(&target, &manifest.root);
         let exists = |t: &Target| t.lstat().ok().flatten().is_some();
@@ -480,6 +488,7 @@ impl Reconstruction {
             writer: PositionalWriter::new(),
             reservation: crate::io::reserve::Reservation::new(size),
             fsync,
+            backup,
             writeback: crate::io::Writeback::new(fsync),
             scratch: Mutex::new(Vec::new()),
             state: Mutex::new(State::Open),
@@ -975,6 +984,14 @@ impl Reconstruction {
             // On macOS `sync_all` is F_FULLFSYNC (through the drive's cache), as it must be
             // for "durable before the rename" to hold there.
             self.file.sync_all().map_err(|e| CoreError::io(self.temp.shown(), e))?;
+        }
+        if let Some((b, rel)) = &self.backup {
+            b.save(&self.target, rel).map_err(|e| {
+                CoreError::io(
+                    self.target.shown(),
+                    std::io::Error::other(format!("cannot make its backup: {e}")),
+                )
+            })?;
         }
         // A directory at the target (a tree entry that changed kind) is the caller's to
         // clear first; a link there is replaced itself, never followed.

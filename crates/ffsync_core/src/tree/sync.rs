@@ -10,6 +10,7 @@ use super::manifest::{flags, CompressedManifestReader, EntryRef, Kind, TreeManif
 use super::path::{display, join};
 use super::triage::{self, action_flags, Action, ExtraRoots, Op, Plan, TriageOptions};
 use super::walk::LocalTree;
+use crate::backup::Backup;
 use crate::beneath::{Dir, Target};
 use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
@@ -102,6 +103,9 @@ pub struct TreeSync {
     attrs_changed: AtomicBool,
     /// Receiver: rsync's --max-delete (at most this many deletions; `None`: no limit).
     max_delete: Option<u64>,
+    /// Receiver: rsync's -b: what a file or symlink replaces or a deletion removes is moved
+    /// to its backup name first.
+    backup: Option<Arc<Backup>>,
 }
 
 /// Small files written between two background flushes of the tree's filesystem.
@@ -196,6 +200,21 @@ impl TreeSync {
             flushing: Arc::new(AtomicBool::new(false)),
             attrs_changed: AtomicBool::new(false),
             max_delete: None,
+            backup: None,
+        }
+    }
+
+    /// Receiver: rsync's -b/--backup (with --suffix, --backup-dir). Call before `prepare`.
+    pub fn set_backup(&mut self, backup: Option<Arc<Backup>>) {
+        self.backup = backup;
+    }
+
+    /// Receiver, with -b: move what is at the sender entry's path (a file or symlink about to
+    /// be replaced) to its backup name.
+    fn back_up(&self, a: &Action, target: &Target) -> std::io::Result<()> {
+        match &self.backup {
+            Some(b) => b.save(target, self.s().entry(a.s as usize).path).map(|_| ()),
+            None => Ok(()),
         }
     }
 
@@ -807,6 +826,13 @@ impl TreeSync {
                 return Err(CoreError::io(&shown, e));
             }
         };
+        if let Err(e) = self.back_up(a, &target) {
+            let _ = tmp.unlink();
+            return Err(CoreError::io(
+                &shown,
+                std::io::Error::other(format!("cannot make its backup: {e}")),
+            ));
+        }
         if a.flags & action_flags::REPLACE != 0 {
             if let Err(e) = self.clear_receiver_entry(a) {
                 let _ = tmp.unlink();
@@ -1059,7 +1085,13 @@ impl TreeSync {
                     })()
                 }
                 Op::Delete if delete_ok => (|| {
-                    let p = self.place(r.entry(a.r as usize).path)?;
+                    let rel = r.entry(a.r as usize).path;
+                    let p = self.place(rel)?;
+                    if let Some(b) = &self.backup {
+                        if b.save(&p, rel)? {
+                            return Ok(());
+                        }
+                    }
                     match p.lstat()? {
                         Some(m) if m.is_dir() => match p.dir.rmdir(&p.name) {
                             // Something we may not delete is inside (protected or excluded).
@@ -1147,6 +1179,7 @@ impl TreeSync {
             }
             tmp.dir.symlink(e.link, &tmp.name)?;
             let placed = (|| {
+                self.back_up(a, &target)?;
                 if a.flags & action_flags::REPLACE != 0 {
                     self.clear_receiver_entry(a)?;
                 }
