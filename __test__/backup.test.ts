@@ -8,7 +8,7 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { CLI, listing, seeded, standInSsh, tmpdir } from './helpers/peers';
+import { CLI, listing, seeded, syncLikeRsync, tmpdir } from './helpers/peers';
 
 const haveRsync = spawnSync('rsync', ['--version']).status === 0;
 const skip = (!haveRsync && 'rsync is not installed') || (process.platform === 'win32' && 'POSIX symlinks and a shell stand-in for ssh');
@@ -52,16 +52,11 @@ describe('-b / --suffix / --backup-dir (against rsync)', { skip }, () => {
   ] as const) {
     it(`sync -a ${flags.join(' ')} (${mode}): the destination and its backups as rsync leaves them`, () => {
       const dir = tmpdir('ffsync-backup-');
-      const ssh = standInSsh(dir);
       const result = (tool: 'ours' | 'theirs') => {
         const base = path.join(dir, tool);
         trees(path.join(base, 'src'), path.join(base, 'dst'));
         const args = ['-a', ...flags, `${mode === 'pull' ? 'host:' : ''}${base}/src/`, `${mode === 'push' ? 'host:' : ''}${base}/dst/`];
-        const remote = mode === 'local' ? [] : ['-e', ssh.rsh];
-        const r =
-          tool === 'ours'
-            ? spawnSync(process.execPath, [CLI, 'sync', '--state-dir', path.join(dir, 'state'), ...remote, ...(mode === 'local' ? [] : ['--remote-cmd', ssh.remoteCmd]), ...args], { encoding: 'utf8' })
-            : spawnSync('rsync', [...remote, ...args], { encoding: 'utf8' });
+        const r = syncLikeRsync(dir, tool, args, { remote: mode !== 'local' });
         assert.equal(r.status, 0, `${tool} ${args.join(' ')}: ${r.stderr}`);
         return listing(base);
       };

@@ -8,7 +8,7 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { CLI, listing, standInSsh, tmpdir } from './helpers/peers';
+import { listing, syncLikeRsync, tmpdir } from './helpers/peers';
 
 const haveRsync = spawnSync('rsync', ['--version']).status === 0;
 const skip = (!haveRsync && 'rsync is not installed') || (process.platform === 'win32' && 'a shell stand-in for ssh');
@@ -32,17 +32,12 @@ describe('--max-delete (against rsync)', { skip }, () => {
   ] as const) {
     it(`sync -a --delete --max-delete=${limit} (${mode}): the tree, the line and the exit code rsync gives`, () => {
       const dir = tmpdir('ffsync-maxdel-');
-      const ssh = standInSsh(dir);
       const results = (['ours', 'theirs'] as const).map((tool) => {
         const src = path.join(dir, tool, 'src');
         const dst = path.join(dir, tool, 'dst');
         trees(src, dst);
         const args = ['-a', '--delete', `--max-delete=${limit}`, '-i', `${mode === 'pull' ? 'host:' : ''}${src}/`, `${mode === 'push' ? 'host:' : ''}${dst}/`];
-        const remote = mode === 'local' ? [] : ['-e', ssh.rsh];
-        const r =
-          tool === 'ours'
-            ? spawnSync(process.execPath, [CLI, 'sync', '--state-dir', path.join(dir, 'state'), ...remote, ...(mode === 'local' ? [] : ['--remote-cmd', ssh.remoteCmd]), ...args], { encoding: 'utf8' })
-            : spawnSync('rsync', [...remote, ...args], { encoding: 'utf8' });
+        const r = syncLikeRsync(dir, tool, args, { remote: mode !== 'local' });
         const stopped = /Deletions stopped due to --max-delete limit \((\d+) skipped\)/.exec(r.stderr + r.stdout);
         return { code: r.status, tree: listing(dst), skipped: stopped ? Number(stopped[1]) : 0, deleting: r.stdout.split('\n').filter((l) => l.startsWith('*deleting')).sort(), stderr: r.stderr };
       });

@@ -9,7 +9,7 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { CLI, listing, makeImmutable, standInSsh, tmpdir, undoImmutable } from './helpers/peers';
+import { CLI, listing, makeImmutable, syncLikeRsync, tmpdir, undoImmutable } from './helpers/peers';
 
 const haveRsync = spawnSync('rsync', ['--version']).status === 0;
 const skip = (!haveRsync && 'rsync is not installed') || (process.platform === 'win32' && 'POSIX symlinks and a shell stand-in for ssh');
@@ -54,7 +54,6 @@ interface Case {
 function compare(c: Case): { ours: { src: string[]; dst: string[] }; theirs: { src: string[]; dst: string[] }; stderr: string } {
   const dir = tmpdir('ffsync-rsf-');
   const result = { ours: { src: [] as string[], dst: [] as string[] }, theirs: { src: [] as string[], dst: [] as string[] }, stderr: '' };
-  const ssh = standInSsh(dir);
   for (const tool of ['ours', 'theirs'] as const) {
     const src = path.join(dir, tool, 'src');
     const dst = path.join(dir, tool, 'dst');
@@ -62,10 +61,7 @@ function compare(c: Case): { ours: { src: string[]; dst: string[] }; theirs: { s
     target(dst);
     const remote = (p: string, side: 'push' | 'pull') => (c.mode === side ? `host:${p}` : p);
     const args = [...c.flags, `${remote(src, 'pull')}/`, `${remote(dst, 'push')}/`];
-    const r =
-      tool === 'ours'
-        ? spawnSync(process.execPath, [CLI, 'sync', '--state-dir', path.join(dir, 'state'), ...(c.mode && c.mode !== 'local' ? ['-e', ssh.rsh, '--remote-cmd', ssh.remoteCmd] : []), ...args], { encoding: 'utf8' })
-        : spawnSync('rsync', [...(c.mode && c.mode !== 'local' ? ['-e', ssh.rsh] : []), ...args], { encoding: 'utf8' });
+    const r = syncLikeRsync(dir, tool, args, { remote: Boolean(c.mode && c.mode !== 'local') });
     assert.equal(r.status, 0, `${tool} ${args.join(' ')}: ${r.stderr}`);
     if (tool === 'ours') result.stderr = r.stderr;
     result[tool] = { src: listing(src), dst: listing(dst) };

@@ -179,6 +179,11 @@ export declare class NativeTreeSync {
    */
   setFsync(fsync: boolean): void
   /**
+   * Sender: the rules of the per-directory merge files the walk read, re-anchored at the
+   * root, deepest directory first (they follow the command line's rules in FILTER).
+   */
+  mergedRules(): Array<string>
+  /**
    * Receiver: rsync's -b / --suffix / --backup-dir (`null`: no backups); `dir` is
    * relative to the tree's root unless absolute. Call before `prepare`.
    */
@@ -262,6 +267,18 @@ export interface BackupOptions {
 
 /** Validate a packed manifest from an untrusted peer (bounds, lengths, root). */
 export declare function decodeManifest(manifest: Buffer): ManifestInfo
+
+/** One kind of per-directory merge file (crates/ffsync_core/src/tree/dir_merge.rs). */
+export interface DirMergeSpec {
+  /** The file name read in each directory, e.g. `.rsync-filter`. */
+  name: string
+  /** Rules also apply below the directory (rsync's default; false: the `n` modifier). */
+  inherit: boolean
+  /** One pattern per whitespace-separated word (`w`). */
+  wordSplit: boolean
+  /** Lines are bare patterns: `"-"` excludes, `"+"` includes; absent: `- pat` / `+ pat` rules. */
+  bare?: string
+}
 
 export interface EarlyBatch {
   chunks: number
@@ -493,8 +510,12 @@ export interface WalkTreeOptions {
   oneFileSystem?: boolean
   /** Leave symlinks out, each noted (`sync` without -l). */
   skipSymlinks?: boolean
+  /** rsync's -L (sender): list what symlinks point to, and enter linked directories. */
+  copyLinks?: boolean
   /** rsync's --chmod rules for the modes this side lists (sender). */
   chmod?: string
   /** rsync's -m: leave directories without files below them off the list (sender). */
   pruneEmptyDirs?: boolean
+  /** Per-directory merge files (rsync's -F, -C, `dir-merge`; sender). */
+  dirMerge?: Array<DirMergeSpec>
 }

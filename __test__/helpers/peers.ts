@@ -1,7 +1,7 @@
 // Runs real ffsync-native processes (the compiled CLI) over loopback and collects their
 // exit codes, JSON events and output.
 import assert from 'node:assert/strict';
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { type ChildProcess, execFileSync, spawn, spawnSync, type SpawnSyncReturns } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -322,10 +322,16 @@ export function listing(root: string): string[] {
   return out;
 }
 
-/** `sync -e` without sshd: a stand-in for ssh that runs the remote command here (HOST is
- * ignored), and the `--remote-cmd` that runs this CLI there with a state dir of its own. */
-export function standInSsh(dir: string): { rsh: string; remoteCmd: string } {
+/** rsync as the oracle: `ffsync-native sync ARGS` ('ours', with state dirs under `dir`) or
+ * `rsync ARGS` ('theirs'), run the same way. With `remote`, a SRC or DEST written `host:path`
+ * goes through a stand-in for ssh that runs the remote side here (HOST is ignored), and ours
+ * runs this CLI there with a state dir of its own. */
+export function syncLikeRsync(dir: string, tool: 'ours' | 'theirs', args: string[], o: { remote?: boolean; env?: NodeJS.ProcessEnv } = {}): SpawnSyncReturns<string> {
   const rsh = path.join(dir, 'fake-ssh.sh');
-  fs.writeFileSync(rsh, '#!/bin/sh\nshift\nexec /bin/sh -c "$*"\n', { mode: 0o755 });
-  return { rsh, remoteCmd: `env FFSYNC_STATE_DIR=${path.join(dir, 'remote-state')} ${process.execPath} ${CLI}` };
+  if (o.remote) fs.writeFileSync(rsh, '#!/bin/sh\nshift\nexec /bin/sh -c "$*"\n', { mode: 0o755 });
+  const remote = o.remote ? ['-e', rsh] : [];
+  const opts = { encoding: 'utf8' as const, env: o.env };
+  if (tool === 'theirs') return spawnSync('rsync', [...remote, ...args], opts);
+  const remoteCmd = o.remote ? ['--remote-cmd', `env FFSYNC_STATE_DIR=${path.join(dir, 'remote-state')} ${process.execPath} ${CLI}`] : [];
+  return spawnSync(process.execPath, [CLI, 'sync', '--state-dir', path.join(dir, 'state'), ...remote, ...remoteCmd, ...args], opts);
 }

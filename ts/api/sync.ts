@@ -27,7 +27,7 @@ import type { SyncEvents, SyncSummary } from './events.js';
 import { startWalk, type TreeSendOptions } from './tree-send.js';
 import { startPrewalk } from './tree-receive.js';
 import type { Listing } from './tree-common.js';
-import type { BackupOptions } from '../native/binding.js';
+import type { BackupOptions, DirMergeSpec } from '../native/binding.js';
 
 // What only push, pull or --quic use is loaded when they run (start-up of a local sync,
 // bench/startup.ts): ssh's child_process, QUIC, and the identity (TLS certificates).
@@ -63,7 +63,12 @@ export interface SyncOptions {
   recursive?: boolean;
   /** Delete receiver-only files (rsync's --delete; off by default here, as in rsync). */
   delete?: boolean;
+  /** The sender's rules (our pattern syntax; `!` re-includes). */
   excludes?: string[];
+  /** The receiver's, when they differ (rsync's H/S/P/R rules): what FILTER carries. */
+  wireExcludes?: string[];
+  /** Per-directory merge files the sender reads (rsync's -F, -C, `: NAME`). */
+  dirMerge?: DirMergeSpec[];
   dryRun?: boolean;
   checksum?: boolean;
   compressLevel?: number;
@@ -81,6 +86,8 @@ export interface SyncOptions {
   logLine?: (text: string) => void;
   /** rsync's -m/--prune-empty-dirs. */
   pruneEmptyDirs?: boolean;
+  /** rsync's -L/--copy-links: the sending side sends what symlinks point to. */
+  copyLinks?: boolean;
   /** rsync's --chmod (comma-separated rules, e.g. `Du=rwx,Dgo=rx,Fu=rw,Fgo=r`). */
   chmod?: string;
   /** rsync's --delete-excluded: excluded paths are deleted on DEST too (set `delete` with it). */
@@ -256,7 +263,7 @@ function engineOptions(
     timeoutMs: o.timeoutMs ?? 60_000,
     events: o.events,
     signal: o.signal,
-    tree: { excludes: o.excludes ?? [], deleteExcluded: o.deleteExcluded, pruneEmptyDirs: o.pruneEmptyDirs, noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
+    tree: { excludes: o.excludes ?? [], wireExcludes: o.wireExcludes, dirMerge: o.dirMerge, deleteExcluded: o.deleteExcluded, pruneEmptyDirs: o.pruneEmptyDirs, copyLinks: o.copyLinks, noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
   };
 }
 
@@ -329,7 +336,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       const walking = kind === 'tree' ? startWalk(path.resolve(src.path), sending, stateDir) : undefined;
       walking?.catch(() => undefined);
       const targetIsDir = kind === 'tree' && (await fs.stat(target).then((s) => s.isDirectory(), () => false));
-      const prewalk = targetIsDir && !o.excludes?.length && !o.oneFileSystem ? startPrewalk(target, receiverOptions, stateDir) : undefined;
+      const prewalk = targetIsDir && !o.excludes?.length && !o.wireExcludes?.length && !o.dirMerge?.length && !o.oneFileSystem ? startPrewalk(target, receiverOptions, stateDir) : undefined;
       const receiving = runReceiver(recvConn, { ...receiverOptions, prewalk });
       receiving.catch(() => undefined);
       try {
@@ -383,10 +390,12 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     ...(o.compressLevel !== undefined ? ['--compress-level', String(o.compressLevel)] : []),
     ...(o.bwlimitKiBps ? ['--bwlimit', String(o.bwlimitKiBps)] : []),
     ...(o.excludes ?? []).flatMap((p) => ['--exclude', p]),
+    ...(o.wireExcludes || o.dirMerge ? ['--rules-json', JSON.stringify({ wire: o.wireExcludes, dirMerge: o.dirMerge })] : []),
     ...(o.deleteExcluded ? ['--delete-excluded'] : []),
     ...(o.chmod ? ['--chmod', o.chmod] : []),
     ...(o.pruneEmptyDirs ? ['--prune-empty-dirs'] : []),
     ...(o.removeSourceFiles ? ['--remove-source-files'] : []),
+    ...(o.copyLinks ? ['--copy-links'] : []),
     ...(o.quic ? ['--quic'] : []),
     ...(o.jobs ? ['--jobs', String(o.jobs)] : []),
     ...sizeArgs(o),
@@ -525,6 +534,8 @@ export async function serveStdio(o: {
   destSlash?: boolean;
   checksum?: boolean;
   excludes?: string[];
+  wireExcludes?: string[];
+  dirMerge?: DirMergeSpec[];
   dryRun?: boolean;
   update?: boolean;
   wholeFile?: boolean;
@@ -546,6 +557,7 @@ export async function serveStdio(o: {
   chmod?: string;
   pruneEmptyDirs?: boolean;
   removeSourceFiles?: boolean;
+  copyLinks?: boolean;
   maxDelete?: number;
   backup?: boolean;
   suffix?: string;
@@ -587,7 +599,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
       compressLevel: o.compressLevel,
       bwlimitKiBps: o.bwlimitKiBps,
       events: o.events,
-      tree: { excludes: o.excludes ?? [], deleteExcluded: o.deleteExcluded, pruneEmptyDirs: o.pruneEmptyDirs, dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
+      tree: { excludes: o.excludes ?? [], wireExcludes: o.wireExcludes, dirMerge: o.dirMerge, deleteExcluded: o.deleteExcluded, pruneEmptyDirs: o.pruneEmptyDirs, copyLinks: o.copyLinks, dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
     });
   }
   return runReceiver(conn, {

@@ -23,7 +23,7 @@ import {
   OfferFlag,
   OfferKind,
 } from '../protocol/messages.js';
-import { call, type LargeTransferInfo, type NativeTreeSync, type SmallBatch, walkTree } from '../native/binding.js';
+import { call, type DirMergeSpec, type LargeTransferInfo, type NativeTreeSync, type SmallBatch, validateExcludes, walkTree } from '../native/binding.js';
 import type { Duplex } from 'node:stream';
 import { openLane } from './lanes.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
@@ -53,8 +53,14 @@ export const DATA_BUFFERS = 2 * SEND_BUFFERS;
 export const QUIC_LANES = 16;
 
 export interface TreeSendOptions {
-  /** Exclude patterns (rsync-like; see README). They travel to the receiver. */
+  /** Exclude patterns (rsync-like; see README): the walk's. They travel to the receiver
+   * unless `wireExcludes` says otherwise. */
   excludes?: string[];
+  /** The receiver's rules when they differ from the walk's (rsync's H/S/P/R). */
+  wireExcludes?: string[];
+  /** Per-directory merge files the walk reads (rsync's -F, -C, `: NAME`); their rules
+   * follow in FILTER, so the FILTER frame waits for the walk. */
+  dirMerge?: DirMergeSpec[];
   /** Keep files only the receiver has. */
   noDelete?: boolean;
   /** Report what would change on both sides; write nothing. */
@@ -75,6 +81,8 @@ export interface TreeSendOptions {
   omit?: { links?: boolean; times?: boolean; perms?: boolean };
   /** rsync's -m/--prune-empty-dirs: directories with no file below them are not sent. */
   pruneEmptyDirs?: boolean;
+  /** rsync's -L/--copy-links: symlinks are sent as what they point to (files, directories). */
+  copyLinks?: boolean;
   /** rsync's --delete-excluded: paths our excludes hide are deleted on the receiver too
    * (with deletion on: it implies --delete, as in rsync). */
   deleteExcluded?: boolean;
@@ -99,7 +107,7 @@ interface Context extends SendOptions {
 /** Walk the source tree (in parallel, natively); progress counts entries. */
 export function startWalk(root: string, o: SendOptions, stateDir: string): Promise<NativeTreeSync> {
   const excludes = o.tree?.excludes ?? [];
-  return inPhase(o.events, 'scanning', 0, (progress) => walkTree(root, { excludes, stateDir, ignoreIndex: o.checksum, isSender: true, oneFileSystem: o.tree?.oneFileSystem, skipSymlinks: o.tree?.omit?.links, chmod: o.chmod, pruneEmptyDirs: o.tree?.pruneEmptyDirs }, progress));
+  return inPhase(o.events, 'scanning', 0, (progress) => walkTree(root, { excludes, stateDir, ignoreIndex: o.checksum, isSender: true, oneFileSystem: o.tree?.oneFileSystem, skipSymlinks: o.tree?.omit?.links, copyLinks: o.tree?.copyLinks, dirMerge: o.tree?.dirMerge, chmod: o.chmod, pruneEmptyDirs: o.tree?.pruneEmptyDirs }, progress));
 }
 
 export async function sendTree(conn: FramedConnection, o: Context): Promise<void> {
@@ -114,7 +122,11 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   await conn.send(FrameType.OFFER, encodeOffer({ kind: OfferKind.TREE, size, mtimeNs: o.st.mtimeNs, mode: Number(o.st.mode & 0o7777n), flags }));
   // --delete-excluded: the receiver walks without our excludes, so what they hide on its
   // side is not on our list and goes as extraneous (our own walk still leaves it out).
-  await conn.send(FrameType.FILTER, encodeFilter(t.deleteExcluded ? [] : (t.excludes ?? [])));
+  // Rules from per-directory merge files are known once the walk has read them.
+  const merged = t.dirMerge?.length && !t.deleteExcluded ? (await conn.keepAlive(o.walking)).mergedRules() : [];
+  const wire = t.deleteExcluded ? [] : [...(t.wireExcludes ?? t.excludes ?? []), ...merged];
+  if (merged.length) validateExcludes(wire);
+  await conn.send(FrameType.FILTER, encodeFilter(wire));
   const attrs = t.dryRun ? 0 : (t.attrs ?? 0);
   const options: TreeOptions = { maxSize: t.maxSize, minSize: t.minSize, attrs, omitTimes: t.omit?.times, omitPerms: t.omit?.perms, ...t.choices };
   if (hasTriageChoices(options) && !(o.negotiated.capabilities & Capability.TRIAGE_CHOICES)) {
@@ -288,7 +300,9 @@ async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTra
 
 async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: LargeTransferInfo, gov: LevelGovernor, problems: { n: number }, o: Context, lo: LargeOptions): Promise<{ rest: Promise<boolean> }> {
   const abs = joinTreePath(o.path, lt.path);
-  const st = await fs.lstat(abs, { bigint: true }).catch(() => undefined);
+  // -L: the walk listed what the link points to; that is what is checked and read.
+  const statOf = (p: string | Buffer) => (o.tree?.copyLinks ? fs.stat(p, { bigint: true }) : fs.lstat(p, { bigint: true }));
+  const st = await statOf(abs).catch(() => undefined);
   if (!st?.isFile() || st.size !== BigInt(lt.size) || st.mtimeNs !== lt.mtimeNs) {
     // (Not before the previous file on the stream ended: a spent stream would lose it.)
     await afterPrior(lo.prior);
@@ -312,7 +326,7 @@ async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: Larg
   const failedAlone = async (e: unknown): Promise<boolean> => {
     const err = e as FfsyncError;
     let changed: FfsyncError | undefined;
-    if (err.code === 'ECHUNK' && identityChanged(await fs.lstat(abs, { bigint: true }).catch(() => undefined), st)) {
+    if (err.code === 'ECHUNK' && identityChanged(await statOf(abs).catch(() => undefined), st)) {
       changed = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${showTreePath(lt.path)} changed during the sync; rerun to send the new version`, { cause: e });
     } else if (lo.stream && err.code === 'EVANISHED' && !err.message.startsWith('peer: ')) changed = err;
     if (!changed) throw e;
@@ -357,7 +371,7 @@ async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: Larg
   }
   const ended = async (res: ContentResult): Promise<boolean> => {
     if (res.refused) return false; // the receiver reports it (TREE_RESULT)
-    if (!identityChanged(await fs.lstat(abs, { bigint: true }).catch(() => undefined), st)) tree.claimRoot(lt.action, res.root);
+    if (!identityChanged(await statOf(abs).catch(() => undefined), st)) tree.claimRoot(lt.action, res.root);
     return false;
   };
   const rest = (r.settled ?? Promise.resolve(r)).then(ended, failedAlone);

@@ -294,7 +294,11 @@ export function buildProgram(): Command {
 
   // rsync's front door. Options rsync users type that we do not implement are refused
   // loudly (exit 1), never silently accepted.
-  const rules: string[] = [];
+  // One ordered list for --exclude, --include, --include-from, --filter, -F (and -C, last).
+  const filterRules = () => require('./filter-rules.js') as typeof import('./filter-rules.js');
+  const ruleList: import('./filter-rules.js').RuleList = { rules: [], dirMerge: [], cvs: false };
+  const both = (pattern: string) => (ruleList.rules.push({ side: 'both', pattern }), ruleList);
+  let dashF = 0;
   // rsync options people reach for that this version does not implement yet: each is refused
   // by name (exit 1) rather than reported as unknown, or worse, ignored. Keys are commander's
   // attribute names.
@@ -303,11 +307,7 @@ export function buildProgram(): Command {
     ['-A, --acls', 'acls'],
     ['--partial-dir <DIR>', 'partialDir'],
     ['--files-from <FILE>', 'filesFrom'],
-    ['-f, --filter <RULE>', 'filter'],
-    ['-F', 'F'],
-    ['-C, --cvs-exclude', 'cvsExclude'],
     ['--chown <USER:GROUP>', 'chown'],
-    ['-L, --copy-links', 'copyLinks'],
   ];
   const syncCmd = program
     .command('sync')
@@ -321,6 +321,7 @@ export function buildProgram(): Command {
     .option('--numeric-ids', "don't map uid/gid values by user/group name")
     .option('-r, --recursive', 'recurse into directories')
     // The letters of -a besides -r, -g, -o: each one's absence means what it means in rsync.
+    .option('-L, --copy-links', 'transform symlinks into what they point to (files and directories; a dangling one is an error, exit 23)')
     .option('-l, --links', 'copy symlinks as symlinks (without it, as in rsync, they are skipped with a notice)')
     .option('-p, --perms', 'preserve permissions (without it, existing files keep theirs and new ones get the source\'s minus the umask)')
     .option('-t, --times', 'preserve modification times (without it, files get the time they were written)')
@@ -363,10 +364,13 @@ export function buildProgram(): Command {
     .option('--delete-delay', 'the same as --delete-after')
     .option('--delete-before', 'the same as --delete-after (the final tree is the same; deleting last is what keeps a failed run from losing files)')
     .option('--delete-during', 'the same as --delete-after (idem)')
-    .option('--exclude <pattern>', 'exclude matching paths (repeatable; rules as in README)', (v: string) => (rules.push(v), rules))
-    .option('--include <pattern>', 're-include matching paths (first matching rule wins)', (v: string) => (rules.push(`!${v}`), rules))
+    .option('--exclude <pattern>', 'exclude matching paths (repeatable; rules as in README)', (v: string) => both(v))
+    .option('--include <pattern>', 're-include matching paths (first matching rule wins)', (v: string) => both(`!${v}`))
+    .option('-f, --filter <RULE>', "rsync's filter rules: - + (both sides), H S (sender), P R (receiver), ! (clear), . FILE (merge), : NAME (per-directory merge file)", (v: string) => (filterRules().addFilterRule(ruleList, v), ruleList))
+    .option('-F', "same as --filter=': /.rsync-filter'; given twice, also --filter='- .rsync-filter'", () => (filterRules().addDashF(ruleList, ++dashF), dashF))
+    .option('-C, --cvs-exclude', "ignore files as CVS does (rsync's list, ~/.cvsignore, $CVSIGNORE, each directory's .cvsignore)", () => ((ruleList.cvs = true), true))
     .option('--exclude-from <file>', 'read exclude patterns from a file')
-    .option('--include-from <file>', 're-include the patterns of a file (one per line, # comments), in the rules\' order', (f: string) => (rules.push(...patternFile(f).map((p) => `!${p}`)), rules))
+    .option('--include-from <file>', 're-include the patterns of a file (one per line, # comments), in the rules\' order', (f: string) => (patternFile(f).forEach((p) => both(`!${p}`)), ruleList))
     .addOption(new Option('--bwlimit <KiBps>', 'limit data to this many KiB per second').argParser(intArg(1, 2 ** 31)))
     .option('--progress', 'show progress: in place on a terminal, else a plain line every --progress-interval seconds')
     .addOption(new Option('--progress-interval <seconds>', 'plain progress lines (no terminal) this often').argParser(intArg(1, 3600)).default(5))
@@ -414,7 +418,9 @@ export function buildProgram(): Command {
       async (events, signal) => {
         const { sync } = need(() => require('../api/sync.js') as typeof import('../api/sync.js'));
         const { AttrFlag } = require('../protocol/messages.js') as typeof import('../protocol/messages.js');
-        const excludes = await excludeRules().loadExcludes(rules, o.excludeFrom);
+        const lists = filterRules().finishRules(ruleList);
+        const excludes = await excludeRules().loadExcludes(lists.sender, o.excludeFrom);
+        const wireExcludes = await excludeRules().loadExcludes(lists.receiver, o.excludeFrom);
         const log = o.logFile ? (require('./log-file.js') as typeof import('./log-file.js')).openLogFile(o.logFile) : undefined;
         const running = sync({
           logLine: log?.line,
@@ -426,11 +432,14 @@ export function buildProgram(): Command {
           chmod: o.chmod,
           pruneEmptyDirs: o.pruneEmptyDirs,
           removeSourceFiles: o.removeSourceFiles,
+          copyLinks: o.copyLinks,
           maxDelete: o.maxDelete,
           backup: o.backup,
           suffix: o.suffix,
           backupDir: o.backupDir,
           excludes,
+          wireExcludes: wireExcludes.join('\n') === excludes.join('\n') ? undefined : wireExcludes,
+          dirMerge: lists.dirMerge.length ? lists.dirMerge : undefined,
           dryRun: o.dryRun,
           checksum: o.checksum,
           compressLevel: o.compressLevel,
@@ -487,6 +496,7 @@ export function buildProgram(): Command {
     .addOption(new Option('--compress-level <n>').argParser(intArg(0, 19)))
     .addOption(new Option('--bwlimit <KiBps>').argParser(intArg(1, 2 ** 31)))
     .option('--exclude <pattern>', '', collect, [])
+    .option('--rules-json <json>', '', (v: string) => JSON.parse(v) as { wire?: string[]; dirMerge?: import('./filter-rules.js').DirMergeSpec[] })
     .option('--quic')
     .option('--inplace')
     .option('--no-fsync')
@@ -499,6 +509,7 @@ export function buildProgram(): Command {
     .option('--chmod <rules>')
     .option('--prune-empty-dirs')
     .option('--remove-source-files')
+    .option('--copy-links')
     .addOption(new Option('--max-delete <n>').argParser(intArg(0, 2 ** 31 - 1)))
     .option('--backup')
     .option('--suffix <suffix>')
@@ -524,6 +535,8 @@ export function buildProgram(): Command {
           compressLevel: o.compressLevel,
           bwlimitKiBps: o.bwlimit,
           excludes: o.exclude,
+          wireExcludes: o.rulesJson?.wire,
+          dirMerge: o.rulesJson?.dirMerge,
           quic: o.quic,
           jobs: o.jobs,
           maxSize: o.maxSize,
@@ -536,6 +549,7 @@ export function buildProgram(): Command {
           chmod: o.chmod,
           pruneEmptyDirs: o.pruneEmptyDirs,
           removeSourceFiles: o.removeSourceFiles,
+          copyLinks: o.copyLinks,
           maxDelete: o.maxDelete,
           backup: o.backup,
           suffix: o.suffix,

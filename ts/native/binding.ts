@@ -20,7 +20,7 @@ export type NativeQuicConnection = Binding.NativeQuicConnection;
 export type NativeQuicStream = Binding.NativeQuicStream;
 export type NativeScanStream = Binding.NativeScanStream;
 export type NativePrefill = Binding.NativePrefill;
-export type { BackupOptions, PlanCounts, LargeTransferInfo, SmallBatch, StepOutcome, TreeStats, WalkTreeOptions } from '../../binding/index.js';
+export type { BackupOptions, DirMergeSpec, PlanCounts, LargeTransferInfo, SmallBatch, StepOutcome, TreeStats, WalkTreeOptions } from '../../binding/index.js';
 
 /** Await a native promise, turning `CODE: message` errors into FfsyncErrors. */
 export async function call<T>(p: Promise<T> | (() => T)): Promise<T> {

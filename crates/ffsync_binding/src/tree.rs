@@ -5,6 +5,7 @@
 use crate::progress::{ProgressFn, Ticker};
 use crate::to_napi;
 use ffsync_core::tree::chmod::ChmodRules;
+use ffsync_core::tree::dir_merge::DirMerge;
 use ffsync_core::tree::filter::Filter;
 use ffsync_core::tree::sync::{Outcome, TreeSync};
 use ffsync_core::tree::triage::{Op, TriageOptions};
@@ -31,10 +32,27 @@ pub struct WalkTreeOptions {
     pub one_file_system: Option<bool>,
     /// Leave symlinks out, each noted (`sync` without -l).
     pub skip_symlinks: Option<bool>,
+    /// rsync's -L (sender): list what symlinks point to, and enter linked directories.
+    pub copy_links: Option<bool>,
     /// rsync's --chmod rules for the modes this side lists (sender).
     pub chmod: Option<String>,
     /// rsync's -m: leave directories without files below them off the list (sender).
     pub prune_empty_dirs: Option<bool>,
+    /// Per-directory merge files (rsync's -F, -C, `dir-merge`; sender).
+    pub dir_merge: Option<Vec<DirMergeSpec>>,
+}
+
+/// One kind of per-directory merge file (crates/ffsync_core/src/tree/dir_merge.rs).
+#[napi(object)]
+pub struct DirMergeSpec {
+    /// The file name read in each directory, e.g. `.rsync-filter`.
+    pub name: String,
+    /// Rules also apply below the directory (rsync's default; false: the `n` modifier).
+    pub inherit: bool,
+    /// One pattern per whitespace-separated word (`w`).
+    pub word_split: bool,
+    /// Lines are bare patterns: `"-"` excludes, `"+"` includes; absent: `- pat` / `+ pat` rules.
+    pub bare: Option<String>,
 }
 
 #[napi(object)]
@@ -147,6 +165,18 @@ impl Task for WalkTask {
             Some(p) if !p.is_empty() => Some(Filter::new(p).map_err(to_napi)?),
             _ => None,
         };
+        let dir_merge: Vec<DirMerge> = self
+            .o
+            .dir_merge
+            .iter()
+            .flatten()
+            .map(|d| DirMerge {
+                name: d.name.clone(),
+                inherit: d.inherit,
+                word_split: d.word_split,
+                bare: d.bare.as_deref().map(|b| b == "-"),
+            })
+            .collect();
         let state_dir = self.o.state_dir.as_ref().map(PathBuf::from);
         let idx = match (&state_dir, self.o.ignore_index.unwrap_or(false)) {
             (Some(d), false) => index::load(d, &self.root),
@@ -167,8 +197,10 @@ impl Task for WalkTask {
                 progress: Some(&counter),
                 one_file_system: self.o.one_file_system.unwrap_or(false),
                 skip_symlinks: self.o.skip_symlinks.unwrap_or(false),
+                copy_links: self.o.copy_links.unwrap_or(false),
                 chmod: chmod.as_ref(),
                 prune_empty_dirs: self.o.prune_empty_dirs.unwrap_or(false),
+                dir_merge: &dir_merge,
             },
         );
         ticker.stop();
@@ -312,6 +344,13 @@ impl NativeTreeSync {
     #[napi]
     pub fn set_fsync(&self, fsync: bool) {
         self.inner.write().unwrap().set_fsync(fsync);
+    }
+
+    /// Sender: the rules of the per-directory merge files the walk read, re-anchored at the
+    /// root, deepest directory first (they follow the command line's rules in FILTER).
+    #[napi]
+    pub fn merged_rules(&self) -> Vec<String> {
+        self.inner.read().unwrap().local.merged_rules.clone()
     }
 
     /// Receiver: rsync's -b / --suffix / --backup-dir (`null`: no backups); `dir` is

@@ -19,6 +19,8 @@ fn main() {
                 progress: None,
                 one_file_system: false,
                 skip_symlinks: false,
+                copy_links: false,
+                dir_merge: &[],
                 chmod: None,
                 prune_empty_dirs: false,
             },

@@ -200,6 +200,8 @@ fn open(side: &Side, filter: &Filter, protect: Option<&Filter>, sender: bool) ->
         progress: None,
         one_file_system: false,
         skip_symlinks: false,
+        copy_links: false,
+        dir_merge: &[],
         chmod: None,
         prune_empty_dirs: false,
     };

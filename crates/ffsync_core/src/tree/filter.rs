@@ -128,15 +128,21 @@ impl Filter {
     ///
     /// `rel` has no leading or trailing `/`; the empty path (the tree root) is never excluded.
     pub fn excluded(&self, rel: &[u8], is_dir: bool) -> bool {
+        self.decide(rel, is_dir).unwrap_or(false)
+    }
+
+    /// The first matching rule's verdict (`Some(true)`: excluded, `Some(false)`: included),
+    /// or `None` when no rule matches, so a later list (a directory's merge file) may decide.
+    pub fn decide(&self, rel: &[u8], is_dir: bool) -> Option<bool> {
         if self.rules.is_empty() || rel.is_empty() {
-            return false;
+            return None;
         }
         let full = (!self.anchored_set.is_empty()).then(|| Candidate::from_bytes(rel));
         let base = (!self.base_set.is_empty()).then(|| Candidate::from_bytes(basename(rel)));
         let any = full.as_ref().is_some_and(|c| self.anchored_set.is_match_candidate(c))
             || base.as_ref().is_some_and(|c| self.base_set.is_match_candidate(c));
         if !any {
-            return false;
+            return None;
         }
         for rule in &self.rules {
             if rule.dir_only && !is_dir {
@@ -144,10 +150,10 @@ impl Filter {
             }
             let candidate = if rule.anchored { &full } else { &base };
             if candidate.as_ref().is_some_and(|c| rule.matcher.is_match_candidate(c)) {
-                return !rule.negate;
+                return Some(!rule.negate);
             }
         }
-        false
+        None
     }
 
     /// Wire form: patterns joined by '\n' (patterns never contain '\n'; reject one that does in new()).

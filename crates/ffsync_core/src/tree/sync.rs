@@ -316,7 +316,12 @@ impl TreeSync {
         let e = self.local.manifest.entry(i);
         let p = join(&self.local.root, e.path);
         let f = if self.is_sender {
-            MappedFile::open_nofollow(&p)?
+            // -L: the walk listed what links point to; the identity check below still holds.
+            if self.local.follows_links {
+                MappedFile::open(&p)?
+            } else {
+                MappedFile::open_nofollow(&p)?
+            }
         } else {
             let file = self
                 .place(e.path)
@@ -590,9 +595,12 @@ impl TreeSync {
     fn read_whole(&self, i: usize) -> Result<Vec<u8>> {
         let e = self.local.manifest.entry(i);
         let p = join(&self.local.root, e.path);
-        let mut f = nofollow(fs::OpenOptions::new().read(true))
-            .open(&p)
-            .map_err(|e| CoreError::io(&p, e))?;
+        let mut o = fs::OpenOptions::new();
+        o.read(true);
+        if !self.local.follows_links {
+            nofollow(&mut o);
+        }
+        let mut f = o.open(&p).map_err(|e| CoreError::io(&p, e))?;
         let m = f.metadata().map_err(|e| CoreError::io(&p, e))?;
         let changed = || {
             CoreError::io(

@@ -3,6 +3,7 @@
 //! straight into the manifest, never held as one object per path). Symlinks are recorded,
 //! never followed; exclude rules prune whole directories before they are read.
 
+use super::dir_merge::{rebase, DirMerge};
 use super::filter::Filter;
 use super::index::{Claim, TreeIndex};
 use super::manifest::{flags, Kind, NewEntry, TreeBuilder, TreeManifest};
@@ -13,7 +14,7 @@ use jwalk::{ClientState, Parallelism, WalkDirGeneric};
 use std::fs::Metadata;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub struct WalkOptions<'a> {
@@ -36,6 +37,12 @@ pub struct WalkOptions<'a> {
     /// rsync's -m/--prune-empty-dirs (sender): directories with no file or symlink anywhere
     /// below them (after the excludes) are left off the list.
     pub prune_empty_dirs: bool,
+    /// rsync's -L/--copy-links (sender): a symlink is listed as what it points to (a file, or
+    /// a directory that is entered); a dangling one is a problem (exit 23), as is a loop.
+    pub copy_links: bool,
+    /// Per-directory merge files (rsync's `-F`, `-C`, `dir-merge`; sender): each directory's
+    /// file adds rules for it (and below), checked after `filter` (tree/dir_merge.rs).
+    pub dir_merge: &'a [DirMerge],
 }
 
 /// A walked local tree: its manifest plus what only this machine needs.
@@ -52,6 +59,11 @@ pub struct LocalTree {
     pub notices: Vec<String>,
     /// Files whose root came from the index.
     pub indexed_files: u64,
+    /// Walked with -L: entries may be reached through symlinks, so reading them follows links.
+    pub follows_links: bool,
+    /// The rules of every merge file read (`dir_merge`), re-anchored at the root, deepest
+    /// directory first: appended to the FILTER rules, they hide on the receiver what they hid here.
+    pub merged_rules: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -109,8 +121,76 @@ struct StatInfo {
     link: Vec<u8>,
 }
 
+/// Per-directory merge files read during a walk: the rules of those the sender also sends
+/// (re-anchored at the root), and what could not be honoured.
+#[derive(Debug, Default)]
+struct MergeFiles {
+    sent: Vec<MergedFile>,
+    notes: Vec<String>,
+}
+
+#[derive(Debug)]
+struct MergedFile {
+    depth: usize,
+    dir: Vec<u8>,
+    rules: Vec<String>,
+}
+
+/// Read `spec`'s file in `dir` (at `rel_dir` under the root): its rules join `state`, the
+/// stack in force for this directory and below, and, when the file itself is sent (not
+/// excluded by the rules so far, as `-FF` excludes it), the list the receiver gets; rsync's
+/// receiver likewise reads the merge files it received.
+fn read_merge_file(
+    spec: &DirMerge,
+    dir: &Path,
+    rel_dir: &[u8],
+    depth: usize,
+    filter: &Filter,
+    state: &mut MergeStack,
+    merged: &Mutex<MergeFiles>,
+) {
+    let sep: &[u8] = if rel_dir.is_empty() { b"" } else { b"/" };
+    let rel_file = [rel_dir, sep, spec.name.as_bytes()].concat();
+    let mut m = merged.lock().unwrap();
+    let text = match std::fs::read(dir.join(&spec.name)) {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e) => return m.notes.push(format!("cannot read {}: {e}", display(&rel_file))),
+    };
+    let (patterns, notes) = spec.parse(&text);
+    m.notes
+        .extend(notes.into_iter().map(|n| format!("{}: {n}", display(&rel_file))));
+    let rebased: Vec<String> = patterns.iter().map(|p| rebase(rel_dir, p, spec.inherit)).collect();
+    let f = match Filter::new(&rebased) {
+        Ok(f) => f,
+        Err(e) => {
+            return m
+                .notes
+                .push(format!("{}: {e}; its rules are not applied", display(&rel_file)))
+        }
+    };
+    let mut stack = state.0.as_ref().clone();
+    stack.push(Arc::new(f));
+    let sent = !filter
+        .decide(&rel_file, false)
+        .or_else(|| stack.iter().rev().find_map(|f| f.decide(&rel_file, false)))
+        .unwrap_or(false);
+    state.0 = Arc::new(stack);
+    if sent {
+        m.sent.push(MergedFile {
+            depth,
+            dir: rel_dir.to_vec(),
+            rules: rebased,
+        });
+    }
+}
+
+/// The merge-file rules in force in a directory, deepest last (cloned into each child
+/// directory's read by jwalk).
+#[derive(Clone, Debug, Default)]
+struct MergeStack(Arc<Vec<Arc<Filter>>>);
+
 impl ClientState for Walk {
-    type ReadDirState = ();
+    type ReadDirState = MergeStack;
     type DirEntryState = ChildInfo;
 }
 
@@ -179,15 +259,17 @@ impl StatAt {
         }
     }
 
-    fn stat(&self, dir: &Path, name: &std::ffi::OsStr) -> Option<StatInfo> {
+    /// `lstat` of `name` in `dir`, or its target's `stat` with `follow` (-L).
+    fn stat(&self, dir: &Path, name: &std::ffi::OsStr, follow: bool) -> Option<StatInfo> {
         #[cfg(unix)]
         if let Some(d) = &self.dir {
             use std::os::unix::ffi::OsStrExt;
             use std::os::unix::io::AsRawFd;
             let c = std::ffi::CString::new(name.as_bytes()).ok()?;
             let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+            let flags = if follow { 0 } else { libc::AT_SYMLINK_NOFOLLOW };
             // Safety: valid dir fd, NUL-terminated name, `st` written by the call on success.
-            let rc = unsafe { libc::fstatat(d.as_raw_fd(), c.as_ptr(), st.as_mut_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
+            let rc = unsafe { libc::fstatat(d.as_raw_fd(), c.as_ptr(), st.as_mut_ptr(), flags) };
             if rc != 0 {
                 return None;
             }
@@ -196,7 +278,12 @@ impl StatAt {
             return stat_info_raw(&st, dir, name);
         }
         let full = dir.join(name);
-        std::fs::symlink_metadata(&full).ok().and_then(|m| stat_info(&m, &full))
+        let m = if follow {
+            std::fs::metadata(&full)
+        } else {
+            std::fs::symlink_metadata(&full)
+        };
+        m.ok().and_then(|m| stat_info(&m, &full))
     }
 }
 
@@ -272,15 +359,21 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
     let root_buf = root.to_path_buf();
     let filter = Arc::new(o.filter.clone());
     let root_dev = o.one_file_system.then(|| FileIdentity::of(&meta).dev);
+    // Merge files read so far: (depth, rebased rules), and what could not be honoured.
+    let merged: Arc<Mutex<MergeFiles>> = Arc::default();
     let walker = WalkDirGeneric::<Walk>::new(root)
         .skip_hidden(false)
-        .follow_links(false)
+        // -L: jwalk follows links, and refuses a loop (an ancestor reached again).
+        .follow_links(o.copy_links)
         .sort(true)
         .parallelism(walk_parallelism())
         .process_read_dir({
             let root = root_buf.clone();
             let filter = filter.clone();
-            move |depth, dir, _state, children| {
+            let follow = o.copy_links;
+            let specs: Vec<DirMerge> = o.dir_merge.to_vec();
+            let merged = merged.clone();
+            move |depth, dir, state, children| {
                 // jwalk first calls this for the root's parent, with the root itself as the
                 // only child (depth None). The root is never filtered: a pattern matching its
                 // own name (`*`, or `src` for `src/`) must not empty the whole tree.
@@ -289,6 +382,17 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
                 }
                 let rel_dir = rel_bytes(&root, dir);
                 let stat_at = StatAt::open(dir);
+                // This directory's merge files join the rules in force for it and below.
+                for spec in &specs {
+                    let present = children
+                        .iter()
+                        .flatten()
+                        .any(|c| c.file_type.is_file() && c.file_name.as_os_str() == std::ffi::OsStr::new(&spec.name));
+                    if present {
+                        read_merge_file(spec, dir, &rel_dir, depth.unwrap_or(0), &filter, state, &merged);
+                    }
+                }
+                let stack = state.0.clone();
                 for child in children.iter_mut().flatten() {
                     let mut rel = rel_dir.clone();
                     if !rel.is_empty() {
@@ -296,12 +400,16 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
                     }
                     rel.extend_from_slice(&name_bytes(&child.file_name));
                     let is_dir = child.file_type.is_dir();
-                    if filter.excluded(&rel, is_dir) {
+                    // The command line's rules first, then the merge files', deepest first.
+                    let verdict = filter
+                        .decide(&rel, is_dir)
+                        .or_else(|| stack.iter().rev().find_map(|f| f.decide(&rel, is_dir)));
+                    if verdict.unwrap_or(false) {
                         child.client_state.excluded = true;
                         child.read_children_path = None;
                         continue;
                     }
-                    child.client_state.stat = stat_at.stat(dir, &child.file_name);
+                    child.client_state.stat = stat_at.stat(dir, &child.file_name, follow);
                     let enter = child
                         .client_state
                         .stat
@@ -327,7 +435,16 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
         let entry = match item {
             Ok(e) => e,
             Err(e) => {
-                problems.push(format!("cannot read: {e}"));
+                // -L: a link to nothing is rsync's "symlink has no referent".
+                let dangling = o.copy_links
+                    && e.path().is_some_and(|p| {
+                        std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink())
+                            && std::fs::metadata(p).is_err()
+                    });
+                match e.path().filter(|_| dangling) {
+                    Some(p) => problems.push(format!("symlink has no referent: \"{}\"", p.display())),
+                    None => problems.push(format!("cannot read: {e}")),
+                }
                 continue;
             }
         };
@@ -416,7 +533,14 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
         problems,
         notices,
         indexed_files,
+        follows_links: o.copy_links,
+        merged_rules: Vec::new(),
     };
+    let MergeFiles { mut sent, notes } = std::mem::take(&mut *merged.lock().unwrap());
+    tree.problems.extend(notes);
+    // Deepest directory first (as in the walk), then in tree order for a stable list.
+    sent.sort_by(|a, b| b.depth.cmp(&a.depth).then_with(|| a.dir.cmp(&b.dir)));
+    tree.merged_rules = sent.into_iter().flat_map(|f| f.rules).collect();
     if o.prune_empty_dirs {
         tree.prune_empty_dirs();
     }
@@ -514,6 +638,8 @@ mod tests {
             progress: None,
             one_file_system: false,
             skip_symlinks: false,
+            copy_links: false,
+            dir_merge: &[],
             chmod: None,
             prune_empty_dirs: false,
         }
@@ -527,6 +653,71 @@ mod tests {
             .map(|e| String::from_utf8_lossy(e.path).into_owned())
             .collect();
         (tree, paths)
+    }
+
+    /// -F: each directory's `.rsync-filter` hides what it names there and below; its rules
+    /// reach the receiver (re-anchored) only when the file itself is sent, not with -FF.
+    #[test]
+    fn per_directory_merge_files_hide_below_their_directory_and_travel_only_when_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        for f in [
+            "a.o",
+            "lib/b.o",
+            "lib/c.c",
+            "lib/gen/d.c",
+            "lib/sub/gen/e.c",
+            "other/gen/f.c",
+        ] {
+            fs::create_dir_all(r.join(f).parent().unwrap()).unwrap();
+            fs::write(r.join(f), b"x").unwrap();
+        }
+        fs::write(r.join(".rsync-filter"), b"- *.o\n").unwrap();
+        fs::write(r.join("lib/.rsync-filter"), b"- /gen/\n").unwrap();
+        let specs = [DirMerge::rsync_filter()];
+        let walked = |filter: &Filter| {
+            let tree = walk(
+                r,
+                &WalkOptions {
+                    dir_merge: &specs,
+                    ..plain(filter)
+                },
+            )
+            .unwrap();
+            let paths: Vec<String> = tree
+                .manifest
+                .iter()
+                .map(|e| String::from_utf8_lossy(e.path).into_owned())
+                .collect();
+            (paths, tree.merged_rules)
+        };
+        let (paths, rules) = walked(&Filter::empty());
+        assert_eq!(
+            paths,
+            [
+                "",
+                ".rsync-filter",
+                "lib",
+                "lib/.rsync-filter",
+                "lib/c.c",
+                "lib/sub",
+                "lib/sub/gen",
+                "lib/sub/gen/e.c",
+                "other",
+                "other/gen",
+                "other/gen/f.c"
+            ]
+        );
+        assert_eq!(rules, ["/lib/gen/", "/**/*.o"], "deepest directory first, re-anchored");
+        let (paths, rules) = walked(&Filter::new(&[".rsync-filter".to_string()]).unwrap());
+        assert!(
+            !paths.iter().any(|p| p.ends_with(".rsync-filter") || p.ends_with(".o")),
+            "{paths:?}"
+        );
+        assert!(
+            rules.is_empty(),
+            "-FF: the files are not sent, so neither are their rules"
+        );
     }
 
     #[test]
