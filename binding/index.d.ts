@@ -518,4 +518,8 @@ export interface WalkTreeOptions {
   pruneEmptyDirs?: boolean
   /** Per-directory merge files (rsync's -F, -C, `dir-merge`; sender). */
   dirMerge?: Array<DirMergeSpec>
+  /** rsync's --files-from (sender): the list's lines, paths relative to the root. */
+  filesFrom?: Array<string>
+  /** With `files_from`: recurse into listed directories (an explicit -r). */
+  filesFromRecursive?: boolean
 }

@@ -69,6 +69,10 @@ export interface SyncOptions {
   wireExcludes?: string[];
   /** Per-directory merge files the sender reads (rsync's -F, -C, `: NAME`). */
   dirMerge?: DirMergeSpec[];
+  /** rsync's --files-from: only these paths (lines, relative to SRC), placed as with `SRC/`;
+   * `filesFromRecursive` (an explicit -r) also sends what is below a listed directory. */
+  filesFrom?: string[];
+  filesFromRecursive?: boolean;
   dryRun?: boolean;
   checksum?: boolean;
   compressLevel?: number;
@@ -263,7 +267,7 @@ function engineOptions(
     timeoutMs: o.timeoutMs ?? 60_000,
     events: o.events,
     signal: o.signal,
-    tree: { excludes: o.excludes ?? [], wireExcludes: o.wireExcludes, dirMerge: o.dirMerge, deleteExcluded: o.deleteExcluded, pruneEmptyDirs: o.pruneEmptyDirs, copyLinks: o.copyLinks, noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
+    tree: { excludes: o.excludes ?? [], wireExcludes: o.wireExcludes, dirMerge: o.dirMerge, filesFrom: o.filesFrom, filesFromRecursive: o.filesFromRecursive, deleteExcluded: o.deleteExcluded, pruneEmptyDirs: o.pruneEmptyDirs, copyLinks: o.copyLinks, noDelete: !o.delete, dryRun: o.dryRun, verbose: o.verbose, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
   };
 }
 
@@ -302,6 +306,13 @@ export const LOCAL_LANES = 4;
 
 export async function sync(o: SyncOptions): Promise<SyncSummary> {
   const src = parseLocation(o.src);
+  if (o.filesFrom) {
+    // rsync: the listed paths are relative to SRC and land under DEST as listed (SRC's own
+    // name is not added), whatever slash SRC was written with.
+    src.slash = true;
+    if (o.delete) throw new FfsyncError('EUSAGE', ExitCode.USAGE, '--delete with --files-from is not supported in this version');
+    o = { ...o, recursive: true };
+  }
   const dest = parseLocation(o.dest);
   if (src.host && dest.host) throw new FfsyncError('EUSAGE', ExitCode.USAGE, 'SRC and DEST are both remote; one side must be local');
   const stateDir = resolveStateDir(o.stateDir);
@@ -314,6 +325,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
   if (!src.host) {
     const st = await statSource(src.path);
     if (st.isDirectory() && !o.recursive) throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, `${src.path} is a directory: use -r or -a`);
+    if (o.filesFrom && !st.isDirectory()) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `--files-from needs SRC to be a directory (${src.path} is a file)`);
     const srcName = baseName(src.path);
     const kind = st.isDirectory() ? 'tree' : 'file';
     if (kind === 'file' && treeOnly(o)) throw treeOnly(o);
@@ -390,6 +402,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     ...(o.compressLevel !== undefined ? ['--compress-level', String(o.compressLevel)] : []),
     ...(o.bwlimitKiBps ? ['--bwlimit', String(o.bwlimitKiBps)] : []),
     ...(o.excludes ?? []).flatMap((p) => ['--exclude', p]),
+    ...(o.filesFrom ? ['--files-from-json', JSON.stringify(o.filesFrom), ...(o.filesFromRecursive ? ['--files-from-recursive'] : [])] : []),
     ...(o.wireExcludes || o.dirMerge ? ['--rules-json', JSON.stringify({ wire: o.wireExcludes, dirMerge: o.dirMerge })] : []),
     ...(o.deleteExcluded ? ['--delete-excluded'] : []),
     ...(o.chmod ? ['--chmod', o.chmod] : []),
@@ -536,6 +549,8 @@ export async function serveStdio(o: {
   excludes?: string[];
   wireExcludes?: string[];
   dirMerge?: DirMergeSpec[];
+  filesFrom?: string[];
+  filesFromRecursive?: boolean;
   dryRun?: boolean;
   update?: boolean;
   wholeFile?: boolean;
@@ -599,7 +614,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
       compressLevel: o.compressLevel,
       bwlimitKiBps: o.bwlimitKiBps,
       events: o.events,
-      tree: { excludes: o.excludes ?? [], wireExcludes: o.wireExcludes, dirMerge: o.dirMerge, deleteExcluded: o.deleteExcluded, pruneEmptyDirs: o.pruneEmptyDirs, copyLinks: o.copyLinks, dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
+      tree: { excludes: o.excludes ?? [], wireExcludes: o.wireExcludes, dirMerge: o.dirMerge, filesFrom: o.filesFrom, filesFromRecursive: o.filesFromRecursive, deleteExcluded: o.deleteExcluded, pruneEmptyDirs: o.pruneEmptyDirs, copyLinks: o.copyLinks, dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
     });
   }
   return runReceiver(conn, {

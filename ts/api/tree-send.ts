@@ -61,6 +61,10 @@ export interface TreeSendOptions {
   /** Per-directory merge files the walk reads (rsync's -F, -C, `: NAME`); their rules
    * follow in FILTER, so the FILTER frame waits for the walk. */
   dirMerge?: DirMergeSpec[];
+  /** rsync's --files-from: only these paths (and the directories on the way); with
+   * `filesFromRecursive`, also what is below a listed directory. */
+  filesFrom?: string[];
+  filesFromRecursive?: boolean;
   /** Keep files only the receiver has. */
   noDelete?: boolean;
   /** Report what would change on both sides; write nothing. */
@@ -107,7 +111,7 @@ interface Context extends SendOptions {
 /** Walk the source tree (in parallel, natively); progress counts entries. */
 export function startWalk(root: string, o: SendOptions, stateDir: string): Promise<NativeTreeSync> {
   const excludes = o.tree?.excludes ?? [];
-  return inPhase(o.events, 'scanning', 0, (progress) => walkTree(root, { excludes, stateDir, ignoreIndex: o.checksum, isSender: true, oneFileSystem: o.tree?.oneFileSystem, skipSymlinks: o.tree?.omit?.links, copyLinks: o.tree?.copyLinks, dirMerge: o.tree?.dirMerge, chmod: o.chmod, pruneEmptyDirs: o.tree?.pruneEmptyDirs }, progress));
+  return inPhase(o.events, 'scanning', 0, (progress) => walkTree(root, { excludes, stateDir, ignoreIndex: o.checksum, isSender: true, oneFileSystem: o.tree?.oneFileSystem, skipSymlinks: o.tree?.omit?.links, copyLinks: o.tree?.copyLinks, dirMerge: o.tree?.dirMerge, filesFrom: o.tree?.filesFrom, filesFromRecursive: o.tree?.filesFromRecursive, chmod: o.chmod, pruneEmptyDirs: o.tree?.pruneEmptyDirs }, progress));
 }
 
 export async function sendTree(conn: FramedConnection, o: Context): Promise<void> {

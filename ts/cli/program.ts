@@ -306,7 +306,6 @@ export function buildProgram(): Command {
     ['-H, --hard-links', 'hardLinks'],
     ['-A, --acls', 'acls'],
     ['--partial-dir <DIR>', 'partialDir'],
-    ['--files-from <FILE>', 'filesFrom'],
     ['--chown <USER:GROUP>', 'chown'],
   ];
   const syncCmd = program
@@ -366,6 +365,8 @@ export function buildProgram(): Command {
     .option('--delete-during', 'the same as --delete-after (idem)')
     .option('--exclude <pattern>', 'exclude matching paths (repeatable; rules as in README)', (v: string) => both(v))
     .option('--include <pattern>', 're-include matching paths (first matching rule wins)', (v: string) => both(`!${v}`))
+    .option('--files-from <FILE>', "sync only the paths listed in FILE (`-`: stdin), relative to SRC, with the directories on the way; -a does not imply -r here, as in rsync")
+    .option('-0, --from0', '--files-from names are separated by NUL bytes, not lines')
     .option('-f, --filter <RULE>', "rsync's filter rules: - + (both sides), H S (sender), P R (receiver), ! (clear), . FILE (merge), : NAME (per-directory merge file)", (v: string) => (filterRules().addFilterRule(ruleList, v), ruleList))
     .option('-F', "same as --filter=': /.rsync-filter'; given twice, also --filter='- .rsync-filter'", () => (filterRules().addDashF(ruleList, ++dashF), dashF))
     .option('-C, --cvs-exclude', "ignore files as CVS does (rsync's list, ~/.cvsignore, $CVSIGNORE, each directory's .cvsignore)", () => ((ruleList.cvs = true), true))
@@ -440,6 +441,8 @@ export function buildProgram(): Command {
           excludes,
           wireExcludes: wireExcludes.join('\n') === excludes.join('\n') ? undefined : wireExcludes,
           dirMerge: lists.dirMerge.length ? lists.dirMerge : undefined,
+          filesFrom: o.filesFrom !== undefined ? (require('./files-from.js') as typeof import('./files-from.js')).readFilesFrom(o.filesFrom, Boolean(o.from0)) : undefined,
+          filesFromRecursive: Boolean(o.recursive),
           dryRun: o.dryRun,
           checksum: o.checksum,
           compressLevel: o.compressLevel,
@@ -496,6 +499,8 @@ export function buildProgram(): Command {
     .addOption(new Option('--compress-level <n>').argParser(intArg(0, 19)))
     .addOption(new Option('--bwlimit <KiBps>').argParser(intArg(1, 2 ** 31)))
     .option('--exclude <pattern>', '', collect, [])
+    .option('--files-from-json <json>', '', (v: string) => JSON.parse(v) as string[])
+    .option('--files-from-recursive')
     .option('--rules-json <json>', '', (v: string) => JSON.parse(v) as { wire?: string[]; dirMerge?: import('./filter-rules.js').DirMergeSpec[] })
     .option('--quic')
     .option('--inplace')
@@ -536,6 +541,8 @@ export function buildProgram(): Command {
           bwlimitKiBps: o.bwlimit,
           excludes: o.exclude,
           wireExcludes: o.rulesJson?.wire,
+          filesFrom: o.filesFromJson,
+          filesFromRecursive: o.filesFromRecursive,
           dirMerge: o.rulesJson?.dirMerge,
           quic: o.quic,
           jobs: o.jobs,

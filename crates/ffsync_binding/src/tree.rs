@@ -7,6 +7,7 @@ use crate::to_napi;
 use ffsync_core::tree::chmod::ChmodRules;
 use ffsync_core::tree::dir_merge::DirMerge;
 use ffsync_core::tree::filter::Filter;
+use ffsync_core::tree::selection::Selection;
 use ffsync_core::tree::sync::{Outcome, TreeSync};
 use ffsync_core::tree::triage::{Op, TriageOptions};
 use ffsync_core::tree::walk::{walk, WalkOptions};
@@ -40,6 +41,10 @@ pub struct WalkTreeOptions {
     pub prune_empty_dirs: Option<bool>,
     /// Per-directory merge files (rsync's -F, -C, `dir-merge`; sender).
     pub dir_merge: Option<Vec<DirMergeSpec>>,
+    /// rsync's --files-from (sender): the list's lines, paths relative to the root.
+    pub files_from: Option<Vec<String>>,
+    /// With `files_from`: recurse into listed directories (an explicit -r).
+    pub files_from_recursive: Option<bool>,
 }
 
 /// One kind of per-directory merge file (crates/ffsync_core/src/tree/dir_merge.rs).
@@ -177,6 +182,11 @@ impl Task for WalkTask {
                 bare: d.bare.as_deref().map(|b| b == "-"),
             })
             .collect();
+        let selection = self
+            .o
+            .files_from
+            .as_ref()
+            .map(|lines| Selection::new(lines, self.o.files_from_recursive.unwrap_or(false)));
         let state_dir = self.o.state_dir.as_ref().map(PathBuf::from);
         let idx = match (&state_dir, self.o.ignore_index.unwrap_or(false)) {
             (Some(d), false) => index::load(d, &self.root),
@@ -201,10 +211,15 @@ impl Task for WalkTask {
                 chmod: chmod.as_ref(),
                 prune_empty_dirs: self.o.prune_empty_dirs.unwrap_or(false),
                 dir_merge: &dir_merge,
+                select: selection.as_ref().map(|(s, _)| s),
             },
         );
         ticker.stop();
-        Ok(TreeSync::new(local.map_err(to_napi)?, self.o.is_sender, state_dir))
+        let mut local = local.map_err(to_napi)?;
+        local
+            .problems
+            .extend(selection.into_iter().flat_map(|(_, notes)| notes));
+        Ok(TreeSync::new(local, self.o.is_sender, state_dir))
     }
 
     fn resolve(&mut self, _env: Env, t: TreeSync) -> Result<NativeTreeSync> {

@@ -21,6 +21,7 @@ fn main() {
                 skip_symlinks: false,
                 copy_links: false,
                 dir_merge: &[],
+                select: None,
                 chmod: None,
                 prune_empty_dirs: false,
             },

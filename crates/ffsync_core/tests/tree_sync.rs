@@ -202,6 +202,7 @@ fn open(side: &Side, filter: &Filter, protect: Option<&Filter>, sender: bool) ->
         skip_symlinks: false,
         copy_links: false,
         dir_merge: &[],
+        select: None,
         chmod: None,
         prune_empty_dirs: false,
     };

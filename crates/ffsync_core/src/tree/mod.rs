@@ -11,6 +11,7 @@ pub mod itemize;
 pub mod manifest;
 pub mod path;
 pub mod remove_sources;
+pub mod selection;
 pub mod sync;
 pub mod triage;
 pub mod walk;

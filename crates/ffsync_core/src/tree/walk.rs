@@ -8,6 +8,7 @@ use super::filter::Filter;
 use super::index::{Claim, TreeIndex};
 use super::manifest::{flags, Kind, NewEntry, TreeBuilder, TreeManifest};
 use super::path::{display, is_under, name_bytes};
+use super::selection::Selection;
 use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
 use jwalk::{ClientState, Parallelism, WalkDirGeneric};
@@ -43,6 +44,10 @@ pub struct WalkOptions<'a> {
     /// Per-directory merge files (rsync's `-F`, `-C`, `dir-merge`; sender): each directory's
     /// file adds rules for it (and below), checked after `filter` (tree/dir_merge.rs).
     pub dir_merge: &'a [DirMerge],
+    /// rsync's --files-from (sender): only these paths, the directories on the way, and with
+    /// -r what is below a listed directory (tree/selection.rs). A listed path that does not
+    /// exist is a problem (exit 23).
+    pub select: Option<&'a Selection>,
 }
 
 /// A walked local tree: its manifest plus what only this machine needs.
@@ -372,6 +377,7 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
             let filter = filter.clone();
             let follow = o.copy_links;
             let specs: Vec<DirMerge> = o.dir_merge.to_vec();
+            let select = o.select.cloned().map(Arc::new);
             let merged = merged.clone();
             move |depth, dir, state, children| {
                 // jwalk first calls this for the root's parent, with the root itself as the
@@ -393,6 +399,7 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
                     }
                 }
                 let stack = state.0.clone();
+                let everything = select.as_ref().is_none_or(|s| s.all_of(&rel_dir));
                 for child in children.iter_mut().flatten() {
                     let mut rel = rel_dir.clone();
                     if !rel.is_empty() {
@@ -404,7 +411,8 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
                     let verdict = filter
                         .decide(&rel, is_dir)
                         .or_else(|| stack.iter().rev().find_map(|f| f.decide(&rel, is_dir)));
-                    if verdict.unwrap_or(false) {
+                    let unlisted = !everything && select.as_ref().is_some_and(|s| !s.keeps(&rel, false));
+                    if unlisted || verdict.unwrap_or(false) {
                         child.client_state.excluded = true;
                         child.read_children_path = None;
                         continue;
@@ -536,6 +544,16 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
         follows_links: o.copy_links,
         merged_rules: Vec::new(),
     };
+    if let Some(s) = o.select {
+        for p in s.listed() {
+            if !p.is_empty() && std::fs::symlink_metadata(super::path::join(root, p)).is_err() {
+                tree.problems.push(format!(
+                    "link_stat \"{}\" failed: No such file or directory",
+                    display(p)
+                ));
+            }
+        }
+    }
     let MergeFiles { mut sent, notes } = std::mem::take(&mut *merged.lock().unwrap());
     tree.problems.extend(notes);
     // Deepest directory first (as in the walk), then in tree order for a stable list.
@@ -640,6 +658,7 @@ mod tests {
             skip_symlinks: false,
             copy_links: false,
             dir_merge: &[],
+            select: None,
             chmod: None,
             prune_empty_dirs: false,
         }
