@@ -189,6 +189,11 @@ export declare class NativeTreeSync {
    */
   setBackup(backup?: BackupOptions | undefined | null): void
   /**
+   * Receiver: rsync's --chown USER:GROUP (names as this machine knows them, or ids); an
+   * unknown name is a usage error. Call before `applyAttrs`.
+   */
+  setChown(spec: string): void
+  /**
    * Receiver: rsync's --max-delete (`null`: no limit); see `TreeSync::set_max_delete`.
    * Call before `finishReceiver`.
    */
@@ -492,6 +497,12 @@ export interface TreeStats {
   /** Entries left out on purpose (special files; symlinks without -l), in rsync's words. */
   notices: Array<string>
 }
+
+/**
+ * Throws a usage error when rsync's --chown USER:GROUP names a user or group this machine
+ * does not know (checked before connecting, where the receiver is local).
+ */
+export declare function validateChown(spec: string): void
 
 /** Throws `EUSAGE: ...` naming the first invalid exclude pattern. */
 export declare function validateExcludes(patterns: Array<string>): void

@@ -859,4 +859,5 @@ module.exports.quicConnect = nativeBinding.quicConnect
 module.exports.quicListen = nativeBinding.quicListen
 module.exports.recoverInplace = nativeBinding.recoverInplace
 module.exports.scanFileNative = nativeBinding.scanFileNative
+module.exports.validateChown = nativeBinding.validateChown
 module.exports.validateExcludes = nativeBinding.validateExcludes

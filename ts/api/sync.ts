@@ -27,7 +27,7 @@ import type { SyncEvents, SyncSummary } from './events.js';
 import { startWalk, type TreeSendOptions } from './tree-send.js';
 import { startPrewalk } from './tree-receive.js';
 import type { Listing } from './tree-common.js';
-import type { BackupOptions, DirMergeSpec } from '../native/binding.js';
+import { type BackupOptions, type DirMergeSpec, validateChown } from '../native/binding.js';
 
 // What only push, pull or --quic use is loaded when they run (start-up of a local sync,
 // bench/startup.ts): ssh's child_process, QUIC, and the identity (TLS certificates).
@@ -104,6 +104,9 @@ export interface SyncOptions {
   backup?: boolean;
   suffix?: string;
   backupDir?: string;
+  /** rsync's --chown USER:GROUP (trees): the receiving side gives every entry this owner
+   * and/or group; set `attrs` OWNER / GROUP with it (rsync's --chown implies -o / -g). */
+  chown?: string;
   /** rsync's --max-delete: the receiving side deletes at most this many paths (with
    * `delete`); the rest stay and the sync exits 25. */
   maxDelete?: number;
@@ -243,7 +246,7 @@ function dryRunFile(): FfsyncError {
 function treeOnly(o: SyncOptions): FfsyncError | undefined {
   if (o.dryRun) return dryRunFile();
   const c = o.choices ?? {};
-  const named = [c.sizeOnly && '--size-only', c.ignoreExisting && '--ignore-existing', c.existingOnly && '--existing'].filter(Boolean);
+  const named = [c.sizeOnly && '--size-only', c.ignoreExisting && '--ignore-existing', c.existingOnly && '--existing', o.chown !== undefined && '--chown'].filter(Boolean);
   return named.length ? new FfsyncError('EUSAGE', ExitCode.USAGE, `${named.join(', ')} ${named.length > 1 ? 'apply' : 'applies'} to directory trees in this version, not to a single file`) : undefined;
 }
 
@@ -315,6 +318,8 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
   }
   const dest = parseLocation(o.dest);
   if (src.host && dest.host) throw new FfsyncError('EUSAGE', ExitCode.USAGE, 'SRC and DEST are both remote; one side must be local');
+  // Names are resolved where the files land: checked here before anything moves when that is here.
+  if (o.chown !== undefined && !dest.host) validateChown(o.chown);
   const stateDir = resolveStateDir(o.stateDir);
   const eng = engineOptions(o);
   const t0 = Date.now();
@@ -341,7 +346,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       const sendConn = new FramedConnection(a, eng.timeoutMs!);
       const lanes = localLanes();
       const sending = { ...eng, compressLevel: 0, overlap: false, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES, listing: listingOf(o, src, dest, false, destExisted, rootExisted) }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
-      const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, maxDelete: o.maxDelete, protect: backupProtect(backupOf(o)) }, backup: backupOf(o), listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync };
+      const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, maxDelete: o.maxDelete, chown: o.chown, protect: backupProtect(backupOf(o)) }, backup: backupOf(o), listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync };
       // Both trees are walked from the start, neither waiting on the handshake or the other
       // side's frames. The receiver's early walk has no exclude rules, so it is started only
       // when the sender has none either (and no -x): then it is the walk the session makes.
@@ -375,6 +380,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       ...(o.inplace ? ['--inplace'] : []),
       ...(o.fsync === false ? ['--no-fsync'] : []),
       ...(o.maxDelete !== undefined ? ['--max-delete', String(o.maxDelete)] : []),
+      ...(o.chown !== undefined ? ['--chown', o.chown] : []),
       ...backupArgs(o),
       ...sizeArgs(o),
     ]);
@@ -428,7 +434,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     timeoutMs: eng.timeoutMs,
     signal: o.signal,
     events: o.events,
-    tree: { noDelete: !o.delete, maxDelete: o.maxDelete, protect: backupProtect(backupOf(o)), listing: listingOf(o, src, dest, false, destExisted) },
+    tree: { noDelete: !o.delete, maxDelete: o.maxDelete, chown: o.chown, protect: backupProtect(backupOf(o)), listing: listingOf(o, src, dest, false, destExisted) },
     backup: backupOf(o),
     sizeLimits: limitsOf(o),
     inplace: o.inplace,
@@ -573,6 +579,7 @@ export async function serveStdio(o: {
   pruneEmptyDirs?: boolean;
   removeSourceFiles?: boolean;
   copyLinks?: boolean;
+  chown?: string;
   maxDelete?: number;
   backup?: boolean;
   suffix?: string;
@@ -625,7 +632,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
     stateDir,
     checksum: o.checksum,
     events: o.events,
-    tree: { maxDelete: o.maxDelete, protect: backupProtect(backupOf(o)) },
+    tree: { maxDelete: o.maxDelete, chown: o.chown, protect: backupProtect(backupOf(o)) },
     backup: backupOf(o),
     sizeLimits: limitsOf(o),
     inplace: o.inplace,

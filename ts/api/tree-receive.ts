@@ -44,6 +44,9 @@ export interface TreeReceiveOptions {
   noDelete?: boolean;
   /** rsync's --max-delete: at most this many deletions; the rest are left (exit 25). */
   maxDelete?: number;
+  /** rsync's --chown USER:GROUP: every entry gets this owner and/or group (with the
+   * sender's -o/-g table, which --chown implies; owners only as root). */
+  chown?: string;
   /** A pull lists its changes here, where the user is (rsync's -v names or -i lines). */
   listing?: import('./tree-common.js').Listing;
 }
@@ -184,6 +187,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     tree.setFsync(o.fsync !== false);
     tree.setMaxDelete(o.tree?.maxDelete ?? null);
     if (!dryRun) tree.setBackup(o.backup ?? null);
+    if (o.tree?.chown) tree.setChown(o.tree.chown);
     const stats = tree.stats();
     await exchangeManifestsAndRoots(conn, tree, checksum, o.events);
     const counts = tree.triage(checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0, limits.maxSize, limits.minSize, limits.omitTimes, limits.omitPerms, limits.sizeOnly, limits.ignoreExisting, limits.existingOnly);

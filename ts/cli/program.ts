@@ -306,7 +306,6 @@ export function buildProgram(): Command {
     ['-H, --hard-links', 'hardLinks'],
     ['-A, --acls', 'acls'],
     ['--partial-dir <DIR>', 'partialDir'],
-    ['--chown <USER:GROUP>', 'chown'],
   ];
   const syncCmd = program
     .command('sync')
@@ -365,6 +364,7 @@ export function buildProgram(): Command {
     .option('--delete-during', 'the same as --delete-after (idem)')
     .option('--exclude <pattern>', 'exclude matching paths (repeatable; rules as in README)', (v: string) => both(v))
     .option('--include <pattern>', 're-include matching paths (first matching rule wins)', (v: string) => both(`!${v}`))
+    .option('--chown <USER:GROUP>', 'trees: give every entry this owner and/or group on the receiving side (implies -o and/or -g; an owner only as root)')
     .option('--files-from <FILE>', "sync only the paths listed in FILE (`-`: stdin), relative to SRC, with the directories on the way; -a does not imply -r here, as in rsync")
     .option('-0, --from0', '--files-from names are separated by NUL bytes, not lines')
     .option('-f, --filter <RULE>', "rsync's filter rules: - + (both sides), H S (sender), P R (receiver), ! (clear), . FILE (merge), : NAME (per-directory merge file)", (v: string) => (filterRules().addFilterRule(ruleList, v), ruleList))
@@ -465,7 +465,9 @@ export function buildProgram(): Command {
           mkpath: o.mkpath,
           ipFamily: o.ipv6 ? 6 : o.ipv4 ? 4 : undefined,
           contimeoutS: o.contimeout,
-          attrs: (o.archive || o.owner ? AttrFlag.OWNER : 0) | (o.archive || o.group ? AttrFlag.GROUP : 0) | (o.xattrs ? AttrFlag.XATTRS : 0) | (o.numericIds ? AttrFlag.NUMERIC_IDS : 0),
+          chown: o.chown,
+          // --chown implies -o for its user part and -g for its group part, as in rsync.
+          attrs: (o.archive || o.owner || chownPart(o.chown, 0) ? AttrFlag.OWNER : 0) | (o.archive || o.group || chownPart(o.chown, 1) ? AttrFlag.GROUP : 0) | (o.xattrs ? AttrFlag.XATTRS : 0) | (o.numericIds ? AttrFlag.NUMERIC_IDS : 0),
           stateDir: o.stateDir,
           timeoutMs: o.timeout * 1000,
           events,
@@ -515,6 +517,7 @@ export function buildProgram(): Command {
     .option('--prune-empty-dirs')
     .option('--remove-source-files')
     .option('--copy-links')
+    .option('--chown <spec>')
     .addOption(new Option('--max-delete <n>').argParser(intArg(0, 2 ** 31 - 1)))
     .option('--backup')
     .option('--suffix <suffix>')
@@ -557,6 +560,7 @@ export function buildProgram(): Command {
           pruneEmptyDirs: o.pruneEmptyDirs,
           removeSourceFiles: o.removeSourceFiles,
           copyLinks: o.copyLinks,
+          chown: o.chown,
           maxDelete: o.maxDelete,
           backup: o.backup,
           suffix: o.suffix,
@@ -631,6 +635,13 @@ export function buildProgram(): Command {
 
   oneLineUsageErrors(program);
   return program;
+}
+
+/** Whether rsync's --chown USER:GROUP names a user (part 0) or a group (part 1). */
+function chownPart(spec: string | undefined, part: 0 | 1): boolean {
+  if (spec === undefined) return false;
+  const [user, group = ''] = spec.split(':');
+  return (part === 0 ? user : group) !== '';
 }
 
 /** A pattern file as rsync reads one for --include-from: one pattern per line; blank lines and

@@ -117,6 +117,15 @@ export async function walkTree(root: string, options: Binding.WalkTreeOptions, o
   return tree;
 }
 
+/** Throws a usage error when --chown names a user or group unknown here. */
+export function validateChown(spec: string): void {
+  try {
+    native.validateChown(spec);
+  } catch (e) {
+    throw normalizeNativeError(e);
+  }
+}
+
 /** Throws a usage error naming the first invalid exclude pattern. */
 export function validateExcludes(patterns: string[]): void {
   try {

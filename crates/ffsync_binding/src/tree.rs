@@ -388,6 +388,15 @@ impl NativeTreeSync {
         Ok(())
     }
 
+    /// Receiver: rsync's --chown USER:GROUP (names as this machine knows them, or ids); an
+    /// unknown name is a usage error. Call before `applyAttrs`.
+    #[napi]
+    pub fn set_chown(&self, spec: String) -> Result<()> {
+        let chown = ffsync_core::tree::attrs::Chown::parse(&spec).map_err(to_napi)?;
+        self.inner.write().unwrap().set_chown(chown);
+        Ok(())
+    }
+
     /// Receiver: rsync's --max-delete (`null`: no limit); see `TreeSync::set_max_delete`.
     /// Call before `finishReceiver`.
     #[napi]
@@ -699,6 +708,15 @@ impl NativeTreeSync {
 #[napi]
 pub fn validate_excludes(patterns: Vec<String>) -> Result<()> {
     Filter::new(&patterns).map(|_| ()).map_err(to_napi)
+}
+
+/// Throws a usage error when rsync's --chown USER:GROUP names a user or group this machine
+/// does not know (checked before connecting, where the receiver is local).
+#[napi]
+pub fn validate_chown(spec: String) -> Result<()> {
+    ffsync_core::tree::attrs::Chown::parse(&spec)
+        .map(|_| ())
+        .map_err(to_napi)
 }
 
 /// Patterns of an --exclude-from file (blank lines and `#` comments skipped).

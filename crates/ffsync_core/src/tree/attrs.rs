@@ -38,7 +38,7 @@ pub struct EntryAttrs {
 }
 
 /// The decoded side table: attributes by index in the sender's manifest.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AttrTable {
     pub flags: u8,
     pub users: Vec<(u32, Vec<u8>)>,
@@ -375,6 +375,60 @@ pub fn collect(
     }
 }
 
+/// rsync's --chown USER:GROUP on the receiver: ids resolved here, either part optional.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Chown {
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+impl Chown {
+    /// `USER:GROUP`, `USER`, `:GROUP` (names as this machine knows them, or numeric ids).
+    /// An unknown name is a usage error.
+    pub fn parse(spec: &str) -> crate::Result<Chown> {
+        let (user, group) = match spec.split_once(':') {
+            Some((u, g)) => (u, g),
+            None => (spec, ""),
+        };
+        let unknown = |what: &str, name: &str| crate::CoreError::Usage(format!("--chown: unknown {what} {name:?}"));
+        let uid = match user {
+            "" => None,
+            u => Some(match u.parse::<u32>() {
+                Ok(id) => id,
+                Err(_) => lookup_user(u).ok_or_else(|| unknown("user", u))?,
+            }),
+        };
+        let gid = match group {
+            "" => None,
+            g => Some(match g.parse::<u32>() {
+                Ok(id) => id,
+                Err(_) => lookup_group(g).ok_or_else(|| unknown("group", g))?,
+            }),
+        };
+        Ok(Chown { uid, gid })
+    }
+}
+
+#[cfg(unix)]
+fn lookup_user(name: &str) -> Option<u32> {
+    uzers::get_user_by_name(name).map(|u| u.uid())
+}
+
+#[cfg(unix)]
+fn lookup_group(name: &str) -> Option<u32> {
+    uzers::get_group_by_name(name).map(|g| g.gid())
+}
+
+#[cfg(not(unix))]
+fn lookup_user(_name: &str) -> Option<u32> {
+    None
+}
+
+#[cfg(not(unix))]
+fn lookup_group(_name: &str) -> Option<u32> {
+    None
+}
+
 /// What `apply` did: per-path problems, warnings, and whether it changed anything.
 #[derive(Debug, Default)]
 pub struct Applied {
@@ -390,12 +444,15 @@ pub struct Applied {
 /// tree costs nothing here (rsync's generator decides from its one stat the same way).
 /// Every path is resolved beneath the `root` handle without following links; owners are
 /// changed with `fchownat(AT_SYMLINK_NOFOLLOW)` and xattrs through descriptors we opened.
+/// `chown` (rsync's --chown, resolved here): this user and/or group for every entry,
+/// whatever the sender's table says.
 #[cfg(unix)]
 pub fn apply(
     root: &crate::beneath::Dir,
     manifest: &TreeManifest,
     table: &AttrTable,
     walked: impl Fn(usize) -> Option<(u32, u32)>,
+    chown: Chown,
 ) -> Applied {
     use std::collections::HashMap;
     use std::ffi::OsStr;
@@ -422,15 +479,15 @@ pub fn apply(
     let mut xattrs_unsupported = false;
     let mut changed = false;
     let with_xattrs = table.flags & attr_flags::XATTRS != 0;
-    // The id to set, if asked for and different: the sender's, mapped by name.
-    let target = |want: bool, id: u32, by_name: &HashMap<u32, u32>, now: u32| {
-        let id = if numeric { id } else { *by_name.get(&id).unwrap_or(&id) };
+    // The id to set, if asked for and different: --chown's, else the sender's mapped by name.
+    let target = |want: bool, id: u32, by_name: &HashMap<u32, u32>, now: u32, forced: Option<u32>| {
+        let id = forced.unwrap_or(if numeric { id } else { *by_name.get(&id).unwrap_or(&id) });
         (want && id != now).then_some(id)
     };
     for (i, a) in &table.entries {
         if let (false, Some((now_uid, now_gid))) = (with_xattrs, walked(*i as usize)) {
-            if target(want_owner, a.uid, &users, now_uid).is_none()
-                && target(want_group, a.gid, &groups, now_gid).is_none()
+            if target(want_owner, a.uid, &users, now_uid, chown.uid).is_none()
+                && target(want_group, a.gid, &groups, now_gid, chown.gid).is_none()
             {
                 continue;
             }
@@ -457,8 +514,8 @@ pub fn apply(
             },
         };
         let show = || crate::tree::path::display(if rel.is_empty() { b"." } else { rel });
-        let uid = target(want_owner, a.uid, &users, now_uid);
-        let gid = target(want_group, a.gid, &groups, now_gid);
+        let uid = target(want_owner, a.uid, &users, now_uid, chown.uid);
+        let gid = target(want_group, a.gid, &groups, now_gid, chown.gid);
         if uid.is_some() || gid.is_some() {
             let (u, g) = (uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX));
             let res = match &place {
@@ -537,6 +594,7 @@ pub fn apply(
     _manifest: &TreeManifest,
     _table: &AttrTable,
     _walked: impl Fn(usize) -> Option<(u32, u32)>,
+    _chown: Chown,
 ) -> Applied {
     Applied {
         warnings: vec!["owners, groups and extended attributes are not applied on this platform".into()],

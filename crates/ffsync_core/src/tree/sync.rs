@@ -106,6 +106,11 @@ pub struct TreeSync {
     /// Receiver: rsync's -b: what a file or symlink replaces or a deletion removes is moved
     /// to its backup name first.
     backup: Option<Arc<Backup>>,
+    /// Receiver: rsync's --chown (ids resolved here), applied with the attribute table.
+    chown: attrs::Chown,
+    /// Receiver: the attribute table's entries for symlinks, which `finish_receiver` creates
+    /// after the table was applied to everything else.
+    link_attrs: Mutex<Option<AttrTable>>,
 }
 
 /// Small files written between two background flushes of the tree's filesystem.
@@ -201,7 +206,15 @@ impl TreeSync {
             attrs_changed: AtomicBool::new(false),
             max_delete: None,
             backup: None,
+            chown: attrs::Chown::default(),
+            link_attrs: Mutex::new(None),
         }
+    }
+
+    /// Receiver: rsync's --chown USER:GROUP (see `attrs::Chown::parse`). Call before
+    /// `apply_attrs`; the sender must carry owners and/or groups (-o/-g, which --chown implies).
+    pub fn set_chown(&mut self, chown: attrs::Chown) {
+        self.chown = chown;
     }
 
     /// Receiver: rsync's -b/--backup (with --suffix, --backup-dir). Call before `prepare`.
@@ -1039,7 +1052,19 @@ impl TreeSync {
                 }
             }
         });
-        let applied = attrs::apply(&root, s, &table, |i| walked.get(i).copied().flatten());
+        let applied = attrs::apply(&root, s, &table, |i| walked.get(i).copied().flatten(), self.chown);
+        // Symlinks the plan creates do not exist yet: their owners are set once they do.
+        let links: std::collections::HashSet<u32> = plan
+            .actions
+            .iter()
+            .filter(|a| a.op == Op::Symlink)
+            .map(|a| a.s)
+            .collect();
+        if !links.is_empty() {
+            let mut t = table.clone();
+            t.entries.retain(|(i, _)| links.contains(i));
+            *self.link_attrs.lock().unwrap() = Some(t);
+        }
         if applied.changed {
             self.attrs_changed.store(true, Ordering::Relaxed);
         }
@@ -1124,6 +1149,15 @@ impl TreeSync {
                         s.entry(a.s as usize).path
                     };
                     out.errors.push(format!("{} {}: {e}", op_verb(a.op), display(rel)));
+                }
+            }
+        }
+        if let Some(table) = self.link_attrs.lock().unwrap().take() {
+            if let Ok(root) = self.root_dir() {
+                let applied = attrs::apply(&root, s, &table, |_| None, self.chown);
+                out.errors.extend(applied.problems);
+                if applied.changed {
+                    self.attrs_changed.store(true, Ordering::Relaxed);
                 }
             }
         }
