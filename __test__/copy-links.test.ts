@@ -7,17 +7,14 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { CLI, listing, seeded, syncLikeRsync, tmpdir } from './helpers/peers';
+import { CLI, listing, seeded, syncLikeRsync, tmpdir, writeAt } from './helpers/peers';
 
 const haveRsync = spawnSync('rsync', ['--version']).status === 0;
 const skip = (!haveRsync && 'rsync is not installed') || (process.platform === 'win32' && 'POSIX symlinks and a shell stand-in for ssh');
 const OLD = new Date('2020-01-01T00:00:00Z');
 
-function put(root: string, rel: string, body: string | Buffer): void {
-  fs.mkdirSync(path.dirname(path.join(root, rel)), { recursive: true });
-  fs.writeFileSync(path.join(root, rel), body);
-  fs.utimesSync(path.join(root, rel), OLD, OLD);
-}
+/** A file with its mtime stamped (rsync compares whole seconds). */
+const put = (root: string, rel: string, body: string | Buffer, time = OLD) => writeAt(root, rel, body, undefined, time);
 
 /** A tree whose links point at a small file, a large one, a directory, and a file outside. */
 function source(base: string): string {

@@ -9,18 +9,15 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { CLI, listing, makeImmutable, syncLikeRsync, tmpdir, undoImmutable } from './helpers/peers';
+import { CLI, listing, makeImmutable, syncLikeRsync, tmpdir, undoImmutable, writeAt } from './helpers/peers';
 
 const haveRsync = spawnSync('rsync', ['--version']).status === 0;
 const skip = (!haveRsync && 'rsync is not installed') || (process.platform === 'win32' && 'POSIX symlinks and a shell stand-in for ssh');
 const OLD = new Date('2020-01-01T00:00:00Z');
 const NEWER = new Date('2024-01-01T00:00:00Z');
 
-function put(root: string, rel: string, body: string | Buffer, time = OLD): void {
-  fs.mkdirSync(path.dirname(path.join(root, rel)), { recursive: true });
-  fs.writeFileSync(path.join(root, rel), body);
-  fs.utimesSync(path.join(root, rel), time, time);
-}
+/** A file with its mtime stamped (rsync compares whole seconds). */
+const put = (root: string, rel: string, body: string | Buffer, time = OLD) => writeAt(root, rel, body, undefined, time);
 
 /** A source with every case: a file to send, one already the same on the receiver, one the
  * receiver has newer (-u), one above --max-size, one only the receiver lacks (--existing),

@@ -225,7 +225,7 @@ export function snapshotTree(dir: string, o: { root?: boolean } = {}): Record<st
 export const T0 = 1_700_000_000.25;
 
 /** Write `data` at `root/rel` (creating parents), optionally with a mode and an mtime (s). */
-export function writeAt(root: string, rel: string, data: string | Buffer, mode?: number, mtime?: number): void {
+export function writeAt(root: string, rel: string, data: string | Buffer, mode?: number, mtime?: number | Date): void {
   const p = path.join(root, rel);
   fs.mkdirSync(path.dirname(p), { recursive: true });
   fs.writeFileSync(p, data);

@@ -163,10 +163,16 @@ function limitsOf(o: { maxSize?: number; minSize?: number }): { maxSize?: number
   return { maxSize: o.maxSize, minSize: o.minSize };
 }
 
+/** What the receiving side applies of rsync's options: --max-delete, --chown, -b and the
+ * protect rules -b implies. Computed (and -b checked) once, before anything is written. */
+function receivingOptions(o: { maxDelete?: number; chown?: string; backup?: boolean; suffix?: string; backupDir?: string; inplace?: boolean }): { backup?: BackupOptions; tree: { maxDelete?: number; chown?: string; protect: string[] } } {
+  const backup = backupOf(o);
+  return { backup, tree: { maxDelete: o.maxDelete, chown: o.chown, protect: backupProtect(backup) } };
+}
+
 /** -b / --suffix / --backup-dir for the remote receiver (its --backup-dir, if relative, is
  * relative to the remote DEST, as rsync's). */
-function backupArgs(o: SyncOptions): string[] {
-  const b = backupOf(o);
+function backupArgs(b: BackupOptions | undefined): string[] {
   if (!b) return [];
   return ['--backup', ...(b.suffix !== undefined ? ['--suffix', b.suffix] : []), ...(b.dir !== undefined ? ['--backup-dir', b.dir] : [])];
 }
@@ -320,6 +326,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
   if (src.host && dest.host) throw new FfsyncError('EUSAGE', ExitCode.USAGE, 'SRC and DEST are both remote; one side must be local');
   // Names are resolved where the files land: checked here before anything moves when that is here.
   if (o.chown !== undefined && !dest.host) validateChown(o.chown);
+  const receiverSide = receivingOptions(o);
   const stateDir = resolveStateDir(o.stateDir);
   const eng = engineOptions(o);
   const t0 = Date.now();
@@ -346,7 +353,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       const sendConn = new FramedConnection(a, eng.timeoutMs!);
       const lanes = localLanes();
       const sending = { ...eng, compressLevel: 0, overlap: false, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES, listing: listingOf(o, src, dest, false, destExisted, rootExisted) }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
-      const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, maxDelete: o.maxDelete, chown: o.chown, protect: backupProtect(backupOf(o)) }, backup: backupOf(o), listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync };
+      const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, ...receiverSide.tree }, backup: receiverSide.backup, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync };
       // Both trees are walked from the start, neither waiting on the handshake or the other
       // side's frames. The receiver's early walk has no exclude rules, so it is started only
       // when the sender has none either (and no -x): then it is the walk the session makes.
@@ -381,7 +388,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       ...(o.fsync === false ? ['--no-fsync'] : []),
       ...(o.maxDelete !== undefined ? ['--max-delete', String(o.maxDelete)] : []),
       ...(o.chown !== undefined ? ['--chown', o.chown] : []),
-      ...backupArgs(o),
+      ...backupArgs(receiverSide.backup),
       ...sizeArgs(o),
     ]);
     if (o.quic) {
@@ -434,8 +441,8 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     timeoutMs: eng.timeoutMs,
     signal: o.signal,
     events: o.events,
-    tree: { noDelete: !o.delete, maxDelete: o.maxDelete, chown: o.chown, protect: backupProtect(backupOf(o)), listing: listingOf(o, src, dest, false, destExisted) },
-    backup: backupOf(o),
+    tree: { noDelete: !o.delete, ...receiverSide.tree, listing: listingOf(o, src, dest, false, destExisted) },
+    backup: receiverSide.backup,
     sizeLimits: limitsOf(o),
     inplace: o.inplace,
     fsync: o.fsync,
@@ -632,8 +639,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
     stateDir,
     checksum: o.checksum,
     events: o.events,
-    tree: { maxDelete: o.maxDelete, chown: o.chown, protect: backupProtect(backupOf(o)) },
-    backup: backupOf(o),
+    ...receivingOptions(o),
     sizeLimits: limitsOf(o),
     inplace: o.inplace,
     fsync: o.fsync,

@@ -52,7 +52,7 @@ export function addFilterRule(list: RuleList, rule: string, depth = 0): void {
   const mods = m[2] ?? '';
   const arg = (m[3] ?? '').trim();
   const push = (side: Side, pattern: string) => {
-    if (!arg && kind !== 'clear') throw bad(rule, 'a pattern is missing');
+    if (!arg) throw bad(rule, 'a pattern is missing');
     if (mods) throw bad(rule, `modifier "${mods}" is not supported in this version`);
     list.rules.push({ side, pattern });
   };

@@ -421,7 +421,8 @@ export function buildProgram(): Command {
         const { AttrFlag } = require('../protocol/messages.js') as typeof import('../protocol/messages.js');
         const lists = filterRules().finishRules(ruleList);
         const excludes = await excludeRules().loadExcludes(lists.sender, o.excludeFrom);
-        const wireExcludes = await excludeRules().loadExcludes(lists.receiver, o.excludeFrom);
+        // --exclude-from's patterns (read once) close both lists.
+        const wireExcludes = await excludeRules().loadExcludes([...lists.receiver, ...excludes.slice(lists.sender.length)]);
         const log = o.logFile ? (require('./log-file.js') as typeof import('./log-file.js')).openLogFile(o.logFile) : undefined;
         const running = sync({
           logLine: log?.line,

@@ -38,7 +38,7 @@ pub struct EntryAttrs {
 }
 
 /// The decoded side table: attributes by index in the sender's manifest.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct AttrTable {
     pub flags: u8,
     pub users: Vec<(u32, Vec<u8>)>,

@@ -1061,9 +1061,17 @@ impl TreeSync {
             .map(|a| a.s)
             .collect();
         if !links.is_empty() {
-            let mut t = table.clone();
-            t.entries.retain(|(i, _)| links.contains(i));
-            *self.link_attrs.lock().unwrap() = Some(t);
+            *self.link_attrs.lock().unwrap() = Some(AttrTable {
+                flags: table.flags,
+                users: table.users.clone(),
+                groups: table.groups.clone(),
+                entries: table
+                    .entries
+                    .iter()
+                    .filter(|(i, _)| links.contains(i))
+                    .cloned()
+                    .collect(),
+            });
         }
         if applied.changed {
             self.attrs_changed.store(true, Ordering::Relaxed);
