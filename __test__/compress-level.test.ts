@@ -5,21 +5,23 @@
 // that a pinned or disabled level never moves. The end-to-end effect on the wire is measured
 // by bench/net.ts (bench/RESULTS-net.md).
 import assert from 'node:assert/strict';
-import { it } from 'node:test';
+import { describe, it } from 'node:test';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { BUFFER_GRACE_BYTES, FAST_CAP_LEVEL, LevelGovernor, MAX_ADAPT_LEVEL, REMOTE_HANDSHAKE_MS, REMOTE_START_LEVEL, SLOW_LINK, WAN_HANDSHAKE_MS, WAN_START_LEVEL, startLevel } from '../ts/api/compress-level';
+import { BUFFER_GRACE_BYTES, FAST_CAP_LEVEL, LevelGovernor, LINK_QUEUE_MS, MAX_ADAPT_LEVEL, REMOTE_HANDSHAKE_MS, REMOTE_START_LEVEL, SLOW_LINK, WAN_HANDSHAKE_MS, WAN_START_LEVEL, startLevel } from '../ts/api/compress-level';
 import { handshakeMs } from '../ts/transport/handshake-time';
+import type { LinkSample } from '../ts/transport/delivery';
 import { connect, listenOnce } from '../ts/transport/tcp';
 import { tlsConnect, tlsListenOnce } from '../ts/transport/tls';
 import { loadOrCreateIdentity } from '../ts/security/identity';
 import { tcpDelayProxy } from './helpers/delay-proxy';
 
-/** A governor on a clock the test moves; `window` reports one window of two batches. */
-function driven(base: number, start = base, adapt = true) {
+/** A governor on a clock the test moves; `window` reports one window of two batches. With
+ * `link`, the receiver's delivery reports say what `link.now` holds (undefined: none yet). */
+function driven(base: number, start = base, adapt = true, link?: { now: LinkSample | undefined }) {
   let now = 0;
-  const gov = new LevelGovernor(base, adapt, start, () => now);
+  const gov = new LevelGovernor(base, adapt, start, { now: () => now, link: link && { sample: () => link.now } });
   /** One window of `spanMs`: two batches that waited `encMs` / `sendMs` in total and moved
    * `bytes` (default: a 100 Mbit/s link's worth). */
   const window = (spanMs: number, encMs: number, sendMs: number, bytes = (12.5e6 * spanMs) / 1000) => {
@@ -112,6 +114,69 @@ it('after backing off it does not climb straight back past the level that stalle
     after.every((l) => l <= 8),
     `the ceiling holds below the stalling level for a while: ${after.join(' ')}`,
   );
+});
+
+describe('with the receiver’s delivery reports (DELIVERED, §4.16)', () => {
+  const MB = 1e6;
+  const slowLink = (queueMs: number): LinkSample => ({ rate: 12.5 * MB, queueMs, spanMs: 600 });
+
+  it('a queue in front of a slow link: the encoder’s stalls never lower the level, and it climbs while the encoder outpaces the link', () => {
+    // 100 Mbit/s behind socket buffers that take the first megabytes at memory speed: the
+    // sender sees only its encoder waiting (the pattern that used to drop 6 to 1).
+    const link = { now: undefined as LinkSample | undefined };
+    const { window } = driven(1, 6, true, link);
+    const seen = [window(50, 48, 1, 2 * MB)];
+    for (let i = 0; i < 3; i++) seen.push(window(50, 48, 1, 2 * MB));
+    assert.deepEqual(seen, [6, 6, 6, 6], 'no reports yet: the start holds (they are due)');
+    link.now = slowLink(800);
+    for (let i = 0; i < 20; i++) seen.push(window(50, 48, 1, 2 * MB)); // out 40 MB/s > 1.25 × 12.5
+    assert.ok(seen.every((l, i) => i === 0 || l >= seen[i - 1]), `never down while the link is the bottleneck: ${seen.join(' ')}`);
+    assert.equal(seen.at(-1), FAST_CAP_LEVEL, `up to the fast-link cap: ${seen.join(' ')}`);
+  });
+
+  it('a link that keeps pace (no queue): the encoder’s stalls lower the level at once, start and grace or not', () => {
+    // 1 Gbit/s: a held start level would make compression the bottleneck.
+    const link = { now: { rate: 60 * MB, queueMs: 40, spanMs: 200 } as LinkSample | undefined };
+    const { window } = driven(1, 6, true, link);
+    window(50, 48, 1, 256 * 1024);
+    const seen = [6];
+    for (let i = 0; i < 6; i++) seen.push(window(50, 48, 1, 256 * 1024));
+    assert.equal(seen.at(-1), 1, `down to the configured level within the first MiB or two: ${seen.join(' ')}`);
+  });
+
+  it('the queue decides: just under LINK_QUEUE_MS the link keeps pace, just over it is the bottleneck', () => {
+    for (const [queueMs, expectDown] of [
+      [LINK_QUEUE_MS - 1, true],
+      [LINK_QUEUE_MS + 1, false],
+    ] as const) {
+      const link = { now: { rate: 12.5 * MB, queueMs, spanMs: 600 } as LinkSample | undefined };
+      const { window } = driven(1, 6, true, link);
+      let level = 6;
+      for (let i = 0; i < 4; i++) level = window(50, 48, 1, 0.6 * MB);
+      assert.equal(level < 6, expectDown, `queue ${queueMs} ms: level ${level}`);
+    }
+  });
+
+  it('on a slow delivery rate it goes past the fast-link cap only with half a second of reports behind the rate', () => {
+    const link = { now: { rate: SLOW_LINK / 4, queueMs: 2000, spanMs: 200 } as LinkSample | undefined };
+    const { window } = driven(1, 6, true, link);
+    let level = 6;
+    for (let i = 0; i < 30; i++) level = window(100, 0, 300, 0.5 * MB);
+    assert.equal(level, FAST_CAP_LEVEL, 'early reports (TCP slow start): capped');
+    link.now = { rate: SLOW_LINK / 4, queueMs: 2000, spanMs: 800 };
+    for (let i = 0; i < 200; i++) level = window(100, 0, 300, 0.5 * MB);
+    assert.equal(level, MAX_ADAPT_LEVEL);
+  });
+
+  it('a peer that negotiated reports but sends none: the sender’s own signals take over after 16 MiB', () => {
+    const link = { now: undefined as LinkSample | undefined };
+    const { window } = driven(1, 6, true, link);
+    let level = 6;
+    for (let i = 0; i < 8; i++) level = window(50, 48, 1, 2 * MB);
+    assert.equal(level, 6, 'past BUFFER_GRACE_BYTES, still waiting for reports');
+    for (let i = 0; i < 10; i++) level = window(50, 48, 1, 2 * MB);
+    assert.equal(level, 1);
+  });
 });
 
 it('a pinned level (--compress-level) and no compression never move', () => {

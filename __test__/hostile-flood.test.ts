@@ -90,6 +90,12 @@ const keepAlive = (counter?: bigint) => {
   return encodeFrame(FrameType.KEEPALIVE, p);
 };
 
+const delivered = (n: number) => {
+  const p = Buffer.alloc(8);
+  p.writeBigUInt64LE(BigInt(n));
+  return encodeFrame(FrameType.DELIVERED, p);
+};
+
 /** `n` copies of `frame` in one buffer. */
 function many(frame: Buffer, n: number): Buffer {
   const b = Buffer.allocUnsafe(frame.length * n);
@@ -241,6 +247,33 @@ describe('pointless frames and floods', { timeout: 120_000 }, () => {
       assert.ok(r.peakKiB < 150 * MiB, `peak RSS ${r.peakKiB >> 10} MiB`);
     } finally {
       sock.destroy();
+    }
+  });
+
+  test('DELIVERED reports that lie, go back or flood (§4.16) end a sender at once: exit 12', async () => {
+    const cases: [string, (next: () => Promise<Frame | undefined>) => Promise<Buffer>, RegExp][] = [
+      ['more bytes read than were sent', async () => delivered(1e12), /DELIVERED claims 1000000000000 bytes read of the \d+ sent/],
+      ['a count that does not advance', async () => Buffer.concat([delivered(10), delivered(10)]), /DELIVERED did not advance \(10 after 10\)/],
+      ['a wrong payload length', async () => encodeFrame(FrameType.DELIVERED, Buffer.alloc(4)), /DELIVERED with a payload of 4 bytes/],
+      [
+        '1,000 honest-looking reports at once',
+        async (next) => {
+          await next(); // the manifest: more than 1,000 bytes sent by now
+          return Buffer.concat(Array.from({ length: 1000 }, (_, i) => delivered(i + 1)));
+        },
+        /DELIVERED flood: more than 50 per second/,
+      ],
+    ];
+    for (const [what, frames, message] of cases) {
+      const { v, sock, next } = await senderAfterDecision(20);
+      sock.write(await frames(next));
+      try {
+        const r = await exitWithin(v, 15_000);
+        assert.equal(r.code, 12, `${what}: ${r.stderr}`);
+        assert.match(r.stderr, message, what);
+      } finally {
+        sock.destroy();
+      }
     }
   });
 

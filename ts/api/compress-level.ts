@@ -14,6 +14,17 @@
 // session starts at zstd's own default level or higher (`startLevel`), and the governor
 // climbs from there, or lowers it within a few batches if that makes compression the
 // bottleneck.
+//
+// A receiver that reports what it has read (DELIVERED, §4.16) removes the guesswork: bytes
+// written but not yet read, over the rate it reads them, is the queue in front of the link.
+// Once that says the link is the bottleneck, the encoder's own stalls do not lower the level
+// (a faster encoder would only fill the queue sooner) and the level climbs while the encoder
+// still produces faster than the link drains; once it says the link keeps pace, the start is
+// no longer protected and the encoder's stalls lower the level at once (a 1 Gbit/s link).
+
+import type { FramedConnection } from '../transport/connection.js';
+import { DeliveryMeter, type LinkSample, type LinkSignal } from '../transport/delivery.js';
+import { Capability } from '../protocol/messages.js';
 
 /** Highest level the governor reaches (zstd's slowest levels, on a slow link only). */
 export const MAX_ADAPT_LEVEL = 19;
@@ -45,12 +56,29 @@ export const FAST_CAP_LEVEL = 9;
  * plus the path's queues) take data at memory speed and every link looks faster than the
  * encoder: for this many wire bytes the level does not go below where the session started. */
 export const BUFFER_GRACE_BYTES = 4 << 20;
+/** With delivery reports: more queue than this (ms to drain at the delivery rate) means the
+ * link is the bottleneck. Above a report's lag (≤ 50 ms + one way) and a busy receiver's
+ * hiccups; far below the seconds of queue a slow link builds behind the socket buffers. */
+export const LINK_QUEUE_MS = 250;
+/** The level goes past FAST_CAP_LEVEL on a slow delivery rate only once the rate was taken over
+ * this long (TCP's slow start makes the first reports look slower than the link). */
+const SLOW_LINK_EVIDENCE_MS = 500;
+/** A peer that negotiated reports but sent none by this many bytes: back to the sender's own
+ * signals (BUFFER_GRACE_BYTES). */
+const REPORT_WAIT_BYTES = 16 << 20;
 
 /** The level the session starts at, from the configured one and the connection's handshake
  * time (undefined: not measured, e.g. an ssh channel). Never below `base`; 0 stays 0. */
 export function startLevel(base: number, handshakeMs: number | undefined): number {
   if (base <= 0 || handshakeMs === undefined || handshakeMs < REMOTE_HANDSHAKE_MS) return base;
   return Math.max(base, handshakeMs >= WAN_HANDSHAKE_MS ? WAN_START_LEVEL : REMOTE_START_LEVEL);
+}
+
+export interface GovernorOptions {
+  /** The clock (tests drive it). */
+  now?: () => number;
+  /** The receiver's delivery reports (absent: a peer without the DELIVERY capability). */
+  link?: LinkSignal;
 }
 
 export class LevelGovernor {
@@ -74,18 +102,22 @@ export class LevelGovernor {
   private ceiling = MAX_ADAPT_LEVEL;
   private calm = 0;
 
+  private readonly now: () => number;
+  private readonly link: LinkSignal | undefined;
+
   /** `base`: the configured level (0 = no compression, never adapted), the floor; `adapt`
-   * false pins it; `start`: where an adapting session begins (`startLevel`); `now`: the
-   * clock (tests drive it). */
+   * false pins it; `start`: where an adapting session begins (`startLevel`). */
   constructor(
     readonly base: number,
     readonly adapt = true,
     start = base,
-    private readonly now: () => number = () => performance.now(),
+    o: GovernorOptions = {},
   ) {
+    this.now = o.now ?? (() => performance.now());
+    this.link = o.link;
     this.cur = adapt && base > 0 ? Math.min(MAX_ADAPT_LEVEL, Math.max(base, start)) : base;
     this.start = this.cur;
-    this.since = now();
+    this.since = this.now();
   }
 
   /** The level for the next batch to encode. */
@@ -112,34 +144,58 @@ export class LevelGovernor {
     this.batches++;
     const span = this.now() - this.since;
     if (this.batches < WINDOW_BATCHES || span < WINDOW_MS) return;
-    const rate = (this.bytes / span) * 1000;
+    const out = (this.bytes / span) * 1000;
+    const link = this.link?.sample();
+    // The link's rate: what the receiver reads, when it says; else what the socket took.
+    const rate = link ? link.rate : out;
+    const linkBound = link !== undefined && link.queueMs > LINK_QUEUE_MS;
     if (++this.calm >= CEILING_WINDOWS) {
       this.calm = 0;
       this.ceiling = Math.min(MAX_ADAPT_LEVEL, this.ceiling + 1);
     }
     const warming = !this.warm;
     this.warm = true;
-    const slow = this.encMs > 0.35 * span && this.encMs > this.sendMs;
+    const slow = !linkBound && this.encMs > 0.35 * span && this.encMs > this.sendMs;
     const confirmed = slow && this.slowBefore;
     this.slowBefore = slow && !warming;
+    const socketBound = this.sendMs > 0.5 * span && this.encMs < 0.25 * this.sendMs;
     if (slow) {
       // Compression is the bottleneck: the pipeline waits for it more than for the socket
       // (whose buffer hides short waits, so only a large share counts). Back off once a
       // second window in a row says so, faster when it stalls the pipe badly.
       if (confirmed) {
-        const floor = this.pushedBack || this.sentBytes >= BUFFER_GRACE_BYTES ? this.base : this.start;
+        const floor = this.mayLeaveStart(link) ? this.base : this.start;
         if (this.cur > floor) this.ceiling = this.cur - 1;
         this.calm = 0;
         this.cur = Math.max(floor, this.cur - (this.encMs > 0.7 * span ? 2 : 1));
         this.slowBefore = false;
       }
-    } else if (this.sendMs > 0.5 * span && this.encMs < 0.25 * this.sendMs && rate < LEVEL_FAST_LINK) {
+    } else if (rate < LEVEL_FAST_LINK && (linkBound ? socketBound || out > 1.25 * link.rate : socketBound)) {
       this.pushedBack = true;
-      // The socket is the bottleneck and the encoder mostly idles: spend its time on ratio.
-      const step = this.encMs < 0.05 * this.sendMs && this.cur < 6 ? 2 : 1;
-      const cap = rate < SLOW_LINK ? this.ceiling : Math.min(this.ceiling, FAST_CAP_LEVEL);
+      // The link is the bottleneck and the encoder has time to spare: spend it on ratio.
+      const idle = (socketBound && this.encMs < 0.05 * this.sendMs) || (linkBound && out > 2.5 * link.rate);
+      const step = idle && this.cur < 6 ? 2 : 1;
+      const slowLink = rate < SLOW_LINK && (!link || link.spanMs >= SLOW_LINK_EVIDENCE_MS);
+      const cap = slowLink ? this.ceiling : Math.min(this.ceiling, FAST_CAP_LEVEL);
       this.cur = Math.max(this.cur, Math.min(cap, this.cur + step));
     }
     this.restartWindow();
   }
+
+  /** May the level go below where the session started? Once the receiver's reports say the
+   * link keeps pace (they are the evidence); without reports, once the socket pushed back or
+   * the kernel's buffers must be full; while reports are due but not yet in, not. */
+  private mayLeaveStart(link: LinkSample | undefined): boolean {
+    if (link || this.pushedBack) return true;
+    if (this.link && this.sentBytes < REPORT_WAIT_BYTES) return false;
+    return this.sentBytes >= BUFFER_GRACE_BYTES;
+  }
+}
+
+/** The session's delivery meter, if the receiver negotiated DELIVERY (it then reports). */
+export function deliveryMeter(conn: FramedConnection, negotiated: { capabilities: number }): DeliveryMeter | undefined {
+  if (!(negotiated.capabilities & Capability.DELIVERY)) return undefined;
+  const meter = new DeliveryMeter();
+  meter.add(conn);
+  return meter;
 }

@@ -1,6 +1,6 @@
 // The sending side of a single-file sync.
 
-import { LevelGovernor, startLevel } from './compress-level.js';
+import { deliveryMeter, LevelGovernor, startLevel } from './compress-level.js';
 import fs from 'node:fs/promises';
 import { FramedConnection } from '../transport/connection.js';
 import { connect } from '../transport/tcp.js';
@@ -178,7 +178,7 @@ export async function runSender(
       sourceHolder = holder;
       // Compress only for a peer that said it can decode zstd.
       const level = negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
-      const r = await sendFileContent(conn, { path: o.path, st, scan, stateDir, checksum: o.checksum, level, bwlimitKiBps: o.bwlimitKiBps, events: o.events, label: o.path, refine: Boolean(negotiated.capabilities & Capability.REFINE), sparse: Boolean(negotiated.capabilities & Capability.SPARSE), stream: Boolean(negotiated.capabilities & Capability.STREAM), overlap: o.overlap, batchStream: Boolean(negotiated.capabilities & Capability.BATCH_STREAM), governor: new LevelGovernor(level, o.compressLevel === undefined, startLevel(level, o.handshakeMs)) }, holder);
+      const r = await sendFileContent(conn, { path: o.path, st, scan, stateDir, checksum: o.checksum, level, bwlimitKiBps: o.bwlimitKiBps, events: o.events, label: o.path, refine: Boolean(negotiated.capabilities & Capability.REFINE), sparse: Boolean(negotiated.capabilities & Capability.SPARSE), stream: Boolean(negotiated.capabilities & Capability.STREAM), overlap: o.overlap, batchStream: Boolean(negotiated.capabilities & Capability.BATCH_STREAM), governor: new LevelGovernor(level, o.compressLevel === undefined, startLevel(level, o.handshakeMs), { link: deliveryMeter(conn, negotiated) }) }, holder);
       summary.root = r.root;
       summary.upToDate = r.upToDate;
       summary.decidedBy = r.upToDate ? 'scan-root' : 'transfer';

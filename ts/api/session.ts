@@ -41,7 +41,13 @@ export async function handshake(conn: FramedConnection, role: number): Promise<N
   if (peer.role === role) {
     throw new FfsyncError('EPROTOROLE', ExitCode.PROTOCOL_INCOMPATIBLE, `both peers are ${role === 1 ? 'senders' : 'receivers'}`);
   }
-  return negotiate(peer);
+  return reportDeliveries(conn, role, negotiate(peer));
+}
+
+/** The side that receives data tells a sender that asked for it how much it has read (§4.16). */
+function reportDeliveries<T extends Negotiated>(conn: FramedConnection, role: number, n: T): T {
+  if (role === Role.RECEIVER && n.capabilities & Capability.DELIVERY) conn.startDeliveryReports();
+  return n;
 }
 
 /** The peer's HELLO (its ERROR frame, if it sent one instead, becomes its error). */
@@ -71,7 +77,7 @@ export async function daemonHandshake(conn: FramedConnection): Promise<Negotiate
   const peer = await peerHello(conn);
   const role = peer.role === Role.SENDER ? Role.RECEIVER : Role.SENDER;
   await conn.send(FrameType.HELLO, encodeHello({ minVersion: PROTOCOL_MIN, maxVersion: offeredProtocolMax(), capabilities: OUR_CAPABILITIES | Capability.SERVE, role, software: `ffsync-native/${VERSION}` }));
-  return { ...negotiate(peer), role };
+  return reportDeliveries(conn, role, { ...negotiate(peer), role });
 }
 
 /**

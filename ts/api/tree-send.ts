@@ -33,7 +33,7 @@ import { countLaneBytes, expect, reportError } from './session.js';
 import type { Negotiated } from './session.js';
 import { inPhase, reportChange, type SyncSummary } from './events.js';
 import type { SendOptions } from './send.js';
-import { LevelGovernor, startLevel } from './compress-level.js';
+import { deliveryMeter, LevelGovernor, startLevel } from './compress-level.js';
 import { afterPrior, BATCH_BUFFER, type ContentResult, identityChanged, PriorFailed, rateLimiter, SEND_BUFFERS, sendFileContent } from './file-transfer.js';
 import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, sendParts, treeSummary } from './tree-common.js';
 import { Multiplexer } from '../transport/mux.js';
@@ -167,7 +167,8 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
     // One --bwlimit for the session, however many files send at once.
     const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : undefined;
     // One governor for the session: what it learned about the link carries over to each file.
-    const gov = new LevelGovernor(level, o.compressLevel === undefined, startLevel(level, o.handshakeMs));
+    const link = deliveryMeter(conn, o.negotiated);
+    const gov = new LevelGovernor(level, o.compressLevel === undefined, startLevel(level, o.handshakeMs), { link });
     const smallSent = multiplexed ? sendSmallFiles(conn, tree, gov, o, limiter) : Promise.resolve(await sendSmallFiles(conn, tree, gov, o, limiter));
     smallSent.catch(() => undefined);
     const large = tree.largeTransfers();
@@ -184,7 +185,9 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
     const laneConns: FramedConnection[] = [];
     try {
       for (let i = 0; i < extra; i++) {
-        laneConns.push(await openLane({ dial: o.dialLane!, label: `${o.host}:${o.port}`, peerFingerprint: o.summary.peerFingerprint, token: lanes!.token, timeoutMs: o.timeoutMs ?? 60_000 }));
+        const lane = await openLane({ dial: o.dialLane!, label: `${o.host}:${o.port}`, peerFingerprint: o.summary.peerFingerprint, token: lanes!.token, timeoutMs: o.timeoutMs ?? 60_000 });
+        laneConns.push(lane);
+        link?.add(lane);
       }
       o.summary.tree!.lanes = 1 + laneConns.length;
       if (multiplexed) {

@@ -38,6 +38,7 @@ export const FrameType = {
   BASIS: 0x1e,
   MUX: 0x1f,
   PAIR: 0x20,
+  DELIVERED: 0x21,
   ERROR: 0x7f,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];

@@ -61,8 +61,12 @@ export const Capability = {
   TRIAGE_CHOICES: 1 << 12,
   /** Tree sessions: TREE_RESULT may carry exit 25 (rsync's --max-delete left deletions undone). */
   DELETE_LIMIT: 1 << 13,
+  /** The data-receiving peer reports, in DELIVERED frames, how many bytes it has read off the
+   * connection (§4.16): the sender's compression governor sees the link through the socket
+   * buffers that otherwise take the first megabytes at memory speed. */
+  DELIVERY: 1 << 14,
 } as const;
-export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM | Capability.BATCH_STREAM | Capability.OMIT_ATTRS | Capability.TRIAGE_CHOICES | Capability.DELETE_LIMIT;
+export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM | Capability.BATCH_STREAM | Capability.OMIT_ATTRS | Capability.TRIAGE_CHOICES | Capability.DELETE_LIMIT | Capability.DELIVERY;
 /** Most REFINE bytes one file transfer may carry (mirrors refine::MAX_TABLE_BYTES). */
 export const MAX_REFINE_TABLE = 64 * 1024 * 1024;
 /** REFINE payloads are cut at this size. */

@@ -41,6 +41,13 @@ export const STALL_FACTOR = 4;
  * every ≥ 50 ms per connection; a flood is cut off (exit 12). */
 const KEEPALIVE_BURST = 100;
 const KEEPALIVE_PER_S = 25;
+/** DELIVERED frames (§4.16): a data-receiving peer reports every DELIVERY_REPORT_MS, when it
+ * read at least DELIVERY_REPORT_STEP bytes since its last report; the sender accepts at most
+ * DELIVERED_BURST in a burst and DELIVERED_PER_S per second on average (ours: ≤ 20/s). */
+export const DELIVERY_REPORT_MS = 50;
+export const DELIVERY_REPORT_STEP = 64 * 1024;
+const DELIVERED_BURST = 100;
+const DELIVERED_PER_S = 50;
 /** The work-proxy (keepAlive without a progress source) counts CPU time only in intervals
  * where the process used at least this share of one core (an idle process uses ~0). */
 const CPU_BUSY_SHARE = 0.05;
@@ -116,6 +123,13 @@ export class FramedConnection {
   /** Token bucket for the peer's KEEPALIVE frames. */
   private keepAliveTokens = KEEPALIVE_BURST;
   private keepAliveRefilled = Date.now();
+  /** DELIVERED frames: the bytes of ours the peer says it has read, the token bucket that
+   * bounds them, who is told of each report, and our own reporting timer. */
+  private peerDelivered = 0;
+  private deliveredTokens = DELIVERED_BURST;
+  private deliveredRefilled = Date.now();
+  private deliveryListener: ((delta: number, now: number) => void) | undefined;
+  private deliveryTimer: NodeJS.Timeout | undefined;
   /** The peer sent a frame other than KEEPALIVE (its HELLO comes first). */
   private peerSpoke = false;
   /** A KEEPALIVE came before any other frame; `requireHello` turns it into a protocol error. */
@@ -229,6 +243,7 @@ export class FramedConnection {
     for (const f of frames) {
       let why: Error | undefined;
       if (f.type === FrameType.KEEPALIVE) why = this.onKeepAlive(f.payload, now);
+      else if (f.type === FrameType.DELIVERED) why = this.onDelivered(f.payload, now);
       else if (f.type === FrameType.MUX) {
         // A stream's bytes: whether they move the session forward is the stream's to say
         // (its conversation touches this connection when they do; a KEEPALIVE does not).
@@ -251,7 +266,7 @@ export class FramedConnection {
         this.fail(why);
         break;
       }
-      if (f.type === FrameType.KEEPALIVE) continue;
+      if (f.type === FrameType.KEEPALIVE || f.type === FrameType.DELIVERED) continue;
       if (f.type === FrameType.ERROR) this.peerFailure ??= decodeError(f.payload);
       this.queue.push(f);
       this.queuedBytes += f.payload.length;
@@ -287,6 +302,55 @@ export class FramedConnection {
       this.touch(now);
     }
     return undefined;
+  }
+
+  /** DELIVERED (§4.16): how many of the bytes we sent the peer has read. It can only say what
+   * is true of this connection (more than before, no more than we sent), at a bounded rate;
+   * a report that advanced is progress (our data is being taken). */
+  private onDelivered(payload: Buffer, now: number): Error | undefined {
+    if (!this.peerSpoke) return protocolError("DELIVERED before the peer's HELLO");
+    this.deliveredTokens = Math.min(DELIVERED_BURST, this.deliveredTokens + ((now - this.deliveredRefilled) * DELIVERED_PER_S) / 1000);
+    this.deliveredRefilled = now;
+    if (--this.deliveredTokens < 0) return protocolError(`DELIVERED flood: more than ${DELIVERED_PER_S} per second`);
+    if (payload.length !== 8) return protocolError(`DELIVERED with a payload of ${payload.length} bytes (8 expected)`);
+    const n = Number(payload.readBigUInt64LE(0));
+    if (n <= this.peerDelivered) return protocolError(`DELIVERED did not advance (${n} after ${this.peerDelivered})`);
+    if (n > this.bytesSent) return protocolError(`DELIVERED claims ${n} bytes read of the ${this.bytesSent} sent`);
+    const delta = n - this.peerDelivered;
+    this.peerDelivered = n;
+    this.touch(now);
+    this.deliveryListener?.(delta, now);
+    return undefined;
+  }
+
+  /** Bytes of ours the peer has reported read (DELIVERED), 0 before its first report. */
+  get delivered(): number {
+    return this.peerDelivered;
+  }
+
+  /** Tell `listener` of every DELIVERED report: the bytes it adds and when it arrived. */
+  onDeliveryReport(listener: (delta: number, now: number) => void): void {
+    this.deliveryListener = listener;
+  }
+
+  /** The data-receiving side of a session whose peer negotiated DELIVERY: report the bytes
+   * read off this connection every DELIVERY_REPORT_MS while they advance by at least
+   * DELIVERY_REPORT_STEP (an idle connection sends nothing), until it closes or fails. */
+  startDeliveryReports(): void {
+    if (this.deliveryTimer || this.parent) return;
+    let reported = 0;
+    this.deliveryTimer = setInterval(() => {
+      if (this.closed || this.failure || this.stream.destroyed || this.stream.writableEnded) {
+        clearInterval(this.deliveryTimer);
+        return;
+      }
+      if (this.bytesReceived - reported < DELIVERY_REPORT_STEP) return;
+      reported = this.bytesReceived;
+      const payload = Buffer.allocUnsafe(8);
+      payload.writeBigUInt64LE(BigInt(reported));
+      void this.send(FrameType.DELIVERED, payload).catch(() => undefined);
+    }, DELIVERY_REPORT_MS);
+    this.deliveryTimer.unref();
   }
 
   /**
@@ -458,9 +522,10 @@ export class FramedConnection {
       ok = this.stream.write(parts[i], last && onWritten ? () => onWritten() : undefined);
     }
     this.stream.uncork();
-    // Our own KEEPALIVE is not the peer's progress; nor is a stream's frame (the stream's
-    // own conversation says whether it was: a KEEPALIVE on a stream is not).
-    if (type !== FrameType.KEEPALIVE && type !== FrameType.MUX) this.touch();
+    // Our own KEEPALIVE is not the peer's progress, nor our DELIVERED (the peer's bytes, not
+    // its progress); nor is a stream's frame (the stream's own conversation says whether it
+    // was: a KEEPALIVE on a stream is not).
+    if (type !== FrameType.KEEPALIVE && type !== FrameType.MUX && type !== FrameType.DELIVERED) this.touch();
     if (ok || !wait) return Promise.resolve();
     this.drainWaiters++;
     return new Promise((resolve, reject) => {
@@ -488,6 +553,7 @@ export class FramedConnection {
   /** Flush and half-close; resolves when the peer has closed too (or after a grace period). */
   async close(graceMs = 2000): Promise<void> {
     if (this.idleTimer) clearInterval(this.idleTimer);
+    if (this.deliveryTimer) clearInterval(this.deliveryTimer);
     if (this.workTimer) clearInterval(this.workTimer);
     // A peer that flooded us gets our ERROR, not our patience.
     if (this.flooded) graceMs = Math.min(graceMs, 250);
@@ -597,6 +663,7 @@ export class FramedConnection {
 
   destroy(): void {
     if (this.idleTimer) clearInterval(this.idleTimer);
+    if (this.deliveryTimer) clearInterval(this.deliveryTimer);
     if (this.workTimer) clearInterval(this.workTimer);
     this.stream.destroy();
   }

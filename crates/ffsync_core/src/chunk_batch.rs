@@ -323,7 +323,11 @@ fn compress_with_thread_context(level: i32, src: &[u8], dst: &mut [u8]) -> Optio
     CCTX.with(|c| {
         let mut c = c.borrow_mut();
         if c.as_ref().map(|(l, _)| *l) != Some(level) {
-            *c = Some((level, zstd::bulk::Compressor::new(level).ok()?));
+            let mut fresh = zstd::bulk::Compressor::new(level).ok()?;
+            for p in crate::zstream::table_caps(level) {
+                fresh.set_parameter(*p).ok()?;
+            }
+            *c = Some((level, fresh));
         }
         c.as_mut()?.1.compress_to_buffer(src, dst).ok()
     })

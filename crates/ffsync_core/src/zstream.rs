@@ -17,6 +17,23 @@ use zstd::zstd_safe::{
 /// A group's window: every batch fits (2 MiB + 64 KiB), so a record can match any earlier
 /// record of its group.
 pub const WINDOW_LOG: u32 = 22;
+/// zstd's match tables above level 8 are sized for inputs far larger than a batch (level 9:
+/// 8 MiB of hash and 4 MiB of chain per context, more at higher levels), and a sender keeps
+/// a context per core and per stream while the governor may raise the level on a slow link
+/// (peak RSS went from 95 to 125 MiB). Above level 8 they are capped at level 8's sizes;
+/// each level keeps its own search strategy and depth, which is where its ratio comes from.
+pub const MAX_HASH_LOG: u32 = 20;
+pub const MAX_CHAIN_LOG: u32 = 20;
+
+/// The table caps for `level` (none up to level 8, whose tables are at most these).
+pub fn table_caps(level: i32) -> &'static [CParameter] {
+    if level > 8 {
+        &[CParameter::HashLog(MAX_HASH_LOG), CParameter::ChainLog(MAX_CHAIN_LOG)]
+    } else {
+        &[]
+    }
+}
+
 /// Groups smaller than this are not worth a core of their own.
 pub const MIN_GROUP_BYTES: u64 = 256 * 1024;
 
@@ -59,6 +76,9 @@ impl GroupEncoder {
             c.set_parameter(CParameter::CompressionLevel(self.level)).ok()?;
             c.set_parameter(CParameter::WindowLog(WINDOW_LOG)).ok()?;
             c.set_parameter(CParameter::ChecksumFlag(false)).ok()?;
+            for p in table_caps(self.level) {
+                c.set_parameter(*p).ok()?;
+            }
             self.cctx = Some(c);
         }
         let base = out.len();
@@ -127,5 +147,60 @@ impl GroupDecoder {
             return Err("decompresses to more than its declared length".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Text-like bytes that compress, from a fixed seed.
+    fn sample(len: usize) -> Vec<u8> {
+        let words: [&[u8]; 8] = [
+            b"function ",
+            b"return ",
+            b"const ",
+            b"export ",
+            b"value",
+            b"(a, b)",
+            b" {\n",
+            b"};\n",
+        ];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut out = Vec::with_capacity(len + 16);
+        while out.len() < len {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            out.extend_from_slice(words[(x % 8) as usize]);
+            out.extend_from_slice(&(x % 1000).to_string().into_bytes());
+        }
+        out.truncate(len);
+        out
+    }
+
+    #[test]
+    fn high_levels_keep_their_context_small_and_still_round_trip() {
+        let data = sample(2 << 20);
+        for level in [1, 6, 9, 12, 19] {
+            let mut enc = GroupEncoder::new(level);
+            let mut out = Vec::new();
+            assert_eq!(enc.push(&data, &mut out, usize::MAX), Some(true));
+            let size = enc.cctx.as_ref().unwrap().sizeof();
+            // Window 4 MiB + hash 4 MiB + chain 4 MiB + buffers, at most.
+            assert!(size < 14 << 20, "level {level}: context of {} MiB", size >> 20);
+            let mut back = vec![0u8; data.len()];
+            GroupDecoder::default().next(true, &out, &mut back).unwrap();
+            assert!(back == data, "level {level} round trip");
+        }
+        // Without the caps, level 9's context is what they prevent.
+        let mut c = CCtx::create();
+        c.set_parameter(CParameter::CompressionLevel(9)).unwrap();
+        c.set_parameter(CParameter::WindowLog(WINDOW_LOG)).unwrap();
+        let mut out = vec![0u8; zstd::zstd_safe::compress_bound(data.len())];
+        let mut o = OutBuffer::around(&mut out[..]);
+        let mut i = InBuffer::around(&data[..]);
+        c.compress_stream2(&mut o, &mut i, ZSTD_e_flush).unwrap();
+        assert!(c.sizeof() > 14 << 20, "uncapped level 9: {} MiB", c.sizeof() >> 20);
     }
 }
