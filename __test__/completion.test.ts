@@ -29,7 +29,7 @@ it('bash: commands, then each command’s own options, then paths', async () => 
   assert.equal(r.code, 0, r.stderr);
   assert.deepEqual(bashComplete(r.stdout, ['ffsync-native', 's'], dir).sort(), ['send', 'serve', 'sync']);
   assert.deepEqual(bashComplete(r.stdout, ['ffsync-native', 'sync', '--del'], dir).sort(), ['--delete', '--delete-after', '--delete-before', '--delete-delay', '--delete-during', '--delete-excluded']);
-  assert.ok(!bashComplete(r.stdout, ['ffsync-native', 'sync', '-'], dir).includes('--partial-dir'), 'options refused as not supported are not offered');
+  assert.ok(!bashComplete(r.stdout, ['ffsync-native', 'sync', '-'], dir).includes('--hard-links'), 'options refused as not supported are not offered');
   assert.ok(bashComplete(r.stdout, ['ffsync-native', 'sync', '-'], dir).includes('--human-readable'));
   assert.deepEqual(bashComplete(r.stdout, ['ffsync-native', 'send', '--del'], dir), [], 'send has no --delete (it has --no-delete)');
   assert.ok(!bashComplete(r.stdout, ['ffsync-native', ''], dir).includes('server'), 'the hidden ssh end is not offered');

@@ -361,6 +361,13 @@ export interface ManifestInfo {
 /** The target already has the sender's content: apply mtime/mode and refresh its index. */
 export declare function markUpToDate(target: string | Buffer, manifest: Buffer, mtimeNs?: bigint | undefined | null, mode?: number | undefined | null, stateDir?: string | undefined | null, beneath?: string | undefined | null): Promise<void>
 
+/**
+ * rsync's --partial-dir: `restore` moves `target`'s partials waiting in `dir` back beside it
+ * (before an attempt looks for one to resume); otherwise they move from beside it into `dir`
+ * (after an attempt that kept them). Resolves to how many moved.
+ */
+export declare function movePartials(target: string | Buffer, beneath: string | undefined | null, dir: string, restore: boolean): Promise<number>
+
 /** The canonical form of a typed code, or an `EUSAGE` error naming what is wrong. */
 export declare function normalizePairingCode(code: string): string
 
@@ -506,6 +513,12 @@ export declare function validateChown(spec: string): void
 
 /** Throws `EUSAGE: ...` naming the first invalid exclude pattern. */
 export declare function validateExcludes(patterns: Array<string>): void
+
+/**
+ * Throws a usage error for a --partial-dir this version cannot use (checked before anything
+ * moves, wherever the receiver runs).
+ */
+export declare function validatePartialDir(dir: string): void
 
 export interface WalkTreeOptions {
   /** Exclude patterns both peers apply (the sender's). */

@@ -46,6 +46,7 @@ import {
   fileHoles,
   hasPartial,
   markUpToDate,
+  movePartials,
   type NativeChunkSource,
   type NativePrefill,
   type NativeReconstruction,
@@ -440,6 +441,9 @@ export interface ReceiveContentOptions {
   /** rsync's -b / --suffix / --backup-dir: the file this one replaces is kept under its
    * backup name (crates/ffsync_core/src/backup.rs). */
   backup?: BackupOptions;
+  /** rsync's --partial-dir (crates/ffsync_core/src/partial_dir.rs): partials of this file
+   * kept by an earlier attempt are taken from there first, and one this attempt keeps goes there. */
+  partialDir?: string;
 }
 
 /** Early placement while MANIFEST_STREAM frames (and early DATA) arrive: one chain of
@@ -630,6 +634,9 @@ class EarlyPlacement {
 
 /** Receiver half. A dropped connection keeps the verified partial for a resume. */
 export async function receiveFileContent(conn: FramedConnection, o: ReceiveContentOptions): Promise<ContentResult> {
+  // What an earlier attempt kept in --partial-dir goes back beside the target, where the
+  // checks below (BASIS, early placement, the resume) look for it.
+  if (o.partialDir) await movePartials(o.target, o.beneath, o.partialDir, true);
   const maxLength = maxManifestLength(o.size);
   const assembler = new ManifestAssembler(maxLength);
   // Large files with STREAM: tell the sender first whether we have anything to build from
@@ -641,9 +648,11 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
   }
   const early = new EarlyPlacement(o, emptyBasis);
   let keep = false;
+  let failed = false;
   try {
     return await receiveWithPlacement(conn, o, assembler, maxLength, early);
   } catch (e) {
+    failed = true;
     // A connection lost while the manifest was still streaming keeps what was placed (a
     // fresh transfer's early DATA is most of it) for the rerun to resume from.
     await early.stop();
@@ -652,6 +661,20 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
     throw e;
   } finally {
     await early.release(keep);
+    // Whatever this attempt kept (a partial, early placement's file) waits in --partial-dir.
+    if (failed && o.partialDir) await stashPartials(o, o.partialDir);
+  }
+}
+
+/** --partial-dir after a failed attempt: the partials it kept move there. One that cannot
+ * (a link planted at the directory's name, another filesystem) stays beside its file, where
+ * the next attempt finds it too; that is said on stderr, since the attempt's own error is
+ * what the session reports. */
+async function stashPartials(o: ReceiveContentOptions, dir: string): Promise<void> {
+  try {
+    await movePartials(o.target, o.beneath, dir, false);
+  } catch (e) {
+    o.events?.info?.(`warning: the partial file stays beside its target: --partial-dir ${dir}: ${(e as Error).message}`);
   }
 }
 

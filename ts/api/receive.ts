@@ -63,6 +63,9 @@ export interface ReceiveOptions {
    * deletion removes, is first moved to its backup name. `dir` is relative to the
    * destination root (a tree's root, a single file's directory) unless absolute. */
   backup?: import('../native/binding.js').BackupOptions;
+  /** rsync's --partial-dir: a partial kept for a resume waits in this directory (one name:
+   * beside each file; absolute: one for all) instead of beside its file. */
+  partialDir?: string;
 }
 
 /** Fail before listening if the target can never be written. */
@@ -304,6 +307,7 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
       sparse: Boolean(negotiated.capabilities & Capability.SPARSE),
       inplace: o.inplace,
       backup: o.backup,
+      partialDir: o.partialDir,
       stream: Boolean(negotiated.capabilities & Capability.STREAM),
       fsync: o.fsync,
     });

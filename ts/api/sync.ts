@@ -27,7 +27,7 @@ import type { SyncEvents, SyncSummary } from './events.js';
 import { startWalk, type TreeSendOptions } from './tree-send.js';
 import { startPrewalk } from './tree-receive.js';
 import type { Listing } from './tree-common.js';
-import { type BackupOptions, type DirMergeSpec, validateChown } from '../native/binding.js';
+import { type BackupOptions, type DirMergeSpec, validateChown, validatePartialDir } from '../native/binding.js';
 
 // What only push, pull or --quic use is loaded when they run (start-up of a local sync,
 // bench/startup.ts): ssh's child_process, QUIC, and the identity (TLS certificates).
@@ -104,6 +104,10 @@ export interface SyncOptions {
   backup?: boolean;
   suffix?: string;
   backupDir?: string;
+  /** rsync's --partial-dir: a partial kept for a resume waits in this directory on the
+   * receiving side (one name: beside each file, and excluded from the transfer and from
+   * deletions as rsync's added rule does; absolute: one directory for all). */
+  partialDir?: string;
   /** rsync's --chown USER:GROUP (trees): the receiving side gives every entry this owner
    * and/or group; set `attrs` OWNER / GROUP with it (rsync's --chown implies -o / -g). */
   chown?: string;
@@ -165,9 +169,22 @@ function limitsOf(o: { maxSize?: number; minSize?: number }): { maxSize?: number
 
 /** What the receiving side applies of rsync's options: --max-delete, --chown, -b and the
  * protect rules -b implies. Computed (and -b checked) once, before anything is written. */
-function receivingOptions(o: { maxDelete?: number; chown?: string; backup?: boolean; suffix?: string; backupDir?: string; inplace?: boolean }): { backup?: BackupOptions; tree: { maxDelete?: number; chown?: string; protect: string[] } } {
+function receivingOptions(o: { maxDelete?: number; chown?: string; backup?: boolean; suffix?: string; backupDir?: string; inplace?: boolean; partialDir?: string }): {
+  backup?: BackupOptions;
+  partialDir?: string;
+  tree: { maxDelete?: number; chown?: string; protect: string[] };
+} {
   const backup = backupOf(o);
-  return { backup, tree: { maxDelete: o.maxDelete, chown: o.chown, protect: backupProtect(backup) } };
+  if (o.partialDir !== undefined) validatePartialDir(o.partialDir);
+  return { backup, partialDir: o.partialDir, tree: { maxDelete: o.maxDelete, chown: o.chown, protect: backupProtect(backup) } };
+}
+
+/** rsync adds `-p DIR/` after the user's rules for a relative --partial-dir: the partial
+ * directories are neither sent nor deleted (both rule lists). */
+function withPartialDirRule<T extends { partialDir?: string; excludes?: string[]; wireExcludes?: string[] }>(o: T): T {
+  const dir = o.partialDir?.replace(/\/+$/, '');
+  if (!dir || dir.startsWith('/')) return o;
+  return { ...o, excludes: [...(o.excludes ?? []), `${dir}/`], wireExcludes: o.wireExcludes && [...o.wireExcludes, `${dir}/`] };
 }
 
 /** -b / --suffix / --backup-dir for the remote receiver (its --backup-dir, if relative, is
@@ -327,6 +344,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
   // Names are resolved where the files land: checked here before anything moves when that is here.
   if (o.chown !== undefined && !dest.host) validateChown(o.chown);
   const receiverSide = receivingOptions(o);
+  o = withPartialDirRule(o);
   const stateDir = resolveStateDir(o.stateDir);
   const eng = engineOptions(o);
   const t0 = Date.now();
@@ -353,7 +371,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       const sendConn = new FramedConnection(a, eng.timeoutMs!);
       const lanes = localLanes();
       const sending = { ...eng, compressLevel: 0, overlap: false, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES, listing: listingOf(o, src, dest, false, destExisted, rootExisted) }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
-      const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, ...receiverSide.tree }, backup: receiverSide.backup, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync };
+      const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, ...receiverSide.tree }, backup: receiverSide.backup, partialDir: receiverSide.partialDir, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync };
       // Both trees are walked from the start, neither waiting on the handshake or the other
       // side's frames. The receiver's early walk has no exclude rules, so it is started only
       // when the sender has none either (and no -x): then it is the walk the session makes.
@@ -389,6 +407,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       ...(o.maxDelete !== undefined ? ['--max-delete', String(o.maxDelete)] : []),
       ...(o.chown !== undefined ? ['--chown', o.chown] : []),
       ...backupArgs(receiverSide.backup),
+      ...(receiverSide.partialDir !== undefined ? ['--partial-dir', receiverSide.partialDir] : []),
       ...sizeArgs(o),
     ]);
     if (o.quic) {
@@ -443,6 +462,7 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     events: o.events,
     tree: { noDelete: !o.delete, ...receiverSide.tree, listing: listingOf(o, src, dest, false, destExisted) },
     backup: receiverSide.backup,
+    partialDir: receiverSide.partialDir,
     sizeLimits: limitsOf(o),
     inplace: o.inplace,
     fsync: o.fsync,
@@ -591,6 +611,7 @@ export async function serveStdio(o: {
   backup?: boolean;
   suffix?: string;
   backupDir?: string;
+  partialDir?: string;
   inplace?: boolean;
   fsync?: boolean;
 }): Promise<SyncSummary> {

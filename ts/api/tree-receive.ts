@@ -263,6 +263,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
         stream: Boolean(o.negotiated.capabilities & Capability.STREAM),
         fsync: o.fsync,
         backup: o.backup,
+        partialDir: o.partialDir,
       }).catch(async (e: unknown) => {
         // On a multiplexed stream, a file that changed on the sender fails alone: the
         // sender says so in an ERROR on that stream (exit 24), or answers our report of a

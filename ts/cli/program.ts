@@ -305,7 +305,6 @@ export function buildProgram(): Command {
   const notSupported: [string, string][] = [
     ['-H, --hard-links', 'hardLinks'],
     ['-A, --acls', 'acls'],
-    ['--partial-dir <DIR>', 'partialDir'],
   ];
   const syncCmd = program
     .command('sync')
@@ -335,6 +334,7 @@ export function buildProgram(): Command {
     .option('-b, --backup', "the receiving side keeps what a file replaces or a deletion removes, as name~ (see --suffix, --backup-dir)")
     .option('--suffix <SUFFIX>', 'backup suffix (default ~, or none with --backup-dir)')
     .option('--backup-dir <DIR>', 'keep backups under DIR (relative to DEST unless absolute), same relative paths; implies -b')
+    .option('--partial-dir <DIR>', 'a partial file kept for a resume waits in DIR (one name: beside each file, excluded from the transfer; absolute: one for all)')
     .option('--remove-source-files', 'sender removes the files (not directories) that are now on the receiving side, once every file is synced')
     .option('--chmod <CHMOD>', "change the modes sent, as rsync does (e.g. Du=rwx,Dgo=rx,Fu=rw,Fgo=r; repeatable)", (v: string, prev?: string) => (prev ? `${prev},${v}` : v))
     .option('-4, --ipv4', 'prefer IPv4 (passed to ssh)')
@@ -439,6 +439,8 @@ export function buildProgram(): Command {
           backup: o.backup,
           suffix: o.suffix,
           backupDir: o.backupDir,
+          // rsync: RSYNC_PARTIAL_DIR is the partial directory of --partial (and -P) unless --partial-dir names one.
+          partialDir: o.partialDir ?? ((o.partial || o.P) && process.env.RSYNC_PARTIAL_DIR ? process.env.RSYNC_PARTIAL_DIR : undefined),
           excludes,
           wireExcludes: wireExcludes.join('\n') === excludes.join('\n') ? undefined : wireExcludes,
           dirMerge: lists.dirMerge.length ? lists.dirMerge : undefined,
@@ -523,6 +525,7 @@ export function buildProgram(): Command {
     .option('--backup')
     .option('--suffix <suffix>')
     .option('--backup-dir <dir>')
+    .option('--partial-dir <dir>')
     .option('--choices <list>', '', (v: string) => (require('../api/sync.js') as typeof import('../api/sync.js')).parseFlagSet('choices', v))
     .addOption(new Option('--min-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
     .option('--state-dir <dir>')
@@ -566,6 +569,7 @@ export function buildProgram(): Command {
           backup: o.backup,
           suffix: o.suffix,
           backupDir: o.backupDir,
+          partialDir: o.partialDir,
           inplace: o.inplace,
           fsync: o.fsync,
           stateDir: o.stateDir,

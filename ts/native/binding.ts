@@ -57,6 +57,13 @@ export function hasPartial(target: string | Buffer, beneath?: string): boolean {
   return native.hasPartial(target, beneath);
 }
 
+/** rsync's --partial-dir (crates/ffsync_core/src/partial_dir.rs): with `restore`, `target`'s
+ * partials waiting in `dir` move back beside it, where a resume looks; otherwise its kept
+ * partials move from beside it into `dir`. Resolves to how many moved. */
+export function movePartials(target: string | Buffer, beneath: string | undefined, dir: string, restore: boolean): Promise<number> {
+  return call(native.movePartials(target, beneath, dir, restore));
+}
+
 /** `rel` under `root` is a real directory (created with `create`); a link on the way is an error. */
 export function ensureDirBeneath(root: string, rel: string | Buffer, create: boolean): void {
   call(() => native.ensureDirBeneath(root, rel, create));
@@ -121,6 +128,15 @@ export async function walkTree(root: string, options: Binding.WalkTreeOptions, o
 export function validateChown(spec: string): void {
   try {
     native.validateChown(spec);
+  } catch (e) {
+    throw normalizeNativeError(e);
+  }
+}
+
+/** Throws a usage error for a --partial-dir this version cannot use. */
+export function validatePartialDir(dir: string): void {
+  try {
+    native.validatePartialDir(dir);
   } catch (e) {
     throw normalizeNativeError(e);
   }

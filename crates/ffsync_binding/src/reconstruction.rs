@@ -600,3 +600,55 @@ pub fn ensure_dir_beneath(
     ffsync_core::beneath::ensure_dir(Path::new(&root), &bytes, create)
         .map_err(|e| to_napi(ffsync_core::CoreError::io(shown, e)))
 }
+
+/// rsync's --partial-dir: `restore` moves `target`'s partials waiting in `dir` back beside it
+/// (before an attempt looks for one to resume); otherwise they move from beside it into `dir`
+/// (after an attempt that kept them). Resolves to how many moved.
+#[napi(ts_return_type = "Promise<number>")]
+pub fn move_partials(
+    #[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg,
+    beneath: Option<String>,
+    dir: String,
+    restore: bool,
+) -> AsyncTask<PartialsTask> {
+    AsyncTask::new(PartialsTask {
+        target: crate::path_arg(target),
+        beneath: beneath.map(PathBuf::from),
+        dir,
+        restore,
+    })
+}
+
+pub struct PartialsTask {
+    target: PathBuf,
+    beneath: Option<PathBuf>,
+    dir: String,
+    restore: bool,
+}
+impl Task for PartialsTask {
+    type Output = u32;
+    type JsValue = u32;
+    fn compute(&mut self) -> Result<u32> {
+        let io = |e: std::io::Error| to_napi(ffsync_core::CoreError::io(&self.target, e));
+        let dir = ffsync_core::partial_dir::PartialDir::parse(&self.dir).map_err(io)?;
+        let target = resolve(&self.target, self.beneath.as_deref())?;
+        let moved = if self.restore {
+            dir.restore(&target)
+        } else {
+            dir.stash(&target)
+        };
+        moved.map(|n| n as u32).map_err(io)
+    }
+    fn resolve(&mut self, _env: Env, n: u32) -> Result<u32> {
+        Ok(n)
+    }
+}
+
+/// Throws a usage error for a --partial-dir this version cannot use (checked before anything
+/// moves, wherever the receiver runs).
+#[napi]
+pub fn validate_partial_dir(dir: String) -> Result<()> {
+    ffsync_core::partial_dir::PartialDir::parse(&dir)
+        .map(|_| ())
+        .map_err(|e| to_napi(ffsync_core::CoreError::Usage(e.to_string())))
+}

@@ -28,6 +28,7 @@ pub mod manifest;
 pub mod memory;
 pub mod pairing;
 pub mod params;
+pub mod partial_dir;
 pub mod prefill;
 pub mod quic;
 pub mod reconstruct;

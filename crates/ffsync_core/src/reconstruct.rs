@@ -231,6 +231,25 @@ pub fn partial_name(name: &[u8], root: &Hash) -> std::ffi::OsString {
     os_name(&name)
 }
 
+/// What lies between `.<name>.` and `.ffsync-part` in `candidate`, if it has that shape.
+fn partial_middle<'a>(name: &[u8], candidate: &'a [u8]) -> Option<&'a [u8]> {
+    let mut prefix = partial_stem_of(name);
+    prefix.push(b'.');
+    candidate
+        .strip_prefix(&prefix[..])
+        .and_then(|r| r.strip_suffix(PARTIAL_SUFFIX.as_bytes()))
+}
+
+fn is_version(mid: &[u8]) -> bool {
+    mid.len() == 16 && mid.iter().all(u8::is_ascii_hexdigit)
+}
+
+/// `candidate` names a partial of a file named `name`: a version's (`.<name>.<16 hex>.ffsync-part`)
+/// or early placement's provisional one (`.<name>.streaming.ffsync-part`), compared as bytes.
+pub(crate) fn is_partial_name(name: &[u8], candidate: &[u8]) -> bool {
+    partial_middle(name, candidate).is_some_and(|mid| mid == b"streaming" || is_version(mid))
+}
+
 /// The partial of `target` for the sender's root: a sibling in the same directory handle.
 pub fn partial_of(target: &Target, root: &Hash) -> Target {
     target.sibling(partial_name(&target.name_bytes(), root))
@@ -1045,18 +1064,11 @@ impl Drop for Reconstruction {
 
 /// Calls `f` with each partial of `target` (`.<name>.<16 hex>.ffsync-part`, compared as bytes).
 fn for_each_partial(target: &Target, mut f: impl FnMut(Target)) {
-    let mut prefix = partial_stem_of(&target.name_bytes());
-    prefix.push(b'.');
+    let name = target.name_bytes();
     let Ok(names) = target.dir.names() else { return };
-    for name in names {
-        let n = crate::tree::path::name_bytes(&name);
-        if let Some(mid) = n
-            .strip_prefix(&prefix[..])
-            .and_then(|r| r.strip_suffix(PARTIAL_SUFFIX.as_bytes()))
-        {
-            if mid.len() == 16 && mid.iter().all(|b| b.is_ascii_hexdigit()) {
-                f(target.sibling(name));
-            }
+    for n in names {
+        if partial_middle(&name, &crate::tree::path::name_bytes(&n)).is_some_and(is_version) {
+            f(target.sibling(n));
         }
     }
 }
