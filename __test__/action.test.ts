@@ -88,7 +88,7 @@ function runAction(given: Record<string, string>): { code: number; outputs: Reco
   return { code: failed, outputs, summary: fs.readFileSync(files.summary, 'utf8'), log };
 }
 
-/** An identity made the way README tells users to, as the `identity` input (cert.pem then key.pem). */
+/** An identity made the way docs/cli.md ("Use in GitHub Actions") tells users to, as the `identity` input (cert.pem then key.pem). */
 async function runnerIdentity(dir: string): Promise<{ pem: string; fingerprint: string }> {
   const state = path.join(dir, 'ci-identity');
   const r = await run(['id', '--state-dir', state]).done;

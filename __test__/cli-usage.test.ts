@@ -131,7 +131,7 @@ describe('sync -h is --human-readable; --stats in rsync’s format', () => {
       const b = fields(rs.stdout);
       for (const k of compared) assert.equal(a.get(k), b.get(k), `${step}: "${k}": ours ${a.get(k)}, rsync ${b.get(k)}`);
       // Created: rsync also counts the root directory when DEST did not exist; the sender does not
-      // know that, so ours leaves the root out (README).
+      // know that, so ours leaves the root out (docs/cli.md, "Itemized changes").
       const rootMade = step === 'first' ? 1 : 0;
       const rc = /^(\d+)(?: \((.*)\))?$/.exec(b.get('Number of created files')!)!;
       const rsyncKinds = Object.fromEntries((rc[2] ?? '').split(', ').filter(Boolean).map((kv) => kv.split(': ')));

@@ -19,7 +19,7 @@ const put = (root: string, rel: string, body: string | Buffer, time = OLD) => wr
 /** A source with build outputs, CVS leftovers, merge files at two depths, and a target
  * that holds files of every kind the rules must protect, hide or delete (`cache/` only on
  * the receiver: a protect rule on a directory the sender also has protects that directory,
- * not its contents, in rsync; here everything below it, see README). */
+ * not its contents, in rsync; here everything below it, see docs/cli.md). */
 function trees(base: string): void {
   const src = path.join(base, 'src');
   const dst = path.join(base, 'dst');

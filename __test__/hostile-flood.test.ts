@@ -251,7 +251,7 @@ describe('pointless frames and floods', { timeout: 120_000 }, () => {
   });
 
   test('DELIVERED reports that lie, go back or flood (§4.16) end a sender at once: exit 12', async () => {
-    const cases: [string, (next: () => Promise<Frame | undefined>) => Promise<Buffer>, RegExp][] = [
+    const cases: [string, (next: ReturnType<typeof framed>) => Promise<Buffer>, RegExp][] = [
       ['more bytes read than were sent', async () => delivered(1e12), /DELIVERED claims 1000000000000 bytes read of the \d+ sent/],
       ['a count that does not advance', async () => Buffer.concat([delivered(10), delivered(10)]), /DELIVERED did not advance \(10 after 10\)/],
       ['a wrong payload length', async () => encodeFrame(FrameType.DELIVERED, Buffer.alloc(4)), /DELIVERED with a payload of 4 bytes/],

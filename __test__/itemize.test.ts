@@ -119,7 +119,7 @@ describe('sync -i: rsync itemized changes', { skip: (!haveRsync && 'rsync is not
     const theirs = path.join(dir, 'theirs');
     const ours = path.join(dir, 'ours');
     both(['-a'], src + '/', theirs, ours, state);
-    // Our receiver's index needs one sync to cover the tree (see README "Unchanged is decided by content").
+    // Our receiver's index needs one sync to cover the tree (see docs/cli.md "Unchanged is decided by content where it can be").
     both(['-a'], src + '/', theirs, ours, state);
     write(src, 'a', 'HELLO\n'); // same size, same time
     const got = both(['-ai'], src + '/', theirs, ours, state);

@@ -63,14 +63,14 @@ it('the type declarations check in a strict consumer project without skipLibChec
 });
 
 it('aborting through an AbortSignal rejects with a distinct abort error (ESIGNAL, exit 20) on both sides, not "connection closed"', async () => {
-  const { send, receive, FfsyncError, ExitCode } = await import('../ts/api/index');
+  const { send, receive, FfsyncError, ExitCode } = await import('../ts/api/index.js');
   const dir = tmpdir();
   const src = path.join(dir, 'big.bin');
   fs.writeFileSync(src, Buffer.alloc(24 << 20, 7));
   const state = path.join(dir, 'state');
   let listening: (port: number) => void = () => undefined;
   const bound = new Promise<number>((resolve) => (listening = resolve));
-  const receiving = receive({ path: path.join(dir, 'out.bin'), port: 0, plaintext: true, stateDir: state, events: { listening: (_h, p) => listening(p) } });
+  const receiving = receive({ path: path.join(dir, 'out.bin'), port: 0, plaintext: true, stateDir: state, events: { listening: (_h: string, p: number) => listening(p) } });
   receiving.catch(() => undefined);
   const port = await bound;
   const ac = new AbortController();

@@ -72,7 +72,7 @@ it('one message naming the platform, the package and how to build from source', 
 });
 
 it('this process loaded the addon from a known origin', async () => {
-  const { nativeOrigin } = await import('../ts/native/binding');
+  const { nativeOrigin } = await import('../ts/native/binding.js');
   assert.match(path.basename(nativeOrigin), /^ffsync-native[.-].*\.node$/);
   assert.ok(fs.existsSync(nativeOrigin), nativeOrigin);
 });

@@ -15,7 +15,7 @@ import { Capability, Decision, decodeDecision, encodeBasis, encodeError, encodeH
 import { openScanStream, scanFile } from '../ts/native/binding';
 import { MANIFEST_HEADER } from '../ts/utils/manifest';
 import { receive, send } from '../ts/api/index';
-import { sendFileContent } from '../ts/api/file-transfer';
+import { sendFileContent } from '../ts/api/content-send';
 import { FramedConnection } from '../ts/transport/connection';
 import { ExitCode, FfsyncError } from '../ts/utils/errors';
 

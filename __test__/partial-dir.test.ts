@@ -1,4 +1,4 @@
-// rsync's --partial-dir DIR on `sync` (crates/ffsync_core/src/partial_dir.rs): a partial that an
+// rsync's --partial-dir DIR on `sync` (crates/ffsync_core/src/restore/partial_dir.rs): a partial that an
 // interrupted attempt keeps waits in DIR (beside its file for a relative DIR, in DIR itself for
 // an absolute one) instead of beside the file; the next attempt takes it back and resumes from
 // it; a relative DIR left empty goes, and a relative DIR is neither sent nor deleted, as the

@@ -86,7 +86,7 @@ function underPty(args: string[], cols: number, onStart?: (kill: (sig: NodeJS.Si
   // `exec` so that signalling the shell's pid signals the CLI itself.
   // A terminal as a person has it: ora (like most tools) draws nothing animated when CI is
   // set or TERM is dumb, which CI runners do.
-  const env = { ...process.env, TERM: 'xterm-256color' };
+  const env: NodeJS.ProcessEnv = { ...process.env, TERM: 'xterm-256color' };
   delete env.CI;
   const child = spawn('script', ['-q', '-e', '-c', `stty cols ${cols} rows 24; exec ${quoted}`, '/dev/null'], { stdio: ['pipe', 'pipe', 'pipe'], env });
   let out = '';

@@ -46,7 +46,7 @@ export declare class NativePairing {
   verify(peerConfirmation: Buffer): boolean
 }
 
-/** Early placement while a streamed manifest arrives (see crates/ffsync_core/src/prefill.rs). */
+/** Early placement while a streamed manifest arrives (see crates/ffsync_core/src/restore/prefill.rs). */
 export declare class NativePrefill {
   /**
    * Start early placement into `target`'s provisional temp file for a `size`-byte file,
@@ -108,7 +108,7 @@ export declare class NativeQuicStream {
   reset(): void
 }
 
-/** The receiver's side of one file transfer (see crates/ffsync_core/src/reconstruct.rs). */
+/** The receiver's side of one file transfer (see crates/ffsync_core/src/restore/restorer.rs). */
 export declare class NativeReconstruction {
   /**
    * Plan a reconstruction of `target` from the sender's manifest, reusing chunks of the
@@ -252,7 +252,10 @@ export declare class NativeTreeSync {
   removeSources(): Promise<StepOutcome>
   /** Receiver: before a large file is committed over a directory, remove the directory. */
   clearFor(action: number): void
-  /** Remember the content root of a large file just sent or written (hex). */
+  /**
+   * Remember the content root of a large file just sent or written (64 hex digits; anything
+   * else is a caller's bug, refused rather than recorded as some other root).
+   */
   claimRoot(action: number, rootHex: string): void
 }
 
@@ -367,6 +370,20 @@ export declare function markUpToDate(target: string | Buffer, manifest: Buffer, 
  * (after an attempt that kept them). Resolves to how many moved.
  */
 export declare function movePartials(target: string | Buffer, beneath: string | undefined | null, dir: string, restore: boolean): Promise<number>
+
+export declare function nativeConstants(): NativeConstants
+
+/**
+ * The wire and error constants the TypeScript shell mirrors (ts/utils/manifest.ts,
+ * ts/api/early-placement.ts, ts/utils/errors.ts), from their one definition in the core;
+ * `__test__/native-constants.test.ts` compares them.
+ */
+export interface NativeConstants {
+  manifestHeader: number
+  manifestEntry: number
+  recordHeader: number
+  errorCodes: Array<string>
+}
 
 /** The canonical form of a typed code, or an `EUSAGE` error naming what is wrong. */
 export declare function normalizePairingCode(code: string): string

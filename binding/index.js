@@ -854,6 +854,7 @@ module.exports.hasPartial = nativeBinding.hasPartial
 module.exports.loadIndex = nativeBinding.loadIndex
 module.exports.markUpToDate = nativeBinding.markUpToDate
 module.exports.movePartials = nativeBinding.movePartials
+module.exports.nativeConstants = nativeBinding.nativeConstants
 module.exports.normalizePairingCode = nativeBinding.normalizePairingCode
 module.exports.pairingCode = nativeBinding.pairingCode
 module.exports.quicConnect = nativeBinding.quicConnect

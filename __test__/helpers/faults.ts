@@ -62,7 +62,7 @@ export function rng(seed: number): () => number {
   };
 }
 
-/** Documented exit codes (README "Exit codes") each fault may end with, besides 0 when it
+/** Documented exit codes (docs/cli.md "Exit codes") each fault may end with, besides 0 when it
  * landed too late to matter (then the result must be the new content). A killed peer's
  * survivor sees the connection reset (10) or closed early (12) — or, during the handshake,
  * a peer it cannot tell from an incompatible one (2, "connection closed during the handshake"
@@ -85,7 +85,7 @@ const EXPECTED: Record<FaultKind, { sender: number[]; receiver: number[] }> = {
   'future-mtime': { sender: [], receiver: [] },
 };
 
-/** Stricter per shape where the README is specific: a single file that cannot be written is
+/** Stricter per shape where docs/cli.md is specific: a single file that cannot be written is
  * exit 11; in a tree, a path that cannot be written is 23 (the rest synced), while a full disk
  * ends the whole session with 11. */
 const EXPECTED_BY_SHAPE: Partial<Record<FaultKind, Record<Shape, number[]>>> = {

@@ -13,7 +13,8 @@ import { resolveStateDir } from '../utils/state-dir.js';
 import { abortable, authenticatePeer, closeOnAbort, endSession, expect, handshake, interruptedError, type Negotiated, reportError, requestPath, senderVerdict } from './session.js';
 import type { SecureStream } from '../transport/peer-identity.js';
 import { inPhase, newSummary, type SyncEvents, type SyncSummary } from './events.js';
-import { identityChanged, receiveFileContent } from './file-transfer.js';
+import { identityChanged } from './content-send.js';
+import { receiveFileContent } from './content-receive.js';
 import { type Prewalk, receiveTree, startPrewalk, type TreeReceiveOptions } from './tree-receive.js';
 import type { Listener } from '../transport/tcp.js';
 
@@ -155,7 +156,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
 /** This side refused the peer's certificate (unknown, or not the --trust one): nothing of the
  * session happened, so a one-session receiver may wait for the next connection. */
 function refusedPeer(e: FfsyncError): boolean {
-  return e.exitCode === ExitCode.UNTRUSTED && (e.code === 'EUNTRUSTED' || e.code === 'EFINGERPRINT' || e.code === 'EPAIR') && !e.message.startsWith('peer: ');
+  return e.exitCode === ExitCode.UNTRUSTED && (e.code === 'EUNTRUSTED' || e.code === 'EFINGERPRINT' || e.code === 'EPAIR') && e.origin !== 'peer';
 }
 
 /** The one-time code this receive offers, if it offers one (see ReceiveOptions.pair). */

@@ -14,7 +14,7 @@ import { authenticatePeer, closeOnAbort, endSession, expect, handshake, interrup
 import type { Duplex } from 'node:stream';
 import type { SecureStream } from '../transport/peer-identity.js';
 import { newSummary, type SyncEvents, type SyncSummary } from './events.js';
-import { identityChanged, sendFileContent } from './file-transfer.js';
+import { identityChanged, sendFileContent } from './content-send.js';
 import { sendTree, startWalk, type TreeSendOptions } from './tree-send.js';
 import { removeSourceFile } from './remove-sources.js';
 import path from 'node:path';
@@ -202,22 +202,21 @@ export async function runSender(
     // The receiver may have explained its failure before our write failed: prefer that.
     const peerError = conn.takePeerError();
     // (Not over our own "source changed" verdict: that is what the receiver waits for.)
-    if (peerError && !err.message.startsWith('peer: ') && err.exitCode !== ExitCode.VANISHED) err = decodeError(peerError.payload);
+    if (peerError && err.origin !== 'peer' && err.exitCode !== ExitCode.VANISHED) err = decodeError(peerError.payload);
     // Interrupted here: whatever the closed connection made of it, that is the error.
     if (o.signal?.aborted) err = interruptedError(err);
     // Something other than an ffsync-native peer answered: name the address we dialed.
-    if (err.code === 'ENOTPEER' || err.code === 'ETLSPEER') err = new FfsyncError(err.code, err.exitCode, `${o.host}:${o.port}: ${err.message}`, { cause: err });
+    if (err.code === 'ENOTPEER' || err.code === 'ETLSPEER') err = err.withMessage(`${o.host}:${o.port}: ${err.message}`);
     const source = sourceHolder.source;
     // Our own reason, or the peer's when it is one a changed source explains.
-    const detail = err.message.startsWith('peer: ') ? '' : ` (${err.message})`;
+    const detail = err.origin === 'peer' ? '' : ` (${err.message})`;
     if (source && !source.unchanged()) {
       err = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.path} changed during the sync${detail}; rerun to send the new version`, { cause: err });
-    } else if (!st.isDirectory() && (err.code === 'ECHUNK' || (err.exitCode === ExitCode.FILE_IO && !err.message.startsWith('peer: '))) && identityChanged(await fs.stat(o.path, { bigint: true }).catch(() => undefined), st)) {
-      // The fault suite found a source removed between the first stat and the scan reported
-      // as a file I/O error (exit 11, "No such file or directory") on both sides, and a
-      // source rewritten after a streamed window was hashed, before its early DATA was read,
-      // reported as the receiver's failed chunk (12): both are the documented "source
-      // changed" (24). The receiver waits for this verdict (senderVerdict).
+    } else if (!st.isDirectory() && (err.code === 'ECHUNK' || (err.exitCode === ExitCode.FILE_IO && err.origin !== 'peer')) && identityChanged(await fs.stat(o.path, { bigint: true }).catch(() => undefined), st)) {
+      // A source removed after the first stat (a file I/O error here) or rewritten between
+      // a window's hashing and its early DATA (a failed chunk on the receiver) is the
+      // documented "source changed" (24), not exit 11 or 12. The receiver waits for this
+      // verdict (senderVerdict).
       err = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.path} vanished or changed during the sync${detail}; rerun to send the new version`, { cause: err });
     }
     await reportError(conn, err);

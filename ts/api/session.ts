@@ -126,7 +126,7 @@ export async function expect(conn: FramedConnection, ...types: FrameType[]): Pro
 
 /** Best effort, for at most `waitMs`: tell the peer why we stop (unless the error came from the peer). */
 export async function reportError(conn: FramedConnection, e: FfsyncError, waitMs = 1000): Promise<void> {
-  if (conn.errorSent || conn.isClosed || e.message.startsWith('peer: ') || e instanceof PeerClosedError || e.exitCode === ExitCode.SOCKET_IO) return;
+  if (conn.errorSent || conn.isClosed || e.origin === 'peer' || e instanceof PeerClosedError || e.exitCode === ExitCode.SOCKET_IO) return;
   let timer: NodeJS.Timeout | undefined;
   try {
     conn.errorSent = true;

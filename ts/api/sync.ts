@@ -28,6 +28,7 @@ import { startWalk, type TreeSendOptions } from './tree-send.js';
 import { startPrewalk } from './tree-receive.js';
 import type { Listing } from './tree-common.js';
 import { type BackupOptions, type DirMergeSpec, validateChown, validatePartialDir } from '../native/binding.js';
+import { type ServerArgs, serverArgs } from './server-args.js';
 
 // What only push, pull or --quic use is loaded when they run (start-up of a local sync,
 // bench/startup.ts): ssh's child_process, QUIC, and the identity (TLS certificates).
@@ -187,17 +188,6 @@ function withPartialDirRule<T extends { partialDir?: string; excludes?: string[]
   return { ...o, excludes: [...(o.excludes ?? []), `${dir}/`], wireExcludes: o.wireExcludes && [...o.wireExcludes, `${dir}/`] };
 }
 
-/** -b / --suffix / --backup-dir for the remote receiver (its --backup-dir, if relative, is
- * relative to the remote DEST, as rsync's). */
-function backupArgs(b: BackupOptions | undefined): string[] {
-  if (!b) return [];
-  return ['--backup', ...(b.suffix !== undefined ? ['--suffix', b.suffix] : []), ...(b.dir !== undefined ? ['--backup-dir', b.dir] : [])];
-}
-
-function sizeArgs(o: { maxSize?: number; minSize?: number }): string[] {
-  return [...(o.maxSize !== undefined ? ['--max-size', String(o.maxSize)] : []), ...(o.minSize !== undefined ? ['--min-size', String(o.minSize)] : [])];
-}
-
 /** Where a transfer lands, by rsync's rules: a tree written `src/` fills DEST, `src` goes
  * to DEST/src; a file goes into DEST when DEST is a directory or written `dest/`. */
 export async function syncTarget(dest: string, destSlash: boolean, srcName: string, kind: 'file' | 'tree', srcSlash: boolean, dryRun = false, mkpath = false): Promise<string> {
@@ -226,23 +216,6 @@ export async function syncTarget(dest: string, destSlash: boolean, srcName: stri
   if (kind === 'file') await checkTarget(path.resolve(target));
   else await checkTreeTarget(path.resolve(target));
   return path.resolve(target);
-}
-
-/** The remote peer's `--omit` (server command): what -l / -t / -p left out. */
-/** The names of the remote peer's flag sets (server `--omit`, `--choices`), defined once for
- * both ends of the ssh command line. */
-export const FLAG_SETS = { omit: ['links', 'times', 'perms'], choices: ['sizeOnly', 'ignoreExisting', 'existingOnly'] } as const;
-
-/** `--omit links,times` (or nothing) for the flags of `set` that are on. */
-function flagSetArgs(name: keyof typeof FLAG_SETS, set: Partial<Record<string, boolean>> | undefined): string[] {
-  const on = FLAG_SETS[name].filter((k) => set?.[k]);
-  return on.length ? [`--${name}`, on.join(',')] : [];
-}
-
-/** The server command's parse of such a list (unknown names are ignored). */
-export function parseFlagSet(name: keyof typeof FLAG_SETS, value: string): Record<string, boolean> {
-  const known: readonly string[] = FLAG_SETS[name];
-  return Object.fromEntries(value.split(',').filter((k) => known.includes(k)).map((k) => [k, true]));
 }
 
 function exists(p: string): Promise<boolean> {
@@ -391,25 +364,31 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
       }
     }
     // Push: the remote side receives.
-    const remote = startRemote(o, dest.host, [
-      '--receiver',
-      dest.path,
-      '--name',
-      srcName,
-      ...(src.slash ? ['--src-slash'] : []),
-      ...(dest.slash ? ['--dest-slash'] : []),
-      ...(o.mkpath ? ['--mkpath'] : []),
-      ...(o.checksum ? ['-c'] : []),
-      ...(o.dryRun ? ['-n'] : []),
-      ...(o.quic ? ['--quic'] : []),
-      ...(o.inplace ? ['--inplace'] : []),
-      ...(o.fsync === false ? ['--no-fsync'] : []),
-      ...(o.maxDelete !== undefined ? ['--max-delete', String(o.maxDelete)] : []),
-      ...(o.chown !== undefined ? ['--chown', o.chown] : []),
-      ...backupArgs(receiverSide.backup),
-      ...(receiverSide.partialDir !== undefined ? ['--partial-dir', receiverSide.partialDir] : []),
-      ...sizeArgs(o),
-    ]);
+    const remote = startRemote(
+      o,
+      dest.host,
+      serverArgs({
+        role: 'receiver',
+        path: dest.path,
+        name: srcName,
+        srcSlash: src.slash,
+        destSlash: dest.slash,
+        mkpath: o.mkpath,
+        checksum: o.checksum,
+        dryRun: o.dryRun,
+        quic: o.quic,
+        inplace: o.inplace,
+        fsync: o.fsync,
+        maxDelete: o.maxDelete,
+        chown: o.chown,
+        backup: receiverSide.backup !== undefined,
+        suffix: receiverSide.backup?.suffix,
+        backupDir: receiverSide.backup?.dir,
+        partialDir: receiverSide.partialDir,
+        maxSize: o.maxSize,
+        minSize: o.minSize,
+      }),
+    );
     if (o.quic) {
       return remote.run((conn) =>
         quicOverSsh(conn, dest.host!, o, stateDir, (session, peer) =>
@@ -423,31 +402,33 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
   }
 
   // Pull: the remote side sends; we receive by rsync's placement rules.
-  const senderArgs = [
-    '--sender',
-    src.path,
-    ...(o.checksum ? ['-c'] : []),
-    ...(o.dryRun ? ['-n'] : []),
-    ...(o.update ? ['-u'] : []),
-    ...(o.wholeFile ? ['-W'] : []),
-    ...(o.oneFileSystem ? ['-x'] : []),
-    ...(o.compressLevel !== undefined ? ['--compress-level', String(o.compressLevel)] : []),
-    ...(o.bwlimitKiBps ? ['--bwlimit', String(o.bwlimitKiBps)] : []),
-    ...(o.excludes ?? []).flatMap((p) => ['--exclude', p]),
-    ...(o.filesFrom ? ['--files-from-json', JSON.stringify(o.filesFrom), ...(o.filesFromRecursive ? ['--files-from-recursive'] : [])] : []),
-    ...(o.wireExcludes || o.dirMerge ? ['--rules-json', JSON.stringify({ wire: o.wireExcludes, dirMerge: o.dirMerge })] : []),
-    ...(o.deleteExcluded ? ['--delete-excluded'] : []),
-    ...(o.chmod ? ['--chmod', o.chmod] : []),
-    ...(o.pruneEmptyDirs ? ['--prune-empty-dirs'] : []),
-    ...(o.removeSourceFiles ? ['--remove-source-files'] : []),
-    ...(o.copyLinks ? ['--copy-links'] : []),
-    ...(o.quic ? ['--quic'] : []),
-    ...(o.jobs ? ['--jobs', String(o.jobs)] : []),
-    ...sizeArgs(o),
-    ...(o.attrs ? ['--attrs', String(o.attrs)] : []),
-    ...flagSetArgs('omit', o.omit),
-    ...flagSetArgs('choices', o.choices),
-  ];
+  const senderArgs = serverArgs({
+    role: 'sender',
+    path: src.path,
+    checksum: o.checksum,
+    dryRun: o.dryRun,
+    update: o.update,
+    wholeFile: o.wholeFile,
+    oneFileSystem: o.oneFileSystem,
+    compressLevel: o.compressLevel,
+    bwlimitKiBps: o.bwlimitKiBps || undefined,
+    excludes: o.excludes,
+    filesFrom: o.filesFrom,
+    filesFromRecursive: o.filesFrom ? o.filesFromRecursive : undefined,
+    rules: o.wireExcludes || o.dirMerge ? { wire: o.wireExcludes, dirMerge: o.dirMerge } : undefined,
+    deleteExcluded: o.deleteExcluded,
+    chmod: o.chmod,
+    pruneEmptyDirs: o.pruneEmptyDirs,
+    removeSourceFiles: o.removeSourceFiles,
+    copyLinks: o.copyLinks,
+    quic: o.quic,
+    jobs: o.jobs || undefined,
+    maxSize: o.maxSize,
+    minSize: o.minSize,
+    attrs: o.attrs || undefined,
+    omit: o.omit,
+    choices: o.choices,
+  });
   const destExisted = await exists(dest.path);
   const remote = startRemote(o, src.host, senderArgs);
   const srcName = baseName(src.path);
@@ -572,49 +553,7 @@ function startRemote(o: SyncOptions, host: string, serverArgs: string[]): { run:
  * The remote end (`ffsync-native server`, started by `sync` through ssh): one session on
  * stdin/stdout. Human messages go to stderr, which ssh carries back.
  */
-export async function serveStdio(o: {
-  role: 'sender' | 'receiver';
-  path: string;
-  name?: string;
-  srcSlash?: boolean;
-  destSlash?: boolean;
-  checksum?: boolean;
-  excludes?: string[];
-  wireExcludes?: string[];
-  dirMerge?: DirMergeSpec[];
-  filesFrom?: string[];
-  filesFromRecursive?: boolean;
-  dryRun?: boolean;
-  update?: boolean;
-  wholeFile?: boolean;
-  oneFileSystem?: boolean;
-  compressLevel?: number;
-  bwlimitKiBps?: number;
-  stateDir?: string;
-  timeoutMs?: number;
-  events?: SyncEvents;
-  quic?: boolean;
-  jobs?: number;
-  maxSize?: number;
-  minSize?: number;
-  attrs?: number;
-  omit?: SyncOptions['omit'];
-  choices?: SyncOptions['choices'];
-  mkpath?: boolean;
-  deleteExcluded?: boolean;
-  chmod?: string;
-  pruneEmptyDirs?: boolean;
-  removeSourceFiles?: boolean;
-  copyLinks?: boolean;
-  chown?: string;
-  maxDelete?: number;
-  backup?: boolean;
-  suffix?: string;
-  backupDir?: string;
-  partialDir?: string;
-  inplace?: boolean;
-  fsync?: boolean;
-}): Promise<SyncSummary> {
+export async function serveStdio(o: ServerArgs & { timeoutMs?: number; events?: SyncEvents }): Promise<SyncSummary> {
   const stateDir = resolveStateDir(o.stateDir);
   const conn = new FramedConnection(joinStreams(process.stdin, process.stdout), o.timeoutMs ?? 60_000);
   if (o.quic) return serveQuic(conn, o, stateDir);
@@ -649,7 +588,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
       compressLevel: o.compressLevel,
       bwlimitKiBps: o.bwlimitKiBps,
       events: o.events,
-      tree: { excludes: o.excludes ?? [], wireExcludes: o.wireExcludes, dirMerge: o.dirMerge, filesFrom: o.filesFrom, filesFromRecursive: o.filesFromRecursive, deleteExcluded: o.deleteExcluded, pruneEmptyDirs: o.pruneEmptyDirs, copyLinks: o.copyLinks, dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
+      tree: { excludes: o.excludes ?? [], wireExcludes: o.rules?.wire, dirMerge: o.rules?.dirMerge, filesFrom: o.filesFrom, filesFromRecursive: o.filesFromRecursive, deleteExcluded: o.deleteExcluded, pruneEmptyDirs: o.pruneEmptyDirs, copyLinks: o.copyLinks, dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
     });
   }
   return runReceiver(conn, {

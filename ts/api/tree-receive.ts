@@ -32,7 +32,8 @@ import type { Listener } from '../transport/tcp.js';
 import { acceptLanes, LANE_TOKEN_BYTES } from './lanes.js';
 import { inPhase, reportChange, type SyncSummary } from './events.js';
 import type { ReceiveOptions } from './receive.js';
-import { hashWithin, receiveFileContent, WRITES_IN_FLIGHT } from './file-transfer.js';
+import { hashWithin } from './content-send.js';
+import { receiveFileContent, WRITES_IN_FLIGHT } from './content-receive.js';
 import { WorkLimit } from '../utils/data-turns.js';
 import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, treeSummary } from './tree-common.js';
 import { Multiplexer } from '../transport/mux.js';
@@ -274,7 +275,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
           await reportError(c, err);
           err = await senderVerdict(c, err);
         }
-        if (err.exitCode !== ExitCode.VANISHED || !err.message.startsWith('peer: ')) throw err;
+        if (err.exitCode !== ExitCode.VANISHED || err.origin !== 'peer') throw err;
         vanished.push(`${rel} changed or vanished on the sender during the sync`);
         throw new StreamSpent();
       });
@@ -403,8 +404,8 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     }
     if (exitCode !== ExitCode.OK) {
       conn.errorSent = true;
-      // The one error line names what exit 24 means (the fault suite found it saying only
-      // "partial transfer", which is 23's meaning, with the vanished paths on later lines).
+      // The one error line names what the exit code means: 24 is "vanished", not 23's
+      // "partial transfer"; the paths follow on later lines.
       const what = exitCode === ExitCode.VANISHED ? 'source files vanished during the run' : 'partial transfer';
       throw new FfsyncError(exitCode === ExitCode.VANISHED ? 'EVANISHED' : 'EPARTIAL', exitCode, `${what}: ${summary.errors.length} path(s) not synced\n${message}`);
     }

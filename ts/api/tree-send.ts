@@ -34,7 +34,8 @@ import type { Negotiated } from './session.js';
 import { inPhase, reportChange, type SyncSummary } from './events.js';
 import type { SendOptions } from './send.js';
 import { deliveryMeter, LevelGovernor, startLevel } from './compress-level.js';
-import { afterPrior, BATCH_BUFFER, type ContentResult, identityChanged, PriorFailed, rateLimiter, SEND_BUFFERS, sendFileContent } from './file-transfer.js';
+import { afterPrior, BATCH_BUFFER, type ContentResult, identityChanged, PriorFailed, SEND_BUFFERS, sendFileContent } from './content-send.js';
+import { rateLimiter } from '../utils/rate-limit.js';
 import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, sendParts, treeSummary } from './tree-common.js';
 import { Multiplexer } from '../transport/mux.js';
 import { NOTHING_REMOVED, removeSourceTree } from './remove-sources.js';
@@ -53,7 +54,7 @@ export const DATA_BUFFERS = 2 * SEND_BUFFERS;
 export const QUIC_LANES = 16;
 
 export interface TreeSendOptions {
-  /** Exclude patterns (rsync-like; see README): the walk's. They travel to the receiver
+  /** Exclude patterns (rsync-like; see docs/cli.md, "Excludes"): the walk's. They travel to the receiver
    * unless `wireExcludes` says otherwise. */
   excludes?: string[];
   /** The receiver's rules when they differ from the walk's (rsync's H/S/P/R). */
@@ -335,7 +336,7 @@ async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: Larg
     let changed: FfsyncError | undefined;
     if (err.code === 'ECHUNK' && identityChanged(await statOf(abs).catch(() => undefined), st)) {
       changed = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${showTreePath(lt.path)} changed during the sync; rerun to send the new version`, { cause: e });
-    } else if (lo.stream && err.code === 'EVANISHED' && !err.message.startsWith('peer: ')) changed = err;
+    } else if (lo.stream && err.code === 'EVANISHED' && err.origin !== 'peer') changed = err;
     if (!changed) throw e;
     // Say so on the connection that carried the file (exit 24, "rerun"): the receiver waits
     // there for this verdict (a lane's too; the session's own report on the first

@@ -1,5 +1,5 @@
 // ffsync-native command line (loaded by ./main.ts): parses options, wires a reporter, calls the library API,
-// and maps errors to the exit codes documented in README.md.
+// and maps errors to the exit codes documented in docs/cli.md ("Exit codes").
 //
 // Start-up: this module loads only commander and a few small modules. Everything a command
 // needs (the native addon, TLS, QUIC, the serve daemon, ssh, the reporter) is required by
@@ -173,7 +173,7 @@ export function buildProgram(): Command {
     .option('--exclude <pattern>', 'trees: protect matching paths from deletion (repeatable)', collect, [])
     .option('--exclude-from <file>', 'trees: read protect patterns from a file (one per line, # comments)')
     .option('--no-delete', 'trees: keep files only this side has, whatever the sender asks')
-    .option('--inplace', 'update files in place: write only changed ranges into the target (crash-safe redo journal; see README)')
+    .option('--inplace', 'update files in place: write only changed ranges into the target (crash-safe redo journal; see docs/cli.md)')
     .option('--no-fsync', 'do not fsync received files before renaming them into place (rsync\'s default: no waiting for the disk, but a crash soon after may lose or truncate them; every file is still verified)')
     .option('--pair', 'offer a one-time pairing code for a new sender even though peers are pinned (without pins, one is offered anyway)')
     .option('--no-pair', 'offer no pairing code (only pinned or --trust senders get in)')
@@ -214,7 +214,7 @@ export function buildProgram(): Command {
     .addOption(new Option('--compress-level <n>', 'zstd level for chunk data (default: adapted to the link, from 1)').argParser(intArg(1, 19)))
     .option('--no-compress', 'send chunk data uncompressed')
     .addOption(new Option('--bwlimit <KiBps>', 'limit chunk data to this many KiB per second').argParser(intArg(1, 2 ** 31)))
-    .option('--exclude <pattern>', 'trees: skip matching paths on both sides (repeatable; see README for the rules)', collect, [])
+    .option('--exclude <pattern>', 'trees: skip matching paths on both sides (repeatable; rules in docs/cli.md)', collect, [])
     .option('--exclude-from <file>', 'trees: read exclude patterns from a file (one per line, # comments)')
     .option('--no-delete', 'trees: keep files only the receiver has')
     .option('-n, --dry-run', 'trees: both sides report what would change; nothing is written')
@@ -349,7 +349,7 @@ export function buildProgram(): Command {
     .option('-n, --dry-run', 'show what would change; write nothing')
     .option('-z, --compress', 'compress data (always on: zstd where it pays)')
     .option('-S, --sparse', "keep holes (always on: the sender's holes, found with SEEK_HOLE/SEEK_DATA, are recreated)")
-    .option('--inplace', 'update files in place: write only changed ranges into the target (crash-safe redo journal; see README)')
+    .option('--inplace', 'update files in place: write only changed ranges into the target (crash-safe redo journal; see docs/cli.md)')
     .option('--no-fsync', 'do not fsync received files before renaming them into place (rsync\'s default: no waiting for the disk, but a crash soon after may lose or truncate them; every file is still verified)')
     .option('--fsync', 'fsync each received file before its rename (the default; accepted as rsync spells it)')
     .addOption(new Option('--compress-level <n>', 'zstd level for data').argParser(intArg(0, 19)))
@@ -362,7 +362,7 @@ export function buildProgram(): Command {
     .option('--delete-delay', 'the same as --delete-after')
     .option('--delete-before', 'the same as --delete-after (the final tree is the same; deleting last is what keeps a failed run from losing files)')
     .option('--delete-during', 'the same as --delete-after (idem)')
-    .option('--exclude <pattern>', 'exclude matching paths (repeatable; rules as in README)', (v: string) => both(v))
+    .option('--exclude <pattern>', 'exclude matching paths (repeatable; rules in docs/cli.md)', (v: string) => both(v))
     .option('--include <pattern>', 're-include matching paths (first matching rule wins)', (v: string) => both(`!${v}`))
     .option('--chown <USER:GROUP>', 'trees: give every entry this owner and/or group on the receiving side (implies -o and/or -g; an owner only as root)')
     .option('--files-from <FILE>', "sync only the paths listed in FILE (`-`: stdin), relative to SRC, with the directories on the way; -a does not imply -r here, as in rsync")
@@ -392,15 +392,15 @@ export function buildProgram(): Command {
   for (const [flags] of notSupported) syncCmd.addOption(new Option(flags, 'not supported (refused with exit 1)').hideHelp());
   // -h is rsync's --human-readable here, as rsync users type it (`-avh`); help is --help only.
   syncCmd.helpOption('--help', 'display help for command');
-  syncCmd.action(async (src: string, dest: string, o: Record<string, any>) => {
+  syncCmd.action(async (src: string, dest: string, o: SyncFlags) => {
     for (const [flags, key] of notSupported) {
-      if (o[key] !== undefined) {
+      if ((o as unknown as Record<string, unknown>)[key] !== undefined) {
         process.stderr.write(`ffsync-native: error: ${flags.split(' <')[0]} is not supported by this version of ffsync-native\n`);
         process.exit(ExitCode.USAGE);
       }
     }
     const { parseLocation } = need(() => require('../api/sync.js') as typeof import('../api/sync.js'));
-    const info = (o.info ?? new Set<string>()) as Set<string>;
+    const info = o.info ?? new Set<string>();
     await run(
       {
         json: o.json,
@@ -488,93 +488,20 @@ export function buildProgram(): Command {
     );
   });
 
-  // The remote end of `sync` over ssh (not for direct use): one session on stdin/stdout.
+  // The remote end of `sync` over ssh (not for direct use): one session on stdin/stdout. Its
+  // arguments are read by the same table that writes them (ts/api/server-args.ts).
   program
     .command('server', { hidden: true })
-    .option('--sender <path>')
-    .option('--receiver <path>')
-    .option('--name <name>')
-    .option('--src-slash')
-    .option('--dest-slash')
-    .option('-c, --checksum')
-    .option('-n, --dry-run')
-    .option('-u, --update')
-    .option('-W, --whole-file')
-    .option('-x, --one-file-system')
-    .addOption(new Option('--compress-level <n>').argParser(intArg(0, 19)))
-    .addOption(new Option('--bwlimit <KiBps>').argParser(intArg(1, 2 ** 31)))
-    .option('--exclude <pattern>', '', collect, [])
-    .option('--files-from-json <json>', '', (v: string) => JSON.parse(v) as string[])
-    .option('--files-from-recursive')
-    .option('--rules-json <json>', '', (v: string) => JSON.parse(v) as { wire?: string[]; dirMerge?: import('./filter-rules.js').DirMergeSpec[] })
-    .option('--quic')
-    .option('--inplace')
-    .option('--no-fsync')
-    .addOption(new Option('--jobs <n>').argParser(intArg(1, 16)))
-    .addOption(new Option('--max-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
-    .addOption(new Option('--attrs <flags>').argParser(intArg(0, 15)))
-    .option('--omit <list>', '', (v: string) => (require('../api/sync.js') as typeof import('../api/sync.js')).parseFlagSet('omit', v))
-    .option('--mkpath')
-    .option('--delete-excluded')
-    .option('--chmod <rules>')
-    .option('--prune-empty-dirs')
-    .option('--remove-source-files')
-    .option('--copy-links')
-    .option('--chown <spec>')
-    .addOption(new Option('--max-delete <n>').argParser(intArg(0, 2 ** 31 - 1)))
-    .option('--backup')
-    .option('--suffix <suffix>')
-    .option('--backup-dir <dir>')
-    .option('--partial-dir <dir>')
-    .option('--choices <list>', '', (v: string) => (require('../api/sync.js') as typeof import('../api/sync.js')).parseFlagSet('choices', v))
-    .addOption(new Option('--min-size <bytes>').argParser(intArg(0, Number.MAX_SAFE_INTEGER)))
-    .option('--state-dir <dir>')
-    .action(async (o: Record<string, any>) => {
+    .helpOption(false)
+    .allowUnknownOption()
+    .allowExcessArguments()
+    .argument('[args...]')
+    .action(async (args: string[]) => {
       await run({ quiet: true, timeout: 60 } as CommonOptions, async (events) => {
-        if (Boolean(o.sender) === Boolean(o.receiver)) throw new FfsyncError('EUSAGE', ExitCode.USAGE, 'server needs exactly one of --sender PATH or --receiver PATH');
+        const { parseServerArgs } = need(() => require('../api/server-args.js') as typeof import('../api/server-args.js'));
+        const o = parseServerArgs(args);
         const { serveStdio } = need(() => require('../api/sync.js') as typeof import('../api/sync.js'));
-        return serveStdio({
-          role: o.sender ? 'sender' : 'receiver',
-          path: o.sender ?? o.receiver,
-          name: o.name,
-          srcSlash: o.srcSlash,
-          destSlash: o.destSlash,
-          checksum: o.checksum,
-          dryRun: o.dryRun,
-          update: o.update,
-          wholeFile: o.wholeFile,
-          oneFileSystem: o.oneFileSystem,
-          compressLevel: o.compressLevel,
-          bwlimitKiBps: o.bwlimit,
-          excludes: o.exclude,
-          wireExcludes: o.rulesJson?.wire,
-          filesFrom: o.filesFromJson,
-          filesFromRecursive: o.filesFromRecursive,
-          dirMerge: o.rulesJson?.dirMerge,
-          quic: o.quic,
-          jobs: o.jobs,
-          maxSize: o.maxSize,
-          minSize: o.minSize,
-          attrs: o.attrs,
-          omit: o.omit,
-          choices: o.choices,
-          mkpath: o.mkpath,
-          deleteExcluded: o.deleteExcluded,
-          chmod: o.chmod,
-          pruneEmptyDirs: o.pruneEmptyDirs,
-          removeSourceFiles: o.removeSourceFiles,
-          copyLinks: o.copyLinks,
-          chown: o.chown,
-          maxDelete: o.maxDelete,
-          backup: o.backup,
-          suffix: o.suffix,
-          backupDir: o.backupDir,
-          partialDir: o.partialDir,
-          inplace: o.inplace,
-          fsync: o.fsync,
-          stateDir: o.stateDir,
-          events,
-        });
+        return serveStdio({ ...o, events });
       });
     });
 
@@ -663,6 +590,76 @@ function patternFile(file: string): string[] {
     .split(/\r?\n/)
     .map((l) => l.trim())
     .filter((l) => l !== '' && !l.startsWith('#') && !l.startsWith(';'));
+}
+
+/** `sync`'s options as commander hands them over (attribute names of the flags above). */
+interface SyncFlags {
+  archive?: boolean;
+  owner?: boolean;
+  group?: boolean;
+  xattrs?: boolean;
+  numericIds?: boolean;
+  recursive?: boolean;
+  copyLinks?: boolean;
+  links?: boolean;
+  perms?: boolean;
+  times?: boolean;
+  verbose?: boolean;
+  mkpath?: boolean;
+  logFile?: string;
+  pruneEmptyDirs?: boolean;
+  deleteExcluded?: boolean;
+  maxDelete?: number;
+  backup?: boolean;
+  suffix?: string;
+  backupDir?: string;
+  partialDir?: string;
+  removeSourceFiles?: boolean;
+  chmod?: string;
+  ipv4?: boolean;
+  ipv6?: boolean;
+  contimeout?: number;
+  sizeOnly?: boolean;
+  ignoreExisting?: boolean;
+  existing?: boolean;
+  itemizeChanges?: boolean;
+  /** -h given this many times. */
+  humanReadable: number;
+  quiet?: boolean;
+  dryRun?: boolean;
+  inplace?: boolean;
+  /** False with --no-fsync. */
+  fsync: boolean;
+  compressLevel?: number;
+  checksum?: boolean;
+  update?: boolean;
+  wholeFile?: boolean;
+  oneFileSystem?: boolean;
+  delete?: boolean;
+  deleteAfter?: boolean;
+  deleteDelay?: boolean;
+  deleteBefore?: boolean;
+  deleteDuring?: boolean;
+  chown?: string;
+  filesFrom?: string;
+  from0?: boolean;
+  excludeFrom?: string;
+  bwlimit?: number;
+  progress?: boolean;
+  progressInterval: number;
+  info?: Set<string>;
+  partial?: boolean;
+  P?: boolean;
+  stats?: boolean;
+  rsh?: string;
+  remoteCmd?: string;
+  quic?: boolean;
+  maxSize?: number;
+  minSize?: number;
+  jobs?: number;
+  json?: boolean;
+  stateDir?: string;
+  timeout: number;
 }
 
 /** rsync's --info flags this tool understands (`progress2`, `stats2`…; comma-separated, as

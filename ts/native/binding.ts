@@ -50,6 +50,11 @@ export function openScanStream(path: string | Buffer, window: number, opts: Scan
   return call(() => native.NativeScanStream.open(path, window, { stateDir: opts.stateDir, ignoreIndex: opts.ignoreIndex }, progressCallback(opts.onProgress), early));
 }
 
+/** The wire and error constants the shell mirrors, from their one definition in the core. */
+export function nativeConstants(): Binding.NativeConstants {
+  return native.nativeConstants();
+}
+
 /** A partial of an earlier attempt at `target` exists (a resume would use it). One readdir.
  * With `beneath`, `target` is a relative path under that directory (resolved without
  * following links, crates/ffsync_core/src/beneath.rs), as for every call below that takes it. */
@@ -57,7 +62,7 @@ export function hasPartial(target: string | Buffer, beneath?: string): boolean {
   return native.hasPartial(target, beneath);
 }
 
-/** rsync's --partial-dir (crates/ffsync_core/src/partial_dir.rs): with `restore`, `target`'s
+/** rsync's --partial-dir (crates/ffsync_core/src/restore/partial_dir.rs): with `restore`, `target`'s
  * partials waiting in `dir` move back beside it, where a resume looks; otherwise its kept
  * partials move from beside it into `dir`. Resolves to how many moved. */
 export function movePartials(target: string | Buffer, beneath: string | undefined, dir: string, restore: boolean): Promise<number> {
@@ -69,7 +74,7 @@ export function ensureDirBeneath(root: string, rel: string | Buffer, create: boo
   call(() => native.ensureDirBeneath(root, rel, create));
 }
 
-/** Early placement of a streamed manifest's chunks (crates/ffsync_core/src/prefill.rs). */
+/** Early placement of a streamed manifest's chunks (crates/ffsync_core/src/restore/prefill.rs). */
 export function beginPrefill(target: string | Buffer, size: number, locals: { path: string | Buffer; manifest: Buffer }[], beneath?: string, fsync?: boolean): Promise<Binding.NativePrefill> {
   return call(native.NativePrefill.begin(target, size, locals, beneath, fsync));
 }
@@ -113,7 +118,13 @@ export function fileHoles(path: string | Buffer): Promise<Buffer> {
 }
 
 export function markUpToDate(target: string | Buffer, manifest: Buffer, mtimeNs: bigint | undefined, mode: number | undefined, stateDir?: string, beneath?: string): Promise<void> {
-  return call(native.markUpToDate(target, manifest, mtimeNs, mode, stateDir, beneath));
+  let task: Promise<void>;
+  try {
+    task = native.markUpToDate(target, manifest, mtimeNs, mode, stateDir, beneath);
+  } catch (e) {
+    return Promise.reject(normalizeNativeError(e)); // a time outside the i64 range
+  }
+  return call(task);
 }
 
 /** Walk a directory tree on every core (entries counted through `onProgress`). */

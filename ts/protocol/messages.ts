@@ -640,7 +640,7 @@ export function decodeError(p: Buffer): FfsyncError {
   const message = p.subarray(3 + cl).toString('utf8');
   // A failure is never success: exit 0 or an unknown code from the peer becomes 12.
   const known = (Object.values(ExitCode) as number[]).filter((c) => c !== ExitCode.OK);
-  return new FfsyncError(code || 'EPEER', (known.includes(exit) ? exit : ExitCode.PROTOCOL_STREAM) as ExitCode, `peer: ${message}`);
+  return new FfsyncError(code || 'EPEER', (known.includes(exit) ? exit : ExitCode.PROTOCOL_STREAM) as ExitCode, `peer: ${message}`, { origin: 'peer' });
 }
 
 export function expectType(got: number, ...want: FrameType[]): void {

@@ -1,5 +1,5 @@
 // Who may do what under a `serve` root: <state>/serve-clients.conf, read at start and on
-// SIGHUP. The format is line-based like ssh's authorized_keys (README "Serving many
+// SIGHUP. The format is line-based like ssh's authorized_keys (docs/cli.md "Serving many
 // clients"):
 //
 //   # <fingerprint>  <access>  <prefix> [<prefix> ...]   [# note]
@@ -128,7 +128,7 @@ export function loadConfig(file: string): AuthorizationConfig {
       throw new FfsyncError(
         'ECONFIG',
         ExitCode.USAGE,
-        `no authorization config at ${file}: create it with one line per client, '<fingerprint> <push|pull|push,pull> <prefix> ...' (see README, "Serving many clients")`,
+        `no authorization config at ${file}: create it with one line per client, '<fingerprint> <push|pull|push,pull> <prefix> ...' (see docs/cli.md, "Serving many clients")`,
       );
     }
     throw new FfsyncError('ECONFIG', ExitCode.USAGE, `cannot read authorization config ${file}: ${(e as Error).message}`);

@@ -1,6 +1,6 @@
 // The daemon's log: one JSON object per session, written as one line when the session
 // ends (accepted or refused), so fleets can grep and aggregate it. Fields are documented
-// in README ("Serving many clients").
+// in docs/cli.md ("Serving many clients").
 
 export interface SessionLog {
   event: 'session';

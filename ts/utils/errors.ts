@@ -1,5 +1,5 @@
 // Errors normalized into one class with a stable `code` and the rsync-style exit code the
-// CLI uses (table in README.md). Native errors arrive as "CODE: message".
+// CLI uses (table in docs/cli.md, "Exit codes"). Native errors arrive as "CODE: message".
 
 export const ExitCode = {
   OK: 0,
@@ -24,21 +24,32 @@ export const ExitCode = {
 } as const;
 export type ExitCode = (typeof ExitCode)[keyof typeof ExitCode];
 
+/** Where an error was raised: here, or on the peer (its ERROR frame, §4.10). A peer's error
+ * is reported as its own ("peer: …") and never answered with an ERROR of ours. */
+export type ErrorOrigin = 'local' | 'peer';
+
 export class FfsyncError extends Error {
   readonly code: string;
   readonly exitCode: ExitCode;
+  readonly origin: ErrorOrigin;
   /** Partial figures of the failed session (wire bytes, duration), when there was one. */
   summary?: unknown;
-  constructor(code: string, exitCode: ExitCode, message: string, options?: { cause?: unknown }) {
+  constructor(code: string, exitCode: ExitCode, message: string, options?: { cause?: unknown; origin?: ErrorOrigin }) {
     super(message, options);
     this.name = 'FfsyncError';
     this.code = code;
     this.exitCode = exitCode;
+    this.origin = options?.origin ?? 'local';
+  }
+
+  /** The same error with more words, keeping its code, exit code and origin. */
+  withMessage(message: string): FfsyncError {
+    return new FfsyncError(this.code, this.exitCode, message, { cause: this, origin: this.origin });
   }
 }
 
 /** Exit code for a native (core) error code, seen from the side that raised it. */
-const NATIVE_EXIT: Record<string, ExitCode> = {
+export const NATIVE_EXIT: Record<string, ExitCode> = {
   ENOENT: ExitCode.FILE_IO,
   EACCES: ExitCode.FILE_IO,
   EIO: ExitCode.FILE_IO,

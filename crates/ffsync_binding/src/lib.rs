@@ -76,7 +76,36 @@ pub(crate) fn bytes_path(b: &[u8]) -> std::path::PathBuf {
     }
 }
 
-pub(crate) fn bigint_to_i64(v: &napi::bindgen_prelude::BigInt) -> i64 {
-    let (v, _lossless) = v.get_i64();
-    v
+/// A BigInt that must fit an i64 (a time in ns since 1970: ±292 years). One that does not is
+/// refused, not wrapped into some other time.
+pub(crate) fn bigint_to_i64(v: &napi::bindgen_prelude::BigInt) -> napi::Result<i64> {
+    let (n, lossless) = v.get_i64();
+    if lossless {
+        Ok(n)
+    } else {
+        Err(napi::Error::from_reason(
+            "EINVAL: a time outside the i64 nanosecond range",
+        ))
+    }
+}
+
+/// The wire and error constants the TypeScript shell mirrors (ts/utils/manifest.ts,
+/// ts/api/early-placement.ts, ts/utils/errors.ts), from their one definition in the core;
+/// `__test__/native-constants.test.ts` compares them.
+#[napi_derive::napi(object)]
+pub struct NativeConstants {
+    pub manifest_header: u32,
+    pub manifest_entry: u32,
+    pub record_header: u32,
+    pub error_codes: Vec<String>,
+}
+
+#[napi_derive::napi]
+pub fn native_constants() -> NativeConstants {
+    NativeConstants {
+        manifest_header: ffsync_core::manifest::HEADER_LEN as u32,
+        manifest_entry: ffsync_core::manifest::ENTRY_LEN as u32,
+        record_header: ffsync_core::chunk_batch::RECORD_HEADER as u32,
+        error_codes: ffsync_core::error::ERROR_CODES.iter().map(|c| c.to_string()).collect(),
+    }
 }

@@ -3,7 +3,7 @@ use crate::{bigint_to_i64, to_napi};
 use ffsync_core::backup::Backup;
 use ffsync_core::beneath::Target;
 use ffsync_core::manifest::Manifest;
-use ffsync_core::reconstruct::{touch_up_to_date_at, BeginOptions, LocalSource, Reconstruction};
+use ffsync_core::restore::{touch_up_to_date_at, BeginOptions, LocalSource, Reconstruction};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use std::path::{Path, PathBuf};
@@ -60,7 +60,7 @@ pub struct PlanSummary {
     pub writer: String,
 }
 
-/// The receiver's side of one file transfer (see crates/ffsync_core/src/reconstruct.rs).
+/// The receiver's side of one file transfer (see crates/ffsync_core/src/restore/restorer.rs).
 #[napi]
 pub struct NativeReconstruction {
     /// `None` once released: a long-lived process (the `serve` daemon) must not keep the
@@ -70,7 +70,7 @@ pub struct NativeReconstruction {
 }
 
 pub struct BeginTask {
-    prefill: Option<ffsync_core::prefill::Prefill>,
+    prefill: Option<ffsync_core::restore::prefill::Prefill>,
     target: PathBuf,
     beneath: Option<PathBuf>,
     manifest: Vec<u8>,
@@ -292,7 +292,7 @@ impl NativeReconstruction {
         self.stop_ticker();
         Ok(AsyncTask::new(FinishTask {
             r: self.get()?,
-            mtime_ns: mtime_ns.as_ref().map(bigint_to_i64),
+            mtime_ns: mtime_ns.as_ref().map(bigint_to_i64).transpose()?,
             mode,
             state_dir: state_dir.map(PathBuf::from),
         }))
@@ -367,15 +367,15 @@ pub fn mark_up_to_date(
     mode: Option<u32>,
     state_dir: Option<String>,
     beneath: Option<String>,
-) -> AsyncTask<TouchTask> {
-    AsyncTask::new(TouchTask {
+) -> Result<AsyncTask<TouchTask>> {
+    Ok(AsyncTask::new(TouchTask {
         target: crate::path_arg(target),
         beneath: beneath.map(PathBuf::from),
-        mtime_ns: mtime_ns.as_ref().map(bigint_to_i64),
+        mtime_ns: mtime_ns.as_ref().map(bigint_to_i64).transpose()?,
         mode,
         state_dir: state_dir.map(PathBuf::from),
         manifest: manifest.to_vec(),
-    })
+    }))
 }
 
 pub struct HolesTask(PathBuf);
@@ -408,7 +408,7 @@ impl Task for RecoverTask {
     type Output = Option<String>;
     type JsValue = Option<String>;
     fn compute(&mut self) -> Result<Option<String>> {
-        ffsync_core::inplace::recover_at(&resolve(&self.0, self.1.as_deref())?).map_err(to_napi)
+        ffsync_core::restore::inplace::recover_at(&resolve(&self.0, self.1.as_deref())?).map_err(to_napi)
     }
     fn resolve(&mut self, _env: Env, m: Option<String>) -> Result<Option<String>> {
         Ok(m)
@@ -425,15 +425,15 @@ pub fn recover_inplace(
     AsyncTask::new(RecoverTask(crate::path_arg(target), beneath.map(PathBuf::from)))
 }
 
-/// Early placement while a streamed manifest arrives (see crates/ffsync_core/src/prefill.rs).
+/// Early placement while a streamed manifest arrives (see crates/ffsync_core/src/restore/prefill.rs).
 #[napi]
 pub struct NativePrefill {
-    inner: Arc<Mutex<Option<ffsync_core::prefill::Prefill>>>,
+    inner: Arc<Mutex<Option<ffsync_core::restore::prefill::Prefill>>>,
 }
 
 impl NativePrefill {
     /// Hand the prefill over (to `NativeReconstruction.begin`); this object is then empty.
-    fn take(&self) -> Option<ffsync_core::prefill::Prefill> {
+    fn take(&self) -> Option<ffsync_core::restore::prefill::Prefill> {
         self.inner.lock().unwrap().take()
     }
 }
@@ -446,7 +446,7 @@ pub struct PrefillBeginTask {
     fsync: bool,
 }
 impl Task for PrefillBeginTask {
-    type Output = Option<ffsync_core::prefill::Prefill>;
+    type Output = Option<ffsync_core::restore::prefill::Prefill>;
     type JsValue = NativePrefill;
     fn compute(&mut self) -> Result<Self::Output> {
         let mut local = Vec::new();
@@ -457,7 +457,7 @@ impl Task for PrefillBeginTask {
             });
         }
         let t = resolve(&self.target, self.beneath.as_deref())?;
-        ffsync_core::prefill::Prefill::new_at(&t, self.size, local, self.fsync).map_err(to_napi)
+        ffsync_core::restore::prefill::Prefill::new_at(&t, self.size, local, self.fsync).map_err(to_napi)
     }
     fn resolve(&mut self, _env: Env, p: Self::Output) -> Result<NativePrefill> {
         Ok(NativePrefill {
@@ -467,7 +467,7 @@ impl Task for PrefillBeginTask {
 }
 
 pub struct PrefillBatchTask {
-    inner: Arc<Mutex<Option<ffsync_core::prefill::Prefill>>>,
+    inner: Arc<Mutex<Option<ffsync_core::restore::prefill::Prefill>>>,
     batch: Buffer,
 }
 impl Task for PrefillBatchTask {
@@ -494,7 +494,7 @@ pub struct EarlyBatch {
 }
 
 pub struct PrefillAddTask {
-    inner: Arc<Mutex<Option<ffsync_core::prefill::Prefill>>>,
+    inner: Arc<Mutex<Option<ffsync_core::restore::prefill::Prefill>>>,
     entries: Buffer,
 }
 impl Task for PrefillAddTask {
@@ -581,7 +581,7 @@ impl NativePrefill {
 pub fn has_partial(#[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg, beneath: Option<String>) -> bool {
     let target = crate::path_arg(target);
     resolve(&target, beneath.as_deref().map(Path::new))
-        .is_ok_and(|t| ffsync_core::reconstruct::has_resumable_partial_at(&t))
+        .is_ok_and(|t| ffsync_core::restore::has_resumable_partial_at(&t))
 }
 
 /// Make sure `rel` (a '/'-separated relative path) is a real directory under `root`,
@@ -630,7 +630,7 @@ impl Task for PartialsTask {
     type JsValue = u32;
     fn compute(&mut self) -> Result<u32> {
         let io = |e: std::io::Error| to_napi(ffsync_core::CoreError::io(&self.target, e));
-        let dir = ffsync_core::partial_dir::PartialDir::parse(&self.dir).map_err(io)?;
+        let dir = ffsync_core::restore::partial_dir::PartialDir::parse(&self.dir).map_err(io)?;
         let target = resolve(&self.target, self.beneath.as_deref())?;
         let moved = if self.restore {
             dir.restore(&target)
@@ -648,7 +648,7 @@ impl Task for PartialsTask {
 /// moves, wherever the receiver runs).
 #[napi]
 pub fn validate_partial_dir(dir: String) -> Result<()> {
-    ffsync_core::partial_dir::PartialDir::parse(&dir)
+    ffsync_core::restore::partial_dir::PartialDir::parse(&dir)
         .map(|_| ())
         .map_err(|e| to_napi(ffsync_core::CoreError::Usage(e.to_string())))
 }

@@ -1,6 +1,6 @@
 use crate::progress::{ProgressFn, Ticker};
 use crate::to_napi;
-use ffsync_core::chunker::Chunk;
+use ffsync_core::early_data::{scan_with_early_data, StreamStep};
 use ffsync_core::params::ChunkParams;
 use ffsync_core::scan::{scan_file, scan_file_with_params, ScanOptions};
 use napi::bindgen_prelude::*;
@@ -326,85 +326,32 @@ impl NativeScanStream {
                 let counter = Arc::new(AtomicU64::new(0));
                 let c = counter.clone();
                 let mut ticker = Ticker::start(move || c.load(Ordering::Relaxed), on_progress);
-                let mut next_index = 0u32;
-                // Early DATA is encoded on a thread of its own (reading its own map of the
-                // file), so hashing the next window goes on while this one is sent.
-                let (out, encoded) = std::thread::scope(|s| {
-                    let (work_tx, work_rx) = std::sync::mpsc::sync_channel::<(u32, Vec<Chunk>)>(2);
-                    let encoder = early.as_ref().map(|(policy, batch_bytes)| {
-                        let (tx, cancelled, path) = (&tx, &cancelled, &path);
-                        s.spawn(move || -> bool {
-                            let Ok(mapped) = ffsync_core::scan::MappedFile::open(path) else {
-                                return false;
-                            };
-                            let data = mapped.bytes();
-                            for (first, chunks) in work_rx {
-                                let mut k = 0;
-                                while k < chunks.len() {
-                                    let from = chunks[k].offset as usize;
-                                    let mut records = Vec::new();
-                                    let mut raw = 0u64;
-                                    while k < chunks.len()
-                                        && (records.is_empty() || raw + chunks[k].len as u64 <= *batch_bytes)
-                                    {
-                                        let c = &chunks[k];
-                                        let Some(bytes) = data.get(c.offset as usize..c.end() as usize) else {
-                                            return false;
-                                        };
-                                        records.push((first + k as u32, bytes));
-                                        raw += c.len as u64;
-                                        k += 1;
-                                    }
-                                    let batch = policy.encode_batch(&records);
-                                    // Resident memory stays flat however large the file (the
-                                    // scan's own map does the same behind the chunker).
-                                    mapped.release_range(from, chunks[k - 1].end() as usize);
-                                    if !offer(tx, StreamMsg::Batch(batch, records.len() as u32, raw), cancelled) {
-                                        return false;
-                                    }
-                                }
-                            }
-                            true
-                        })
+                let early_data = early
+                    .as_ref()
+                    .map(|(policy, batch_bytes)| ffsync_core::early_data::EarlyData {
+                        policy,
+                        batch_bytes: *batch_bytes,
                     });
-                    let work_tx = encoder.as_ref().map(|_| work_tx);
-                    let out = ffsync_core::scan::scan_file_streaming(
-                        &path,
-                        &ScanOptions {
-                            state_dir: state_dir.as_deref(),
-                            ignore_index,
-                            progress: Some(&counter),
-                        },
-                        window,
-                        &mut |chunks| {
-                            let mut b = Vec::with_capacity(chunks.len() * ffsync_core::manifest::ENTRY_LEN);
-                            for c in chunks {
-                                b.extend_from_slice(&c.len.to_le_bytes());
-                                b.extend_from_slice(&c.hash);
-                            }
-                            // A released or dropped stream cancels the scan.
-                            if !offer(&tx, StreamMsg::Part(b), &cancelled) {
-                                return false;
-                            }
-                            let first = next_index;
-                            next_index += chunks.len() as u32;
-                            match &work_tx {
-                                Some(w) => w.send((first, chunks.to_vec())).is_ok(),
-                                None => true,
-                            }
-                        },
-                    );
-                    drop(work_tx);
-                    let encoded = encoder.map(|h| h.join().unwrap_or(false)).unwrap_or(true);
-                    (out, encoded)
-                });
-                ticker.stop();
-                let out = match out {
-                    Ok(_) if !encoded => Err(ffsync_core::CoreError::Usage(
-                        "early DATA could not be read or was cancelled".into(),
-                    )),
-                    other => other,
+                // A released or dropped stream cancels the scan.
+                let emit = |step: StreamStep| {
+                    let msg = match step {
+                        StreamStep::Part(p) => StreamMsg::Part(p),
+                        StreamStep::Batch(b, n, raw) => StreamMsg::Batch(b, n, raw),
+                    };
+                    offer(&tx, msg, &cancelled)
                 };
+                let out = scan_with_early_data(
+                    &path,
+                    &ScanOptions {
+                        state_dir: state_dir.as_deref(),
+                        ignore_index,
+                        progress: Some(&counter),
+                    },
+                    window,
+                    early_data.as_ref(),
+                    &emit,
+                );
+                ticker.stop();
                 let done = out.map_err(to_napi).map(|o| Scanned {
                     root: o.manifest.root_hex(),
                     size: o.manifest.size,

@@ -7,11 +7,11 @@ use crate::to_napi;
 use ffsync_core::tree::chmod::ChmodRules;
 use ffsync_core::tree::dir_merge::DirMerge;
 use ffsync_core::tree::filter::Filter;
+use ffsync_core::tree::index;
 use ffsync_core::tree::selection::Selection;
 use ffsync_core::tree::sync::{Outcome, TreeSync};
-use ffsync_core::tree::triage::{Op, TriageOptions};
+use ffsync_core::tree::triage::TriageOptions;
 use ffsync_core::tree::walk::{walk, WalkOptions};
-use ffsync_core::tree::{index, triage};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use std::path::PathBuf;
@@ -98,6 +98,32 @@ pub struct PlanCounts {
     pub created_files: f64,
     pub created_dirs: f64,
     pub created_symlinks: f64,
+}
+
+impl From<ffsync_core::tree::plan_counts::PlanCounts> for PlanCounts {
+    fn from(c: ffsync_core::tree::plan_counts::PlanCounts) -> Self {
+        PlanCounts {
+            mkdirs: c.mkdirs,
+            local_copies: c.local_copies,
+            small_transfers: c.small_transfers,
+            large_transfers: c.large_transfers,
+            transfer_bytes: c.transfer_bytes as f64,
+            symlinks: c.symlinks,
+            attrs_only: c.attrs_only,
+            deletes: c.deletes,
+            skipped: c.skipped,
+            unchanged_files: c.unchanged_files as f64,
+            decided_by_root: c.decided_by_root as f64,
+            kept_extraneous: c.kept_extraneous as f64,
+            kept_newer: c.kept_newer as f64,
+            size_skipped: c.size_skipped as f64,
+            source_files: c.source_files as f64,
+            source_bytes: c.source_bytes as f64,
+            created_files: c.created_files as f64,
+            created_dirs: c.created_dirs as f64,
+            created_symlinks: c.created_symlinks as f64,
+        }
+    }
 }
 
 #[napi(object)]
@@ -507,7 +533,7 @@ impl NativeTreeSync {
         existing_only: Option<bool>,
     ) -> PlanCounts {
         let mut t = self.inner.write().unwrap();
-        let plan = t.triage(TriageOptions {
+        t.triage(TriageOptions {
             checksum,
             delete: delete_extraneous,
             update: update.unwrap_or(false),
@@ -520,54 +546,7 @@ impl NativeTreeSync {
             ignore_existing: ignore_existing.unwrap_or(false),
             existing_only: existing_only.unwrap_or(false),
         });
-        let mut c = PlanCounts {
-            mkdirs: 0,
-            local_copies: 0,
-            small_transfers: 0,
-            large_transfers: 0,
-            transfer_bytes: 0.0,
-            symlinks: 0,
-            attrs_only: 0,
-            deletes: 0,
-            skipped: 0,
-            unchanged_files: plan.unchanged_files as f64,
-            decided_by_root: plan.decided_by_root as f64,
-            kept_extraneous: plan.kept_extraneous as f64,
-            kept_newer: plan.kept_newer as f64,
-            size_skipped: plan.size_skipped as f64,
-            source_files: 0.0,
-            source_bytes: 0.0,
-            created_files: 0.0,
-            created_dirs: 0.0,
-            created_symlinks: 0.0,
-        };
-        let mut bytes = 0u64;
-        let small = triage::action_flags::SMALL;
-        for a in &plan.actions {
-            match a.op {
-                Op::Mkdir => c.mkdirs += 1,
-                Op::LocalCopy => c.local_copies += 1,
-                Op::Transfer if a.flags & small != 0 => c.small_transfers += 1,
-                Op::Transfer => c.large_transfers += 1,
-                Op::Symlink => c.symlinks += 1,
-                Op::FileMeta => c.attrs_only += 1,
-                Op::Delete => c.deletes += 1,
-                Op::Skip => c.skipped += 1,
-                Op::DirMeta => {}
-            }
-        }
-        for l in t.large_transfers() {
-            bytes += l.size;
-        }
-        c.transfer_bytes = (bytes + t.small_bytes()) as f64;
-        let (files, total) = t.source_totals();
-        c.source_files = files as f64;
-        c.source_bytes = total as f64;
-        let created = t.created();
-        c.created_files = created.files as f64;
-        c.created_dirs = created.dirs as f64;
-        c.created_symlinks = created.symlinks as f64;
-        c
+        t.plan_counts().into()
     }
 
     #[napi]
@@ -684,16 +663,15 @@ impl NativeTreeSync {
         self.inner.read().unwrap().clear_for(action as usize).map_err(to_napi)
     }
 
-    /// Remember the content root of a large file just sent or written (hex).
+    /// Remember the content root of a large file just sent or written (64 hex digits; anything
+    /// else is a caller's bug, refused rather than recorded as some other root).
     #[napi]
-    pub fn claim_root(&self, action: u32, root_hex: String) {
-        let mut root = [0u8; 32];
-        if root_hex.len() == 64 {
-            for (i, b) in root.iter_mut().enumerate() {
-                *b = u8::from_str_radix(&root_hex[2 * i..2 * i + 2], 16).unwrap_or(0);
-            }
-            self.inner.read().unwrap().claim_root(action as usize, root);
-        }
+    pub fn claim_root(&self, action: u32, root_hex: String) -> Result<()> {
+        let root = ffsync_core::manifest::parse_root_hex(&root_hex).ok_or_else(|| {
+            napi::Error::from_reason(format!("EINVAL: claimRoot: {root_hex:?} is not a 64-digit hex root"))
+        })?;
+        self.inner.read().unwrap().claim_root(action as usize, root);
+        Ok(())
     }
 
     fn step(&self, step: Step) -> AsyncTask<StepTask> {

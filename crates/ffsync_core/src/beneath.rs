@@ -139,7 +139,7 @@ impl Dir {
             None => (&rel[..0], rel),
         };
         check_component(name)?;
-        Ok((self.open_beneath(dir)?, crate::reconstruct::os_name(name)))
+        Ok((self.open_beneath(dir)?, crate::restore::staging::os_name(name)))
     }
 
     pub fn try_clone(&self) -> io::Result<Dir> {
@@ -215,6 +215,24 @@ impl Dir {
     /// fsync the directory (its entries are durable after this).
     pub fn sync(&self) -> io::Result<()> {
         imp::sync(self)
+    }
+
+    /// `sync`, to make a rename in this directory durable. A filesystem that cannot fsync a
+    /// directory at all (EINVAL, ENOTSUP: some FUSE and network filesystems) has nothing more
+    /// to make durable; any other error (EIO) means the rename may not survive a crash, and
+    /// is returned.
+    pub fn sync_entries(&self) -> io::Result<()> {
+        match self.sync() {
+            #[cfg(unix)]
+            // (ENOTSUP and EOPNOTSUPP are one value on Linux, two on macOS.)
+            Err(e)
+                if e.raw_os_error()
+                    .is_some_and(|c| c == libc::EINVAL || c == libc::ENOTSUP || c == libc::EOPNOTSUPP) =>
+            {
+                Ok(())
+            }
+            r => r,
+        }
     }
 
     /// `lchown` of `name` (a link itself, never its target). `u32::MAX` leaves an id as is.
@@ -326,7 +344,7 @@ pub fn ensure_dir(root: &Path, rel: &[u8], create: bool) -> io::Result<()> {
     }
     for comp in rel.split(|b| *b == b'/') {
         check_component(comp)?;
-        let name = crate::reconstruct::os_name(comp);
+        let name = crate::restore::staging::os_name(comp);
         if create {
             match dir.mkdir(&name, 0o777) {
                 Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),

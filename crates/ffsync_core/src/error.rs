@@ -45,7 +45,8 @@ impl CoreError {
         }
     }
 
-    /// Stable machine-readable code (mirrored in ts/utils/errors.ts).
+    /// Stable machine-readable code, one of [`ERROR_CODES`] (ts/utils/errors.ts maps each to
+    /// an exit code; `__test__/native-constants.test.ts` checks that every one is mapped).
     pub fn code(&self) -> &'static str {
         match self {
             CoreError::Io { source, .. } => match source.kind() {
@@ -64,6 +65,27 @@ impl CoreError {
     }
 }
 
+/// Every code [`CoreError::code`] can return: the local ones, then the network ones
+/// ([`crate::quic::net_error`]).
+pub const ERROR_CODES: &[&str] = &[
+    "ENOENT",
+    "EACCES",
+    "EIO",
+    "ENOTFILE",
+    "EMALFORMED",
+    "EVERIFY",
+    "ECHUNK",
+    "ENOSPC",
+    "EUSAGE",
+    "ETIMEDOUT",
+    "ECONNRESET",
+    "ECLOSED",
+    "ESOCKET",
+    "EADDRINUSE",
+    "EADDRNOTAVAIL",
+    "ETLS",
+];
+
 fn is_disk_full(e: &io::Error) -> bool {
     if e.kind() == io::ErrorKind::StorageFull || e.kind() == io::ErrorKind::QuotaExceeded {
         return true;
@@ -80,3 +102,27 @@ fn is_disk_full(e: &io::Error) -> bool {
 }
 
 pub type Result<T> = std::result::Result<T, CoreError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_local_code_is_listed() {
+        let p = std::path::Path::new("x");
+        let errors = [
+            CoreError::io(p, io::Error::from(io::ErrorKind::NotFound)),
+            CoreError::io(p, io::Error::from(io::ErrorKind::PermissionDenied)),
+            CoreError::io(p, io::Error::other("x")),
+            CoreError::NotAFile { path: p.into() },
+            CoreError::malformed("x", "y"),
+            CoreError::VerifyFailed("x".into()),
+            CoreError::ChunkCorrupt { index: 0, origin: "x" },
+            CoreError::DiskFull { path: p.into() },
+            CoreError::Usage("x".into()),
+        ];
+        for e in errors {
+            assert!(ERROR_CODES.contains(&e.code()), "{} is not in ERROR_CODES", e.code());
+        }
+    }
+}

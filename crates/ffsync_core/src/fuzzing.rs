@@ -58,7 +58,7 @@ pub fn chunk_batch_decode(data: &[u8]) {
             assert!(holes.windows(2).all(|w| w[0].end() < w[1].offset));
             assert!(holes.iter().all(|h| h.len > 0 && h.end() <= 1 << 30));
         }
-        let _ = crate::inplace::Journal::decode(data);
+        let _ = crate::restore::inplace::Journal::decode(data);
         // The same bytes as a refinement table from a receiver: refused or valid.
         if let Ok(t) = crate::refine::RefineTable::decode(data, m) {
             for i in 0..m.chunks.len() as u32 {

@@ -26,9 +26,10 @@ pub(crate) const RACY_WINDOW_NS: i64 = 20_000_000;
 /// written again within the same tick, unseen. An mtime *after* the indexing moment (a future
 /// mtime: an archive, `touch -d`, a peer whose clock is ahead, whose mtime we adopted) was not
 /// stamped by a write at that moment: a later write stamps "now" and changes the identity,
-/// just as for an old mtime. Such an entry used to be distrusted forever, so a same-size change
-/// under an unchanged future mtime was never caught (the fault suite's future-mtime runs);
-/// the file's ctime, which only the kernel's clock sets, must then not be in the future too
+/// just as for an old mtime, so such an entry is trusted like any other (distrusted, the file
+/// would be left to size and mtime alone, which miss a same-size change under an unchanged
+/// future mtime): the file's ctime, which only the kernel's clock sets, must then not be in
+/// the future too
 /// (a filesystem whose clock runs ahead of ours, e.g. a skewed NFS server, stays distrusted).
 pub(crate) fn trusted_at(indexed_at_ns: i64, id: &FileIdentity) -> bool {
     let since_mtime = indexed_at_ns.saturating_sub(id.mtime_ns);

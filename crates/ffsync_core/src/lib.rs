@@ -4,8 +4,9 @@
 //! - [`manifest`]: chunk list, root, packed codec
 //! - [`scan`] / [`index`]: scanning files, persistent chunk index
 //! - [`chunk_source`] / [`chunk_batch`]: the sender's chunk reader and DATA payload codec
-//! - [`reconstruct`]: the restorer (temp file, local copies, positional writes, verify, rename)
-//! - [`inplace`]: `--inplace` commits through a redo journal, and their recovery
+//! - [`early_data`]: the sender's early DATA pipeline (windows of entries, then their chunks)
+//! - [`restore`]: the restorer (temp files, local copies, positional writes, verify, rename),
+//!   early placement, `--inplace` commits and their recovery, `--partial-dir`
 //! - [`refine`]: sub-chunk refinement (rsync block signatures and deltas for missing chunks)
 //! - [`sparse`]: sparse files, holes found with SEEK_HOLE/SEEK_DATA and punched on the receiver
 //! - [`io`]: positional and in-kernel copy primitives
@@ -17,22 +18,20 @@ pub mod beneath;
 pub mod chunk_batch;
 pub mod chunk_source;
 pub mod chunker;
+pub mod early_data;
 pub mod error;
 pub mod file_identity;
 pub mod fuzzing;
 pub mod identity;
 pub mod index;
-pub mod inplace;
 pub mod io;
 pub mod manifest;
 pub mod memory;
 pub mod pairing;
 pub mod params;
-pub mod partial_dir;
-pub mod prefill;
 pub mod quic;
-pub mod reconstruct;
 pub mod refine;
+pub mod restore;
 pub mod scan;
 pub mod sparse;
 #[cfg(test)]

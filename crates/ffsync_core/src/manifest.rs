@@ -157,11 +157,40 @@ pub fn hex(bytes: &[u8]) -> String {
     s
 }
 
+/// The 32 bytes a 64-digit hex root spells (either case); None for anything else.
+pub fn parse_root_hex(s: &str) -> Option<crate::chunker::Hash> {
+    let b = s.as_bytes();
+    if b.len() != 64 {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut root = [0u8; 32];
+    for (i, out) in root.iter_mut().enumerate() {
+        *out = digit(b[2 * i])? << 4 | digit(b[2 * i + 1])?;
+    }
+    Some(root)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::chunker::chunk_sequential;
     use crate::testutil::pseudo_random;
+
+    #[test]
+    fn root_hex_round_trips_and_anything_else_is_refused() {
+        let m = sample();
+        assert_eq!(parse_root_hex(&m.root_hex()), Some(m.root));
+        assert_eq!(parse_root_hex(&m.root_hex().to_uppercase()), Some(m.root));
+        let mut bad = m.root_hex();
+        bad.replace_range(10..11, "g");
+        for s in [bad.as_str(), &m.root_hex()[..62], "", &format!("{}00", m.root_hex())] {
+            assert_eq!(parse_root_hex(s), None, "{s:?}");
+        }
+        // A multi-byte character where a digit pair would be: refused, never sliced.
+        let odd = format!("é{}", &m.root_hex()[2..]);
+        assert_eq!(parse_root_hex(&odd), None);
+    }
 
     fn sample() -> Manifest {
         let data = pseudo_random(700_000, 5);

@@ -2,7 +2,7 @@
 //! lands when the result will be fsynced, nothing is started without it, and verification
 //! is the same either way.
 
-use ffsync_core::reconstruct::{BeginOptions, Reconstruction};
+use ffsync_core::restore::{BeginOptions, Reconstruction};
 use std::fs;
 use std::path::Path;
 

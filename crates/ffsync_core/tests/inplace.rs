@@ -3,13 +3,13 @@
 
 mod common;
 use common::{leftovers, rand_bytes};
-use ffsync_core::inplace::{journal_path, recover, write_journal, Journal};
-use ffsync_core::reconstruct::{BeginOptions, LocalSource, Reconstruction};
+use ffsync_core::restore::inplace::{journal_path, recover, write_journal, Journal};
+use ffsync_core::restore::{BeginOptions, LocalSource, Reconstruction};
 use ffsync_core::scan::{scan_file, ScanOptions};
 use std::fs;
 use std::path::Path;
 
-fn sync_inplace(src: &Path, dst: &Path) -> ffsync_core::reconstruct::PlanSummary {
+fn sync_inplace(src: &Path, dst: &Path) -> ffsync_core::restore::PlanSummary {
     common::rebuild(
         src,
         dst,

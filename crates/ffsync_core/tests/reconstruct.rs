@@ -2,7 +2,7 @@
 //! into a Reconstruction, then verify the result byte for byte.
 
 use ffsync_core::chunk_source::ChunkSource;
-use ffsync_core::reconstruct::{partial_path, LocalSource, Reconstruction};
+use ffsync_core::restore::{partial_path, LocalSource, Reconstruction};
 use ffsync_core::scan::{scan_file, ScanOptions};
 use std::fs;
 use std::path::Path;
@@ -208,8 +208,8 @@ fn temp_names_fit_name_max_even_for_the_longest_names() {
     let long_b = d.path().join(format!("{}b", "a".repeat(254)));
     let root = [7u8; 32];
     let (pa, pb) = (
-        ffsync_core::reconstruct::partial_path(&long_a, &root),
-        ffsync_core::reconstruct::partial_path(&long_b, &root),
+        ffsync_core::restore::partial_path(&long_a, &root),
+        ffsync_core::restore::partial_path(&long_b, &root),
     );
     for p in [&pa, &pb] {
         assert!(p.file_name().unwrap().len() <= 255, "{}", p.display());

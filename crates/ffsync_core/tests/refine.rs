@@ -4,7 +4,7 @@
 
 use ffsync_core::chunk_batch::{ENC_DELTA, ENC_DELTA_ZSTD, RECORD_HEADER};
 use ffsync_core::chunk_source::ChunkSource;
-use ffsync_core::reconstruct::{LocalSource, Reconstruction};
+use ffsync_core::restore::{LocalSource, Reconstruction};
 use ffsync_core::scan::{scan_file, ScanOptions};
 use std::fs;
 use std::path::Path;

@@ -6,7 +6,7 @@
 
 mod common;
 use common::rand_bytes;
-use ffsync_core::reconstruct::{LocalSource, Reconstruction};
+use ffsync_core::restore::{LocalSource, Reconstruction};
 use ffsync_core::scan::{scan_file, ScanOptions};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -66,7 +66,7 @@ impl Drop for XfsMount {
 
 /// Rebuild `dst` from `src`; returns the plan and the bytes the filesystem allocated for
 /// the temp file (measured before the commit, while the old target still exists).
-fn rebuild(m: &XfsMount, src: &Path, dst: &Path) -> (ffsync_core::reconstruct::PlanSummary, u64) {
+fn rebuild(m: &XfsMount, src: &Path, dst: &Path) -> (ffsync_core::restore::PlanSummary, u64) {
     let before = m.used();
     let mut allocated = 0;
     let plan = common::rebuild(src, dst, Default::default(), |r| {

@@ -7,7 +7,7 @@ mod common;
 use common::rand_bytes;
 use ffsync_core::chunk_source::ChunkSource;
 use ffsync_core::io::write_at;
-use ffsync_core::reconstruct::{BeginOptions, LocalSource, Reconstruction};
+use ffsync_core::restore::{BeginOptions, LocalSource, Reconstruction};
 use ffsync_core::scan::{scan_file, ScanOptions};
 use ffsync_core::sparse::{holes, Hole};
 use std::fs::{self, File};

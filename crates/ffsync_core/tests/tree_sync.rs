@@ -6,7 +6,7 @@
 #![cfg(unix)]
 
 use ffsync_core::file_identity::FileIdentity;
-use ffsync_core::reconstruct::system_time_from_ns;
+use ffsync_core::restore::system_time_from_ns;
 use ffsync_core::tree::file_batch::{self, FileStatus};
 use ffsync_core::tree::filter::Filter;
 use ffsync_core::tree::manifest::{Kind, NewEntry, TreeBuilder};
@@ -365,6 +365,55 @@ fn fresh_sync_into_an_empty_target_converges() {
         .file_type()
         .is_symlink());
     assert!(out.ops(Op::Mkdir).contains(&"emptydir/nested".to_string()));
+}
+
+#[test]
+fn plan_counts_say_what_the_plan_does_on_both_peers() {
+    let (src, dst) = (Side::new(), Side::new());
+    populate(&src);
+    sync_ok(&src, &dst, Opts::default());
+    // Since then: one large file changed (same size), one file moved to a new directory, one
+    // removed, one added; and the receiver has a file of its own.
+    src.put("deep/er/still/x.bin", &bytes(70_000, 98));
+    fs::create_dir(src.p("moved")).unwrap();
+    fs::rename(src.p("many/f03"), src.p("moved/f03")).unwrap();
+    fs::remove_file(src.p("a.txt")).unwrap();
+    src.put("new.txt", b"new file");
+    dst.put("old.txt", b"extraneous");
+    let (s, r) = negotiate(
+        &src,
+        &dst,
+        Opts {
+            delete: true,
+            ..Default::default()
+        },
+    );
+    let c = s.plan_counts();
+    assert_eq!(c, r.plan_counts(), "both peers count the same plan");
+    assert_eq!(c.mkdirs, 1, "moved/");
+    assert_eq!(c.local_copies, 1, "moved/f03, from many/f03 on the receiver");
+    assert_eq!(
+        c.large_transfers, 1,
+        "x.bin: over 64 KiB, with an old version to delta against"
+    );
+    assert_eq!(c.small_transfers, 1, "new.txt");
+    assert_eq!(c.symlinks, 0);
+    assert_eq!(c.deletes, 3, "a.txt, many/f03 (moved away) and old.txt");
+    assert_eq!(c.source_files, 33);
+    assert_eq!(c.unchanged_files, 30, "all but x.bin, moved/f03 and new.txt");
+    let file_bytes: u64 = 8 + (0..30u64).map(|i| 4000 + i).sum::<u64>() + 70_000;
+    assert_eq!(c.source_bytes, file_bytes);
+    assert_eq!(
+        c.transfer_bytes,
+        70_000 + 8,
+        "x.bin and new.txt (a local copy moves no bytes)"
+    );
+    assert_eq!((c.created_files, c.created_dirs, c.created_symlinks), (2, 1, 0));
+    let ops = |op: Op| s.plan().actions.iter().filter(|a| a.op == op).count() as u32;
+    assert_eq!(
+        (c.mkdirs, c.deletes, c.attrs_only),
+        (ops(Op::Mkdir), ops(Op::Delete), ops(Op::FileMeta))
+    );
 }
 
 #[test]
@@ -1206,7 +1255,7 @@ fn a_link_hidden_by_the_filter_is_never_written_through() {
         let root = ffsync_core::beneath::Dir::open_root(&dst.tree).unwrap();
         let placed = ffsync_core::beneath::Target::beneath(&root, &lt.path)
             .map_err(|e| ffsync_core::CoreError::io(dst.p("x"), e))
-            .and_then(|t| ffsync_core::reconstruct::Reconstruction::begin_at(t, m, Vec::new(), Default::default()));
+            .and_then(|t| ffsync_core::restore::Reconstruction::begin_at(t, m, Vec::new(), Default::default()));
         assert!(placed.is_err());
     }
     let table =
@@ -1301,7 +1350,7 @@ fn execute_inside(s: &TreeSync, r: &TreeSync) -> (Vec<u32>, Vec<String>) {
 /// is used; the result is still right.
 #[test]
 fn a_link_planted_at_the_partial_name_is_left_alone() {
-    use ffsync_core::reconstruct::{partial_path, Reconstruction};
+    use ffsync_core::restore::{partial_path, Reconstruction};
     let t = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
     let twin = outside.path().join("twin");
@@ -1344,7 +1393,7 @@ fn a_link_planted_at_the_partial_name_is_left_alone() {
 /// large offer allocates (almost) nothing until chunks arrive.
 #[test]
 fn a_large_offer_allocates_nothing_before_data() {
-    use ffsync_core::reconstruct::Reconstruction;
+    use ffsync_core::restore::Reconstruction;
     let t = tempfile::tempdir().unwrap();
     let data = bytes(64 << 20, 78);
     let src = t.path().join("src.bin");

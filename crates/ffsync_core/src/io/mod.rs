@@ -12,5 +12,5 @@ pub mod writeback;
 
 pub use clone::{clone_to_new, clone_to_new_at};
 pub use copy::copy_range;
-pub use positional::{read_exact_at, write_at, PositionalWriter};
+pub use positional::{hash_range, read_exact_at, write_at, PositionalWriter};
 pub use writeback::Writeback;

@@ -113,3 +113,19 @@ mod tests {
         assert_eq!(back, [1u8; 10]);
     }
 }
+
+thread_local! {
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Hash `len` bytes of `file` at `offset` (through a per-thread buffer: no fresh memory).
+pub fn hash_range(file: &std::fs::File, offset: u64, len: usize) -> std::io::Result<crate::chunker::Hash> {
+    READ_BUF.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < len {
+            b.resize(len, 0);
+        }
+        read_exact_at(file, &mut b[..len], offset)?;
+        Ok(*blake3::hash(&b[..len]).as_bytes())
+    })
+}

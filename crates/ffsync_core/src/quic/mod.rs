@@ -31,6 +31,10 @@ pub const CLOSE_BUSY: u32 = 2;
 
 /// A network failure with the code the shell maps to an exit code.
 pub fn net_error(code: &'static str, message: impl Into<String>) -> CoreError {
+    debug_assert!(
+        crate::error::ERROR_CODES.contains(&code),
+        "{code} is not in ERROR_CODES"
+    );
     CoreError::Network {
         code,
         message: message.into(),

@@ -10,6 +10,7 @@ pub mod index;
 pub mod itemize;
 pub mod manifest;
 pub mod path;
+pub mod plan_counts;
 pub mod remove_sources;
 pub mod selection;
 pub mod sync;

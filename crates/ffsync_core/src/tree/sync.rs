@@ -14,7 +14,7 @@ use crate::backup::Backup;
 use crate::beneath::{Dir, Target};
 use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
-use crate::reconstruct::{apply_metadata, create_exclusive, partial_of};
+use crate::restore::{apply_metadata, create_exclusive, partial_of};
 use crate::scan::MappedFile;
 use rayon::prelude::*;
 use std::fs;
@@ -173,7 +173,7 @@ fn set_dir_meta(d: &Dir, mtime_ns: Option<i64>, mode: Option<u32>) -> std::io::R
             d.set_permissions(fs::Permissions::from_mode(mode & 0o1777))?;
         }
         if let Some(mtime_ns) = mtime_ns {
-            d.set_times(fs::FileTimes::new().set_modified(crate::reconstruct::system_time_from_ns(mtime_ns)))?;
+            d.set_times(fs::FileTimes::new().set_modified(crate::restore::system_time_from_ns(mtime_ns)))?;
         }
         Ok(())
     }
@@ -226,7 +226,9 @@ impl TreeSync {
     /// be replaced) to its backup name.
     fn back_up(&self, a: &Action, target: &Target) -> std::io::Result<()> {
         match &self.backup {
-            Some(b) => b.save(target, self.s().entry(a.s as usize).path).map(|_| ()),
+            Some(b) => b
+                .save(target, self.sender_manifest().entry(a.s as usize).path)
+                .map(|_| ()),
             None => Ok(()),
         }
     }
@@ -295,7 +297,8 @@ impl TreeSync {
         self.peer.as_ref().expect("peer manifest set before triage")
     }
 
-    fn s(&self) -> &TreeManifest {
+    /// The sending side's tree manifest (ours on the sender, the peer's on the receiver).
+    fn sender_manifest(&self) -> &TreeManifest {
         if self.is_sender {
             &self.local.manifest
         } else {
@@ -303,7 +306,8 @@ impl TreeSync {
         }
     }
 
-    fn r(&self) -> &TreeManifest {
+    /// The receiving side's tree manifest (the peer's on the sender, ours on the receiver).
+    fn receiver_manifest(&self) -> &TreeManifest {
         if self.is_sender {
             self.peer()
         } else {
@@ -317,7 +321,7 @@ impl TreeSync {
 
     /// Indices of our entries we must hash before triage.
     pub fn roots_to_supply(&self, checksum: bool) -> Vec<u32> {
-        let (s, r) = triage::roots_to_supply(self.s(), self.r(), checksum);
+        let (s, r) = triage::roots_to_supply(self.sender_manifest(), self.receiver_manifest(), checksum);
         if self.is_sender {
             s
         } else {
@@ -410,7 +414,7 @@ impl TreeSync {
         } else {
             (&self.peer_extra, &self.my_extra)
         };
-        let plan = triage::triage(self.s(), self.r(), s_extra, r_extra, o);
+        let plan = triage::triage(self.sender_manifest(), self.receiver_manifest(), s_extra, r_extra, o);
         self.delete_allowed.store(o.delete, Ordering::Relaxed);
         self.options = o;
         self.done = (0..plan.actions.len()).map(|_| AtomicBool::new(false)).collect();
@@ -423,13 +427,13 @@ impl TreeSync {
     /// write); without -p an existing entry keeps its mode and a new one gets the sender's
     /// masked by this process's umask.
     pub fn metadata_for(&self, a: &Action) -> (Option<i64>, Option<u32>) {
-        let e = self.s().entry(a.s as usize);
+        let e = self.sender_manifest().entry(a.s as usize);
         let mtime = (!self.options.omit_times).then_some(e.mtime_ns);
         if !self.options.omit_perms {
             return (mtime, Some(e.mode));
         }
         let existing = (a.r != triage::NONE && a.flags & action_flags::REPLACE == 0)
-            .then(|| self.r().entry(a.r as usize))
+            .then(|| self.receiver_manifest().entry(a.r as usize))
             .filter(|re| re.kind == e.kind);
         let mode = match existing {
             // A rebuilt file replaces the old one: it must carry the old mode over.
@@ -459,7 +463,7 @@ impl TreeSync {
     }
 
     fn sender_root_of(&self, a: &Action) -> Option<[u8; 32]> {
-        let e = self.s().entry(a.s as usize);
+        let e = self.sender_manifest().entry(a.s as usize);
         let extra = if self.is_sender {
             &self.my_extra
         } else {
@@ -469,7 +473,7 @@ impl TreeSync {
     }
 
     pub fn large_transfers(&self) -> Vec<LargeTransfer> {
-        let s = self.s();
+        let s = self.sender_manifest();
         self.plan()
             .actions
             .iter()
@@ -492,7 +496,7 @@ impl TreeSync {
 
     /// Files and bytes in the sender's tree.
     pub fn source_totals(&self) -> (u64, u64) {
-        self.s()
+        self.sender_manifest()
             .iter()
             .filter(|e| e.is_file())
             .fold((0, 0), |(n, b), e| (n + 1, b + e.size))
@@ -500,7 +504,7 @@ impl TreeSync {
 
     /// Bytes of the files that travel whole in batches.
     pub fn small_bytes(&self) -> u64 {
-        let s = self.s();
+        let s = self.sender_manifest();
         self.plan()
             .actions
             .iter()
@@ -641,7 +645,7 @@ impl TreeSync {
         let (m, idx) = if self.is_sender {
             (&self.local.manifest, a.s)
         } else {
-            (self.s(), a.s)
+            (self.sender_manifest(), a.s)
         };
         let rel = m.entry(idx as usize).path.to_vec();
         let meta = if self.is_sender {
@@ -672,7 +676,7 @@ impl TreeSync {
         if a.r == triage::NONE {
             return Ok(());
         }
-        let r = self.r();
+        let r = self.receiver_manifest();
         let j = a.r as usize;
         let e = r.entry(j);
         let p = self.place(e.path)?;
@@ -723,12 +727,12 @@ impl TreeSync {
 
     /// The sender's path of an action, resolved on our side (see `place`).
     fn target(&self, a: &Action) -> std::io::Result<Target> {
-        self.place(self.s().entry(a.s as usize).path)
+        self.place(self.sender_manifest().entry(a.s as usize).path)
     }
 
     /// For messages: the action's path as a string under our root.
     fn shown(&self, a: &Action) -> PathBuf {
-        join(&self.local.root, self.s().entry(a.s as usize).path)
+        join(&self.local.root, self.sender_manifest().entry(a.s as usize).path)
     }
 
     /// Directories first (replacing anything of another kind in the way), then renames
@@ -738,7 +742,7 @@ impl TreeSync {
         let plan = self.plan();
         let mut failed_dirs: Vec<Vec<u8>> = Vec::new();
         for a in plan.actions.iter().filter(|a| a.op == Op::Mkdir) {
-            let e = self.s().entry(a.s as usize);
+            let e = self.sender_manifest().entry(a.s as usize);
             if failed_dirs.iter().any(|d| super::path::is_under(e.path, d)) {
                 continue;
             }
@@ -783,7 +787,7 @@ impl TreeSync {
         let made: Vec<(usize, Result<Target>)> = copies.par_iter().map(|&(k, a)| (k, self.copy_local(a))).collect();
         for (k, r) in made {
             let a = &plan.actions[k];
-            let rel = self.s().entry(a.s as usize).path;
+            let rel = self.sender_manifest().entry(a.s as usize).path;
             match r.and_then(|tmp| self.commit(a, &tmp)) {
                 Ok(size) => {
                     self.done[k].store(true, Ordering::SeqCst);
@@ -870,7 +874,7 @@ impl TreeSync {
             .map_err(|e| CoreError::io(&shown, e))?;
         if root != [0; 32] {
             self.claims.lock().unwrap().push(Claim {
-                path: self.s().entry(a.s as usize).path.to_vec(),
+                path: self.sender_manifest().entry(a.s as usize).path.to_vec(),
                 identity: FileIdentity::of(&meta),
                 root,
             });
@@ -891,7 +895,7 @@ impl TreeSync {
     /// Verify and write one batch of small files (in parallel).
     pub fn write_small(&self, batch: &[u8]) -> Result<Outcome> {
         let mut records = file_batch::decode(batch)?;
-        let s = self.s();
+        let s = self.sender_manifest();
         for r in &records {
             let k = r.action as usize;
             let a = self.action(k)?;
@@ -999,7 +1003,8 @@ impl TreeSync {
         }
         let flushing = self.flushing.clone();
         let spawned = std::thread::Builder::new().name("ffsync-flush".into()).spawn(move || {
-            sync_tree(&root);
+            // Early writeback only: the session's last flush (finish_receiver) reports errors.
+            let _ = sync_tree(&root);
             flushing.store(false, Ordering::SeqCst);
         });
         if spawned.is_err() {
@@ -1032,12 +1037,12 @@ impl TreeSync {
     /// finish_receiver sets directory times). Failures are per path (exit 23).
     pub fn apply_attrs(&self, compressed: &[u8]) -> Result<Outcome> {
         // Decoded as it decompresses: a bomb stops at its first bad field (issue 17 §4).
-        let s = self.s();
+        let s = self.sender_manifest();
         let table = AttrTable::decode_compressed(compressed, s.len())?;
         let root = self.root_dir().map_err(|e| CoreError::io(&self.local.root, e))?;
         // Our walk's owner of each sender entry's path, where this session has not replaced
         // the entry since (a created or rewritten one is looked at again).
-        let (r, plan) = (self.r(), self.plan());
+        let (r, plan) = (self.receiver_manifest(), self.plan());
         let mut rewritten = vec![false; s.len()];
         for a in &plan.actions {
             if matches!(a.op, Op::Mkdir | Op::LocalCopy | Op::Transfer | Op::Symlink) {
@@ -1086,7 +1091,7 @@ impl TreeSync {
     pub fn finish_receiver(&self, delete_ok: bool) -> Result<Outcome> {
         let mut out = Outcome::default();
         let plan = self.plan();
-        let (s, r) = (self.s(), self.r());
+        let (s, r) = (self.sender_manifest(), self.receiver_manifest());
         let mut deletes_tried = 0u64;
         // Paths --max-delete left; deletions run deepest first, so a directory comes after
         // everything under it.
@@ -1204,9 +1209,13 @@ impl TreeSync {
         // A session that changed nothing (a no-op) makes nothing durable: a syncfs would
         // only wait for other writers' dirty data on the same filesystem. `--no-fsync`: nothing.
         if self.fsync && self.changed_anything() {
-            if let Ok(root) = self.root_dir() {
-                sync_tree(&root);
-            }
+            let root = self.root_dir().map_err(|e| CoreError::io(&self.local.root, e))?;
+            sync_tree(&root).map_err(|e| {
+                CoreError::io(
+                    &self.local.root,
+                    std::io::Error::new(e.kind(), format!("the synced tree could not be made durable: {e}")),
+                )
+            })?;
         }
         self.store_index();
         Ok(out)
@@ -1279,7 +1288,7 @@ impl TreeSync {
     /// receiver's tree does not exist yet.
     pub fn created(&self) -> Created {
         let mut c = Created {
-            dirs: self.r().is_empty() as u64,
+            dirs: self.receiver_manifest().is_empty() as u64,
             ..Created::default()
         };
         for a in self.plan().actions.iter().filter(|a| a.r == triage::NONE) {
@@ -1295,12 +1304,18 @@ impl TreeSync {
 
     /// rsync's `-i` lines for the plan (see tree/itemize.rs).
     pub fn itemize(&self, direction: super::itemize::Direction, root_created: bool) -> String {
-        super::itemize::itemize(self.plan(), self.s(), self.r(), direction, root_created)
+        super::itemize::itemize(
+            self.plan(),
+            self.sender_manifest(),
+            self.receiver_manifest(),
+            direction,
+            root_created,
+        )
     }
 
     /// Human-readable list of what the plan does (for --dry-run and -v).
     pub fn describe(&self) -> String {
-        let (s, r) = (self.s(), self.r());
+        let (s, r) = (self.sender_manifest(), self.receiver_manifest());
         let mut out = String::new();
         for a in &self.plan().actions {
             let sp = |a: &Action| display(s.entry(a.s as usize).path);
@@ -1344,7 +1359,7 @@ impl TreeSync {
     /// Pairs of sender entries (same directory) whose names differ only in case. Two
     /// passes keep memory small: only names that have an upper-case letter are remembered.
     pub fn case_collisions(&self) -> Vec<(usize, usize)> {
-        let s = self.s();
+        let s = self.sender_manifest();
         let key = |i: usize| {
             let p = s.entry(i).path;
             (
@@ -1403,12 +1418,15 @@ fn op_verb(op: Op) -> &'static str {
 /// were not fsync'ed one by one; large ones started their writeback when written, small
 /// ones were flushed in batches meanwhile, so it finds little left), a directory fsync
 /// elsewhere (files were). Skipped with `--no-fsync`.
-fn sync_tree(root: &Dir) {
+fn sync_tree(root: &Dir) -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
     {
         // Safety: valid fd.
-        unsafe { libc::syncfs(root.raw_fd()) };
+        if unsafe { libc::syncfs(root.raw_fd()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = root.sync();
+    root.sync_entries()
 }

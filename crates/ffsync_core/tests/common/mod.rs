@@ -15,7 +15,7 @@ pub fn rand_bytes(len: usize, seed: u64) -> Vec<u8> {
 }
 
 use ffsync_core::chunk_source::ChunkSource;
-use ffsync_core::reconstruct::{BeginOptions, LocalSource, PlanSummary, Reconstruction};
+use ffsync_core::restore::{BeginOptions, LocalSource, PlanSummary, Reconstruction};
 use ffsync_core::scan::{scan_file, ScanOptions};
 use std::path::Path;
 

@@ -29,16 +29,16 @@ const MAGIC: &[u8; 4] = b"FFJ1";
 
 /// The journal of an in-place commit of `target`.
 pub fn journal_path(target: &Path) -> PathBuf {
-    let mut name = crate::reconstruct::partial_stem(target);
+    let mut name = crate::restore::staging::partial_stem(target);
     name.extend_from_slice(JOURNAL_SUFFIX.as_bytes());
-    target.with_file_name(crate::reconstruct::os_name(&name))
+    target.with_file_name(crate::restore::staging::os_name(&name))
 }
 
 /// The journal of `target`, a sibling in its directory handle.
 pub fn journal_of(target: &Target) -> Target {
-    let mut name = crate::reconstruct::partial_stem(Path::new(&target.name));
+    let mut name = crate::restore::staging::partial_stem(Path::new(&target.name));
     name.extend_from_slice(JOURNAL_SUFFIX.as_bytes());
-    target.sibling(crate::reconstruct::os_name(&name))
+    target.sibling(crate::restore::staging::os_name(&name))
 }
 
 fn user_target(target: &Path) -> Result<Target> {
@@ -136,13 +136,15 @@ pub fn write_journal_at(target: &Target, journal: &Journal) -> Result<()> {
     let path = journal_of(target);
     let mut tmp_name = path.name_bytes();
     tmp_name.extend_from_slice(b".tmp");
-    let tmp = path.sibling(crate::reconstruct::os_name(&tmp_name));
+    let tmp = path.sibling(crate::restore::staging::os_name(&tmp_name));
     let _ = tmp.unlink();
     let f = tmp.create_new(0o600).map_err(|e| CoreError::io(tmp.shown(), e))?;
     crate::io::write_at(&f, &journal.encode(), 0).map_err(|e| CoreError::io(tmp.shown(), e))?;
     f.sync_all().map_err(|e| CoreError::io(tmp.shown(), e))?;
     tmp.rename_to(&path).map_err(|e| CoreError::io(path.shown(), e))?;
-    let _ = target.dir.sync();
+    // The journal must exist after a crash before step 2 touches the target: its name's
+    // durability is part of the guarantee.
+    target.dir.sync_entries().map_err(|e| CoreError::io(path.shown(), e))?;
     Ok(())
 }
 
@@ -167,13 +169,15 @@ pub fn apply_at(target_at: &Target, staged: &File, journal: &Journal) -> Result<
         copy_range(staged, off, &t, off, len).map_err(|e| CoreError::io(target, e))?;
     }
     t.set_len(journal.manifest.size).map_err(|e| CoreError::io(target, e))?;
-    crate::reconstruct::apply_metadata(&t, target, journal.mtime_ns, journal.mode)?;
+    crate::restore::apply_metadata(&t, target, journal.mtime_ns, journal.mode)?;
     t.sync_all().map_err(|e| CoreError::io(target, e))?;
     Ok(t)
 }
 
 /// Step 3.
 pub fn finish_at(target: &Target, staged: &Target) {
+    // Clean-up only: the target is complete and durable (step 2). If these removals are lost
+    // in a crash, the next run finds the journal and redoes step 2, which is idempotent.
     let _ = staged.unlink();
     let _ = journal_of(target).unlink();
     let _ = target.dir.sync();
@@ -216,7 +220,7 @@ pub fn recover_at(target_at: &Target) -> Result<Option<String>> {
     if journal.staged_name.is_empty() || journal.staged_name.contains(&b'/') {
         return fail("the journal names no staging file beside the target".into());
     }
-    let staged_at = target_at.sibling(crate::reconstruct::os_name(&journal.staged_name));
+    let staged_at = target_at.sibling(crate::restore::staging::os_name(&journal.staged_name));
     let staged = match staged_at.open_read() {
         Ok(f) => f,
         Err(e) => return fail(format!("staged data {}: {e}", staged_at.shown().display())),

@@ -16,7 +16,7 @@
 //! without following a link; a name already taken where one would go is left alone.
 
 use crate::beneath::{Dir, Kind, Target};
-use crate::reconstruct::is_partial_name;
+use crate::restore::staging::is_partial_name;
 use crate::tree::path::name_bytes;
 use std::ffi::OsString;
 use std::io;
@@ -174,7 +174,7 @@ fn move_each(from: &Dir, to: &Dir, names: Vec<OsString>) -> io::Result<usize> {
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
-    use crate::reconstruct::{partial_path, streaming_path};
+    use crate::restore::{partial_path, streaming_path};
     use std::fs;
 
     fn target(dir: &std::path::Path, name: &str) -> Target {
@@ -244,7 +244,11 @@ mod tests {
         let pd = PartialDir::parse(".rsync-partial").unwrap();
         let err = pd.stash(&target(t.path(), "big.bin")).unwrap_err();
         assert!(err.to_string().contains("is not a directory"), "{err}");
-        assert_eq!(pd.restore(&target(t.path(), "big.bin")).unwrap(), 0, "nothing to take back through it");
+        assert_eq!(
+            pd.restore(&target(t.path(), "big.bin")).unwrap(),
+            0,
+            "nothing to take back through it"
+        );
         assert!(partial.exists(), "left where it was");
         assert_eq!(
             fs::read_dir(outside.path()).unwrap().count(),

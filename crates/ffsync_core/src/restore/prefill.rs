@@ -19,19 +19,18 @@
 //! difference. A copy that fails (a local file changed, a read error) just leaves its chunk
 //! unplaced for the normal plan. The provisional file is removed unless adopted.
 //!
-//! [`Reconstruction::copy_local`]: crate::reconstruct::Reconstruction::copy_local
-//! [`Reconstruction::begin_with`]: crate::reconstruct::Reconstruction::begin_with
+//! [`Reconstruction::copy_local`]: crate::restore::Reconstruction::copy_local
+//! [`Reconstruction::begin_with`]: crate::restore::Reconstruction::begin_with
 
+use super::staging::{clone_old_target, create_temp, has_resumable_partial_at, streaming_of};
+use super::{LocalSource, MAX_RUN};
 use crate::beneath::Target;
 use crate::chunk_batch;
 use crate::chunker::{Chunk, Hash};
 use crate::error::{CoreError, Result};
-use crate::io::{copy_range, write_at};
+use crate::io::{copy_range, hash_range, write_at};
 use crate::manifest::{Manifest, ENTRY_LEN};
 use crate::params::ChunkParams;
-use crate::reconstruct::{
-    clone_old_target, create_temp, has_resumable_partial_at, hash_range, streaming_of, LocalSource, MAX_RUN,
-};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::fs::File;
@@ -114,7 +113,7 @@ impl Prefill {
     }
 
     /// As `new`, for a target resolved beneath a directory handle. `fsync`: the result will
-    /// be made durable before it is committed (see [`crate::reconstruct::BeginOptions::fsync`]),
+    /// be made durable before it is committed (see [`crate::restore::BeginOptions::fsync`]),
     /// so writeback starts as data lands.
     pub fn new_at(target: &Target, size: u64, local: Vec<LocalSource>, fsync: bool) -> Result<Option<Prefill>> {
         if size == 0 {
@@ -343,6 +342,8 @@ impl Prefill {
             return; // nothing worth keeping: Drop removes it
         }
         if let Some(f) = self.file.take() {
+            // Best effort: the resume re-verifies every chunk it finds, so a lost write costs
+            // that chunk again, never a wrong byte.
             let _ = f.sync_data();
         }
     }
@@ -377,7 +378,7 @@ impl Drop for Prefill {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconstruct::{streaming_path, BeginOptions, Reconstruction};
+    use crate::restore::{streaming_path, BeginOptions, Reconstruction};
     use crate::scan::{scan_file, ScanOptions};
     use crate::testutil::pseudo_random;
     use std::fs;
@@ -524,7 +525,7 @@ mod tests {
         let target = dir.path().join("f.bin");
         fs::write(&target, pseudo_random(3_000_000, 44)).unwrap();
         let lm = scan_file(&target, &ScanOptions::default()).unwrap().manifest;
-        let partial = crate::reconstruct::partial_path(&target, &[7u8; 32]);
+        let partial = crate::restore::partial_path(&target, &[7u8; 32]);
         fs::write(&partial, b"earlier attempt").unwrap();
         let local = vec![LocalSource {
             path: target.clone(),

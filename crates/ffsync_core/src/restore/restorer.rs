@@ -16,30 +16,28 @@
 //!    while data lands ([`crate::io::writeback`]), so that fsync finds little left. Without
 //!    `fsync` (`--no-fsync`) the verified file is renamed straight from the page cache.
 
-use crate::beneath::{Dir, Target};
+use super::durable::*;
+use super::prefill::Prefilled;
+use super::staging::*;
+use super::{LocalSource, MAX_RUN};
+use crate::beneath::Target;
 use crate::chunker::Hash;
 use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
-use crate::io::{copy_range, read_exact_at, PositionalWriter};
+use crate::io::{copy_range, hash_range, PositionalWriter};
 use crate::manifest::Manifest;
-use crate::prefill::Prefilled;
 use crate::refine::{self, RefineRun};
 use crate::sparse::Hole;
 use crate::{chunk_batch, index};
 use rayon::prelude::*;
 use std::collections::HashMap;
-use std::fs::{self, File};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub const PARTIAL_SUFFIX: &str = ".ffsync-part";
 /// Decompression buffers kept for reuse (each up to one chunk, 1 MiB).
 const SCRATCH_POOL: usize = 64;
-/// Longest single local copy: bounds work per task so copies spread over all cores and
-/// writeback starts early.
-pub(crate) const MAX_RUN: u64 = 16 << 20;
 
 /// Options of [`Reconstruction::begin_with`].
 pub struct BeginOptions {
@@ -74,12 +72,6 @@ impl Default for BeginOptions {
             backup: None,
         }
     }
-}
-
-/// A local file whose chunks may be reused, with its (scanned or indexed) manifest.
-pub struct LocalSource {
-    pub path: PathBuf,
-    pub manifest: Manifest,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,115 +169,6 @@ pub struct Reconstruction {
     in_flight: std::sync::atomic::AtomicUsize,
 }
 
-/// Longest file name most filesystems accept (ext4, xfs, btrfs, APFS: 255 bytes).
-const NAME_MAX: usize = 255;
-
-/// `.<name>` — or, for a name too long to carry our suffix within NAME_MAX, a prefix of it
-/// plus a hash of the whole name (still unique per target name).
-pub(crate) fn partial_stem(target: &Path) -> Vec<u8> {
-    partial_stem_of(&crate::tree::path::name_bytes(target.file_name().unwrap_or_default()))
-}
-
-fn partial_stem_of(name: &[u8]) -> Vec<u8> {
-    let name = name.to_vec();
-    let room = NAME_MAX - 1 - 1 - 16 - PARTIAL_SUFFIX.len();
-    let mut stem = vec![b'.'];
-    if name.len() <= room {
-        stem.extend_from_slice(&name);
-    } else {
-        let mut cut = room - 17;
-        // Keep the prefix valid UTF-8 where the name is, so it stays printable.
-        while cut > 0 && std::str::from_utf8(&name[..cut]).is_err() && std::str::from_utf8(&name).is_ok() {
-            cut -= 1;
-        }
-        stem.extend_from_slice(&name[..cut]);
-        stem.push(b'~');
-        stem.extend_from_slice(crate::manifest::hex(&blake3::hash(&name).as_bytes()[..8]).as_bytes());
-    }
-    stem
-}
-
-pub(crate) fn os_name(bytes: &[u8]) -> std::ffi::OsString {
-    #[cfg(unix)]
-    {
-        use std::os::unix::ffi::OsStrExt;
-        std::ffi::OsStr::from_bytes(bytes).to_os_string()
-    }
-    #[cfg(not(unix))]
-    {
-        String::from_utf8_lossy(bytes).into_owned().into()
-    }
-}
-
-pub fn partial_path(target: &Path, root: &Hash) -> PathBuf {
-    let name = crate::tree::path::name_bytes(target.file_name().unwrap_or_default());
-    target.with_file_name(partial_name(&name, root))
-}
-
-/// The partial's name for target name `name` and the sender's root.
-pub fn partial_name(name: &[u8], root: &Hash) -> std::ffi::OsString {
-    // Built from the name's own bytes: two names that differ only in bytes that are not
-    // UTF-8 must not share a temp file.
-    let mut name = partial_stem_of(name);
-    name.extend_from_slice(format!(".{}{PARTIAL_SUFFIX}", crate::manifest::hex(&root[..8])).as_bytes());
-    os_name(&name)
-}
-
-/// What lies between `.<name>.` and `.ffsync-part` in `candidate`, if it has that shape.
-fn partial_middle<'a>(name: &[u8], candidate: &'a [u8]) -> Option<&'a [u8]> {
-    let mut prefix = partial_stem_of(name);
-    prefix.push(b'.');
-    candidate
-        .strip_prefix(&prefix[..])
-        .and_then(|r| r.strip_suffix(PARTIAL_SUFFIX.as_bytes()))
-}
-
-fn is_version(mid: &[u8]) -> bool {
-    mid.len() == 16 && mid.iter().all(u8::is_ascii_hexdigit)
-}
-
-/// `candidate` names a partial of a file named `name`: a version's (`.<name>.<16 hex>.ffsync-part`)
-/// or early placement's provisional one (`.<name>.streaming.ffsync-part`), compared as bytes.
-pub(crate) fn is_partial_name(name: &[u8], candidate: &[u8]) -> bool {
-    partial_middle(name, candidate).is_some_and(|mid| mid == b"streaming" || is_version(mid))
-}
-
-/// The partial of `target` for the sender's root: a sibling in the same directory handle.
-pub fn partial_of(target: &Target, root: &Hash) -> Target {
-    target.sibling(partial_name(&target.name_bytes(), root))
-}
-
-/// The provisional temp file of early placement (its root is not known yet):
-/// `.<name>.streaming.ffsync-part`. Adopted by renaming it to `partial_path`; kept after a
-/// dropped connection, and then resumed like a partial by the next attempt (`begin_with`).
-pub fn streaming_path(target: &Path) -> PathBuf {
-    let name = crate::tree::path::name_bytes(target.file_name().unwrap_or_default());
-    target.with_file_name(streaming_name(&name))
-}
-
-fn streaming_name(name: &[u8]) -> std::ffi::OsString {
-    let mut name = partial_stem_of(name);
-    name.extend_from_slice(format!(".streaming{PARTIAL_SUFFIX}").as_bytes());
-    os_name(&name)
-}
-
-/// The provisional early-placement file of `target`, a sibling in its directory handle.
-pub fn streaming_of(target: &Target) -> Target {
-    target.sibling(streaming_name(&target.name_bytes()))
-}
-
-/// A partial of an earlier attempt at `target` exists (any version): a resume may use it.
-pub fn has_resumable_partial(target: &Path) -> bool {
-    Target::from_user_path(target).is_ok_and(|t| has_resumable_partial_at(&t))
-}
-
-/// As [`has_resumable_partial`], for a target resolved beneath a directory handle.
-pub fn has_resumable_partial_at(target: &Target) -> bool {
-    let mut found = streaming_of(target).lstat().ok().flatten().is_some_and(|m| m.is_file());
-    for_each_partial(target, |_| found = true);
-    found
-}
-
 fn range(m: &Manifest, i: usize) -> (u64, usize) {
     let c = &m.chunks[i];
     (c.offset, c.len as usize)
@@ -293,19 +176,6 @@ fn range(m: &Manifest, i: usize) -> (u64, usize) {
 
 thread_local! {
     static DELTA_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-    static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Hash `len` bytes of `file` at `offset` (through a per-thread buffer: no fresh memory).
-pub(crate) fn hash_range(file: &File, offset: u64, len: usize) -> std::io::Result<Hash> {
-    READ_BUF.with(|b| {
-        let mut b = b.borrow_mut();
-        if b.len() < len {
-            b.resize(len, 0);
-        }
-        read_exact_at(file, &mut b[..len], offset)?;
-        Ok(*blake3::hash(&b[..len]).as_bytes())
-    })
 }
 
 impl Reconstruction {
@@ -335,7 +205,7 @@ impl Reconstruction {
         local: Vec<LocalSource>,
         opts: BeginOptions,
     ) -> Result<Reconstruction> {
-        crate::inplace::recover_at(&target)?;
+        crate::restore::inplace::recover_at(&target)?;
         let BeginOptions {
             holes,
             inplace,
@@ -428,7 +298,7 @@ impl Reconstruction {
         if let (Some(p), Some(_)) = (&prefill, &adopted) {
             for (o, placed) in origins.iter_mut().zip(&p.placed) {
                 match *placed {
-                    crate::prefill::Placed::Copied((k, offset)) => {
+                    crate::restore::prefill::Placed::Copied((k, offset)) => {
                         // The anchor names a position in the local list; ours skips files
                         // that could not be opened.
                         let path = &p.source_paths[k];
@@ -437,8 +307,8 @@ impl Reconstruction {
                             anchor: source.map(|s| (s, offset)),
                         };
                     }
-                    crate::prefill::Placed::Received => *o = Origin::Placed { anchor: None },
-                    crate::prefill::Placed::No => {}
+                    crate::restore::prefill::Placed::Received => *o = Origin::Placed { anchor: None },
+                    crate::restore::prefill::Placed::No => {}
                 }
             }
         }
@@ -814,9 +684,9 @@ impl Reconstruction {
                 if blake3::hash(data).as_bytes() == &self.manifest.chunks[r.index as usize].hash {
                     Ok(literal)
                 } else if let Some(path) = r.is_delta().then(|| self.changed_delta_base(r.index)).flatten() {
-                    // The delta was applied to old bytes that changed under us: the fault
-                    // suite found this reported as a corrupt chunk from the peer (exit 12);
-                    // it is the documented "old file changed during the sync" (exit 23).
+                    // The delta was applied to old bytes that changed under us: that is the
+                    // documented "old file changed during the sync" (exit 23), not a corrupt
+                    // chunk from the peer (exit 12).
                     Err(CoreError::VerifyFailed(format!(
                         "{} changed during the sync",
                         path.display()
@@ -887,16 +757,16 @@ impl Reconstruction {
             }
         }
         self.file.sync_all().map_err(|e| CoreError::io(self.temp.shown(), e))?;
-        let journal = crate::inplace::Journal {
+        let journal = crate::restore::inplace::Journal {
             manifest: self.manifest.clone(),
             mtime_ns,
             mode,
             staged_name: self.temp.name_bytes(),
             ranges,
         };
-        crate::inplace::write_journal_at(&self.target, &journal)?;
+        crate::restore::inplace::write_journal_at(&self.target, &journal)?;
         *self.state.lock().unwrap() = State::Finished;
-        let t = crate::inplace::apply_at(&self.target, &self.file, &journal)?;
+        let t = crate::restore::inplace::apply_at(&self.target, &self.file, &journal)?;
         let written: Vec<usize> = (0..self.origins.len())
             .filter(|&i| self.origins[i] != Origin::InTarget)
             .collect();
@@ -912,7 +782,7 @@ impl Reconstruction {
                 )))
             }
         })?;
-        crate::inplace::finish_at(&self.target, &self.temp);
+        crate::restore::inplace::finish_at(&self.target, &self.temp);
         let identity = FileIdentity::of(&t.metadata().map_err(|e| CoreError::io(self.target.shown(), e))?);
         if let Some(dir) = state_dir {
             let _ = index::store(
@@ -1019,7 +889,17 @@ impl Reconstruction {
             .map_err(|e| CoreError::io(self.target.shown(), e))?;
         *self.state.lock().unwrap() = State::Finished;
         if self.fsync {
-            let _ = self.target.dir.sync();
+            // The verified file is in place; a failure here is that its name may not survive
+            // a crash, and the caller must hear it (the data itself was made durable above).
+            self.target.dir.sync_entries().map_err(|e| {
+                CoreError::io(
+                    self.target.shown(),
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("renamed into place, but its directory could not be made durable: {e}"),
+                    ),
+                )
+            })?;
         }
         let identity = FileIdentity::of(
             &self
@@ -1060,91 +940,6 @@ impl Drop for Reconstruction {
             let _ = self.temp.unlink();
         }
     }
-}
-
-/// Calls `f` with each partial of `target` (`.<name>.<16 hex>.ffsync-part`, compared as bytes).
-fn for_each_partial(target: &Target, mut f: impl FnMut(Target)) {
-    let name = target.name_bytes();
-    let Ok(names) = target.dir.names() else { return };
-    for n in names {
-        if partial_middle(&name, &crate::tree::path::name_bytes(&n)).is_some_and(is_version) {
-            f(target.sibling(n));
-        }
-    }
-}
-
-fn remove_stale_partials(target: &Target, keep: &Target) {
-    for_each_partial(target, |p| {
-        // Only our own stale partials go: a name planted by someone else (a hard link to a
-        // file elsewhere, another user's file) is not ours to remove or reuse.
-        if p.name != keep.name && p.open_read().is_ok_and(|f| crate::beneath::is_private_regular(&f)) {
-            let _ = p.unlink();
-        }
-    });
-    // A provisional file of early placement that was not adopted (a receiver killed
-    // mid-stream) is never resumable.
-    let streaming = streaming_of(target);
-    if streaming
-        .open_read()
-        .is_ok_and(|f| crate::beneath::is_private_regular(&f))
-    {
-        let _ = streaming.unlink();
-    }
-}
-
-/// Reopen an existing partial for resuming: only a regular file with one link, owned by
-/// us (opened without following a link, then checked through the open descriptor). A
-/// name held by anything else is left alone and the partial gets a fresh name.
-fn open_resumable(temp: &mut Target, size: u64) -> Result<Option<File>> {
-    match temp.lstat() {
-        Ok(Some(_)) => {
-            let ours = temp.open_rw().ok().filter(crate::beneath::is_private_regular);
-            let Some(f) = ours else {
-                *temp = fresh_sibling(temp)?;
-                return Ok(None);
-            };
-            let len = f.metadata().map_err(|e| CoreError::io(temp.shown(), e))?.len();
-            if len != size {
-                f.set_len(size).map_err(|e| CoreError::io(temp.shown(), e))?;
-            }
-            Ok(Some(f))
-        }
-        _ => Ok(None),
-    }
-}
-
-/// Create a fresh temp file at `temp` (`O_EXCL`, never through a link). A stale file of
-/// ours at the name (a regular file with one link, owned by us: an earlier run killed
-/// mid-write) is replaced; anything else there is left alone and a fresh name is used.
-pub fn create_exclusive(temp: Target) -> std::io::Result<(Target, File)> {
-    match temp.create_new(0o600) {
-        Ok(f) => return Ok((temp, f)),
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
-        Err(_) => {}
-    }
-    if temp.open_read().is_ok_and(|f| crate::beneath::is_private_regular(&f)) {
-        temp.unlink()?;
-        return temp.create_new(0o600).map(|f| (temp, f));
-    }
-    let fresh = fresh_sibling(&temp).map_err(|e| std::io::Error::other(e.to_string()))?;
-    let f = fresh.create_new(0o600)?;
-    Ok((fresh, f))
-}
-
-/// A free name beside `taken` (`<taken>.<n>`), for when a planted entry holds the name.
-fn fresh_sibling(taken: &Target) -> Result<Target> {
-    for n in 1..1000u32 {
-        let mut name = taken.name_bytes();
-        name.extend_from_slice(format!(".{n}").as_bytes());
-        let t = taken.sibling(os_name(&name));
-        if t.lstat().map_err(|e| CoreError::io(t.shown(), e))?.is_none() {
-            return Ok(t);
-        }
-    }
-    Err(CoreError::io(
-        taken.shown(),
-        std::io::Error::new(std::io::ErrorKind::AlreadyExists, "no free temp name beside it"),
-    ))
 }
 
 /// Chunks the old target (source 0) has at the very offset the new version needs them,
@@ -1194,96 +989,6 @@ fn mark_holes(manifest: &Manifest, holes: &[Hole], origins: &mut [Origin]) {
             }
         }
     }
-}
-
-/// Start the temp file as a reflink clone of the old target (source 0 when it is the target
-/// itself), sized to the new length. None where the filesystem cannot clone.
-pub(crate) fn clone_old_target(old: &File, temp: &Target, size: u64) -> Result<Option<File>> {
-    let Some(f) = crate::io::clone_to_new_at(old, &temp.dir, &temp.name).map_err(|e| CoreError::io(temp.shown(), e))?
-    else {
-        return Ok(None);
-    };
-    if let Err(e) = f.set_len(size) {
-        let _ = temp.unlink();
-        return Err(CoreError::io(temp.shown(), e));
-    }
-    Ok(Some(f))
-}
-
-/// `--inplace` staging file: sparse (only the changed chunks are ever written to it).
-fn create_staging(temp: &Target, size: u64) -> Result<File> {
-    let f = temp.create_new(0o600).map_err(|e| CoreError::io(temp.shown(), e))?;
-    if let Err(e) = f.set_len(size) {
-        let _ = temp.unlink();
-        return Err(CoreError::io(temp.shown(), e));
-    }
-    Ok(f)
-}
-
-/// The temp file, sized but not allocated: space is committed only as verified data is
-/// written into it, never on the peer's word (an offer of 1 TiB followed by a disconnect
-/// must not leave 1 TiB allocated). A disk that cannot hold the result still fails before
-/// any byte crosses the wire: the free space is checked against the size first.
-pub(crate) fn create_temp(temp: &Target, size: u64) -> Result<File> {
-    check_free_space(&temp.dir, size).map_err(|e| CoreError::io(temp.shown(), e))?;
-    let f = temp.create_new(0o600).map_err(|e| CoreError::io(temp.shown(), e))?;
-    if let Err(e) = f.set_len(size) {
-        let _ = temp.unlink();
-        return Err(CoreError::io(temp.shown(), e));
-    }
-    Ok(f)
-}
-
-/// ENOSPC now, when the filesystem of `dir` has fewer than `size` bytes available.
-fn check_free_space(dir: &Dir, size: u64) -> std::io::Result<()> {
-    #[cfg(unix)]
-    if size > 0 {
-        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        // Safety: valid fd, st is writable.
-        if unsafe { libc::fstatvfs(dir.raw_fd(), &mut st) } == 0 {
-            let avail = (st.f_bavail as u64).saturating_mul(st.f_frsize as u64);
-            if avail < size {
-                return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = (dir, size);
-    Ok(())
-}
-
-pub fn system_time_from_ns(ns: i64) -> SystemTime {
-    if ns >= 0 {
-        UNIX_EPOCH + Duration::from_nanos(ns as u64)
-    } else {
-        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
-    }
-}
-
-/// Apply the sender's mtime and permission bits (setuid/setgid arrive but are never applied).
-pub fn apply_metadata(file: &File, path: &Path, mtime_ns: Option<i64>, mode: Option<u32>) -> Result<()> {
-    if let Some(ns) = mtime_ns {
-        file.set_times(fs::FileTimes::new().set_modified(system_time_from_ns(ns)))
-            .map_err(|e| CoreError::io(path, e))?;
-    }
-    #[cfg(unix)]
-    if let Some(mode) = mode {
-        use std::os::unix::fs::PermissionsExt;
-        file.set_permissions(fs::Permissions::from_mode(mode & 0o1777))
-            .map_err(|e| CoreError::io(path, e))?;
-    }
-    #[cfg(not(unix))]
-    let _ = mode;
-    Ok(())
-}
-
-/// Update an up-to-date target's metadata in place (identical content, other mtime/mode),
-/// never through a link at the target's name.
-pub fn touch_up_to_date_at(target: &Target, mtime_ns: Option<i64>, mode: Option<u32>) -> Result<FileIdentity> {
-    let shown = target.shown();
-    let f = target.open_read().map_err(|e| CoreError::io(&shown, e))?;
-    apply_metadata(&f, &shown, mtime_ns, mode)?;
-    Ok(FileIdentity::of(&f.metadata().map_err(|e| CoreError::io(&shown, e))?))
 }
 
 /// Counts an operation in flight for as long as the guard lives.

@@ -1,0 +1,371 @@
+// The sender's half of one file's content conversation, shared by single-file and tree
+// sessions (docs/protocol.md §3.2, §4.4–§4.9):
+//   MANIFEST* [HOLES] -> (receiver) NEED* REFINE* NEED_END -> DATA* DATA_END -> (receiver) RESULT
+// HOLES (capability SPARSE) lists the sender's holes: the receiver requests nothing inside
+// them (crates/ffsync_core/src/sparse.rs). REFINE (capability REFINE) carries signatures of
+// the receiver's old bytes for each run of missing chunks; a chunk then goes as a delta
+// against them when that is smaller (crates/ffsync_core/src/refine.rs). MANIFEST_STREAM
+// (capability STREAM, overlapped phases): a sender scanning a large file sends each window's
+// entries as soon as they are hashed, then the manifest's header alone in MANIFEST, and to an
+// empty basis each window's chunks as early DATA. The receiver's half is content-receive.ts.
+
+import type { LevelGovernor } from './compress-level.js';
+import fs from 'node:fs/promises';
+import type { BigIntStats } from 'node:fs';
+import { FramedConnection, workMeter } from '../transport/connection.js';
+import { FrameType, protocolError } from '../protocol/frames.js';
+import {
+  decodeBasis,
+  decodeNeedEnd,
+  decodeResult,
+  encodeDataEnd,
+  manifestFrames,
+  manifestStreamFrames,
+  STREAM_WINDOW,
+  MAX_REFINE_TABLE,
+  NeedCollector,
+  ResultStatus,
+} from '../protocol/messages.js';
+import {
+  call,
+  fileHoles,
+  type NativeChunkSource,
+  openChunkSource,
+  openScanStream,
+  scanFile,
+  type ScanResult,
+} from '../native/binding.js';
+import { batchByBytes, MANIFEST_ENTRY, MANIFEST_HEADER, manifestChunkCount, manifestChunkLength } from '../utils/manifest.js';
+import { ExitCode, FfsyncError } from '../utils/errors.js';
+import { BufferPool } from '../utils/buffer-pool.js';
+import type { DataTurn, WorkLimit } from '../utils/data-turns.js';
+import { expect } from './session.js';
+import { inPhase, type SyncEvents } from './events.js';
+import { rateLimiter } from '../utils/rate-limit.js';
+
+/** Raw bytes per DATA frame: large enough to amortize framing, small enough to pipeline and
+ * to keep both peers' resident memory low (recycled buffers, see BufferPool). */
+export const BATCH_BYTES = 2 * 1024 * 1024;
+/** Room for a batch plus its record headers. */
+export const BATCH_BUFFER = BATCH_BYTES + 64 * 1024;
+/** Batches being read/compressed natively ahead of the socket. */
+export const READ_AHEAD = 2;
+/** Batch buffers one file's DATA phase uses at most (read ahead, and being written). */
+export const SEND_BUFFERS = READ_AHEAD + 2;
+/** Batch buffers one file's early DATA uses at most (streamManifest's pool). */
+const EARLY_BUFFERS = 4;
+
+export interface SendContentOptions {
+  path: string | Buffer;
+  /** What the file was when the session looked at it (a change later is exit 24). */
+  st: BigIntStats;
+  /** The manifest, if already known (index); otherwise the file is scanned now. */
+  scan: ScanResult | null;
+  stateDir?: string;
+  checksum?: boolean;
+  /** zstd level (0 = raw). */
+  level: number;
+  bwlimitKiBps?: number;
+  events?: SyncEvents;
+  /** How to name the file in messages. */
+  label: string;
+  /** Capability REFINE was negotiated: accept REFINE frames and send deltas. */
+  refine?: boolean;
+  /** Capability SPARSE was negotiated: send a HOLES frame after the manifest. */
+  sparse?: boolean;
+  /** Tree session with COMMIT_REFUSAL negotiated: RESULT may say NOT_WRITTEN. */
+  commitRefusal?: boolean;
+  /** Capability STREAM was negotiated: a file larger than STREAM_WINDOW starts with the
+   * receiver's BASIS frame, and (unless `overlap` is false) its manifest is streamed while it
+   * is hashed, with early DATA to a receiver that has nothing. */
+  stream?: boolean;
+  /** Overlapped phases on (default); `send --no-overlap` turns them off. */
+  overlap?: boolean;
+  /** A multiplexed tree session runs many files' conversations at once: a file sends DATA
+   * only in its turn (its read-ahead buffers exist only then), so memory stays flat however
+   * many files are in flight. The caller ends the turn if this returns early. */
+  dataTurn?: DataTurn;
+  /** The session's --bwlimit, shared by every file in flight (else one per file). */
+  limiter?: (n: number) => Promise<void>;
+  /** Multiplexed: the session's limit on files being hashed at once. */
+  hashing?: WorkLimit;
+  /** Pipelined on a multiplexed stream: the previous file's conversation on `conn`, which
+   * still has its RESULT to read. This file's FILE_BEGIN and manifest go out at once; its
+   * first read waits for that. Resolving true (that file spent the stream) or rejecting ends
+   * this file with PriorFailed before it read anything. */
+  prior?: Promise<boolean>;
+  /** Return once DATA_END is out, with the RESULT still to read in `settled`: the next file
+   * on the same connection starts meanwhile (results are acknowledged asynchronously). */
+  resultLater?: boolean;
+  /** Capability BATCH_STREAM was negotiated: chunks of a batch may share zstd streams. */
+  batchStream?: boolean;
+  /** Adapts the level batch by batch (shared by the session's files); else `level` stays. */
+  governor?: LevelGovernor;
+}
+
+/** The conversation before this one on the same stream failed (`fatal`: with `cause`) or
+ * spent the stream: this file read nothing and may run again on another stream. */
+export class PriorFailed extends Error {
+  constructor(
+    readonly fatal: boolean,
+    options?: { cause?: unknown },
+  ) {
+    super('the previous conversation on this stream did not end cleanly', options);
+  }
+}
+
+export interface ContentResult {
+  root: string;
+  upToDate: boolean;
+  literalBytes: number;
+  matchedBytes: number;
+  /** Tree sessions: the receiver could not write this file (its reason, receiver side). */
+  refused?: string;
+  /** Receiver: bytes copied into place early, while the sender's manifest streamed in. */
+  placedEarly?: number;
+  /** Sender with `resultLater`: the rest of the conversation (the RESULT); the fields above
+   * are placeholders until it settles. */
+  settled?: Promise<ContentResult>;
+}
+
+/** True unless `a` is the same file in the same state as `b` (size, mtime, ctime, inode, device). */
+export function identityChanged(a: BigIntStats | undefined, b: BigIntStats): boolean {
+  return !a || a.size !== b.size || a.mtimeNs !== b.mtimeNs || a.ctimeNs !== b.ctimeNs || a.ino !== b.ino || a.dev !== b.dev;
+}
+
+/** Sender half. `holder.source` is set once the chunk source is open (callers check
+ * `unchanged()` on it to tell a file that changed mid-send). */
+export async function sendFileContent(conn: FramedConnection, o: SendContentOptions, holder: { source?: NativeChunkSource } = {}): Promise<ContentResult> {
+  try {
+    const r = await sendContent(conn, o, holder, o.dataTurn ?? { take: async () => undefined, done: () => undefined });
+    o.dataTurn?.done();
+    return r;
+  } catch (e) {
+    // A file that read nothing keeps its turn: it runs again on another stream.
+    if (!(e instanceof PriorFailed)) o.dataTurn?.done();
+    throw e;
+  }
+}
+
+/** `work` within the session's hashing limit, if it has one. */
+export function hashWithin<T>(limit: WorkLimit | undefined, work: () => Promise<T>): Promise<T> {
+  return limit ? limit.run(work) : work();
+}
+
+/** The previous conversation on the stream (see `prior`) ended: go on, or stop with PriorFailed. */
+export async function afterPrior(prior: Promise<boolean> | undefined): Promise<void> {
+  if (!prior) return;
+  let spent: boolean;
+  try {
+    spent = await prior;
+  } catch (e) {
+    throw new PriorFailed(true, { cause: e });
+  }
+  if (spent) throw new PriorFailed(false);
+}
+
+async function sendContent(conn: FramedConnection, o: SendContentOptions, holder: { source?: NativeChunkSource }, turn: DataTurn): Promise<ContentResult> {
+  let scan = o.scan;
+  const basisExchanged = Boolean(o.stream) && o.st.size > BigInt(STREAM_WINDOW);
+  if (basisExchanged) await afterPrior(o.prior);
+  const emptyBasis = basisExchanged && decodeBasis((await expect(conn, FrameType.BASIS)).payload).empty;
+  const streamed = !scan && basisExchanged && o.overlap !== false;
+  const limiter = o.limiter ?? (o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : undefined);
+  const early = { chunks: 0, raw: 0 };
+  // Early DATA (to an empty basis) is data: it waits for its turn like the DATA phase does,
+  // holding the buffers it may use (EARLY_BUFFERS).
+  if (streamed && emptyBasis) await turn.take(EARLY_BUFFERS);
+  // To an empty basis every chunk moves, most of them while the file is still being hashed
+  // (early DATA): the sending phase starts now, over the whole file, and runs beside hashing,
+  // so progress shows the bytes actually moving instead of a frozen hash and "sending 0 B".
+  const sendingEarly = streamed && emptyBasis ? { t0: Date.now() } : undefined;
+  if (sendingEarly) o.events?.phaseStart?.('sending', Number(o.st.size));
+  if (!scan) {
+    // KEEPALIVEs carry the bytes hashed: the receiver counts them as progress (§4.11).
+    const hashed = workMeter();
+    scan = await conn.keepAlive(
+      inPhase(o.events, 'hashing', Number(o.st.size), (p, progress = hashed.tap(p)) =>
+        streamed
+          ? streamManifest(conn, o, progress, emptyBasis, early, limiter)
+          : hashWithin(o.hashing, () => scanFile(o.path, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress })),
+      ),
+      hashed,
+    );
+  }
+  if (BigInt(scan.size) !== o.st.size) {
+    throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.label} changed size while it was being scanned; rerun to send the new version`);
+  }
+  // Streamed: the entries went ahead; the header (size, parameters, count, root) closes them.
+  const manifestOut = streamed ? scan.manifest.subarray(0, MANIFEST_HEADER) : scan.manifest;
+  for (const part of manifestFrames(manifestOut)) await conn.send(FrameType.MANIFEST, part);
+  // A file that cannot be asked for its holes has none to tell (a file that vanished is
+  // reported below, by the identity check, as exit 24).
+  if (o.sparse) await conn.send(FrameType.HOLES, await fileHoles(o.path).catch(() => Buffer.alloc(4)));
+
+  if (!basisExchanged) await afterPrior(o.prior);
+  const needs = new NeedCollector(manifestChunkCount(scan.manifest));
+  const refineParts: Buffer[] = [];
+  let refineBytes = 0;
+  let end;
+  for (;;) {
+    const f = o.refine ? await expect(conn, FrameType.NEED, FrameType.REFINE, FrameType.NEED_END) : await expect(conn, FrameType.NEED, FrameType.NEED_END);
+    if (f.type === FrameType.NEED) needs.push(f.payload);
+    else if (f.type === FrameType.REFINE) {
+      refineBytes += f.payload.length;
+      if (refineBytes > MAX_REFINE_TABLE) throw protocolError(`refinement table of ${o.label} is over ${MAX_REFINE_TABLE} bytes`);
+      refineParts.push(Buffer.from(f.payload));
+      f.release?.();
+    } else {
+      end = decodeNeedEnd(f.payload);
+      break;
+    }
+  }
+  if (end.refused) return { root: scan.root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused: 'refused by the receiver' };
+  const needed = needs.finish(end.wireChunks);
+  // The DATA turn comes before the source is checked again: a file that changed while it
+  // waited is caught here. It holds one unit per batch buffer this file will use.
+  const batches = batchByBytes(scan.manifest, needed, BATCH_BYTES);
+  if (needed.length > 0) await turn.take(Math.min(batches.length, SEND_BUFFERS));
+  else turn.done();
+  // The chunk source must read the version that was scanned: the file is re-checked
+  // against the identity it had before the scan (a change during or after it is exit 24).
+  const now = await fs.stat(o.path, { bigint: true }).catch(() => undefined);
+  if (identityChanged(now, o.st)) {
+    throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.label} changed or vanished during the sync; rerun to send the new version`);
+  }
+  const src = await openChunkSource(o.path, scan.manifest, o.governor?.level ?? o.level, o.batchStream);
+  const gov = o.governor;
+  holder.source = src;
+  // Released as soon as the data is out: a long-lived process (serve) must not keep the
+  // file open until the object is collected (`unchanged()` still answers afterwards).
+  try {
+    if (refineParts.length) await conn.keepAlive(call(src.setRefinement(Buffer.concat(refineParts))));
+    const total = needed.reduce((a, i) => a + manifestChunkLength(scan!.manifest, i), 0);
+    let raw = 0;
+    const limit = limiter ?? (async () => undefined);
+    // The phase started with the early DATA continues (its count includes it), else one starts.
+    const sendingPhase = (run: (progress: (n: number) => void) => Promise<void>): Promise<void> =>
+      sendingEarly
+        ? run((n) => o.events?.progress?.('sending', early.raw + n)).then(() => o.events?.phaseEnd?.('sending', early.raw + raw, Date.now() - sendingEarly.t0))
+        : inPhase(o.events, 'sending', total, run);
+    await sendingPhase(async (progress) => {
+      // Batches are encoded natively into recycled buffers, READ_AHEAD at a time, while
+      // earlier ones are being written to the socket.
+      const pool = new BufferPool(BATCH_BUFFER, SEND_BUFFERS);
+      const read = async (k: number) => {
+        const buf = await pool.acquire();
+        if (gov) src.setLevel(gov.level);
+        const res = await call(src.readBatch(batches[k], buf));
+        return { buf, res };
+      };
+      const ahead: Promise<{ buf: Buffer; res: { length: number; rawBytes: number } }>[] = [];
+      for (let k = 0; k < Math.min(READ_AHEAD, batches.length); k++) ahead.push(read(k));
+      ahead.forEach((p) => p.catch(() => undefined));
+      gov?.restartWindow();
+      for (let k = 0; k < batches.length; k++) {
+        const t0 = performance.now();
+        const { buf, res } = await ahead[k];
+        const t1 = performance.now();
+        if (k + READ_AHEAD < batches.length) {
+          const p = read(k + READ_AHEAD);
+          p.catch(() => undefined);
+          ahead.push(p);
+        }
+        await conn.send(FrameType.DATA, buf.subarray(0, res.length), () => pool.release(buf));
+        raw += res.rawBytes;
+        progress(raw);
+        if (o.bwlimitKiBps) await conn.orFailure(limit(res.length));
+        gov?.observe(t1 - t0, performance.now() - t1, res.length);
+      }
+    });
+    // Early DATA counts too: DATA_END totals every chunk this transfer sent.
+    await conn.send(FrameType.DATA_END, encodeDataEnd({ chunks: needed.length + early.chunks, rawBytes: BigInt(raw + early.raw) }));
+    // The next file's DATA may go now (not when RESULT comes, a round trip later).
+    turn.done();
+  } finally {
+    src.release();
+  }
+  const root = scan.root;
+  const settle = async (): Promise<ContentResult> => {
+    const result = decodeResult((await expect(conn, FrameType.RESULT)).payload);
+    if (result.status === ResultStatus.NOT_WRITTEN) {
+      if (!o.commitRefusal) throw protocolError('bad RESULT: NOT_WRITTEN outside a tree session with COMMIT_REFUSAL');
+      return { root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused: 'could not be written on the receiver' };
+    }
+    return {
+      root,
+      upToDate: result.status === ResultStatus.UP_TO_DATE,
+      literalBytes: Number(result.literalBytes),
+      matchedBytes: Number(result.matchedBytes) };
+  };
+  if (!o.resultLater) return settle();
+  const settled = settle();
+  settled.catch(() => undefined); // the caller handles it (after this returns)
+  return { root, upToDate: false, literalBytes: 0, matchedBytes: 0, settled };
+}
+
+/** Scan in windows, sending each window's entries (MANIFEST_STREAM) as soon as it is hashed
+ * and, to a receiver with an empty basis, the window's chunks as early DATA (every chunk is
+ * proven missing there; batches are encoded natively, a few windows ahead at most). */
+async function streamManifest(
+  conn: FramedConnection,
+  o: SendContentOptions,
+  progress: (n: number) => void,
+  emptyBasis: boolean,
+  early: { chunks: number; raw: number },
+  limiter?: (n: number) => Promise<void>,
+): Promise<ScanResult> {
+  const gov = o.governor;
+  const earlyData = emptyBasis ? { level: gov?.level ?? o.level, batchBytes: BATCH_BYTES, stream: o.batchStream } : undefined;
+  const stream = await openScanStream(o.path, STREAM_WINDOW, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress }, earlyData);
+  try {
+    // One `next` is always in flight while the previous step is being sent (never two: the
+    // steps must arrive in order). Early DATA lands in recycled buffers, released once sent.
+    const pool = emptyBasis ? new BufferPool(BATCH_BUFFER, EARLY_BUFFERS) : undefined;
+    const nextStep = async () => {
+      const buf = pool && (await pool.acquire());
+      if (gov) stream.setLevel(gov.level);
+      const step = await call(stream.next(buf));
+      return { step, buf };
+    };
+    let pending = nextStep();
+    const offered = Number(o.st.size);
+    let described = 0;
+    gov?.restartWindow();
+    for (;;) {
+      const t0 = performance.now();
+      const { step, buf } = await pending;
+      const t1 = performance.now();
+      if (step.result) {
+        if (buf) pool!.release(buf);
+        return step.result;
+      }
+      pending = nextStep();
+      pending.catch(() => undefined);
+      if (step.batchLen !== undefined && step.batchLen !== null) {
+        if (step.batch) {
+          // It did not fit the recycled buffer (never for batches of BATCH_BYTES): sent as is.
+          if (buf) pool!.release(buf);
+          await conn.send(FrameType.DATA, step.batch);
+        } else {
+          await conn.send(FrameType.DATA, buf!.subarray(0, step.batchLen), () => pool!.release(buf!));
+        }
+        early.chunks += step.batchChunks!;
+        early.raw += step.batchRaw!;
+        o.events?.progress?.('sending', early.raw);
+        if (limiter) await conn.orFailure(limiter(step.batchLen));
+        gov?.observe(t1 - t0, performance.now() - t1, step.batchLen);
+        continue;
+      }
+      if (buf) pool!.release(buf);
+      const part = step.part!;
+      for (let at = 0; at < part.length; at += MANIFEST_ENTRY) described += part.readUInt32LE(at);
+      // Entries past the offered size would be the receiver's protocol error (exit 12); the
+      // file grew between the offer and the scan: that is ours to report, as exit 24.
+      if (described > offered) throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.label} grew while it was being scanned; rerun to send the new version`);
+      for (const f of manifestStreamFrames(part)) await conn.send(FrameType.MANIFEST_STREAM, f);
+    }
+  } finally {
+    stream.release();
+  }
+}
