@@ -101,6 +101,9 @@ function common(cmd: Command): Command {
     .option('--stats', "print rsync's transfer statistics at the end");
 }
 
+/** How long a signalled session may take to end by itself before the process ends anyway. */
+const SIGNAL_GRACE_MS = 10_000;
+
 async function run(
   reporterOpts: CommonOptions & { style?: 'sync' | 'peer'; listHeader?: string; dryRun?: boolean; humanReadable?: number; itemize?: boolean },
   body: (r: Reporter, signal: AbortSignal) => Promise<SyncSummary>,
@@ -127,12 +130,25 @@ async function run(
   process.once('beforeExit', () => reporter.error('internal error: the session stalled with nothing left to wait for', ExitCode.PROTOCOL_STREAM));
   const ac = new AbortController();
   let signalled: string | undefined;
+  // A signal aborts the session, which then ends with its documented exit code (20). Should
+  // the session not end by itself (a native call that does not return), the process still
+  // does after SIGNAL_GRACE_MS, or at a second signal: a signal always ends it.
+  let forcedOut = false;
+  const forced = (name: NodeJS.Signals) => {
+    if (forcedOut) return;
+    forcedOut = true;
+    reporter.error(`interrupted (${name})`, ExitCode.SIGNAL);
+    reporter.stop();
+    exit(ExitCode.SIGNAL);
+  };
   const onSignal = (name: NodeJS.Signals) => {
+    if (signalled) return forced(name);
     signalled = name;
+    setTimeout(() => forced(name), SIGNAL_GRACE_MS).unref();
     ac.abort();
   };
-  process.once('SIGINT', onSignal);
-  process.once('SIGTERM', onSignal);
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
   try {
     const summary = await body(reporter, ac.signal);
     reporter.summary(summary);
@@ -141,6 +157,8 @@ async function run(
   } catch (e) {
     const err = e instanceof FfsyncError ? e : new FfsyncError('EINTERNAL', ExitCode.FILE_IO, String((e as Error)?.stack ?? e));
     const code = signalled ? ExitCode.SIGNAL : err.exitCode;
+    if (forcedOut) return exit(code); // already said
+    forcedOut = true;
     reporter.error(signalled ? `interrupted (${signalled})` : err.message, code, err.summary as SyncSummary | undefined);
     return exit(code);
   } finally {

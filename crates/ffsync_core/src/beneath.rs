@@ -139,7 +139,7 @@ impl Dir {
             None => (&rel[..0], rel),
         };
         check_component(name)?;
-        Ok((self.open_beneath(dir)?, crate::restore::staging::os_name(name)))
+        Ok((self.open_beneath(dir)?, crate::tree::path::os_name(name)))
     }
 
     pub fn try_clone(&self) -> io::Result<Dir> {
@@ -344,7 +344,7 @@ pub fn ensure_dir(root: &Path, rel: &[u8], create: bool) -> io::Result<()> {
     }
     for comp in rel.split(|b| *b == b'/') {
         check_component(comp)?;
-        let name = crate::restore::staging::os_name(comp);
+        let name = crate::tree::path::os_name(comp);
         if create {
             match dir.mkdir(&name, 0o777) {
                 Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),

@@ -62,8 +62,12 @@ impl PositionalWriter {
 
     pub fn backend(&self) -> &'static str {
         #[cfg(target_os = "linux")]
-        if self.uring.is_some() {
-            return "io_uring";
+        if let Some(ring) = &self.uring {
+            // A ring given up after a stall (uring.rs) writes with pwrite.
+            if ring.lock().unwrap_or_else(|p| p.into_inner()).usable() {
+                return "io_uring";
+            }
+            return "pwrite";
         }
         if cfg!(windows) {
             "seek_write"

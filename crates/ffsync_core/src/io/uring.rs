@@ -1,59 +1,125 @@
 //! io_uring submission of write batches (Linux only). Short writes and per-entry errors
 //! are finished with plain pwrite so semantics match the portable path exactly.
+//!
+//! A kernel may accept writes and never complete them: seen in CI on this project's kernel,
+//! 17 writes submitted, none completed, no io-wq worker ever started, and the receiver waited
+//! forever (it did not even end on SIGTERM). So the wait has a watchdog: when nothing completes
+//! for `STALL` while writes are pending, this ring is given up (and io_uring with it, for the
+//! rest of the process), and the writes not known to have completed are done again with
+//! pwrite. The kernel may still carry out the abandoned ones later, so the bytes they point to
+//! are copies that are never freed (their content is what pwrite wrote at the same offsets, so
+//! a late write changes nothing), and completions are tagged per batch so a late one is never
+//! mistaken for a later batch's.
 
 use io_uring::{opcode, types, IoUring};
 use std::fs::File;
 use std::io;
 use std::os::unix::io::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 const ENTRIES: u32 = 64;
+/// No completion for this long, with writes pending: the ring is stuck (a slow disk completes
+/// some write of a group of 64 well within it).
+const STALL: Duration = Duration::from_secs(5);
+/// Once one ring stalled, no new one is made in this process.
+static STALLED: AtomicBool = AtomicBool::new(false);
 
 pub struct Ring {
     ring: IoUring,
+    /// Tags completions with the batch they belong to (upper 32 bits of user_data).
+    generation: u32,
+    stall: Duration,
+    broken: bool,
 }
 
 impl Ring {
     pub fn new() -> io::Result<Ring> {
+        if STALLED.load(Ordering::Relaxed) {
+            return Err(io::Error::other("io_uring stalled earlier in this process"));
+        }
+        Self::with_stall(STALL)
+    }
+
+    /// As `new`, with another watchdog (tests), whether or not a ring stalled before.
+    pub fn with_stall(stall: Duration) -> io::Result<Ring> {
         let ring = IoUring::new(ENTRIES)?;
+        // The watchdog needs waits with a timeout (kernel 5.11+).
+        if !ring.params().is_feature_ext_arg() {
+            return Err(io::Error::other("io_uring without timed waits"));
+        }
         // Probe: some sandboxes allow setup but reject submissions.
-        let r = Ring { ring };
+        let r = Ring {
+            ring,
+            generation: 0,
+            stall,
+            broken: false,
+        };
         r.ring.submit()?;
         Ok(r)
+    }
+
+    /// False once this ring stalled: the caller writes with pwrite from then on.
+    pub fn usable(&self) -> bool {
+        !self.broken
     }
 
     pub fn write_batch(&mut self, file: &File, writes: &[(u64, &[u8])]) -> io::Result<()> {
         let fd = types::Fd(file.as_raw_fd());
         for group in writes.chunks(ENTRIES as usize) {
+            if self.broken {
+                for (off, buf) in group {
+                    super::write_at(file, buf, *off)?;
+                }
+                continue;
+            }
+            self.generation = self.generation.wrapping_add(1);
+            let tag = (self.generation as u64) << 32;
+            // The kernel reads these, not the caller's buffers: an abandoned write must not
+            // read memory its owner has freed.
+            let copies: Vec<Vec<u8>> = group.iter().map(|(_, b)| b.to_vec()).collect();
             {
                 let mut sq = self.ring.submission();
-                for (i, (off, buf)) in group.iter().enumerate() {
+                for (i, ((off, _), buf)) in group.iter().zip(&copies).enumerate() {
                     let len = buf.len().min(u32::MAX as usize) as u32;
                     let e = opcode::Write::new(fd, buf.as_ptr(), len)
                         .offset(*off)
                         .build()
-                        .user_data(i as u64);
-                    // Safety: the buffers outlive the wait below; the queue has room for a group.
+                        .user_data(tag | i as u64);
+                    // Safety: `copies` outlives every write (kept below, or leaked if abandoned);
+                    // the queue has room for a group (ENTRIES, and nothing else is queued).
                     unsafe { sq.push(&e).map_err(|_| io::Error::other("io_uring queue full"))? };
                 }
             }
             // Wait until every entry of this group has completed: the kernel may submit
-            // fewer entries than queued, and a signal may end the wait early. Buffers must
-            // not be released while the kernel can still read them.
+            // fewer entries than queued, and a signal may end the wait early.
             let mut done = vec![None; group.len()];
             let mut got = 0;
+            let mut progress = Instant::now();
+            let tick = types::Timespec::new().nsec(200_000_000);
+            let args = types::SubmitArgs::new().timespec(&tick);
             while got < group.len() {
-                match self.ring.submit_and_wait(1) {
+                match self.ring.submitter().submit_with_args(1, &args) {
                     Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.raw_os_error() == Some(libc::ETIME) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) if e.raw_os_error() == Some(libc::EBUSY) || e.raw_os_error() == Some(libc::EAGAIN) => {}
-                    Err(e) => return Err(e),
+                    Err(_) => {
+                        self.abandon(copies);
+                        return self.finish_with_pwrite(file, group, &done);
+                    }
                 }
                 for cqe in self.ring.completion() {
-                    let k = cqe.user_data() as usize;
-                    if k < done.len() && done[k].is_none() {
+                    let (t, k) = (cqe.user_data() & !0xffff_ffff, (cqe.user_data() & 0xffff_ffff) as usize);
+                    if t == tag && k < done.len() && done[k].is_none() {
                         done[k] = Some(cqe.result());
                         got += 1;
+                        progress = Instant::now();
                     }
+                }
+                if got < group.len() && progress.elapsed() >= self.stall {
+                    self.abandon(copies);
+                    return self.finish_with_pwrite(file, group, &done);
                 }
             }
             for (i, res) in done.into_iter().enumerate() {
@@ -67,5 +133,86 @@ impl Ring {
             }
         }
         Ok(())
+    }
+
+    /// Give this ring (and io_uring, for new writers) up; the kernel may still read `copies`.
+    fn abandon(&mut self, copies: Vec<Vec<u8>>) {
+        self.broken = true;
+        STALLED.store(true, Ordering::Relaxed);
+        std::mem::forget(copies);
+    }
+
+    /// The rest of a group whose writes were abandoned: what did not complete in full, with
+    /// pwrite (`done[i]`: the completion seen for entry i, if any). Later groups of the
+    /// batch go through pwrite too (`broken`).
+    fn finish_with_pwrite(&self, file: &File, group: &[(u64, &[u8])], done: &[Option<i32>]) -> io::Result<()> {
+        for (i, (off, buf)) in group.iter().enumerate() {
+            match done[i] {
+                Some(n) if n >= 0 && n as usize == buf.len() => {}
+                _ => super::write_at(file, buf, *off)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn writes_land_and_completions_of_other_batches_are_not_counted() {
+        let t = tempfile::tempdir().unwrap();
+        let f = std::fs::OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(t.path().join("f"))
+            .unwrap();
+        let Ok(mut ring) = Ring::with_stall(STALL) else { return }; // no io_uring here: nothing to test
+        let a = vec![1u8; 100_000];
+        let b = vec![2u8; 4096];
+        let writes: Vec<(u64, &[u8])> = (0..150u64)
+            .map(|i| (i * 4096, if i % 2 == 0 { &a[..4096] } else { &b[..] }))
+            .collect();
+        ring.write_batch(&f, &writes).unwrap();
+        ring.write_batch(&f, &[(150 * 4096, &a[..])]).unwrap();
+        let mut got = Vec::new();
+        (&f).read_to_end(&mut got).unwrap();
+        assert_eq!(got.len(), 150 * 4096 + 100_000);
+        for i in 0..150 {
+            assert!(got[i * 4096..(i + 1) * 4096]
+                .iter()
+                .all(|&x| x == if i % 2 == 0 { 1 } else { 2 }));
+        }
+        assert!(ring.usable());
+    }
+
+    #[test]
+    fn a_write_that_never_completes_is_abandoned_after_the_stall_and_done_with_pwrite() {
+        // A pipe nobody reads, filled up: a write to it blocks forever, as the stuck writes
+        // did. pwrite to a pipe fails at once (ESPIPE), so the fallback's error is what comes
+        // back, in about the stall time, instead of a wait without end.
+        let (mut rx, tx) = std::io::pipe().unwrap();
+        let tx: File = std::os::fd::OwnedFd::from(tx).into();
+        // SAFETY: valid fd; O_NONBLOCK only while filling.
+        unsafe { libc::fcntl(tx.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+        let chunk = [0u8; 4096];
+        while std::io::Write::write(&mut &tx, &chunk).is_ok() {}
+        unsafe { libc::fcntl(tx.as_raw_fd(), libc::F_SETFL, 0) };
+        let Ok(mut ring) = Ring::with_stall(Duration::from_millis(300)) else {
+            return;
+        };
+        let t0 = Instant::now();
+        let r = ring.write_batch(&tx, &[(0, &chunk[..])]);
+        let took = t0.elapsed();
+        assert!(took < Duration::from_secs(5), "returned after {took:?}");
+        assert!(!ring.usable(), "the ring is given up");
+        assert!(r.is_err(), "pwrite to a pipe fails: {r:?}");
+        assert!(Ring::new().is_err(), "no new ring in this process");
+        // Unblock the kernel's write before the pipe closes.
+        let mut sink = vec![0u8; 1 << 20];
+        let _ = rx.read(&mut sink);
     }
 }

@@ -31,14 +31,14 @@ const MAGIC: &[u8; 4] = b"FFJ1";
 pub fn journal_path(target: &Path) -> PathBuf {
     let mut name = crate::restore::staging::partial_stem(target);
     name.extend_from_slice(JOURNAL_SUFFIX.as_bytes());
-    target.with_file_name(crate::restore::staging::os_name(&name))
+    target.with_file_name(crate::tree::path::os_name(&name))
 }
 
 /// The journal of `target`, a sibling in its directory handle.
 pub fn journal_of(target: &Target) -> Target {
     let mut name = crate::restore::staging::partial_stem(Path::new(&target.name));
     name.extend_from_slice(JOURNAL_SUFFIX.as_bytes());
-    target.sibling(crate::restore::staging::os_name(&name))
+    target.sibling(crate::tree::path::os_name(&name))
 }
 
 fn user_target(target: &Path) -> Result<Target> {
@@ -136,7 +136,7 @@ pub fn write_journal_at(target: &Target, journal: &Journal) -> Result<()> {
     let path = journal_of(target);
     let mut tmp_name = path.name_bytes();
     tmp_name.extend_from_slice(b".tmp");
-    let tmp = path.sibling(crate::restore::staging::os_name(&tmp_name));
+    let tmp = path.sibling(crate::tree::path::os_name(&tmp_name));
     let _ = tmp.unlink();
     let f = tmp.create_new(0o600).map_err(|e| CoreError::io(tmp.shown(), e))?;
     crate::io::write_at(&f, &journal.encode(), 0).map_err(|e| CoreError::io(tmp.shown(), e))?;
@@ -220,7 +220,7 @@ pub fn recover_at(target_at: &Target) -> Result<Option<String>> {
     if journal.staged_name.is_empty() || journal.staged_name.contains(&b'/') {
         return fail("the journal names no staging file beside the target".into());
     }
-    let staged_at = target_at.sibling(crate::restore::staging::os_name(&journal.staged_name));
+    let staged_at = target_at.sibling(crate::tree::path::os_name(&journal.staged_name));
     let staged = match staged_at.open_read() {
         Ok(f) => f,
         Err(e) => return fail(format!("staged data {}: {e}", staged_at.shown().display())),

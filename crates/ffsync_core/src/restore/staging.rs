@@ -8,6 +8,7 @@
 use crate::beneath::{Dir, Target};
 use crate::chunker::Hash;
 use crate::error::{CoreError, Result};
+use crate::tree::path::os_name;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -39,18 +40,6 @@ pub(crate) fn partial_stem_of(name: &[u8]) -> Vec<u8> {
         stem.extend_from_slice(crate::manifest::hex(&blake3::hash(&name).as_bytes()[..8]).as_bytes());
     }
     stem
-}
-
-pub(crate) fn os_name(bytes: &[u8]) -> std::ffi::OsString {
-    #[cfg(unix)]
-    {
-        use std::os::unix::ffi::OsStrExt;
-        std::ffi::OsStr::from_bytes(bytes).to_os_string()
-    }
-    #[cfg(not(unix))]
-    {
-        String::from_utf8_lossy(bytes).into_owned().into()
-    }
 }
 
 pub fn partial_path(target: &Path, root: &Hash) -> PathBuf {

@@ -89,6 +89,19 @@ pub fn name_bytes(name: &std::ffi::OsStr) -> Vec<u8> {
     }
 }
 
+/// A file name from its bytes as they travel (the inverse of [`name_bytes`]).
+pub fn os_name(bytes: &[u8]) -> std::ffi::OsString {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        std::ffi::OsStr::from_bytes(bytes).to_os_string()
+    }
+    #[cfg(not(unix))]
+    {
+        String::from_utf8_lossy(bytes).into_owned().into()
+    }
+}
+
 /// Printable form for messages (invalid UTF-8 shown with replacement characters).
 pub fn display(p: &[u8]) -> String {
     String::from_utf8_lossy(p).into_owned()
