@@ -22,7 +22,10 @@ it('sender killed mid-stream: partial kept, target untouched, rerun sends only t
   await recv.waitFor((e) => e.event === 'progress' && e.phase === 'receiving' && e.doneBytes >= 12 * MiB);
   s.child.kill('SIGKILL');
   const r1 = await recv.done;
-  assert.equal(r1.code, 12, `receiver exit ${r1.code}: ${r1.stderr}`);
+  // A killed peer closes its socket with FIN (exit 12, "closed by peer"), or with RST when our
+  // last delivery reports (§4.16) sat unread in its buffer (exit 10, "connection reset"): the
+  // two documented codes of a lost connection. Either way the partial is kept.
+  assert.ok(r1.code === 12 || r1.code === 10, `receiver exit ${r1.code}: ${r1.stderr}`);
   assert.match(r1.stderr, /partial file kept/);
   assert.equal(fs.readFileSync(dst, 'utf8'), 'old version', 'target must be untouched');
   const partials = fs.readdirSync(dir).filter((n) => n.endsWith('.ffsync-part'));
