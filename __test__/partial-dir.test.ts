@@ -9,7 +9,7 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { blocksPresent, CLI, listing, partials, seeded, sha256, syncLikeRsync, T0, tmpdir, writeAt } from './helpers/peers';
+import { blocksPresent, CLI, listing, partials, remoteArgs, seeded, sha256, syncLikeRsync, T0, tmpdir, writeAt } from './helpers/peers';
 
 const MiB = 1024 * 1024;
 const hasRsync = (() => {
@@ -31,10 +31,7 @@ async function until(pred: () => boolean, ms: number, what: string): Promise<voi
 
 /** Start `sync ARGS` (ours), optionally through the ssh stand-in; resolves with its exit. */
 function startSync(dir: string, args: string[], remote = false) {
-  const rsh = path.join(dir, 'fake-ssh.sh');
-  if (remote) fs.writeFileSync(rsh, '#!/bin/sh\nshift\nexec /bin/sh -c "$*"\n', { mode: 0o755 });
-  const extra = remote ? ['-e', rsh, '--remote-cmd', `env FFSYNC_STATE_DIR=${path.join(dir, 'remote-state')} ${process.execPath} ${CLI}`] : [];
-  const child = spawn(process.execPath, [CLI, 'sync', '--state-dir', path.join(dir, 'state'), ...extra, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [CLI, 'sync', '--state-dir', path.join(dir, 'state'), ...(remote ? remoteArgs(dir) : []), ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   let stderr = '';
   child.stderr!.on('data', (d: Buffer) => (stderr += d));
   const done = new Promise<{ code: number | null; stderr: string }>((resolve) => child.on('close', (code) => resolve({ code, stderr })));

@@ -327,11 +327,19 @@ export function listing(root: string): string[] {
  * goes through a stand-in for ssh that runs the remote side here (HOST is ignored), and ours
  * runs this CLI there with a state dir of its own. */
 export function syncLikeRsync(dir: string, tool: 'ours' | 'theirs', args: string[], o: { remote?: boolean; env?: NodeJS.ProcessEnv } = {}): SpawnSyncReturns<string> {
-  const rsh = path.join(dir, 'fake-ssh.sh');
-  if (o.remote) fs.writeFileSync(rsh, '#!/bin/sh\nshift\nexec /bin/sh -c "$*"\n', { mode: 0o755 });
-  const remote = o.remote ? ['-e', rsh] : [];
   const opts = { encoding: 'utf8' as const, env: o.env };
-  if (tool === 'theirs') return spawnSync('rsync', [...remote, ...args], opts);
-  const remoteCmd = o.remote ? ['--remote-cmd', `env FFSYNC_STATE_DIR=${path.join(dir, 'remote-state')} ${process.execPath} ${CLI}`] : [];
-  return spawnSync(process.execPath, [CLI, 'sync', '--state-dir', path.join(dir, 'state'), ...remote, ...remoteCmd, ...args], opts);
+  if (tool === 'theirs') return spawnSync('rsync', [...(o.remote ? ['-e', fakeSsh(dir)] : []), ...args], opts);
+  return spawnSync(process.execPath, [CLI, 'sync', '--state-dir', path.join(dir, 'state'), ...(o.remote ? remoteArgs(dir) : []), ...args], opts);
+}
+
+/** A stand-in for ssh under `dir` that runs the remote command here (HOST is ignored). */
+export function fakeSsh(dir: string): string {
+  const rsh = path.join(dir, 'fake-ssh.sh');
+  fs.writeFileSync(rsh, '#!/bin/sh\nshift\nexec /bin/sh -c "$*"\n', { mode: 0o755 });
+  return rsh;
+}
+
+/** `sync`'s arguments for a `host:path` side through `fakeSsh`, the remote end with a state dir of its own. */
+export function remoteArgs(dir: string): string[] {
+  return ['-e', fakeSsh(dir), '--remote-cmd', `env FFSYNC_STATE_DIR=${path.join(dir, 'remote-state')} ${process.execPath} ${CLI}`];
 }
