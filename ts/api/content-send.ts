@@ -85,6 +85,10 @@ export interface SendContentOptions {
    * only in its turn (its read-ahead buffers exist only then), so memory stays flat however
    * many files are in flight. The caller ends the turn if this returns early. */
   dataTurn?: DataTurn;
+  /** The session's batch buffers, shared by its files (else this file allocates its own).
+   * Fresh 2 MiB buffers per file cost page faults and collections: about a millisecond of
+   * the JS thread per file of a tree (decisions §67). */
+  buffers?: BufferPool;
   /** The session's --bwlimit, shared by every file in flight (else one per file). */
   limiter?: (n: number) => Promise<void>;
   /** Multiplexed: the session's limit on files being hashed at once. */
@@ -251,7 +255,7 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
     await sendingPhase(async (progress) => {
       // Batches are encoded natively into recycled buffers, READ_AHEAD at a time, while
       // earlier ones are being written to the socket.
-      const pool = new BufferPool(BATCH_BUFFER, SEND_BUFFERS);
+      const pool = o.buffers ?? new BufferPool(BATCH_BUFFER, SEND_BUFFERS);
       const read = async (k: number) => {
         const buf = await pool.acquire();
         if (gov) src.setLevel(gov.level);

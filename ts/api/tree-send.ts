@@ -177,9 +177,11 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
     const queue = [...large];
     let started = 0;
     const turns = multiplexed ? new DataTurns(DATA_BUFFERS) : undefined;
+    // The turns bound how many buffers are in use at once; these are recycled across files.
+    const buffers = new BufferPool(BATCH_BUFFER, multiplexed ? DATA_BUFFERS : SEND_BUFFERS * Math.max(1, lanes?.granted ?? 1));
     const hashing = new WorkLimit(HASHING_AT_ONCE);
     const worker = async (c: FramedConnection) => {
-      for (let lt = queue.shift(); lt; lt = queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter })).rest;
+      for (let lt = queue.shift(); lt; lt = queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter, buffers })).rest;
     };
     // Lanes only pay off with more than one large file to spread.
     const extra = lanes && o.dialLane ? Math.min(lanes.granted, large.length) - 1 : 0;
@@ -211,7 +213,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
           try {
             for (let item = take(); item; item = take()) {
               try {
-                prior = (await sendLarge(c, tree, item.lt, gov, problems, o, { limiter, turn: item.turn, stream: true, prior, hashing })).rest;
+                prior = (await sendLarge(c, tree, item.lt, gov, problems, o, { limiter, turn: item.turn, stream: true, prior, hashing, buffers })).rest;
               } catch (e) {
                 if (!(e instanceof PriorFailed)) throw e;
                 if (e.fatal) throw e.cause;
@@ -288,6 +290,8 @@ interface LargeOptions {
   stream?: boolean;
   prior?: Promise<boolean>;
   hashing?: WorkLimit;
+  /** The session's batch buffers (see SendContentOptions.buffers). */
+  buffers?: BufferPool;
 }
 
 /** One large file's conversation on connection `c` (FILE_BEGIN, then the single-file
@@ -368,6 +372,7 @@ async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: Larg
       stream: Boolean(o.negotiated.capabilities & Capability.STREAM),
       overlap: o.overlap,
       dataTurn: lo.turn,
+      buffers: lo.buffers,
       limiter: lo.limiter,
       prior: lo.prior,
       resultLater: lo.stream,

@@ -79,7 +79,21 @@ export function workMeter(): WorkMeter {
  * only when busy) plus block I/O operations. */
 function processWork(): { cpuUs: number; io: number } {
   const u = process.resourceUsage();
-  return { cpuUs: u.userCPUTime + u.systemCPUTime, io: u.fsRead + u.fsWrite };
+  processWorkCache = { at: Date.now(), work: { cpuUs: u.userCPUTime + u.systemCPUTime, io: u.fsRead + u.fsWrite } };
+  return processWorkCache.work;
+}
+
+/** A reading of `processWork` at most PROCESS_WORK_REUSE_MS old: the baseline a keepAlive()
+ * starts from. getrusage sums every thread of the process; taken at each start (several per
+ * file of a tree, on every multiplexed conversation) it cost the JS thread about 0.7 ms per
+ * file (decisions §67). Ticks take a fresh reading. */
+let processWorkCache: { at: number; work: { cpuUs: number; io: number } } | undefined;
+const PROCESS_WORK_REUSE_MS = 25;
+function recentProcessWork(): { at: number; work: { cpuUs: number; io: number } } {
+  const c = processWorkCache;
+  if (c && Date.now() - c.at <= PROCESS_WORK_REUSE_MS) return c;
+  processWork();
+  return processWorkCache!;
 }
 
 function keepAliveBeforeHello(): FfsyncError {
@@ -118,7 +132,7 @@ export class FramedConnection {
   /** keepAlive() calls running now: their meter (none: the process-work proxy) and its last reading. */
   private readonly workSources = new Set<{ meter?: WorkMeter; last: number }>();
   private workTimer: NodeJS.Timeout | undefined;
-  private lastProcessWork = processWork();
+  private lastProcessWork = { cpuUs: 0, io: 0 };
   private lastWorkTick = Date.now();
   /** Token bucket for the peer's KEEPALIVE frames. */
   private keepAliveTokens = KEEPALIVE_BURST;
@@ -585,8 +599,9 @@ export class FramedConnection {
     const entry = { meter, last: meter?.done ?? 0 };
     this.workSources.add(entry);
     if (!this.workTimer) {
-      this.lastProcessWork = processWork();
-      this.lastWorkTick = Date.now();
+      const base = recentProcessWork();
+      this.lastProcessWork = base.work;
+      this.lastWorkTick = base.at;
       this.workTimer = setInterval(() => this.tickKeepAlive(), this.keepAliveMs);
     }
     try {
