@@ -11,8 +11,8 @@ export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-was
 
 /** The sender's reader: encodes requested chunks into DATA batches. */
 export declare class NativeChunkSource {
-  /** `compressLevel` is a zstd level; 0 sends every chunk raw. */
-  static open(path: string | Buffer, manifest: Buffer, compressLevel: number, stream?: boolean | undefined | null): NativeChunkSource
+  /** `compressLevel` is a zstd level; 0 sends every chunk raw. Opened off the JS thread. */
+  static open(path: string | Buffer, manifest: Buffer, compressLevel: number, stream?: boolean | undefined | null): Promise<NativeChunkSource>
   /**
    * Encode the chunks into `out` (a buffer the caller recycles; it must hold at least
    * `batchCapacity(indices)` bytes and must not be touched until the promise settles).
@@ -316,7 +316,7 @@ export interface EncodedBatch {
  * error (EIO with "not followed"), never followed. Used for the `serve` request paths and
  * a pull's local directory before anything is written there.
  */
-export declare function ensureDirBeneath(root: string, rel: string | Buffer, create: boolean): void
+export declare function ensureDirBeneath(root: string, rel: string | Buffer, create: boolean): Promise<void>
 
 /** Patterns of an --exclude-from file (blank lines and `#` comments skipped). */
 export declare function excludesFromText(text: string): Array<string>
@@ -333,7 +333,7 @@ export interface GeneratedIdentity {
 export declare function generateIdentity(label: string): GeneratedIdentity
 
 /** A partial of an earlier attempt at `target` exists (a resume would use it). */
-export declare function hasPartial(target: string | Buffer, beneath?: string | undefined | null): boolean
+export declare function hasPartial(target: string | Buffer, beneath?: string | undefined | null): Promise<boolean>
 
 export interface LargeTransferInfo {
   action: number
@@ -390,6 +390,13 @@ export declare function normalizePairingCode(code: string): string
 
 /** A fresh one-time code, e.g. `7-amber-orbit`. */
 export declare function pairingCode(): string
+
+/**
+ * rsync's rule for a relative --partial-dir DIR: `DIR/` (added to both rule lists, so the
+ * partial directories are neither sent nor deleted); null for an absolute DIR. A DIR this
+ * version cannot use is a usage error. The core's parser is the only definition.
+ */
+export declare function partialDirRule(dir: string): string | null
 
 export interface PlanCounts {
   mkdirs: number
@@ -530,12 +537,6 @@ export declare function validateChown(spec: string): void
 
 /** Throws `EUSAGE: ...` naming the first invalid exclude pattern. */
 export declare function validateExcludes(patterns: Array<string>): void
-
-/**
- * Throws a usage error for a --partial-dir this version cannot use (checked before anything
- * moves, wherever the receiver runs).
- */
-export declare function validatePartialDir(dir: string): void
 
 export interface WalkTreeOptions {
   /** Exclude patterns both peers apply (the sender's). */

@@ -93,7 +93,7 @@ export async function receiveFileContent(conn: FramedConnection, o: ReceiveConte
   // (old file, --from files, a partial to resume); with nothing, it sends DATA early.
   let emptyBasis = false;
   if (o.stream && o.size > BigInt(STREAM_WINDOW)) {
-    emptyBasis = o.localPaths.length === 0 && !o.inplace && !hasPartial(o.target, o.beneath);
+    emptyBasis = o.localPaths.length === 0 && !o.inplace && !(await hasPartial(o.target, o.beneath));
     await conn.send(FrameType.BASIS, encodeBasis({ empty: emptyBasis }));
   }
   const early = new EarlyPlacement(o, emptyBasis);

@@ -27,7 +27,7 @@ import type { SyncEvents, SyncSummary } from './events.js';
 import { startWalk, type TreeSendOptions } from './tree-send.js';
 import { startPrewalk } from './tree-receive.js';
 import type { Listing } from './tree-common.js';
-import { type BackupOptions, type DirMergeSpec, validateChown, validatePartialDir } from '../native/binding.js';
+import { type BackupOptions, type DirMergeSpec, partialDirRule, validateChown } from '../native/binding.js';
 import { type ServerArgs, serverArgs } from './server-args.js';
 
 // What only push, pull or --quic use is loaded when they run (start-up of a local sync,
@@ -176,16 +176,16 @@ function receivingOptions(o: { maxDelete?: number; chown?: string; backup?: bool
   tree: { maxDelete?: number; chown?: string; protect: string[] };
 } {
   const backup = backupOf(o);
-  if (o.partialDir !== undefined) validatePartialDir(o.partialDir);
+  if (o.partialDir !== undefined) partialDirRule(o.partialDir);
   return { backup, partialDir: o.partialDir, tree: { maxDelete: o.maxDelete, chown: o.chown, protect: backupProtect(backup) } };
 }
 
 /** rsync adds `-p DIR/` after the user's rules for a relative --partial-dir: the partial
  * directories are neither sent nor deleted (both rule lists). */
 function withPartialDirRule<T extends { partialDir?: string; excludes?: string[]; wireExcludes?: string[] }>(o: T): T {
-  const dir = o.partialDir?.replace(/\/+$/, '');
-  if (!dir || dir.startsWith('/')) return o;
-  return { ...o, excludes: [...(o.excludes ?? []), `${dir}/`], wireExcludes: o.wireExcludes && [...o.wireExcludes, `${dir}/`] };
+  const rule = o.partialDir === undefined ? null : partialDirRule(o.partialDir);
+  if (!rule) return o;
+  return { ...o, excludes: [...(o.excludes ?? []), rule], wireExcludes: o.wireExcludes && [...o.wireExcludes, rule] };
 }
 
 /** Where a transfer lands, by rsync's rules: a tree written `src/` fills DEST, `src` goes

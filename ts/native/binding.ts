@@ -58,8 +58,8 @@ export function nativeConstants(): Binding.NativeConstants {
 /** A partial of an earlier attempt at `target` exists (a resume would use it). One readdir.
  * With `beneath`, `target` is a relative path under that directory (resolved without
  * following links, crates/ffsync_core/src/beneath.rs), as for every call below that takes it. */
-export function hasPartial(target: string | Buffer, beneath?: string): boolean {
-  return native.hasPartial(target, beneath);
+export function hasPartial(target: string | Buffer, beneath?: string): Promise<boolean> {
+  return call(native.hasPartial(target, beneath));
 }
 
 /** rsync's --partial-dir (crates/ffsync_core/src/restore/partial_dir.rs): with `restore`, `target`'s
@@ -70,8 +70,8 @@ export function movePartials(target: string | Buffer, beneath: string | undefine
 }
 
 /** `rel` under `root` is a real directory (created with `create`); a link on the way is an error. */
-export function ensureDirBeneath(root: string, rel: string | Buffer, create: boolean): void {
-  call(() => native.ensureDirBeneath(root, rel, create));
+export function ensureDirBeneath(root: string, rel: string | Buffer, create: boolean): Promise<void> {
+  return call(native.ensureDirBeneath(root, rel, create));
 }
 
 /** Early placement of a streamed manifest's chunks (crates/ffsync_core/src/restore/prefill.rs). */
@@ -84,7 +84,7 @@ export function decodeManifest(buf: Buffer): Promise<Binding.ManifestInfo> {
 }
 
 export function openChunkSource(path: string | Buffer, manifest: Buffer, compressLevel: number, batchStream?: boolean): Promise<Binding.NativeChunkSource> {
-  return call(() => native.NativeChunkSource.open(path, manifest, compressLevel, batchStream));
+  return call(native.NativeChunkSource.open(path, manifest, compressLevel, batchStream));
 }
 
 export function beginReconstruction(
@@ -144,10 +144,11 @@ export function validateChown(spec: string): void {
   }
 }
 
-/** Throws a usage error for a --partial-dir this version cannot use. */
-export function validatePartialDir(dir: string): void {
+/** rsync's added filter rule for a relative --partial-dir (`DIR/`), or null for an absolute
+ * one; a usage error for a --partial-dir this version cannot use. */
+export function partialDirRule(dir: string): string | null {
   try {
-    native.validatePartialDir(dir);
+    return native.partialDirRule(dir);
   } catch (e) {
     throw normalizeNativeError(e);
   }

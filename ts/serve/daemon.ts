@@ -646,7 +646,7 @@ async function prepareTarget(root: string, rel: string, abs: string, kind: 'file
   // Created from a handle of the root, component by component, never through a link
   // (crates/ffsync_core/src/beneath.rs): a link planted since the check above is refused.
   try {
-    ensureDirBeneath(root, segs.slice(0, -1).join('/'), true);
+    await ensureDirBeneath(root, segs.slice(0, -1).join('/'), true);
   } catch (e) {
     throw new FfsyncError('ENOTDIR', ExitCode.FILE_SELECTION, `cannot create '${rel}' on the server: ${(e as Error).message}`);
   }

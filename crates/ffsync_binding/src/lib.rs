@@ -3,6 +3,7 @@
 //! cross as one Buffer, and progress reaches JavaScript through a throttled threadsafe
 //! callback driven by a ticker (not per chunk).
 
+mod blocking;
 mod identity;
 mod pairing;
 mod progress;

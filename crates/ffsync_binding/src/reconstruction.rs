@@ -1,3 +1,4 @@
+use crate::blocking::Blocking;
 use crate::progress::{ProgressFn, Ticker};
 use crate::{bigint_to_i64, to_napi};
 use ffsync_core::backup::Backup;
@@ -577,28 +578,35 @@ impl NativePrefill {
 }
 
 /// A partial of an earlier attempt at `target` exists (a resume would use it).
-#[napi]
-pub fn has_partial(#[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg, beneath: Option<String>) -> bool {
+#[napi(ts_return_type = "Promise<boolean>")]
+pub fn has_partial(
+    #[napi(ts_arg_type = "string | Buffer")] target: crate::PathArg,
+    beneath: Option<String>,
+) -> AsyncTask<Blocking<bool>> {
     let target = crate::path_arg(target);
-    resolve(&target, beneath.as_deref().map(Path::new))
-        .is_ok_and(|t| ffsync_core::restore::has_resumable_partial_at(&t))
+    AsyncTask::new(Blocking::new(move || {
+        Ok(resolve(&target, beneath.as_deref().map(Path::new))
+            .is_ok_and(|t| ffsync_core::restore::has_resumable_partial_at(&t)))
+    }))
 }
 
 /// Make sure `rel` (a '/'-separated relative path) is a real directory under `root`,
 /// creating what is missing with `create`; any link or non-directory on the way is an
 /// error (EIO with "not followed"), never followed. Used for the `serve` request paths and
 /// a pull's local directory before anything is written there.
-#[napi]
+#[napi(ts_return_type = "Promise<void>")]
 pub fn ensure_dir_beneath(
     root: String,
     #[napi(ts_arg_type = "string | Buffer")] rel: crate::PathArg,
     create: bool,
-) -> Result<()> {
+) -> AsyncTask<Blocking<()>> {
     let rel = crate::path_arg(rel);
-    let bytes = ffsync_core::tree::path::name_bytes(rel.as_os_str());
-    let shown = Path::new(&root).join(&rel);
-    ffsync_core::beneath::ensure_dir(Path::new(&root), &bytes, create)
-        .map_err(|e| to_napi(ffsync_core::CoreError::io(shown, e)))
+    AsyncTask::new(Blocking::new(move || {
+        let bytes = ffsync_core::tree::path::name_bytes(rel.as_os_str());
+        let shown = Path::new(&root).join(&rel);
+        ffsync_core::beneath::ensure_dir(Path::new(&root), &bytes, create)
+            .map_err(|e| to_napi(ffsync_core::CoreError::io(shown, e)))
+    }))
 }
 
 /// rsync's --partial-dir: `restore` moves `target`'s partials waiting in `dir` back beside it
@@ -644,11 +652,12 @@ impl Task for PartialsTask {
     }
 }
 
-/// Throws a usage error for a --partial-dir this version cannot use (checked before anything
-/// moves, wherever the receiver runs).
+/// rsync's rule for a relative --partial-dir DIR: `DIR/` (added to both rule lists, so the
+/// partial directories are neither sent nor deleted); null for an absolute DIR. A DIR this
+/// version cannot use is a usage error. The core's parser is the only definition.
 #[napi]
-pub fn validate_partial_dir(dir: String) -> Result<()> {
-    ffsync_core::restore::partial_dir::PartialDir::parse(&dir)
-        .map(|_| ())
-        .map_err(|e| to_napi(ffsync_core::CoreError::Usage(e.to_string())))
+pub fn partial_dir_rule(dir: String) -> Result<Option<String>> {
+    let d = ffsync_core::restore::partial_dir::PartialDir::parse(&dir)
+        .map_err(|e| to_napi(ffsync_core::CoreError::Usage(e.to_string())))?;
+    Ok(d.relative_name().map(|n| format!("{}/", n.to_string_lossy())))
 }

@@ -205,9 +205,9 @@ pub struct EarlyData {
     pub stream: Option<bool>,
 }
 
+/// What the scan thread hands over: the core's steps as they are, then the outcome.
 enum StreamMsg {
-    Part(Vec<u8>),
-    Batch(Vec<u8>, u32, u64),
+    Step(StreamStep),
     Done(std::result::Result<Scanned, napi::Error>),
 }
 
@@ -258,11 +258,11 @@ fn next_step(rx: &StreamRx, mut into: Option<Buffer>) -> Result<ScanStep> {
         result: None,
     };
     match rx.recv() {
-        Ok(StreamMsg::Part(p)) => Ok(ScanStep {
+        Ok(StreamMsg::Step(StreamStep::Part(p))) => Ok(ScanStep {
             part: Some(p.into()),
             ..empty
         }),
-        Ok(StreamMsg::Batch(b, n, raw)) => {
+        Ok(StreamMsg::Step(StreamStep::Batch(b, n, raw))) => {
             let (batch_len, batch) = match into.as_mut() {
                 // Into the caller's recycled buffer: no fresh 2 MiB JavaScript buffer per batch
                 // waiting for the garbage collector.
@@ -333,13 +333,7 @@ impl NativeScanStream {
                         batch_bytes: *batch_bytes,
                     });
                 // A released or dropped stream cancels the scan.
-                let emit = |step: StreamStep| {
-                    let msg = match step {
-                        StreamStep::Part(p) => StreamMsg::Part(p),
-                        StreamStep::Batch(b, n, raw) => StreamMsg::Batch(b, n, raw),
-                    };
-                    offer(&tx, msg, &cancelled)
-                };
+                let emit = |step: StreamStep| offer(&tx, StreamMsg::Step(step), &cancelled);
                 let out = scan_with_early_data(
                     &path,
                     &ScanOptions {

@@ -1,3 +1,4 @@
+use crate::blocking::Blocking;
 use crate::to_napi;
 use ffsync_core::chunk_source::ChunkSource;
 use ffsync_core::file_identity::FileIdentity;
@@ -66,29 +67,31 @@ impl Task for SetRefinementTask {
 
 #[napi]
 impl NativeChunkSource {
-    /// `compressLevel` is a zstd level; 0 sends every chunk raw.
-    #[napi(factory)]
+    /// `compressLevel` is a zstd level; 0 sends every chunk raw. Opened off the JS thread.
+    #[napi(ts_return_type = "Promise<NativeChunkSource>")]
     pub fn open(
         #[napi(ts_arg_type = "string | Buffer")] path: crate::PathArg,
         manifest: Buffer,
         compress_level: i32,
         stream: Option<bool>,
-    ) -> Result<NativeChunkSource> {
+    ) -> AsyncTask<Blocking<NativeChunkSource>> {
         let path = crate::path_arg(path);
-        let m = Manifest::decode(&manifest).map_err(to_napi)?;
-        let meta = std::fs::metadata(&path).map_err(|e| to_napi(ffsync_core::CoreError::io(&path, e)))?;
-        let src = ChunkSource::open(
-            &path,
-            m,
-            FileIdentity::of(&meta),
-            compress_level,
-            stream.unwrap_or(false),
-        )
-        .map_err(to_napi)?;
-        Ok(NativeChunkSource {
-            inner: Mutex::new(Some(Arc::new(src))),
-            unchanged_at_release: OnceLock::new(),
-        })
+        AsyncTask::new(Blocking::new(move || {
+            let m = Manifest::decode(&manifest).map_err(to_napi)?;
+            let meta = std::fs::metadata(&path).map_err(|e| to_napi(ffsync_core::CoreError::io(&path, e)))?;
+            let src = ChunkSource::open(
+                &path,
+                m,
+                FileIdentity::of(&meta),
+                compress_level,
+                stream.unwrap_or(false),
+            )
+            .map_err(to_napi)?;
+            Ok(NativeChunkSource {
+                inner: Mutex::new(Some(Arc::new(src))),
+                unchanged_at_release: OnceLock::new(),
+            })
+        }))
     }
 
     /// Encode the chunks into `out` (a buffer the caller recycles; it must hold at least
