@@ -482,6 +482,15 @@ export function modifyScattered(file: string, seed: number): void {
   fs.utimesSync(file, t, t);
 }
 
+/** SHA-256 of a file without blocking the event loop: read whole when `size` (if known) is
+ * at most 4 MiB, else streamed in 4 MiB pieces. */
+export async function sha256File(file: string, size?: number): Promise<string> {
+  const h = createHash('sha256');
+  if (size !== undefined && size <= 4 * MiB) h.update(await fs.promises.readFile(file));
+  else for await (const chunk of fs.createReadStream(file, { highWaterMark: 4 * MiB })) h.update(chunk as Buffer);
+  return h.digest('hex');
+}
+
 /** SHA-256 of a file, read in 4 MiB pieces (files of any size). */
 export function sha256FileSync(file: string): string {
   const h = createHash('sha256');

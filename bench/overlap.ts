@@ -13,10 +13,9 @@
 // "cold" (the old file, no index: the receiver hashes it too) and "warm" (the receiver's
 // index covers its old file, as after an earlier sync: the CI case). The sender always
 // hashes (its file changed). Every result is checked with SHA-256 against the source.
-import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
-import { CLI, flushWorkFs, fmtBytes, fmtRss, fmtS, machineInfo, markdown, median, MiB, Proc, REPO, rmf, writeResultsSection } from './common';
+import { CLI, flushWorkFs, fmtBytes, fmtRss, fmtS, machineInfo, markdown, median, MiB, Proc, REPO, rmf, sha256FileSync, writeResultsSection } from './common';
 import { modify, seeded } from '../__test__/helpers/peers';
 import { tcpDelayProxy } from '../__test__/helpers/delay-proxy';
 import { scanFile } from '../ts/native/binding';
@@ -28,15 +27,6 @@ const PIN = process.env.OVERLAP_PIN === '1';
 const RTTS = (process.env.OVERLAP_RTTS ?? '0,30').split(',').map(Number);
 /** `taskset -c N` in front of a peer when pinning. */
 const pinned = (cpu: number, argv: string[]) => (PIN ? ['taskset', '-c', String(cpu), ...argv] : argv);
-
-function sha256(file: string): string {
-  const h = crypto.createHash('sha256');
-  const fd = fs.openSync(file, 'r');
-  const buf = Buffer.allocUnsafe(8 * MiB);
-  for (let n; (n = fs.readSync(fd, buf, 0, buf.length, null)) > 0; ) h.update(buf.subarray(0, n));
-  fs.closeSync(fd);
-  return h.digest('hex');
-}
 
 interface Run {
   wallMs: number;
@@ -81,7 +71,7 @@ async function once(o: { old: string; source: string; want: string; state: State
   await proxy?.close();
   const summary = recv.lines.map((l) => (l.startsWith('{') ? JSON.parse(l) : undefined)).find((e) => e?.event === 'summary');
   if (se.code !== 0 || re.code !== 0 || !summary) throw new Error(`run failed: send ${se.code} ${send.stderr} / receive ${re.code} ${recv.stderr}`);
-  const ok = sha256(target) === o.want;
+  const ok = sha256FileSync(target) === o.want;
   const rssKb: [number, number] = [(await send.peakRssKb()) ?? 0, (await recv.peakRssKb()) ?? 0];
   return { wallMs, placedEarly: summary.placedEarlyBytes ?? 0, wire: summary.bytesOnWire.sent + summary.bytesOnWire.received, ok, rssKb };
 }
@@ -95,7 +85,7 @@ async function main() {
     fs.writeFileSync(old, data);
     fs.writeFileSync(source, modify(data, 2, { overwrites: 20, inserts: 5, deletes: 5 }));
   }
-  const want = sha256(source);
+  const want = sha256FileSync(source);
   const m = machineInfo(WORK);
   const rows: string[][] = [];
   const gains: string[] = [];

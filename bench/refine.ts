@@ -18,7 +18,6 @@
 // Writes its section of bench/RESULTS.md between <!-- refine-bench:begin --> and <!-- refine-bench:end -->.
 
 import { spawnSync } from 'node:child_process';
-import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
@@ -31,6 +30,7 @@ import {
   MiB,
   Proc,
   REPO,
+  sha256FileSync,
   RSYNC_BIN,
   XorShift128,
   commandLine,
@@ -82,10 +82,6 @@ interface Row {
   ffsync: Run[];
   rsync: Run[];
   literal?: number;
-}
-
-function sha256(file: string): string {
-  return createHash('sha256').update(fs.readFileSync(file)).digest('hex');
 }
 
 /** Old and new version of the synthetic file (the recipe of bench/run.ts's "modified"). */
@@ -217,7 +213,7 @@ async function scenario(name: string): Promise<Row> {
   const inplace = name.startsWith('inplace-');
   const f = name.startsWith('synthetic-') || inplace ? synthetic(dir, Number(name.split('-')[1]), inplace) : realData(dir, name);
   const mode = inplace ? ['--inplace'] : [];
-  const want = sha256(f.neu);
+  const want = sha256FileSync(f.neu);
   const size = fs.statSync(f.neu).size;
   const row: Row = { scenario: name, detail: f.detail, size, ffsync: [], rsync: [] };
   for (let k = 0; k < repeat; k++) {
@@ -234,7 +230,7 @@ async function scenario(name: string): Promise<Row> {
       } else {
         row.rsync.push(await withTimeout(600_000, label, () => runRsync(label, f.neu, dst, mode)));
       }
-      if (sha256(dst) !== want) throw new Error(`${label}: result differs from the source (sha256)`);
+      if (sha256FileSync(dst) !== want) throw new Error(`${label}: result differs from the source (sha256)`);
       await rmf(dst);
     }
   }

@@ -21,6 +21,7 @@ import {
   MiB,
   Proc,
   REPO,
+  sha256File,
   RSYNC_BIN,
   UsageError,
   XorShift128,
@@ -340,12 +341,6 @@ async function genAppended(old: Fixture, file: string, seed: number): Promise<Fi
   } finally {
     await src.close();
   }
-}
-
-async function sha256File(file: string): Promise<string> {
-  const h = createHash('sha256');
-  for await (const chunk of fs.createReadStream(file, { highWaterMark: BLOCK })) h.update(chunk as Buffer);
-  return h.digest('hex');
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,25 +8,13 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-
-const REPO = path.resolve(__dirname, '..');
-const CLI = path.join(REPO, 'dist', 'cli', 'main.js');
+import { CLI, REPO, sha256FileSync } from './common.js';
 const arg = (name: string, def: number) => {
   const i = process.argv.indexOf(name);
   return i > 0 ? Number(process.argv[i + 1]) : def;
 };
 const sizeMiB = arg('--size-mib', 1024);
 const repeat = arg('--repeat', 3);
-
-function sha256(file: string): string {
-  const h = crypto.createHash('sha256');
-  const fd = fs.openSync(file, 'r');
-  const buf = Buffer.allocUnsafe(1 << 20);
-  let n;
-  while ((n = fs.readSync(fd, buf)) > 0) h.update(buf.subarray(0, n));
-  fs.closeSync(fd);
-  return h.digest('hex');
-}
 
 function cli(args: string[]): string {
   const r = spawnSync(process.execPath, [CLI, ...args], { encoding: 'utf8' });
@@ -57,7 +45,7 @@ async function main() {
     const zero = Buffer.alloc(1 << 20);
     for (let i = 0; i < sizeMiB; i++) fs.writeSync(fd, c.update(zero));
     fs.closeSync(fd);
-    const want = sha256(src);
+    const want = sha256FileSync(src);
     const dst = path.join(dir, 'dst.bin');
     const [sr, ss] = [path.join(dir, 'state-r'), path.join(dir, 'state-s')];
     const fr = cli(['id', '--state-dir', sr]);
@@ -67,11 +55,11 @@ async function main() {
     await once(src, dst, ['--plaintext'], ['--plaintext'], sr, ss); // warm-up: sender index, page cache
     for (let i = 0; i < repeat; i++) {
       plain.push(await once(src, dst, ['--plaintext'], ['--plaintext'], sr, ss));
-      if (sha256(dst) !== want) throw new Error('plaintext result mismatch');
+      if (sha256FileSync(dst) !== want) throw new Error('plaintext result mismatch');
       // The receiver is emptied before each run, so every run is a full transfer; from the
       // second run on the sender's index skips its scan, equally for both modes.
       tls.push(await once(src, dst, ['--trust', fsnd], ['--trust', fr], sr, ss));
-      if (sha256(dst) !== want) throw new Error('TLS result mismatch');
+      if (sha256FileSync(dst) !== want) throw new Error('TLS result mismatch');
     }
     const med = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
     const overhead = med(tls) / med(plain) - 1;

@@ -10,7 +10,6 @@
 // Node built-ins only: no npm dependencies beyond tsx to run it.
 
 import { spawnSync } from 'node:child_process';
-import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
@@ -24,6 +23,7 @@ import {
   MiB,
   Proc,
   REPO,
+  sha256File,
   RSYNC_BIN,
   UsageError,
   XorShift128,
@@ -256,16 +256,6 @@ interface Entry {
 }
 type Manifest = Map<string, Entry>;
 
-async function sha256Of(file: string, size: number): Promise<string> {
-  const h = createHash('sha256');
-  if (size <= 4 * MiB) {
-    h.update(await fsp.readFile(file));
-  } else {
-    for await (const chunk of fs.createReadStream(file, { highWaterMark: MiB })) h.update(chunk as Buffer);
-  }
-  return h.digest('hex');
-}
-
 /**
  * Walks root (not following symlinks). Files are hashed unless hash is false; with reuse, a file whose
  * size and mtime match its entry in reuse (and whose path is not in rehash) takes that entry's hash.
@@ -303,7 +293,7 @@ async function walk(root: string, how: { hash: boolean; reuse?: Manifest; rehash
     if (e.kind === 'file' && how.hash) {
       const old = how.reuse?.get(rel);
       e.sha256 =
-        old?.sha256 && old.kind === 'file' && old.size === e.size && old.mtimeMs === e.mtimeMs && !how.rehash?.has(rel) ? old.sha256 : await sha256Of(p, e.size);
+        old?.sha256 && old.kind === 'file' && old.size === e.size && old.mtimeMs === e.mtimeMs && !how.rehash?.has(rel) ? old.sha256 : await sha256File(p, e.size);
     }
     entries[i] = e;
   });
