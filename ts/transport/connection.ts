@@ -76,24 +76,28 @@ export function workMeter(): WorkMeter {
 }
 
 /** Local work of this process when the caller has no byte counter: CPU time (µs, counted
- * only when busy) plus block I/O operations. */
-function processWork(): { cpuUs: number; io: number } {
-  const u = process.resourceUsage();
-  processWorkCache = { at: Date.now(), work: { cpuUs: u.userCPUTime + u.systemCPUTime, io: u.fsRead + u.fsWrite } };
-  return processWorkCache.work;
+ * only when busy) plus block I/O operations, read at `at` (ms). */
+interface ProcessWork {
+  at: number;
+  cpuUs: number;
+  io: number;
 }
 
-/** A reading of `processWork` at most PROCESS_WORK_REUSE_MS old: the baseline a keepAlive()
+/** The last reading, reused by keepAlive() for up to PROCESS_WORK_REUSE_MS as the baseline it
  * starts from. getrusage sums every thread of the process; taken at each start (several per
  * file of a tree, on every multiplexed conversation) it cost the JS thread about 0.7 ms per
  * file (decisions §67). Ticks take a fresh reading. */
-let processWorkCache: { at: number; work: { cpuUs: number; io: number } } | undefined;
+let lastReading: ProcessWork | undefined;
 const PROCESS_WORK_REUSE_MS = 25;
-function recentProcessWork(): { at: number; work: { cpuUs: number; io: number } } {
-  const c = processWorkCache;
-  if (c && Date.now() - c.at <= PROCESS_WORK_REUSE_MS) return c;
-  processWork();
-  return processWorkCache!;
+
+function processWork(): ProcessWork {
+  const u = process.resourceUsage();
+  lastReading = { at: Date.now(), cpuUs: u.userCPUTime + u.systemCPUTime, io: u.fsRead + u.fsWrite };
+  return lastReading;
+}
+
+function recentProcessWork(): ProcessWork {
+  return lastReading && Date.now() - lastReading.at <= PROCESS_WORK_REUSE_MS ? lastReading : processWork();
 }
 
 function keepAliveBeforeHello(): FfsyncError {
@@ -132,8 +136,7 @@ export class FramedConnection {
   /** keepAlive() calls running now: their meter (none: the process-work proxy) and its last reading. */
   private readonly workSources = new Set<{ meter?: WorkMeter; last: number }>();
   private workTimer: NodeJS.Timeout | undefined;
-  private lastProcessWork = { cpuUs: 0, io: 0 };
-  private lastWorkTick = Date.now();
+  private lastProcessWork: ProcessWork = { at: Date.now(), cpuUs: 0, io: 0 };
   /** Token bucket for the peer's KEEPALIVE frames. */
   private keepAliveTokens = KEEPALIVE_BURST;
   private keepAliveRefilled = Date.now();
@@ -599,9 +602,7 @@ export class FramedConnection {
     const entry = { meter, last: meter?.done ?? 0 };
     this.workSources.add(entry);
     if (!this.workTimer) {
-      const base = recentProcessWork();
-      this.lastProcessWork = base.work;
-      this.lastWorkTick = base.at;
+      this.lastProcessWork = recentProcessWork();
       this.workTimer = setInterval(() => this.tickKeepAlive(), this.keepAliveMs);
     }
     try {
@@ -625,15 +626,13 @@ export class FramedConnection {
         src.last = src.meter.done;
       } else proxied = true;
     }
-    const now = Date.now();
     const pw = processWork();
     if (advanced === 0 && proxied) {
       const cpu = pw.cpuUs - this.lastProcessWork.cpuUs;
-      const busy = cpu >= (now - this.lastWorkTick) * 1000 * CPU_BUSY_SHARE;
+      const busy = cpu >= (pw.at - this.lastProcessWork.at) * 1000 * CPU_BUSY_SHARE;
       advanced = (busy ? cpu : 0) + Math.max(0, pw.io - this.lastProcessWork.io);
     }
     this.lastProcessWork = pw;
-    this.lastWorkTick = now;
     this.workSent += BigInt(Math.max(0, Math.floor(advanced)));
     const payload = Buffer.allocUnsafe(8);
     payload.writeBigUInt64LE(this.workSent);

@@ -211,10 +211,9 @@ impl GroupDecoder {
     pub fn next(&mut self, start: bool, payload: &[u8], out: &mut [u8]) -> Result<(), String> {
         let err = |c| format!("does not decompress: {}", get_error_name(c));
         if start {
-            if let Some(old) = self.dctx.take() {
-                IDLE_DCTX.give(old);
-            }
-            let mut d = IDLE_DCTX.take();
+            // A new stream in the same batch reuses this decoder's context, reset.
+            let reused = self.dctx.take().and_then(|mut old| old.reset_all().then_some(old));
+            let mut d = reused.unwrap_or_else(|| IDLE_DCTX.take());
             if let Err(c) = d.set_parameter(DParameter::WindowLogMax(WINDOW_LOG)) {
                 IDLE_DCTX.give(d);
                 return Err(err(c));
