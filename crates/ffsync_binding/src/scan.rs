@@ -1,6 +1,6 @@
 use crate::progress::{ProgressFn, Ticker};
 use crate::to_napi;
-use ffsync_core::early_data::{scan_with_early_data, StreamStep};
+use ffsync_core::early_data::{scan_with_early_data, BatchBuffers, StreamStep};
 use ffsync_core::params::ChunkParams;
 use ffsync_core::scan::{scan_file, scan_file_with_params, ScanOptions};
 use napi::bindgen_prelude::*;
@@ -221,6 +221,8 @@ pub struct NativeScanStream {
     rx: StreamRx,
     cancel: Arc<AtomicBool>,
     policy: Option<Arc<ffsync_core::chunk_batch::CompressPolicy>>,
+    /// Batch buffers copied out to JavaScript go back to the encoder.
+    buffers: Arc<BatchBuffers>,
 }
 
 /// Queue `msg` unless the stream was cancelled or dropped (false then). Never blocks for
@@ -244,7 +246,7 @@ fn offer(tx: &std::sync::mpsc::SyncSender<StreamMsg>, mut msg: StreamMsg, cancel
 /// Waits for the stream's next message (blocking: runs on tokio's blocking pool, never on
 /// libuv's four workers, which a few streams waiting on whole windows would otherwise hold
 /// while every other native call and `fs` operation queued behind them).
-fn next_step(rx: &StreamRx, mut into: Option<Buffer>) -> Result<ScanStep> {
+fn next_step(rx: &StreamRx, buffers: &BatchBuffers, mut into: Option<Buffer>) -> Result<ScanStep> {
     let guard = rx.lock().unwrap();
     let rx = guard
         .as_ref()
@@ -268,7 +270,9 @@ fn next_step(rx: &StreamRx, mut into: Option<Buffer>) -> Result<ScanStep> {
                 // waiting for the garbage collector.
                 Some(into) if into.len() >= b.len() => {
                     into[..b.len()].copy_from_slice(&b);
-                    (b.len(), None)
+                    let n = b.len();
+                    buffers.give(b);
+                    (n, None)
                 }
                 _ => (b.len(), Some(b.into())),
             };
@@ -288,8 +292,9 @@ fn next_step(rx: &StreamRx, mut into: Option<Buffer>) -> Result<ScanStep> {
     }
 }
 
-/// Windows scanned ahead of the reader.
-const STREAM_QUEUE: usize = 4;
+/// Steps (windows or batches) scanned ahead of the reader. Two keep the socket fed; more only
+/// hold batches resident once the encoder outruns the socket (decisions §68).
+const STREAM_QUEUE: usize = 2;
 
 #[napi]
 impl NativeScanStream {
@@ -320,6 +325,8 @@ impl NativeScanStream {
         let (tx, rx) = std::sync::mpsc::sync_channel::<StreamMsg>(STREAM_QUEUE);
         let cancel = Arc::new(AtomicBool::new(false));
         let cancelled = cancel.clone();
+        let buffers = Arc::new(BatchBuffers::default());
+        let spent = buffers.clone();
         std::thread::Builder::new()
             .name("ffsync-scan-stream".into())
             .spawn(move || {
@@ -331,6 +338,7 @@ impl NativeScanStream {
                     .map(|(policy, batch_bytes)| ffsync_core::early_data::EarlyData {
                         policy,
                         batch_bytes: *batch_bytes,
+                        buffers: &spent,
                     });
                 // A released or dropped stream cancels the scan.
                 let emit = |step: StreamStep| offer(&tx, StreamMsg::Step(step), &cancelled);
@@ -360,6 +368,7 @@ impl NativeScanStream {
             rx: Arc::new(std::sync::Mutex::new(Some(rx))),
             cancel,
             policy,
+            buffers,
         })
     }
 
@@ -367,8 +376,8 @@ impl NativeScanStream {
     /// (last) the whole scan's result.
     #[napi]
     pub async fn next(&self, into: Option<Buffer>) -> Result<ScanStep> {
-        let rx = self.rx.clone();
-        napi::tokio::task::spawn_blocking(move || next_step(&rx, into))
+        let (rx, buffers) = (self.rx.clone(), self.buffers.clone());
+        napi::tokio::task::spawn_blocking(move || next_step(&rx, &buffers, into))
             .await
             .map_err(|e| napi::Error::from_reason(format!("EIO: the scan stream's reader failed: {e}")))?
     }

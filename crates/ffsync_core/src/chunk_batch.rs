@@ -243,8 +243,22 @@ impl CompressPolicy {
     /// into one buffer: each chunk is copied once into its slot and compressed in place, then
     /// the records are packed down (as `ChunkSource::read_batch_into` does).
     pub fn encode_batch(&self, records: &[(u32, &[u8])]) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode_batch_into(records, &mut out);
+        out
+    }
+
+    /// [`Self::encode_batch`] into `out`, whose memory is reused: a recycled buffer is
+    /// neither zeroed again nor faulted in again. Every byte it ends with is written here
+    /// (each slot gets its header and chunk before the records are packed), so nothing of
+    /// its last batch survives.
+    pub fn encode_batch_into(&self, records: &[(u32, &[u8])], out: &mut Vec<u8>) {
         let total: usize = records.iter().map(|(_, r)| RECORD_HEADER + r.len()).sum();
-        let mut out = vec![0u8; total];
+        if out.len() < total {
+            out.resize(total, 0);
+        } else {
+            out.truncate(total);
+        }
         let mut slots: Vec<&mut [u8]> = Vec::with_capacity(records.len());
         let mut rest = &mut out[..];
         for (_, raw) in records {
@@ -279,7 +293,6 @@ impl CompressPolicy {
             read += RECORD_HEADER + raw.len();
         }
         out.truncate(write);
-        out
     }
 
     /// Convenience for tests and small callers: append one encoded record to `out`.
@@ -638,15 +651,17 @@ mod tests {
         assert!(t0.elapsed() < std::time::Duration::from_secs(1));
     }
 
-    fn stream_batch(data: &[u8], m: &Manifest, level: i32) -> Vec<u8> {
-        let p = CompressPolicy::with_stream(level, true);
-        let records: Vec<(u32, &[u8])> = m
-            .chunks
+    /// Every chunk of `m` as a record (index, raw bytes).
+    fn records_of<'d>(data: &'d [u8], m: &Manifest) -> Vec<(u32, &'d [u8])> {
+        m.chunks
             .iter()
             .enumerate()
             .map(|(i, c)| (i as u32, &data[c.offset as usize..c.end() as usize]))
-            .collect();
-        p.encode_batch(&records)
+            .collect()
+    }
+
+    fn stream_batch(data: &[u8], m: &Manifest, level: i32) -> Vec<u8> {
+        CompressPolicy::with_stream(level, true).encode_batch(&records_of(data, m))
     }
 
     fn check(batch: &[u8], data: &[u8], m: &Manifest) -> Result<()> {
@@ -676,6 +691,28 @@ mod tests {
         data.extend_from_slice(&pseudo_random(100_000, 9)); // incompressible tail: sent raw
         let m = manifest_of_bytes(&data, None, &crate::chunker::InMemory);
         (data, m)
+    }
+
+    #[test]
+    fn a_batch_encoded_into_a_used_buffer_is_the_batch_encoded_into_a_new_one() {
+        let (data, m) = texty();
+        let records = records_of(&data, &m);
+        for stream in [false, true] {
+            let p = CompressPolicy::with_stream(3, stream);
+            let expected = p.encode_batch(&records);
+            check(&expected, &data, &m).unwrap();
+            // Longer than needed and full of another batch's bytes, then shorter than needed.
+            for mut used in [vec![0xA5u8; data.len() * 2], vec![0x5Au8; 1000]] {
+                p.encode_batch_into(&records, &mut used);
+                assert_eq!(used, expected, "stream {stream}");
+                p.encode_batch_into(&records[..3], &mut used);
+                assert_eq!(
+                    used,
+                    p.encode_batch(&records[..3]),
+                    "stream {stream}: a shorter batch after"
+                );
+            }
+        }
     }
 
     #[test]
