@@ -43,6 +43,41 @@ describe('frame decoder', () => {
     }
   });
 
+  it('a large frame is copied together as its reads arrive once half of it is here; before that a claim reserves nothing', () => {
+    const payload = seeded(2 * 1024 * 1024, 3);
+    const stream = Buffer.concat([encodeFrame(FrameType.DATA, payload), encodeFrame(FrameType.RESULT, Buffer.alloc(9, 1))]);
+    const d = new FrameDecoder();
+    const READ = 64 * 1024;
+    const got = [];
+    // A header alone, and the first reads: kept as they are, no 2 MiB buffer taken for a claim.
+    got.push(...d.push(stream.subarray(0, 5)));
+    assert.equal(d.assemblingBytes, 0, 'a header claims nothing');
+    let at = 5;
+    for (; at + READ <= stream.length / 2 - READ; at += READ) got.push(...d.push(stream.subarray(at, at + READ)));
+    assert.equal(d.assemblingBytes, 0, `${at} bytes of ${payload.length + 5}: under half, nothing reserved`);
+    assert.ok(d.heldReads > 1);
+    // Past half: everything so far is in the frame's buffer and no read is held any more.
+    for (; at < (stream.length * 5) / 8; at += READ) got.push(...d.push(stream.subarray(at, at + READ)));
+    assert.equal(d.assemblingBytes, payload.length + 5);
+    assert.ok(d.assemblingBytes <= 2 * d.bufferedBytes, 'never more than twice what arrived');
+    assert.equal(d.heldReads, 0, 'each read is copied in and let go');
+    // The rest arrives in one read that also carries the next frame.
+    got.push(...d.push(stream.subarray(at)));
+    assert.deepEqual(got.map((f) => f.type), [FrameType.DATA, FrameType.RESULT]);
+    assert.ok(got[0].payload.equals(payload));
+    assert.ok(got[1].payload.equals(Buffer.alloc(9, 1)));
+    assert.equal(d.bufferedBytes, 0);
+    assert.equal(d.assemblingBytes, 0);
+    // Its pooled buffer goes back and serves the next large frame, which decodes intact.
+    got[0].release?.();
+    const next = seeded(1024 * 1024, 4);
+    const again = encodeFrame(FrameType.DATA, next);
+    const frames = [];
+    for (let k = 0; k < again.length; k += 1000) frames.push(...d.push(again.subarray(k, k + 1000)));
+    assert.equal(frames.length, 1);
+    assert.ok(frames[0].payload.equals(next));
+  });
+
   it('byte-at-a-time delivery yields the same frames', () => {
     const stream = Buffer.concat([encodeFrame(FrameType.NEED, Buffer.from([1, 2, 3, 4, 5])), encodeFrame(FrameType.RESULT, Buffer.alloc(17, 7))]);
     const d = new FrameDecoder();

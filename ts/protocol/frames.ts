@@ -121,10 +121,16 @@ export class FrameDecoder {
   // finished `serve` session holds none (the reason this once was two: before `dispose`, six
   // stayed for the connection's life, ~800 MiB for 64 sessions).
   private readonly pool = new BufferPool(2 * 1024 * 1024 + 64 * 1024, 6);
+  /** A large frame being assembled in a pooled buffer as its reads arrive, once at least half
+   * of it has (`assemble`). Each read is copied in and dropped at once, so socket buffers die
+   * young: kept until their frame was whole, they outlived scavenges and only a full GC freed
+   * them (decisions §69). `filled`: bytes of `frame` (header included) received so far. */
+  private assembly: { frame: Buffer; pooled: Buffer; filled: number } | undefined;
 
   /** The connection closed: drop partial input and pooled buffers (frames already decoded
    * stay valid; their release() then frees nothing into the pool). */
   dispose(): void {
+    this.assembly = undefined;
     this.parts = [];
     this.head = 0;
     this.buffered = 0;
@@ -137,11 +143,34 @@ export class FrameDecoder {
     return this.buffered;
   }
 
+  /** Reads kept by reference until their frame is whole (not yet copied anywhere). */
+  get heldReads(): number {
+    return this.parts.length - this.head;
+  }
+
+  /** Bytes of pooled buffer set aside for the frame being assembled (0: none). */
+  get assemblingBytes(): number {
+    return this.assembly?.frame.length ?? 0;
+  }
+
   /**
    * Add bytes; whole frames are appended to `out`. On a framing violation the frames
    * decoded before it are still in `out` when the error is thrown.
    */
   push(chunk: Buffer, out: Frame[] = []): Frame[] {
+    const a = this.assembly;
+    if (a) {
+      const k = Math.min(chunk.length, a.frame.length - a.filled);
+      chunk.copy(a.frame, a.filled, 0, k);
+      a.filled += k;
+      this.buffered += k;
+      if (a.filled < a.frame.length) return out;
+      this.assembly = undefined;
+      this.buffered -= a.frame.length;
+      this.emit(a.frame, a.pooled, out);
+      if (k === chunk.length) return out;
+      chunk = chunk.subarray(k);
+    }
     this.append(chunk);
     if (!this.sawStart && this.buffered >= 3) {
       this.sawStart = true;
@@ -163,11 +192,12 @@ export class FrameDecoder {
         throw protocolError(`unknown frame type 0x${type.toString(16)}`);
       }
       this.sawFrame = true;
-      if (this.buffered < 4 + bodyLen) break;
+      if (this.buffered < 4 + bodyLen) {
+        this.assemble(4 + bodyLen);
+        break;
+      }
       const { whole, pooled } = this.take(4 + bodyLen);
-      const frame: Frame = { type: type as FrameType, payload: whole.subarray(FRAME_HEADER) };
-      if (pooled) frame.release = () => this.pool.release(pooled);
-      out.push(frame);
+      this.emit(whole, pooled, out);
     }
     if (this.head === this.parts.length) {
       this.parts = [];
@@ -177,6 +207,30 @@ export class FrameDecoder {
       this.head = 0;
     }
     return out;
+  }
+
+  private emit(whole: Buffer, pooled: Buffer | undefined, out: Frame[]): void {
+    const frame: Frame = { type: whole.readUInt8(4) as FrameType, payload: whole.subarray(FRAME_HEADER) };
+    if (pooled) frame.release = () => this.pool.release(pooled);
+    out.push(frame);
+  }
+
+  /** A frame of `n` bytes is incomplete: once half of it is here, move what is buffered into
+   * a pooled buffer and copy the rest in as it arrives. Not before: a buffer is then never
+   * more than twice what the peer actually sent (a header alone claims nothing). */
+  private assemble(n: number): void {
+    if (n < FrameDecoder.POOLED_MIN || this.buffered * 2 < n) return;
+    const filled = this.buffered;
+    const pooled = this.pool.take(n);
+    const frame = pooled.subarray(0, n);
+    let at = 0;
+    for (let i = this.head; i < this.parts.length; i++) {
+      this.parts[i].copy(frame, at);
+      at += this.parts[i].length;
+    }
+    this.parts = [];
+    this.head = 0;
+    this.assembly = { frame, pooled, filled };
   }
 
   private append(chunk: Buffer): void {
