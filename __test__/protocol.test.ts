@@ -27,6 +27,8 @@ import {
 import { batchByBytes } from '../ts/utils/manifest';
 import net from 'node:net';
 import { FramedConnection } from '../ts/transport/connection';
+import { Multiplexer } from '../ts/transport/mux';
+import { pipePair } from '../ts/transport/stream-pair';
 import { seeded } from './helpers/peers';
 
 describe('frame decoder', () => {
@@ -76,6 +78,53 @@ describe('frame decoder', () => {
     for (let k = 0; k < again.length; k += 1000) frames.push(...d.push(again.subarray(k, k + 1000)));
     assert.equal(frames.length, 1);
     assert.ok(frames[0].payload.equals(next));
+  });
+
+  it('a lent chunk of whole frames is decoded in place: large frames keep it until the last is released, small ones get copies', () => {
+    const big1 = seeded(300_000, 5);
+    const big2 = seeded(400_000, 6);
+    const chunk = Buffer.concat([encodeFrame(FrameType.DATA, big1), encodeFrame(FrameType.RESULT, Buffer.alloc(17, 3)), encodeFrame(FrameType.DATA, big2)]);
+    let givenBack = 0;
+    const d = new FrameDecoder();
+    const got = d.push(chunk, [], () => givenBack++);
+    assert.deepEqual(got.map((f) => f.type), [FrameType.DATA, FrameType.RESULT, FrameType.DATA]);
+    assert.equal(got[0].payload.buffer, chunk.buffer, 'a large frame is a slice of the lent chunk, not a copy');
+    assert.equal(got[2].payload.buffer, chunk.buffer);
+    assert.notEqual(got[1].payload.buffer, chunk.buffer, 'a small frame gets a copy of its own');
+    assert.equal(got[1].release, undefined);
+    assert.ok(got[0].payload.equals(big1) && got[2].payload.equals(big2));
+    got[0].release!();
+    got[0].release!(); // twice: still one holder left
+    assert.equal(givenBack, 0, 'given back only once every large frame was released');
+    got[2].release!();
+    assert.equal(givenBack, 1);
+    assert.ok(got[1].payload.equals(Buffer.alloc(17, 3)));
+  });
+
+  it('a lent chunk the decoder would keep part of is copied and given back at once', () => {
+    const payload = seeded(600_000, 7);
+    const stream = encodeFrame(FrameType.DATA, payload);
+    for (const [label, pieces] of [
+      ['ends mid-frame', [stream.subarray(0, 400_000), stream.subarray(400_000)]],
+      ['starts mid-frame', [stream.subarray(0, 100), stream.subarray(100)]],
+    ] as const) {
+      const d = new FrameDecoder();
+      const out: ReturnType<FrameDecoder['push']> = [];
+      let givenBack = 0;
+      for (const piece of pieces) {
+        const lent = Buffer.from(piece); // the lender's buffer
+        d.push(lent, out, () => givenBack++);
+        lent.fill(0xee); // the lender reuses it once given back
+      }
+      assert.equal(givenBack, 2, `${label}: each chunk given back at once`);
+      assert.equal(out.length, 1, label);
+      assert.ok(out[0].payload.equals(payload), `${label}: the frame is intact after the lender scribbled on its chunks`);
+      out[0].release?.();
+    }
+    // A lent chunk that is not frames at all is given back and fails as any input would.
+    let givenBack = 0;
+    assert.throws(() => new FrameDecoder().push(Buffer.from([0, 0, 0, 0, 1]), [], () => givenBack++), /out of bounds/);
+    assert.equal(givenBack, 1);
   });
 
   it('byte-at-a-time delivery yields the same frames', () => {
@@ -221,6 +270,47 @@ describe('framed connection', () => {
       await assert.rejects(b.recv(), /out of bounds/);
     } finally {
       close();
+    }
+  });
+});
+
+describe('multiplexed streams', () => {
+  it('large frames reach a stream without a copy: the pooled buffers go back and are reused, and nothing held is overwritten', async () => {
+    const [a, b] = pipePair();
+    const ca = new FramedConnection(a, 0);
+    const cb = new FramedConnection(b, 0);
+    const accepted = new Promise<FramedConnection>((resolve) => new Multiplexer(cb, { opener: false, onStream: resolve }));
+    const opener = new Multiplexer(ca, { opener: true });
+    const out = opener.open();
+    const N = 40;
+    const payload = (k: number) => Buffer.alloc(1024 * 1024, k + 1);
+    const sending = (async () => {
+      for (let k = 0; k < N; k++) await out.send(FrameType.DATA, payload(k));
+    })();
+    const inn = await accepted;
+    const buffers = new Set<ArrayBufferLike>();
+    const held: { k: number; f: Awaited<ReturnType<FramedConnection['recv']>> }[] = [];
+    try {
+      for (let k = 0; k < N; k++) {
+        const f = await inn.recv();
+        assert.equal(f.type, FrameType.DATA);
+        assert.ok(f.release, 'a pooled frame, released by its reader');
+        buffers.add(f.payload.buffer);
+        held.push({ k, f });
+        // Three frames held at once while later ones arrive: none of them may change.
+        if (held.length > 3) {
+          const h = held.shift()!;
+          assert.ok(h.f.payload.equals(payload(h.k)), `frame ${h.k} intact while later frames arrived`);
+          h.f.release!();
+        }
+      }
+      for (const h of held) assert.ok(h.f.payload.equals(payload(h.k)), `frame ${h.k} intact`);
+      await sending;
+      // A copy per frame would be 40 buffers; lent and given back, a few serve them all.
+      assert.ok(buffers.size <= 12, `${buffers.size} buffers for ${N} frames`);
+    } finally {
+      a.destroy();
+      b.destroy();
     }
   });
 });

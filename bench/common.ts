@@ -232,6 +232,32 @@ export function killAll(): void {
   for (const p of [...live]) p.kill();
 }
 
+/** An integer option's value (`--name`): `def` when absent, a UsageError outside [min, max]. */
+export function intOption(name: string, v: string | undefined, def: number, min: number, max: number): number {
+  if (v === undefined) return def;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < min || n > max) throw new UsageError(`--${name}: expected an integer from ${min} to ${max}, got ${JSON.stringify(v)}`);
+  return n;
+}
+
+/** Runs a benchmark's `main` and exits with its code (0 if none). On a throw: every child is
+ * killed, the stack is printed under the benchmark's name, and the exit code is 1. `cleanup`
+ * runs before either exit. */
+export function runMain(name: string, main: () => Promise<number | void>, cleanup: () => Promise<void> | void = () => undefined): void {
+  main().then(
+    async (code) => {
+      await cleanup();
+      process.exit(code ?? 0);
+    },
+    async (e: unknown) => {
+      killAll();
+      process.stderr.write(`\n${name} failed: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`);
+      await cleanup();
+      process.exit(1);
+    },
+  );
+}
+
 export function tail(s: string, n = 1500): string {
   const t = s.trim();
   return t.length > n ? '…' + t.slice(-n) : t || '(empty)';

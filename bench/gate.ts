@@ -14,23 +14,20 @@ import {
   CLI,
   KiB,
   MiB,
-  Proc,
   REPO,
   RSYNC_BIN,
   XorShift128,
-  describeExit,
   flushWorkFs,
   fmtBytes,
   killAll,
   markdown,
   median,
-  parseJsonLine,
-  parseRsyncStats,
   rmf,
-  tail,
   textTable,
   withTimeout,
+  runMain,
 } from './common';
+import { runFfsyncPair, runRsync } from './runners';
 
 interface Options {
   repeat: number;
@@ -180,35 +177,14 @@ async function writeTree(root: string, o: Options): Promise<void> {
 // Tools
 
 async function ffsyncRun(src: string, dst: string, sr: string, ss: string, label: string): Promise<Sample> {
-  const t0 = performance.now();
-  const recv = new Proc(`${label} receiver`, [process.execPath, CLI, 'receive', dst, '0', '--bind', '127.0.0.1', '--plaintext', '--json', '--state-dir', sr]);
-  let send: Proc | undefined;
-  try {
-    const port = Number(parseJsonLine(await recv.waitForLine((l) => parseJsonLine(l)?.event === 'listening', 60_000))!.port);
-    send = new Proc(`${label} sender`, [process.execPath, CLI, 'send', src, `127.0.0.1:${port}`, '--plaintext', '--json', '--state-dir', ss]);
-    const [es, er] = await Promise.all([send.exited, recv.exited]);
-    const summary = (p: Proc) => p.lines.map(parseJsonLine).filter((e) => e?.event === 'summary').pop();
-    const s = summary(send);
-    if (es.code !== 0 || er.code !== 0 || !s?.ok) {
-      throw new Error(`${label}: ffsync-native failed: sender ${describeExit(es)}, receiver ${describeExit(er)}; ${tail(send.stderr + recv.stderr)}`);
-    }
-    const wire = s.bytesOnWire as { sent: number; received: number };
-    return { ms: Math.max(es.at, er.at) - t0, wire: wire.sent + wire.received };
-  } catch (e) {
-    recv.kill();
-    send?.kill();
-    throw e;
-  }
+  const r = await runFfsyncPair({ label, src, dst, stateR: sr, stateS: ss });
+  const wire = r.sender.bytesOnWire;
+  return { ms: r.wallMs, wire: wire.sent + wire.received };
 }
 
 async function rsyncRun(src: string, dst: string, kind: 'file' | 'tree', label: string): Promise<Sample> {
-  const argv = [RSYNC_BIN, '-a', '--no-whole-file', '--stats', ...(kind === 'tree' ? ['--delete', `${src}/`, `${dst}/`] : [src, dst])];
-  const t0 = performance.now();
-  const p = new Proc(label, argv);
-  const e = await p.exited;
-  if (e.code !== 0) throw new Error(`${label}: rsync ${describeExit(e)}; ${tail(p.stderr)}`);
-  const st = parseRsyncStats(p.lines.join('\n'));
-  return { ms: e.at - t0, wire: st.sent + st.received };
+  const r = await runRsync(label, ['-a', '--no-whole-file', ...(kind === 'tree' ? ['--delete', `${src}/`, `${dst}/`] : [src, dst])]);
+  return { ms: r.wallMs, wire: r.stats.sent + r.stats.received };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -381,12 +357,5 @@ for (const sig of ['SIGINT', 'SIGTERM'] as const) {
   });
 }
 
-main().then(
-  (code) => process.exit(code),
-  (e: unknown) => {
-    killAll();
-    console.error(`bench gate: ${e instanceof Error ? e.message : String(e)}`);
-    process.exit(1);
-  },
-);
+runMain('bench gate', main);
 

@@ -70,6 +70,7 @@ import {
   textTable,
   udpRelay,
   writeSeededFile,
+  runMain,
 } from './common.js';
 
 const { values } = parseArgs({
@@ -668,15 +669,5 @@ if (values['relay-tcp']) {
       process.exit(130);
     });
   }
-  main().then(
-    (code) => {
-      cleanupSync();
-      process.exit(code);
-    },
-    (e: unknown) => {
-      process.stderr.write(`bench/net.ts: ${(e as Error).stack ?? String(e)}\n`);
-      cleanupSync();
-      process.exit(1);
-    },
-  );
+  runMain('bench/net.ts', main, cleanupSync);
 }

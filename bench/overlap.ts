@@ -15,7 +15,8 @@
 // hashes (its file changed). Every result is checked with SHA-256 against the source.
 import fs from 'node:fs';
 import path from 'node:path';
-import { CLI, flushWorkFs, fmtBytes, fmtRss, fmtS, machineInfo, markdown, median, MiB, Proc, REPO, rmf, sha256FileSync, writeResultsSection } from './common';
+import { flushWorkFs, fmtBytes, fmtRss, fmtS, machineInfo, markdown, median, MiB, REPO, rmf, sha256FileSync, writeResultsSection, runMain } from './common';
+import { runFfsyncPair } from './runners';
 import { modify, seeded } from '../__test__/helpers/peers';
 import { tcpDelayProxy } from '../__test__/helpers/delay-proxy';
 import { scanFile } from '../ts/native/binding';
@@ -54,26 +55,25 @@ async function once(o: { old: string; source: string; want: string; state: State
   }
   if (o.state === 'warm') await scanFile(target, { stateDir: stateR });
   flushWorkFs(dir);
-  const t0 = performance.now();
-  const recv = new Proc('receive', pinned(1, [process.execPath, CLI, 'receive', target, '0', '--plaintext', '--json', '--state-dir', stateR]), {
-    rssFile: path.join(dir, 'rss-r.txt'),
-  });
-  const listening = JSON.parse(await recv.waitForLine((l) => l.includes('"listening"'), 30_000));
-  const proxy = o.rttMs > 0 ? await tcpDelayProxy(listening.port, o.rttMs / 2) : undefined;
-  const port = proxy?.port ?? listening.port;
-  const send = new Proc(
-    'send',
-    pinned(0, [process.execPath, CLI, 'send', o.source, `127.0.0.1:${port}`, '--plaintext', '--json', '--state-dir', stateS, ...(o.overlap ? [] : ['--no-overlap'])]),
-    { rssFile: path.join(dir, 'rss-s.txt') },
-  );
-  const [se, re] = await Promise.all([send.exited, recv.exited]);
-  const wallMs = performance.now() - t0;
-  await proxy?.close();
-  const summary = recv.lines.map((l) => (l.startsWith('{') ? JSON.parse(l) : undefined)).find((e) => e?.event === 'summary');
-  if (se.code !== 0 || re.code !== 0 || !summary) throw new Error(`run failed: send ${se.code} ${send.stderr} / receive ${re.code} ${recv.stderr}`);
+  let proxy: Awaited<ReturnType<typeof tcpDelayProxy>> | undefined;
+  const r = await runFfsyncPair({
+    label: `${o.state} ${o.overlap ? 'overlap' : 'no-overlap'} ${o.rttMs} ms`,
+    src: o.source,
+    dst: target,
+    stateR,
+    stateS,
+    sendArgs: o.overlap ? [] : ['--no-overlap'],
+    rssFile: (peer) => path.join(dir, `rss-${peer[0]}.txt`),
+    wrap: (peer, argv) => pinned(peer === 'receiver' ? 1 : 0, argv),
+    via: async (port) => {
+      if (o.rttMs <= 0) return port;
+      proxy = await tcpDelayProxy(port, o.rttMs / 2);
+      return proxy.port;
+    },
+  }).finally(() => proxy?.close());
   const ok = sha256FileSync(target) === o.want;
-  const rssKb: [number, number] = [(await send.peakRssKb()) ?? 0, (await recv.peakRssKb()) ?? 0];
-  return { wallMs, placedEarly: summary.placedEarlyBytes ?? 0, wire: summary.bytesOnWire.sent + summary.bytesOnWire.received, ok, rssKb };
+  const wire = r.receiver.bytesOnWire;
+  return { wallMs: r.wallMs, placedEarly: r.receiver.placedEarlyBytes ?? 0, wire: wire.sent + wire.received, ok, rssKb: [r.rssKb.sender ?? 0, r.rssKb.receiver ?? 0] };
 }
 
 async function main() {
@@ -156,7 +156,4 @@ async function main() {
   await rmf(path.join(WORK, 'run'));
 }
 
-main().catch((e) => {
-  console.error(e);
-  process.exit(1);
-});
+runMain('bench/overlap.ts', main);

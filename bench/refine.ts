@@ -22,35 +22,29 @@ import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import {
-  CLI,
   KiB,
   MiB,
-  Proc,
   REPO,
   sha256FileSync,
-  RSYNC_BIN,
   XorShift128,
   commandLine,
-  describeExit,
   flushWorkFs,
   fmtBytes,
   fmtRatio,
   fmtRss,
-  killAll,
   machineInfo,
   markdown,
   median,
-  parseJsonLine,
-  parseRsyncStats,
   rmf,
   tail,
   textTable,
   withTimeout,
   writeResultsSection,
+  runMain,
 } from './common.js';
+import { runFfsyncPair, runRsync } from './runners.js';
 
 const BEGIN_MARK = '<!-- refine-bench:begin -->';
 const END_MARK = '<!-- refine-bench:end -->';
@@ -169,42 +163,23 @@ function realData(dir: string, scenario: string): { old: string; neu: string; de
   }
 }
 
-async function runFfsync(label: string, src: string, dst: string, recvArgs: string[] = []): Promise<{ run: Run; literal: number }> {
+async function ffsyncOnce(label: string, src: string, dst: string, recvArgs: string[] = []): Promise<{ run: Run; literal: number }> {
   const sr = await fsp.mkdtemp(path.join(work, 'state-r-'));
   const ss = await fsp.mkdtemp(path.join(work, 'state-s-'));
-  const t0 = performance.now();
-  const recv = new Proc(`${label} receiver`, [process.execPath, CLI, 'receive', dst, '0', '--bind', '127.0.0.1', '--plaintext', '--json', '--state-dir', sr, ...recvArgs], {
-    rssFile: path.join(work, `rss-${label}-r.txt`),
-  });
   try {
-    const listening = parseJsonLine(await recv.waitForLine((l) => parseJsonLine(l)?.event === 'listening', 60_000))!;
-    const sender = new Proc(`${label} sender`, [process.execPath, CLI, 'send', src, `127.0.0.1:${listening.port}`, '--plaintext', '--json', '--state-dir', ss], {
-      rssFile: path.join(work, `rss-${label}-s.txt`),
-    });
-    const [es, er] = await Promise.all([sender.exited, recv.exited]);
-    const ms = Math.max(es.at, er.at) - t0;
-    if (es.code !== 0 || er.code !== 0) throw new Error(`${label}: sender ${describeExit(es)} receiver ${describeExit(er)}: ${tail(sender.stderr)} ${tail(recv.stderr)}`);
-    const sum = sender.lines.map(parseJsonLine).find((o) => o?.event === 'summary') as { bytesOnWire: { sent: number; received: number }; literalBytes: number } | undefined;
-    if (!sum) throw new Error(`${label}: no sender summary`);
-    return {
-      run: { ms, sent: sum.bytesOnWire.sent, received: sum.bytesOnWire.received, rssKb: [(await sender.peakRssKb()) ?? 0, (await recv.peakRssKb()) ?? 0] },
-      literal: sum.literalBytes,
-    };
+    const rssFile = (peer: 'receiver' | 'sender') => path.join(work, `rss-${label}-${peer[0]}.txt`);
+    const r = await runFfsyncPair({ label, src, dst, stateR: sr, stateS: ss, recvArgs, rssFile });
+    const wire = r.sender.bytesOnWire;
+    return { run: { ms: r.wallMs, sent: wire.sent, received: wire.received, rssKb: [r.rssKb.sender ?? 0, r.rssKb.receiver ?? 0] }, literal: r.sender.literalBytes ?? 0 };
   } finally {
-    recv.kill();
     await rmf(sr);
     await rmf(ss);
   }
 }
 
-async function runRsync(label: string, src: string, dst: string, extra: string[] = []): Promise<Run> {
-  const t0 = performance.now();
-  const p = new Proc(`${label} rsync`, [RSYNC_BIN, '--no-whole-file', '--stats', ...extra, src, dst], { rssFile: path.join(work, `rss-${label}-rsync.txt`) });
-  const e = await p.exited;
-  const ms = e.at - t0;
-  if (e.code !== 0) throw new Error(`${label}: rsync ${describeExit(e)}: ${tail(p.stderr)}`);
-  const st = parseRsyncStats(p.lines.join('\n'));
-  return { ms, sent: st.sent, received: st.received, rssKb: [(await p.peakRssKb()) ?? 0] };
+async function rsyncOnce(label: string, src: string, dst: string, extra: string[] = []): Promise<Run> {
+  const r = await runRsync(`${label} rsync`, ['--no-whole-file', ...extra, src, dst], path.join(work, `rss-${label}-rsync.txt`));
+  return { ms: r.wallMs, sent: r.stats.sent, received: r.stats.received, rssKb: [r.rssKb ?? 0] };
 }
 
 async function scenario(name: string): Promise<Row> {
@@ -224,11 +199,11 @@ async function scenario(name: string): Promise<Row> {
       const label = `${name}-${tool}-${k}`;
       process.stderr.write(`  ${label} …\n`);
       if (tool === 'ffsync') {
-        const r = await withTimeout(600_000, label, () => runFfsync(label, f.neu, dst, mode));
+        const r = await withTimeout(600_000, label, () => ffsyncOnce(label, f.neu, dst, mode));
         row.ffsync.push(r.run);
         row.literal = r.literal;
       } else {
-        row.rsync.push(await withTimeout(600_000, label, () => runRsync(label, f.neu, dst, mode)));
+        row.rsync.push(await withTimeout(600_000, label, () => rsyncOnce(label, f.neu, dst, mode)));
       }
       if (sha256FileSync(dst) !== want) throw new Error(`${label}: result differs from the source (sha256)`);
       await rmf(dst);
@@ -293,8 +268,4 @@ async function main(): Promise<void> {
   if (!values.dir) await rmf(work);
 }
 
-main().catch((e) => {
-  killAll();
-  process.stderr.write(`bench/refine.ts: ${(e as Error).stack ?? e}\n`);
-  process.exit(1);
-});
+runMain('bench/refine.ts', main);

@@ -35,17 +35,16 @@ import {
   killAll,
   machineInfo,
   markdown,
-  maxOf,
-  median,
-  parseJsonLine,
-  parseRsyncStats,
   rmf,
   sh,
   tail,
   textTable,
   withTimeout,
   type Machine,
+  runMain,
+  intOption,
 } from './common.js';
+import { aggregate, runFfsyncPair, runRsync, type Aggregate, type TimedSample, type ToolRuns } from './runners.js';
 
 const BLOCK = MiB; // fixture I/O granularity: never hold a whole file in memory
 
@@ -156,13 +155,7 @@ function parseOptions(argv: string[]): Options {
     process.stdout.write(HELP);
     process.exit(0);
   }
-  const int = (name: string, v: string | undefined, def: number, min: number, max: number): number => {
-    if (v === undefined) return def;
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < min || n > max) throw new UsageError(`--${name}: expected an integer from ${min} to ${max}, got ${JSON.stringify(v)}`);
-    return n;
-  };
-  const sizeMib = int('size-mib', values['size-mib'], 1024, MIN_SIZE_MIB, 1 << 20);
+  const sizeMib = intOption('size-mib', values['size-mib'], 1024, MIN_SIZE_MIB, 1 << 20);
   let scenarios: ScenarioDef[];
   if (values.scenarios === undefined) {
     scenarios = SCENARIOS.filter((s) => DEFAULT_SCENARIOS.includes(s.name));
@@ -177,7 +170,7 @@ function parseOptions(argv: string[]): Options {
   }
   let rssSizes: number[] | undefined;
   if (values['rss-sizes'] !== undefined) {
-    rssSizes = values['rss-sizes'].split(',').map((s) => int('rss-sizes', s.trim(), 0, MIN_SIZE_MIB, 1 << 20));
+    rssSizes = values['rss-sizes'].split(',').map((s) => intOption('rss-sizes', s.trim(), 0, MIN_SIZE_MIB, 1 << 20));
     if (rssSizes.length === 0) throw new UsageError('--rss-sizes: empty list');
   }
   const out = path.resolve(values.out ?? path.join(REPO, 'bench', rssSizes ? 'RESULTS-rss.md' : 'RESULTS.md'));
@@ -185,10 +178,10 @@ function parseOptions(argv: string[]): Options {
     sizeMib,
     scenarios,
     out,
-    seed: int('seed', values.seed, 1, 0, 0xffffffff),
-    repeat: int('repeat', values.repeat, 1, 1, 100),
+    seed: intOption('seed', values.seed, 1, 0, 0xffffffff),
+    repeat: intOption('repeat', values.repeat, 1, 1, 100),
     rssSizes,
-    timeoutMs: int('timeout-s', values['timeout-s'], 600, 1, 86400) * 1000,
+    timeoutMs: intOption('timeout-s', values['timeout-s'], 600, 1, 86400) * 1000,
     workDir: path.resolve(values['work-dir'] ?? path.join(REPO, 'bench', 'work')),
     keep: Boolean(values.keep),
     scan: !values['no-scan'],
@@ -348,39 +341,11 @@ async function genAppended(old: Fixture, file: string, seed: number): Promise<Fi
 
 type ToolName = 'ffsync' | 'ffsync-nofsync' | 'rsync' | 'rsync-fsync' | 'rsync-ssh' | 'cp-sync';
 
-interface Sample {
-  wallMs: number;
-  /** ffsync only: from spawning the sender (receiver already listening) until both peers exited. */
-  senderToExitMs?: number;
-  wire: { sent: number; received: number };
+interface Sample extends TimedSample {
   literal?: number;
   matched?: number;
   decidedBy?: string;
   upToDate?: boolean;
-  summaryMs?: { sender: number; receiver: number };
-  rssKb: { sender?: number; receiver?: number; all?: number };
-  note?: string;
-}
-
-interface Summary {
-  event: 'summary';
-  ok: boolean;
-  exitCode: number;
-  bytesOnWire: { sent: number; received: number };
-  durationMs: number;
-  literalBytes?: number;
-  matchedBytes?: number;
-  decidedBy?: string;
-  upToDate?: boolean;
-  error?: string;
-}
-
-function lastSummary(lines: string[]): Summary | undefined {
-  for (let i = lines.length - 1; i >= 0; i--) {
-    const o = parseJsonLine(lines[i]!);
-    if (o?.event === 'summary') return o as unknown as Summary;
-  }
-  return undefined;
 }
 
 let rssSeq = 0;
@@ -389,62 +354,20 @@ function rssPath(ctx: RunCtx, label: string): string {
 }
 
 async function ffsyncSync(ctx: RunCtx, src: string, dst: string, sr: string, ss: string, label: string, recvArgs: string[] = []): Promise<Sample> {
-  const t0 = performance.now();
-  const recv = new Proc(`${label} receiver`, [process.execPath, CLI, 'receive', dst, '0', '--bind', '127.0.0.1', '--plaintext', '--json', '--state-dir', sr, ...recvArgs], {
-    rssFile: rssPath(ctx, `${label}-recv`),
-  });
-  let send: Proc | undefined;
-  try {
-    const listening = parseJsonLine(await recv.waitForLine((l) => parseJsonLine(l)?.event === 'listening', 60_000))!;
-    const port = Number(listening.port);
-    if (!Number.isInteger(port) || port <= 0) throw new Error(`${label}: bad listening event ${JSON.stringify(listening)}`);
-    const t1 = performance.now();
-    const sender = new Proc(`${label} sender`, [process.execPath, CLI, 'send', src, `127.0.0.1:${port}`, '--plaintext', '--json', '--state-dir', ss], {
-      rssFile: rssPath(ctx, `${label}-send`),
-    });
-    send = sender;
-    // If one peer fails, give the other a grace period, then kill it.
-    const reap = (self: Proc, other: Proc) =>
-      self.exited.then((e) => {
-        if (e.code !== 0) setTimeout(() => other.exit || other.kill(), 10_000).unref();
-      });
-    void reap(sender, recv);
-    void reap(recv, sender);
-    const [es, er] = await Promise.all([sender.exited, recv.exited]);
-    const tEnd = Math.max(es.at, er.at);
-    const ssum = lastSummary(sender.lines);
-    const rsum = lastSummary(recv.lines);
-    const problems: string[] = [];
-    if (es.code !== 0) problems.push(`sender ${describeExit(es)}${ssum?.error ? `: ${ssum.error}` : ''}; stderr: ${tail(sender.stderr)}`);
-    if (er.code !== 0) problems.push(`receiver ${describeExit(er)}${rsum?.error ? `: ${rsum.error}` : ''}; stderr: ${tail(recv.stderr)}`);
-    if (!ssum) problems.push('sender printed no summary');
-    else if (!ssum.ok || ssum.exitCode !== 0) problems.push(`sender summary not ok: ${JSON.stringify(ssum)}`);
-    if (!rsum) problems.push('receiver printed no summary');
-    else if (!rsum.ok || rsum.exitCode !== 0) problems.push(`receiver summary not ok: ${JSON.stringify(rsum)}`);
-    if (problems.length) throw new Error(`${label}: ffsync-native failed: ${problems.join(' | ')}`);
-    const notes: string[] = [];
-    const sw = ssum!.bytesOnWire;
-    const rw = rsum!.bytesOnWire;
-    if (sw.sent !== rw.received || sw.received !== rw.sent) {
-      notes.push(`wire counters disagree: sender sent/recv ${sw.sent}/${sw.received}, receiver recv/sent ${rw.received}/${rw.sent}`);
-    }
-    return {
-      wallMs: tEnd - t0,
-      senderToExitMs: tEnd - t1,
-      wire: { sent: sw.sent, received: sw.received },
-      literal: ssum!.literalBytes,
-      matched: ssum!.matchedBytes,
-      decidedBy: ssum!.decidedBy ?? rsum!.decidedBy,
-      upToDate: ssum!.upToDate ?? rsum!.upToDate,
-      summaryMs: { sender: ssum!.durationMs, receiver: rsum!.durationMs },
-      rssKb: { sender: await sender.peakRssKb(), receiver: await recv.peakRssKb() },
-      note: notes.length ? notes.join('; ') : undefined,
-    };
-  } catch (e) {
-    recv.kill();
-    send?.kill();
-    throw e;
-  }
+  const rssFile = (peer: 'receiver' | 'sender') => rssPath(ctx, `${label}-${peer === 'receiver' ? 'recv' : 'send'}`);
+  const r = await runFfsyncPair({ label, src, dst, stateR: sr, stateS: ss, recvArgs, rssFile });
+  return {
+    wallMs: r.wallMs,
+    senderToExitMs: r.senderToExitMs,
+    wire: r.sender.bytesOnWire,
+    literal: r.sender.literalBytes,
+    matched: r.sender.matchedBytes,
+    decidedBy: r.sender.decidedBy ?? r.receiver.decidedBy,
+    upToDate: r.sender.upToDate ?? r.receiver.upToDate,
+    summaryMs: { sender: r.sender.durationMs, receiver: r.receiver.durationMs },
+    rssKb: r.rssKb,
+    note: r.notes.length ? r.notes.join('; ') : undefined,
+  };
 }
 
 /** The durable-write floor: copy the whole new file and flush its filesystem (no hashing, no network). */
@@ -462,27 +385,18 @@ async function cpSync(ctx: RunCtx, src: string, dst: string, label: string): Pro
 }
 
 async function rsyncSync(ctx: RunCtx, tool: 'rsync' | 'rsync-fsync' | 'rsync-ssh', src: string, dst: string, label: string): Promise<Sample> {
-  const argv = [RSYNC_BIN, '--no-whole-file', '--stats'];
-  if (tool === 'rsync-fsync') argv.push('--fsync');
-  if (tool === 'rsync-ssh') argv.push('-e', ['ssh', ...SSH_OPTS].join(' '), src, `localhost:${dst}`);
-  else argv.push(src, dst);
-  const t0 = performance.now();
-  const p = new Proc(label, argv, { rssFile: rssPath(ctx, label) });
-  try {
-    const e = await p.exited;
-    if (e.code !== 0) throw new Error(`${label}: rsync ${describeExit(e)}; stderr: ${tail(p.stderr)}`);
-    const stats = parseRsyncStats(p.lines.join('\n'));
-    return {
-      wallMs: e.at - t0,
-      wire: { sent: stats.sent, received: stats.received },
-      literal: stats.literal,
-      matched: stats.matched,
-      rssKb: { all: await p.peakRssKb() },
-    };
-  } catch (err) {
-    p.kill();
-    throw err;
-  }
+  const args = ['--no-whole-file'];
+  if (tool === 'rsync-fsync') args.push('--fsync');
+  if (tool === 'rsync-ssh') args.push('-e', ['ssh', ...SSH_OPTS].join(' '), src, `localhost:${dst}`);
+  else args.push(src, dst);
+  const r = await runRsync(label, args, rssPath(ctx, label));
+  return {
+    wallMs: r.wallMs,
+    wire: { sent: r.stats.sent, received: r.stats.received },
+    literal: r.stats.literal,
+    matched: r.stats.matched,
+    rssKb: { all: r.rssKb },
+  };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -504,11 +418,8 @@ interface RunCtx {
   tools: ToolName[];
 }
 
-interface ToolResult {
+interface ToolResult extends ToolRuns<Sample> {
   tool: ToolName;
-  samples: Sample[];
-  error?: string;
-  verified?: boolean;
 }
 
 interface ScenarioResult {
@@ -645,29 +556,8 @@ async function runScan(file: string, timeoutMs: number): Promise<string> {
 // ---------------------------------------------------------------------------------------------
 // Formatting
 
-interface Agg {
-  ok: boolean;
-  wallMs?: number;
-  wire?: number;
-  sample?: Sample;
-  rssSender?: number;
-  rssReceiver?: number;
-  rssAll?: number;
-}
-
-function agg(r: ToolResult | undefined): Agg {
-  if (!r || r.error || r.samples.length === 0) return { ok: false };
-  const last = r.samples[r.samples.length - 1]!;
-  return {
-    ok: true,
-    wallMs: median(r.samples.map((s) => s.wallMs)),
-    wire: last.wire.sent + last.wire.received,
-    sample: last,
-    rssSender: maxOf(r.samples.map((s) => s.rssKb.sender)),
-    rssReceiver: maxOf(r.samples.map((s) => s.rssKb.receiver)),
-    rssAll: maxOf(r.samples.map((s) => s.rssKb.all)),
-  };
-}
+type Agg = Aggregate<Sample>;
+const agg = (r: ToolResult | undefined): Agg => aggregate(r);
 
 function cell(a: Agg, tr: ToolResult | undefined, v: string): string {
   if (!tr) return 'n/a';
@@ -1001,13 +891,4 @@ for (const sig of ['SIGINT', 'SIGTERM'] as const) {
   });
 }
 
-main()
-  .then(async (code) => {
-    await cleanup();
-    process.exit(code);
-  })
-  .catch(async (e: unknown) => {
-    process.stderr.write(`\nbench failed: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`);
-    await cleanup();
-    process.exit(1);
-  });
+runMain('bench/run.ts', main, cleanup);

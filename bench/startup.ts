@@ -20,7 +20,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import { CLI, KiB, REPO, RSYNC_BIN, XorShift128, commandLine, flushWorkFs, machineInfo, markdown, median, textTable } from './common.js';
+import { CLI, KiB, REPO, RSYNC_BIN, XorShift128, commandLine, flushWorkFs, machineInfo, markdown, median, textTable, runMain } from './common.js';
 
 const NPM_PKG = 'typescript';
 const NPM_V1 = '5.6.2';
@@ -306,7 +306,4 @@ async function main(): Promise<void> {
   }
 }
 
-main().catch((e) => {
-  process.stderr.write(`!!!!! ${(e as Error).stack ?? e}\n`);
-  process.exit(1);
-});
+runMain('bench/startup.ts', main);

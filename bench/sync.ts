@@ -41,7 +41,6 @@ import {
   fmtRatio,
   fmtRss,
   fmtS,
-  killAll,
   machineInfo,
   markdown,
   median,
@@ -58,6 +57,7 @@ import {
   withTimeout,
   writeResultsSection,
   writeSeededFile,
+  runMain,
 } from './common.js';
 
 const BEGIN_MARK = '<!-- sync-bench:begin -->';
@@ -384,8 +384,4 @@ async function main(): Promise<void> {
   if (!values.dir) await rmf(work);
 }
 
-main().catch((e) => {
-  killAll();
-  process.stderr.write(`bench/sync.ts: ${(e as Error).stack ?? e}\n`);
-  process.exit(1);
-});
+runMain('bench/sync.ts', main);

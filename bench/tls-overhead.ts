@@ -8,7 +8,7 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { CLI, REPO, sha256FileSync } from './common.js';
+import { CLI, REPO, sha256FileSync, runMain } from './common.js';
 const arg = (name: string, def: number) => {
   const i = process.argv.indexOf(name);
   return i > 0 ? Number(process.argv[i + 1]) : def;
@@ -86,7 +86,4 @@ async function main() {
   }
 }
 
-void main().catch((e) => {
-  console.error(e);
-  process.exit(1);
-});
+runMain('bench/tls-overhead.ts', main);

@@ -21,14 +21,12 @@ import {
   CLI,
   KiB,
   MiB,
-  Proc,
   REPO,
   sha256File,
   RSYNC_BIN,
   UsageError,
   XorShift128,
   commandLine,
-  describeExit,
   flushWorkFs,
   fmtBytes,
   fmtRatio,
@@ -38,16 +36,16 @@ import {
   machineInfo,
   markdown,
   maxOf,
-  median,
-  parseJsonLine,
-  parseRsyncStats,
   rmf,
   sh,
   tail,
   textTable,
   withTimeout,
   type Machine,
+  runMain,
+  intOption,
 } from './common.js';
+import { aggregate, runFfsyncPair, runRsync, type Aggregate, type TimedSample, type ToolRuns } from './runners.js';
 
 const BEGIN_MARK = '<!-- tree-bench:begin -->';
 const END_MARK = '<!-- tree-bench:end -->';
@@ -175,12 +173,6 @@ function parseOptions(argv: string[]): Options {
     process.stdout.write(HELP);
     process.exit(0);
   }
-  const int = (name: string, v: string | undefined, def: number, min: number, max: number): number => {
-    if (v === undefined) return def;
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < min || n > max) throw new UsageError(`--${name}: expected an integer from ${min} to ${max}, got ${JSON.stringify(v)}`);
-    return n;
-  };
   let only: ScenarioName[] = [...SCENARIO_NAMES];
   if (values.only !== undefined) {
     const want = values.only.split(',').map((s) => s.trim()).filter(Boolean);
@@ -194,13 +186,13 @@ function parseOptions(argv: string[]): Options {
   return {
     quick,
     only,
-    repeat: int('repeat', values.repeat, quick ? 1 : 3, 1, 100),
+    repeat: intOption('repeat', values.repeat, quick ? 1 : 3, 1, 100),
     ssh: !values['no-ssh'],
     installSshd: Boolean(values['install-sshd']),
     dir: path.resolve(values.dir ?? os.tmpdir()),
     out: path.resolve(values.out ?? path.join(REPO, 'bench', 'RESULTS.md')),
-    seed: int('seed', values.seed, 1, 0, 0xffffffff),
-    timeoutMs: int('timeout-s', values['timeout-s'], 1800, 1, 86400) * 1000,
+    seed: intOption('seed', values.seed, 1, 0, 0xffffffff),
+    timeoutMs: intOption('timeout-s', values['timeout-s'], 1800, 1, 86400) * 1000,
     keep: Boolean(values.keep),
     scale: scaleFor(quick),
   };
@@ -462,19 +454,12 @@ interface TreeCounts {
   errors: string[];
 }
 
-interface Sample {
-  wallMs: number;
-  /** ffsync only: from spawning the sender (receiver already listening) until both peers exited. */
-  senderToExitMs?: number;
-  wire: { sent: number; received: number };
-  rssKb: { sender?: number; receiver?: number; all?: number };
-  summaryMs?: { sender: number; receiver: number };
+interface Sample extends TimedSample {
   tree?: TreeCounts;
   rsync?: { transferred?: number; literal?: number; matched?: number };
   /** npm-trees, rsync: files left with v1 content (same size, same mtime). */
   stale?: number;
   stalePaths?: string[];
-  note?: string;
 }
 
 interface TreeSummaryJson {
@@ -490,24 +475,6 @@ interface TreeSummaryJson {
   errors: string[];
 }
 
-interface SummaryJson {
-  event: 'summary';
-  ok: boolean;
-  exitCode: number;
-  bytesOnWire: { sent: number; received: number };
-  durationMs: number;
-  error?: string;
-  tree?: TreeSummaryJson;
-}
-
-function lastSummary(lines: string[]): SummaryJson | undefined {
-  for (let i = lines.length - 1; i >= 0; i--) {
-    const o = parseJsonLine(lines[i]!);
-    if (o?.event === 'summary') return o as unknown as SummaryJson;
-  }
-  return undefined;
-}
-
 let rssSeq = 0;
 function rssPath(ctx: Ctx, label: string): string {
   return path.join(ctx.dirs.tmp, `rss-${++rssSeq}-${label.replace(/[^a-z0-9-]+/gi, '_')}.txt`);
@@ -519,107 +486,53 @@ interface StateDirs {
 }
 
 async function ffsyncRun(ctx: Ctx, src: string, dst: string, state: StateDirs, label: string, sendArgs: string[]): Promise<Sample> {
-  const t0 = performance.now();
-  const recv = new Proc(`${label} receiver`, [process.execPath, CLI, 'receive', dst, '0', '--bind', '127.0.0.1', '--plaintext', '--json', '--state-dir', state.sr], {
-    rssFile: rssPath(ctx, `${label}-recv`),
-  });
-  let send: Proc | undefined;
-  try {
-    const listening = parseJsonLine(await recv.waitForLine((l) => parseJsonLine(l)?.event === 'listening', 60_000))!;
-    const port = Number(listening.port);
-    if (!Number.isInteger(port) || port <= 0) throw new Error(`${label}: bad listening event ${JSON.stringify(listening)}`);
-    const t1 = performance.now();
-    const sender = new Proc(
-      `${label} sender`,
-      [process.execPath, CLI, 'send', src, `127.0.0.1:${port}`, '--plaintext', '--json', '--state-dir', state.ss, ...sendArgs],
-      { rssFile: rssPath(ctx, `${label}-send`) },
-    );
-    send = sender;
-    // If one peer fails, give the other a grace period, then kill it.
-    const reap = (self: Proc, other: Proc) =>
-      self.exited.then((e) => {
-        if (e.code !== 0) setTimeout(() => other.exit || other.kill(), 10_000).unref();
-      });
-    void reap(sender, recv);
-    void reap(recv, sender);
-    const [es, er] = await Promise.all([sender.exited, recv.exited]);
-    const tEnd = Math.max(es.at, er.at);
-    const ssum = lastSummary(sender.lines);
-    const rsum = lastSummary(recv.lines);
-    const problems: string[] = [];
-    if (es.code !== 0) problems.push(`sender ${describeExit(es)}${ssum?.error ? `: ${ssum.error}` : ''}; stderr: ${tail(sender.stderr)}`);
-    if (er.code !== 0) problems.push(`receiver ${describeExit(er)}${rsum?.error ? `: ${rsum.error}` : ''}; stderr: ${tail(recv.stderr)}`);
-    if (!ssum) problems.push('sender printed no summary');
-    else if (!ssum.ok || ssum.exitCode !== 0) problems.push(`sender summary not ok: ${JSON.stringify(ssum)}`);
-    if (!rsum) problems.push('receiver printed no summary');
-    else if (!rsum.ok || rsum.exitCode !== 0) problems.push(`receiver summary not ok: ${JSON.stringify(rsum)}`);
-    if (ssum && !ssum.tree) problems.push('sender summary has no tree section');
-    if (rsum && !rsum.tree) problems.push('receiver summary has no tree section');
-    if (problems.length) throw new Error(`${label}: ffsync-native failed: ${problems.join(' | ')}`);
-    const notes: string[] = [];
-    const sw = ssum!.bytesOnWire;
-    const rw = rsum!.bytesOnWire;
-    if (sw.sent !== rw.received || sw.received !== rw.sent) {
-      notes.push(`wire counters disagree: sender sent/recv ${sw.sent}/${sw.received}, receiver recv/sent ${rw.received}/${rw.sent}`);
-    }
-    const st = ssum!.tree!;
-    const rt = rsum!.tree!;
-    const errors = [...st.errors, ...rt.errors];
-    if (errors.length) notes.push(`summary errors: ${listSome(errors, 3)}`);
-    return {
-      wallMs: tEnd - t0,
-      senderToExitMs: tEnd - t1,
-      wire: { sent: sw.sent, received: sw.received },
-      rssKb: { sender: await sender.peakRssKb(), receiver: await recv.peakRssKb() },
-      summaryMs: { sender: ssum!.durationMs, receiver: rsum!.durationMs },
-      tree: {
-        files: st.files,
-        entries: st.entries,
-        written: rt.written,
-        unchanged: rt.unchanged,
-        decidedByRoot: rt.decidedByRoot,
-        localCopies: rt.localCopies,
-        deleted: rt.deleted,
-        indexed: `${st.indexedFiles}/${rt.indexedFiles}`,
-        lanes: st.lanes,
-        errors,
-      },
-      note: notes.length ? notes.join('; ') : undefined,
-    };
-  } catch (e) {
-    recv.kill();
-    send?.kill();
-    throw e;
-  }
+  const rssFile = (peer: 'receiver' | 'sender') => rssPath(ctx, `${label}-${peer === 'receiver' ? 'recv' : 'send'}`);
+  const r = await runFfsyncPair({ label, src, dst, stateR: state.sr, stateS: state.ss, sendArgs, rssFile });
+  const st = r.sender.tree as TreeSummaryJson | undefined;
+  const rt = r.receiver.tree as TreeSummaryJson | undefined;
+  if (!st || !rt) throw new Error(`${label}: ffsync-native failed: ${st ? 'receiver' : 'sender'} summary has no tree section`);
+  const notes = [...r.notes];
+  const errors = [...st.errors, ...rt.errors];
+  if (errors.length) notes.push(`summary errors: ${listSome(errors, 3)}`);
+  return {
+    wallMs: r.wallMs,
+    senderToExitMs: r.senderToExitMs,
+    wire: r.sender.bytesOnWire,
+    rssKb: r.rssKb,
+    summaryMs: { sender: r.sender.durationMs, receiver: r.receiver.durationMs },
+    tree: {
+      files: st.files,
+      entries: st.entries,
+      written: rt.written,
+      unchanged: rt.unchanged,
+      decidedByRoot: rt.decidedByRoot,
+      localCopies: rt.localCopies,
+      deleted: rt.deleted,
+      indexed: `${st.indexedFiles}/${rt.indexedFiles}`,
+      lanes: st.lanes,
+      errors,
+    },
+    note: notes.length ? notes.join('; ') : undefined,
+  };
 }
 
 async function rsyncRun(ctx: Ctx, ssh: boolean, src: string, dst: string, label: string, del: boolean): Promise<Sample> {
-  const argv = [RSYNC_BIN, '-a', '--no-whole-file', '--stats'];
-  if (del) argv.push('--delete');
+  const args = ['-a', '--no-whole-file'];
+  if (del) args.push('--delete');
   if (ssh) {
     if (!ctx.ssh.server) throw new Error(`${label}: no sshd`);
-    argv.push('-e', ctx.ssh.server.rsh, `${src}/`, `127.0.0.1:${dst}/`);
+    args.push('-e', ctx.ssh.server.rsh, `${src}/`, `127.0.0.1:${dst}/`);
   } else {
-    argv.push(`${src}/`, `${dst}/`);
+    args.push(`${src}/`, `${dst}/`);
   }
-  const t0 = performance.now();
-  const p = new Proc(label, argv, { rssFile: rssPath(ctx, label) });
-  try {
-    const e = await p.exited;
-    if (e.code !== 0) throw new Error(`${label}: rsync ${describeExit(e)}; stderr: ${tail(p.stderr)}`);
-    const out = p.lines.join('\n');
-    const stats = parseRsyncStats(out);
-    const m = /Number of regular files transferred:\s*([\d,.]+)/.exec(out);
-    return {
-      wallMs: e.at - t0,
-      wire: { sent: stats.sent, received: stats.received },
-      rssKb: { all: await p.peakRssKb() },
-      rsync: { transferred: m ? Number(m[1]!.replace(/[,.]/g, '')) : undefined, literal: stats.literal, matched: stats.matched },
-    };
-  } catch (err) {
-    p.kill();
-    throw err;
-  }
+  const r = await runRsync(label, args, rssPath(ctx, label));
+  const m = /Number of regular files transferred:\s*([\d,.]+)/.exec(r.out);
+  return {
+    wallMs: r.wallMs,
+    wire: { sent: r.stats.sent, received: r.stats.received },
+    rssKb: { all: r.rssKb },
+    rsync: { transferred: m ? Number(m[1]!.replace(/[,.]/g, '')) : undefined, literal: r.stats.literal, matched: r.stats.matched },
+  };
 }
 
 function syncWith(ctx: Ctx, tool: ToolName, src: string, dst: string, state: StateDirs, label: string, del: boolean): Promise<Sample> {
@@ -685,12 +598,8 @@ async function stopSshd(s: SshState): Promise<void> {
 // ---------------------------------------------------------------------------------------------
 // Results
 
-interface Cell {
+interface Cell extends ToolRuns<Sample> {
   tool: ToolName;
-  samples: Sample[];
-  error?: string;
-  /** false: ran but the target did not match; undefined: did not finish. */
-  verified?: boolean;
 }
 
 interface Row {
@@ -1130,29 +1039,8 @@ function spaceFor(name: ScenarioName, sc: Scale, tools: number): number {
 // ---------------------------------------------------------------------------------------------
 // Tables
 
-interface Agg {
-  ok: boolean;
-  wallMs?: number;
-  wire?: number;
-  sample?: Sample;
-  rssSender?: number;
-  rssReceiver?: number;
-  rssAll?: number;
-}
-
-function agg(c: Cell | undefined): Agg {
-  if (!c || c.error || c.samples.length === 0) return { ok: false };
-  const last = c.samples[c.samples.length - 1]!;
-  return {
-    ok: true,
-    wallMs: median(c.samples.map((s) => s.wallMs)),
-    wire: last.wire.sent + last.wire.received,
-    sample: last,
-    rssSender: maxOf(c.samples.map((s) => s.rssKb.sender)),
-    rssReceiver: maxOf(c.samples.map((s) => s.rssKb.receiver)),
-    rssAll: maxOf(c.samples.map((s) => s.rssKb.all)),
-  };
-}
+type Agg = Aggregate<Sample>;
+const agg = (c: Cell | undefined): Agg => aggregate(c);
 
 function timeCell(ctx: Ctx, row: Row, tool: ToolName): string {
   const c = row.cells.get(tool);
@@ -1461,13 +1349,4 @@ for (const sig of ['SIGINT', 'SIGTERM'] as const) {
   });
 }
 
-main()
-  .then(async (code) => {
-    await cleanup();
-    process.exit(code);
-  })
-  .catch(async (e: unknown) => {
-    process.stderr.write(`\nbench failed: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`);
-    await cleanup();
-    process.exit(1);
-  });
+runMain('bench/tree.ts', main, cleanup);

@@ -79,6 +79,18 @@ export function encodeFrame(type: FrameType, payload: Uint8Array = Buffer.alloc(
  * Incremental decoder: feed it bytes as they arrive, take out whole frames. Throws a
  * protocol error (exit 12) on an oversized or zero length or an unknown frame type.
  */
+/** Whether `chunk` is a run of whole frames (by their length fields alone; the decoder checks
+ * the rest). */
+function wholeFrames(chunk: Buffer): boolean {
+  let at = 0;
+  while (at + 4 <= chunk.length) {
+    const bodyLen = chunk.readUInt32LE(at);
+    if (bodyLen < 1 || bodyLen > MAX_FRAME_BODY) return false;
+    at += 4 + bodyLen;
+  }
+  return at === chunk.length;
+}
+
 export class FrameDecoder {
   /** Buffered reads, consumed from `head` (no Array.shift: O(1) per frame however many are buffered). */
   private parts: Buffer[] = [];
@@ -157,7 +169,8 @@ export class FrameDecoder {
    * Add bytes; whole frames are appended to `out`. On a framing violation the frames
    * decoded before it are still in `out` when the error is thrown.
    */
-  push(chunk: Buffer, out: Frame[] = []): Frame[] {
+  push(chunk: Buffer, out: Frame[] = [], lent?: () => void): Frame[] {
+    if (lent) return this.pushLent(chunk, out, lent);
     const a = this.assembly;
     if (a) {
       const k = Math.min(chunk.length, a.frame.length - a.filled);
@@ -205,6 +218,42 @@ export class FrameDecoder {
     } else if (this.head > 64 && this.head * 2 > this.parts.length) {
       this.parts = this.parts.slice(this.head);
       this.head = 0;
+    }
+    return out;
+  }
+
+  /** A chunk lent by its owner (a stream's share of a pooled MUX frame): `lent` gives it back.
+   * A chunk of whole frames, arriving with nothing buffered, is decoded in place: its large
+   * frames are handed out without a copy and the last of them to be released gives the chunk
+   * back; its small frames get copies of their own (control frames are seldom released). A
+   * chunk the decoder would keep part of is copied first and given back at once. Either way,
+   * whatever the decoder or a frame holds on to is its own (decisions §39, §70). */
+  private pushLent(chunk: Buffer, out: Frame[], lent: () => void): Frame[] {
+    if (this.assembly || this.buffered > 0 || !wholeFrames(chunk)) {
+      const own = Buffer.from(chunk);
+      lent();
+      return this.push(own, out);
+    }
+    const before = out.length;
+    let holders = 0;
+    try {
+      this.push(chunk, out);
+      for (let i = before; i < out.length; i++) {
+        const f = out[i]!;
+        if (f.payload.length < FrameDecoder.POOLED_MIN || f.release || f.payload.buffer !== chunk.buffer) {
+          if (!f.release && f.payload.buffer === chunk.buffer) out[i] = { type: f.type, payload: Buffer.from(f.payload) };
+          continue;
+        }
+        holders++;
+        let released = false;
+        f.release = () => {
+          if (released) return;
+          released = true;
+          if (--holders === 0) lent();
+        };
+      }
+    } finally {
+      if (holders === 0) lent();
     }
     return out;
   }

@@ -245,15 +245,20 @@ export class FramedConnection {
 
   private onData(chunk: Buffer): void {
     this.bytesReceived += chunk.length;
+    // A multiplexed stream's chunk may be a slice of the connection's pooled buffer (mux.ts).
+    const lent = (this.stream as { takeLent?: (c: Buffer) => (() => void) | undefined }).takeLent?.(chunk);
     // A flooding peer is not listened to any more: its bytes are dropped undecoded.
-    if (this.flooded) return;
+    if (this.flooded) {
+      lent?.();
+      return;
+    }
     this.relieve(chunk.length);
     const now = Date.now();
     this.lastBytes = now;
     const frames: Frame[] = [];
     let bad: Error | undefined;
     try {
-      this.decoder.push(chunk, frames);
+      this.decoder.push(chunk, frames, lent);
     } catch (e) {
       bad = e as Error;
     }

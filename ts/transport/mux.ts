@@ -32,6 +32,9 @@ class MuxStream extends Duplex {
   peerEnded = false;
   /** The conversation running on this stream (set right after construction). */
   conn!: FramedConnection;
+  /** Chunks pushed as slices of the connection's pooled frame buffers, with what gives each
+   * buffer back: the stream's reader takes it with the chunk (`takeLent`). */
+  private readonly lent = new WeakMap<Buffer, () => void>();
 
   constructor(
     private readonly mux: Multiplexer,
@@ -42,6 +45,19 @@ class MuxStream extends Duplex {
 
   override _read(): void {
     this.mux.maybeResume();
+  }
+
+  /** Push a slice of a pooled buffer; `giveBack` returns the buffer to its pool. */
+  pushLent(bytes: Buffer, giveBack: () => void): void {
+    this.lent.set(bytes, giveBack);
+    this.push(bytes);
+  }
+
+  /** The reader's side: what gives `chunk`'s buffer back, if it was lent (once). */
+  takeLent(chunk: Buffer): (() => void) | undefined {
+    const r = this.lent.get(chunk);
+    if (r) this.lent.delete(chunk);
+    return r;
   }
 
   override _write(chunk: Buffer, _enc: BufferEncoding, cb: (e?: Error | null) => void): void {
@@ -136,9 +152,15 @@ export class Multiplexer {
         s.push(null);
         return;
       }
-      // A pooled frame buffer goes back to the connection's pool now; the stream keeps a copy.
-      const bytes = release ? Buffer.from(payload.subarray(ID_BYTES)) : payload.subarray(ID_BYTES);
-      s.push(bytes);
+      // A pooled frame buffer is lent to the stream: its reader gives it back to the
+      // connection's pool with the frame it carries, or at once if it copies (FrameDecoder).
+      const bytes = payload.subarray(ID_BYTES);
+      if (release) {
+        s.pushLent(bytes, release);
+        release = undefined;
+      } else {
+        s.push(bytes);
+      }
     } finally {
       release?.();
     }
