@@ -27,7 +27,7 @@ import {
 import { batchByBytes } from '../ts/utils/manifest';
 import net from 'node:net';
 import { FramedConnection } from '../ts/transport/connection';
-import { Multiplexer } from '../ts/transport/mux';
+import { laneWindow, Multiplexer, MUX_HIGH_WATER } from '../ts/transport/mux';
 import { pipePair } from '../ts/transport/stream-pair';
 import { seeded } from './helpers/peers';
 
@@ -308,6 +308,47 @@ describe('multiplexed streams', () => {
       await sending;
       // A copy per frame would be 40 buffers; lent and given back, a few serve them all.
       assert.ok(buffers.size <= 12, `${buffers.size} buffers for ${N} frames`);
+    } finally {
+      a.destroy();
+      b.destroy();
+    }
+  });
+
+  it('a connection stops reading at its window of unread stream bytes; lanes share the session\'s window', async () => {
+    assert.equal(laneWindow(1), MUX_HIGH_WATER);
+    assert.equal(laneWindow(4), MUX_HIGH_WATER / 4, 'four lanes read ahead as much as one connection');
+    assert.equal(laneWindow(16), 4 * 1024 * 1024, 'never under one stream\'s high-water mark');
+    const [a, b] = pipePair();
+    const ca = new FramedConnection(a, 0);
+    const cb = new FramedConnection(b, 0);
+    let mux!: Multiplexer;
+    const accepted = new Promise<FramedConnection>((resolve) => (mux = new Multiplexer(cb, { opener: false, onStream: resolve, window: laneWindow(4) })));
+    const out = new Multiplexer(ca, { opener: true }).open();
+    // 24 frames of 1 MiB the receiving stream does not read yet.
+    const sending = (async () => {
+      for (let k = 0; k < 24; k++) await out.send(FrameType.DATA, Buffer.alloc(1024 * 1024, k));
+    })();
+    sending.catch(() => undefined);
+    const inn = await accepted;
+    const settle = () => new Promise((r) => setTimeout(r, 300));
+    try {
+      await settle();
+      // What isOver counts: the stream's unread bytes and what its conversation has not taken.
+      const read = () => inn.pendingBytes + (inn as unknown as { stream: { readableLength: number } }).stream.readableLength;
+      const first = read();
+      assert.ok(b.isPaused(), 'the connection stopped reading');
+      // One 1 MiB frame (and its MUX frame) may land past the mark before the pause.
+      assert.ok(first <= laneWindow(4) + 2 * 1024 * 1024, `${first} bytes read ahead with a window of ${laneWindow(4)}`);
+      mux.setWindow(MUX_HIGH_WATER);
+      await settle();
+      assert.ok(read() > first, `a wider window reads on: ${first} then ${read()}, paused ${b.isPaused()}`);
+      assert.ok(read() <= MUX_HIGH_WATER + 2 * 1024 * 1024);
+      for (let k = 0; k < 24; k++) {
+        const f = await inn.recv();
+        assert.equal(f.payload[0], k);
+        f.release?.();
+      }
+      await sending;
     } finally {
       a.destroy();
       b.destroy();

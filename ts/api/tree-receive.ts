@@ -36,7 +36,7 @@ import { hashWithin } from './content-send.js';
 import { receiveFileContent, WRITES_IN_FLIGHT } from './content-receive.js';
 import { WorkLimit } from '../utils/data-turns.js';
 import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, treeSummary } from './tree-common.js';
-import { Multiplexer } from '../transport/mux.js';
+import { laneWindow, Multiplexer } from '../transport/mux.js';
 
 export interface TreeReceiveOptions {
   /** The receiver's own patterns: matching paths are never deleted. */
@@ -122,19 +122,26 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
   const streams: FramedConnection[] = [];
   // Basis files hashed at once while many conversations run (see HASHING_AT_ONCE).
   const hashing = multiplexed ? new WorkLimit(HASHING_AT_ONCE) : undefined;
+  // The read-ahead is the session's: with lanes, each connection gets its share.
+  let connections = 1;
+  const muxes: Multiplexer[] = [];
   const carryStreams = (c: FramedConnection) => {
     if (!multiplexed) return;
-    new Multiplexer(c, {
+    const mux = new Multiplexer(c, {
       opener: false,
+      window: laneWindow(connections),
       onStream: (s) => {
         streams.push(s);
         startLane(s);
       },
     });
+    muxes.push(mux);
   };
   carryStreams(conn);
   if (o.offer.flags & OfferFlag.PARALLEL) {
     const granted = o.listener ? Math.min(Number(o.offer.size), MAX_LANES) : 1;
+    connections = granted;
+    for (const m of muxes) m.setWindow(laneWindow(connections));
     const token = crypto.randomBytes(LANE_TOKEN_BYTES);
     await conn.send(FrameType.LANES, encodeLanes(granted, token));
     if (o.listener) accepting = acceptLanes(o.listener, {

@@ -18,9 +18,9 @@ import { FrameType, protocolError } from '../protocol/frames.js';
 /** Streams one connection carries at once, and ids the peer may open beyond those it spent. */
 export const MUX_MAX_STREAMS = 64;
 /** Bytes received for streams but not yet taken by their conversations: above this the
- * connection stops reading (every stream waits) until they drain below MUX_LOW_WATER. */
+ * connection stops reading (every stream waits) until they drain below half of it. A session
+ * on lanes divides it between its connections (`laneWindow`). */
 export const MUX_HIGH_WATER = 16 * 1024 * 1024;
-const MUX_LOW_WATER = 8 * 1024 * 1024;
 /** One stream's unread bytes (its reader paused) before the connection stops reading. */
 const STREAM_HIGH_WATER = 4 * 1024 * 1024;
 /** Bytes one stream may have written but not yet handed to the OS before its writer waits. */
@@ -87,6 +87,17 @@ export interface MultiplexerOptions {
   opener: boolean;
   /** Acceptor: a stream the peer opened, with its conversation ready to run. */
   onStream?: (c: FramedConnection) => void;
+  /** Unread stream bytes above which the connection stops reading (default MUX_HIGH_WATER;
+   * reading resumes below half of it). A session on lanes gives each a share (`laneWindow`). */
+  window?: number;
+}
+
+/** Each connection's window when a session runs on `connections` of them: MUX_HIGH_WATER for
+ * the session, never under one stream's high-water mark per connection. Each lane reads ahead
+ * on its own, so four lanes with the whole window each held four times the data, and each
+ * lane's frame pool grew to match (decisions §70). */
+export function laneWindow(connections: number): number {
+  return Math.max(STREAM_HIGH_WATER, Math.floor(MUX_HIGH_WATER / Math.max(1, connections)));
 }
 
 /** The streams of one physical connection (TCP, TLS, ssh stdio, a QUIC stream, a pipe). */
@@ -101,16 +112,27 @@ export class Multiplexer {
    * once, so this is bounded by the tree's large files. */
   private spent = 0;
   private over = false;
+  /** See MultiplexerOptions.window. */
+  private window: number;
 
   constructor(
     readonly parent: FramedConnection,
     private readonly o: MultiplexerOptions,
   ) {
+    this.window = o.window ?? MUX_HIGH_WATER;
     parent.attachMux({
       deliver: (payload, release) => this.deliver(payload, release),
       buffered: () => this.over,
       closeAll: (why) => this.closeAll(why),
     });
+  }
+
+  /** Change the window (a session learns how many lanes it has after its first connection). */
+  setWindow(bytes: number): void {
+    this.window = bytes;
+    // Paused: resume if the new window allows (below half of it); else pause at the next read.
+    if (this.over) this.maybeResume();
+    else this.over = this.isOver();
   }
 
   /** Opener: a new stream and the conversation on it. */
@@ -174,7 +196,7 @@ export class Multiplexer {
       if (s.readableLength > STREAM_HIGH_WATER) return true;
       total += unread;
     }
-    return total > MUX_HIGH_WATER;
+    return total > this.window;
   }
 
   /** A stream's reader took bytes: the connection may read again. */
@@ -182,7 +204,7 @@ export class Multiplexer {
     if (!this.over) return;
     let total = 0;
     for (const s of this.streams.values()) total += s.readableLength + s.conn.pendingBytes;
-    if (total < MUX_LOW_WATER) {
+    if (total < this.window / 2) {
       this.over = false;
       this.parent.maybeResume();
     }
