@@ -121,6 +121,22 @@ describe('frame decoder', () => {
       assert.ok(out[0].payload.equals(payload), `${label}: the frame is intact after the lender scribbled on its chunks`);
       out[0].release?.();
     }
+    // A large frame decoded before a violation in the same lent chunk is still delivered: as a copy.
+    {
+      const big = seeded(300_000, 8);
+      const bad = Buffer.alloc(10);
+      bad.writeUInt32LE(6, 0);
+      bad[4] = 0x55; // a valid length, an unknown type
+      const lentChunk = Buffer.concat([encodeFrame(FrameType.DATA, big), bad]);
+      const out: ReturnType<FrameDecoder['push']> = [];
+      let back = 0;
+      assert.throws(() => new FrameDecoder().push(lentChunk, out, () => back++), /unknown frame type/);
+      assert.equal(back, 1, 'given back at once');
+      assert.equal(out.length, 1);
+      assert.notEqual(out[0].payload.buffer, lentChunk.buffer, 'the frame before the violation is a copy');
+      lentChunk.fill(0);
+      assert.ok(out[0].payload.equals(big));
+    }
     // A lent chunk that is not frames at all is given back and fails as any input would.
     let givenBack = 0;
     assert.throws(() => new FrameDecoder().push(Buffer.from([0, 0, 0, 0, 1]), [], () => givenBack++), /out of bounds/);

@@ -75,10 +75,6 @@ export function encodeFrame(type: FrameType, payload: Uint8Array = Buffer.alloc(
   return Buffer.concat([encodeFrameHeader(type, payload.length), payload]);
 }
 
-/**
- * Incremental decoder: feed it bytes as they arrive, take out whole frames. Throws a
- * protocol error (exit 12) on an oversized or zero length or an unknown frame type.
- */
 /** Whether `chunk` is a run of whole frames (by their length fields alone; the decoder checks
  * the rest). */
 function wholeFrames(chunk: Buffer): boolean {
@@ -91,6 +87,10 @@ function wholeFrames(chunk: Buffer): boolean {
   return at === chunk.length;
 }
 
+/**
+ * Incremental decoder: feed it bytes as they arrive, take out whole frames. Throws a
+ * protocol error (exit 12) on an oversized or zero length or an unknown frame type.
+ */
 export class FrameDecoder {
   /** Buffered reads, consumed from `head` (no Array.shift: O(1) per frame however many are buffered). */
   private parts: Buffer[] = [];
@@ -235,26 +235,31 @@ export class FrameDecoder {
       return this.push(own, out);
     }
     const before = out.length;
-    let holders = 0;
+    let failure: unknown;
     try {
       this.push(chunk, out);
-      for (let i = before; i < out.length; i++) {
-        const f = out[i]!;
-        if (f.payload.length < FrameDecoder.POOLED_MIN || f.release || f.payload.buffer !== chunk.buffer) {
-          if (!f.release && f.payload.buffer === chunk.buffer) out[i] = { type: f.type, payload: Buffer.from(f.payload) };
-          continue;
-        }
-        holders++;
-        let released = false;
-        f.release = () => {
-          if (released) return;
-          released = true;
-          if (--holders === 0) lent();
-        };
-      }
-    } finally {
-      if (holders === 0) lent();
+    } catch (e) {
+      failure = e;
     }
+    let holders = 0;
+    for (let i = before; i < out.length; i++) {
+      const f = out[i]!;
+      if (f.release || f.payload.buffer !== chunk.buffer) continue;
+      // Frames decoded before a violation are still delivered, after the chunk went back.
+      if (failure !== undefined || f.payload.length < FrameDecoder.POOLED_MIN) {
+        out[i] = { type: f.type, payload: Buffer.from(f.payload) };
+        continue;
+      }
+      holders++;
+      let released = false;
+      f.release = () => {
+        if (released) return;
+        released = true;
+        if (--holders === 0) lent();
+      };
+    }
+    if (holders === 0) lent();
+    if (failure !== undefined) throw failure;
     return out;
   }
 
