@@ -94,8 +94,8 @@ export interface MultiplexerOptions {
 
 /** Each connection's window when a session runs on `connections` of them: MUX_HIGH_WATER for
  * the session, never under one stream's high-water mark per connection. Each lane reads ahead
- * on its own, so four lanes with the whole window each held four times the data, and each
- * lane's frame pool grew to match (decisions §70). */
+ * on its own, so four lanes with the whole window each could hold four times the data
+ * (decisions §70). */
 export function laneWindow(connections: number): number {
   return Math.max(STREAM_HIGH_WATER, Math.floor(MUX_HIGH_WATER / Math.max(1, connections)));
 }
