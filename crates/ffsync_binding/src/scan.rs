@@ -1,6 +1,6 @@
 use crate::progress::{ProgressFn, Ticker};
 use crate::to_napi;
-use ffsync_core::early_data::{scan_with_early_data, BatchBuffers, StreamStep};
+use ffsync_core::early_data::{batch_buffers, scan_with_early_data, BatchBuffers, StreamStep};
 use ffsync_core::params::ChunkParams;
 use ffsync_core::scan::{scan_file, scan_file_with_params, ScanOptions};
 use napi::bindgen_prelude::*;
@@ -325,7 +325,7 @@ impl NativeScanStream {
         let (tx, rx) = std::sync::mpsc::sync_channel::<StreamMsg>(STREAM_QUEUE);
         let cancel = Arc::new(AtomicBool::new(false));
         let cancelled = cancel.clone();
-        let buffers = Arc::new(BatchBuffers::default());
+        let buffers = Arc::new(batch_buffers());
         let spent = buffers.clone();
         std::thread::Builder::new()
             .name("ffsync-scan-stream".into())

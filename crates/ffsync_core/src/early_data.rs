@@ -8,11 +8,11 @@
 use crate::chunk_batch::CompressPolicy;
 use crate::chunker::Chunk;
 use crate::error::{CoreError, Result};
+use crate::idle::Idle;
 use crate::manifest::ENTRY_LEN;
 use crate::scan::{scan_file_streaming, MappedFile, ScanOptions, ScanOutcome};
 use std::path::Path;
 use std::sync::mpsc::sync_channel;
-use std::sync::Mutex;
 
 /// One step of the stream, in the order the receiver must get them (a window's entries
 /// before its chunks; batches of one window in order).
@@ -34,33 +34,17 @@ pub struct EarlyData<'a> {
 /// Batch buffers the consumer is done with, for the encoder to write the next batches into.
 /// A fresh buffer per batch is fresh pages: the kernel zeroes and maps each one, and frees
 /// it again when the buffer is dropped. That was about a tenth of the sender's CPU on a
-/// fresh 1 GiB file (512 batches of 2 MiB; decisions §68).
-#[derive(Default)]
-pub struct BatchBuffers(Mutex<Vec<Vec<u8>>>);
+/// fresh 1 GiB file (512 batches of 2 MiB; decisions §68). `give` a batch back once its
+/// bytes have been used; the encoder `take`s one per batch.
+pub type BatchBuffers = Idle<Vec<u8>>;
 
-impl BatchBuffers {
-    /// At most this many are kept: the queues between the encoder and the consumer bound
-    /// how many batches are out at once, so more would never be taken again.
-    pub const KEEP: usize = 4;
+/// Spent batch buffers kept: the queues between the encoder and the consumer bound how many
+/// batches are out at once, so more would never be taken again.
+pub const BATCH_BUFFERS_KEPT: usize = 4;
 
-    /// A spent buffer (its old bytes are overwritten by the next encode), or a new one.
-    pub fn take(&self) -> Vec<u8> {
-        self.0.lock().map(|mut v| v.pop()).ok().flatten().unwrap_or_default()
-    }
-
-    /// Hand back a batch buffer once its bytes have been used.
-    pub fn give(&self, buf: Vec<u8>) {
-        if let Ok(mut v) = self.0.lock() {
-            if v.len() < Self::KEEP {
-                v.push(buf);
-            }
-        }
-    }
-
-    /// How many are kept now.
-    pub fn kept(&self) -> usize {
-        self.0.lock().map(|v| v.len()).unwrap_or(0)
-    }
+/// A list of spent batch buffers for one scan stream.
+pub fn batch_buffers() -> BatchBuffers {
+    Idle::new(BATCH_BUFFERS_KEPT)
 }
 
 /// Windows whose chunks wait for the encoder (the scan runs at most this far ahead of it).
@@ -203,7 +187,7 @@ mod tests {
         let early = EarlyData {
             policy: &policy,
             batch_bytes: 512 * 1024,
-            buffers: &BatchBuffers::default(),
+            buffers: &batch_buffers(),
         };
         let (out, steps) = run(&path, Some(&early), None);
         let m = out.unwrap().manifest;
@@ -259,7 +243,7 @@ mod tests {
         let early = EarlyData {
             policy: &policy,
             batch_bytes: 256 * 1024,
-            buffers: &BatchBuffers::default(),
+            buffers: &batch_buffers(),
         };
         let (out, steps) = run(&path, Some(&early), Some(1));
         assert_eq!(steps.len(), 1);
@@ -275,7 +259,7 @@ mod tests {
         let early = EarlyData {
             policy: &policy,
             batch_bytes: 1 << 20,
-            buffers: &BatchBuffers::default(),
+            buffers: &batch_buffers(),
         };
         let (out, _) = run(&path, Some(&early), None);
         let e = out.err().expect("no such file");
@@ -302,7 +286,7 @@ mod tests {
             let fresh = EarlyData {
                 policy: &policy,
                 batch_bytes: 256 * 1024,
-                buffers: &BatchBuffers::default(),
+                buffers: &batch_buffers(),
             };
             let (_, steps) = run(&path, Some(&fresh), None);
             let expected: Vec<Vec<u8>> = steps
@@ -314,7 +298,7 @@ mod tests {
                 .collect();
             assert!(expected.len() > 8, "enough batches to recycle: {}", expected.len());
 
-            let buffers = BatchBuffers::default();
+            let buffers = batch_buffers();
             let recycled = EarlyData {
                 policy: &policy,
                 batch_bytes: 256 * 1024,
@@ -337,13 +321,13 @@ mod tests {
                 "stream {stream}: a recycled buffer encodes byte for byte as a new one"
             );
             assert!(
-                distinct.len() <= BatchBuffers::KEEP,
+                distinct.len() <= BATCH_BUFFERS_KEPT,
                 "stream {stream}: {} buffers for {} batches",
                 distinct.len(),
                 batches.len()
             );
             // The encoder took each spent buffer back: only the last one given is left over
-            // (an encoder that never took one would leave KEEP of them).
+            // (an encoder that never took one would leave BATCH_BUFFERS_KEPT of them).
             assert_eq!(buffers.kept(), 1, "stream {stream}");
         }
     }

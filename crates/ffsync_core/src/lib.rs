@@ -23,6 +23,7 @@ pub mod error;
 pub mod file_identity;
 pub mod fuzzing;
 pub mod identity;
+pub mod idle;
 pub mod index;
 pub mod io;
 pub mod manifest;

@@ -10,7 +10,7 @@
 //! the decoder after a record (it would spill into the next), and a frame asking for a
 //! window over 2^WINDOW_LOG bytes is refused before anything is allocated.
 
-use std::sync::Mutex;
+use crate::idle::{Idle, Recyclable};
 
 use zstd::zstd_safe::{
     get_error_name, zstd_sys::ZSTD_EndDirective::ZSTD_e_flush, CCtx, CParameter, DCtx, DParameter, InBuffer, OutBuffer,
@@ -63,8 +63,8 @@ pub fn groups(sizes: &[u64]) -> Vec<(usize, usize)> {
 /// the sender's CPU (decisions §67). At most this many idle contexts of each kind are kept,
 /// so a process holds no more than it used at once.
 const IDLE_CONTEXTS: usize = 2;
-static IDLE_CCTX: Idle<CCtx<'static>> = Idle::new();
-static IDLE_DCTX: Idle<DCtx<'static>> = Idle::new();
+static IDLE_CCTX: Idle<CCtx<'static>> = Idle::new(IDLE_CONTEXTS);
+static IDLE_DCTX: Idle<DCtx<'static>> = Idle::new(IDLE_CONTEXTS);
 
 #[cfg(test)]
 thread_local! {
@@ -72,62 +72,26 @@ thread_local! {
     static CREATED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// A zstd context that can be reset to its freshly created state.
-trait Recyclable {
-    fn create() -> Self;
-    /// Session and parameters reset: the next stream can never reference this one's data.
-    fn reset_all(&mut self) -> bool;
-}
-
 impl Recyclable for CCtx<'static> {
     fn create() -> Self {
+        #[cfg(test)]
+        CREATED.with(|c| c.set(c.get() + 1));
         CCtx::create()
     }
-    fn reset_all(&mut self) -> bool {
+    /// Session and parameters reset: the next stream can never reference this one's data.
+    fn reset_for_reuse(&mut self) -> bool {
         self.reset(ResetDirective::SessionAndParameters).is_ok()
     }
 }
 
 impl Recyclable for DCtx<'static> {
     fn create() -> Self {
+        #[cfg(test)]
+        CREATED.with(|c| c.set(c.get() + 1));
         DCtx::create()
     }
-    fn reset_all(&mut self) -> bool {
+    fn reset_for_reuse(&mut self) -> bool {
         self.reset(ResetDirective::SessionAndParameters).is_ok()
-    }
-}
-
-struct Idle<T>(Mutex<Vec<T>>);
-
-impl<T: Recyclable> Idle<T> {
-    const fn new() -> Self {
-        Idle(Mutex::new(Vec::new()))
-    }
-
-    /// A context with default parameters (a recycled one when there is one).
-    fn take(&self) -> T {
-        let idle = self.0.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        idle.unwrap_or_else(|| {
-            #[cfg(test)]
-            CREATED.with(|c| c.set(c.get() + 1));
-            T::create()
-        })
-    }
-
-    /// Keep a context for reuse, reset first; one that does not reset cleanly is dropped.
-    fn give(&self, mut c: T) {
-        if !c.reset_all() {
-            return;
-        }
-        let mut idle = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < IDLE_CONTEXTS {
-            idle.push(c);
-        }
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.0.lock().unwrap().len()
     }
 }
 
@@ -212,7 +176,7 @@ impl GroupDecoder {
         let err = |c| format!("does not decompress: {}", get_error_name(c));
         if start {
             // A new stream in the same batch reuses this decoder's context, reset.
-            let reused = self.dctx.take().and_then(|mut old| old.reset_all().then_some(old));
+            let reused = self.dctx.take().and_then(|mut old| old.reset_for_reuse().then_some(old));
             let mut d = reused.unwrap_or_else(|| IDLE_DCTX.take());
             if let Err(c) = d.set_parameter(DParameter::WindowLogMax(WINDOW_LOG)) {
                 IDLE_DCTX.give(d);
@@ -330,7 +294,7 @@ mod tests {
             GroupDecoder::default().next(true, &z, &mut back).unwrap();
             assert!(back == b);
         }
-        assert!(IDLE_CCTX.len() <= IDLE_CONTEXTS);
+        assert!(IDLE_CCTX.kept() <= IDLE_CONTEXTS);
     }
 
     #[test]
@@ -371,7 +335,7 @@ mod tests {
         let mut back = vec![0u8; a.len()];
         assert!(GroupDecoder::default().next(true, &zb, &mut back).is_err() || back != a);
         assert!(GroupDecoder::default().next(false, &zb, &mut back).is_err());
-        assert!(IDLE_DCTX.len() <= IDLE_CONTEXTS);
+        assert!(IDLE_DCTX.kept() <= IDLE_CONTEXTS);
     }
 
     #[test]
