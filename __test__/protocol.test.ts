@@ -1,7 +1,7 @@
 // Unit tests of the TypeScript frame decoder and message codecs (no processes).
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { encodeFrame, FrameDecoder, FrameType, MAX_FRAME_BODY } from '../ts/protocol/frames';
+import { encodeFrame, encodeFrameHeader, FRAME_POOL_BUFFER, FRAME_POOL_KEPT, FrameDecoder, FramePool, FrameType, MAX_FRAME_BODY, wholeFrames } from '../ts/protocol/frames';
 import {
   Decision,
   DecisionReason,
@@ -27,9 +27,11 @@ import {
 import { batchByBytes } from '../ts/utils/manifest';
 import net from 'node:net';
 import { FramedConnection } from '../ts/transport/connection';
-import { laneWindow, Multiplexer, MUX_HIGH_WATER } from '../ts/transport/mux';
+import { laneWindow, Multiplexer, MUX_FRAME_DATA, MUX_HIGH_WATER, muxGroups } from '../ts/transport/mux';
+import { garbageRelief, RELIEF_STEP } from '../ts/utils/gc';
 import { pipePair } from '../ts/transport/stream-pair';
 import { seeded } from './helpers/peers';
+import { rng } from './helpers/faults';
 
 describe('frame decoder', () => {
   it('reassembles frames split at every possible byte boundary', () => {
@@ -141,6 +143,46 @@ describe('frame decoder', () => {
     let givenBack = 0;
     assert.throws(() => new FrameDecoder().push(Buffer.from([0, 0, 0, 0, 1]), [], () => givenBack++), /out of bounds/);
     assert.equal(givenBack, 1);
+  });
+
+  it('the connections of a process share one frame pool: a buffer one releases serves the next; odd sizes and the last user leaving keep nothing', () => {
+    const pool = new FramePool(FRAME_POOL_BUFFER, FRAME_POOL_KEPT);
+    const lanes = [new FrameDecoder(pool), new FrameDecoder(pool)];
+    // A frame that spans two reads is assembled in a pooled buffer.
+    const split = (d: FrameDecoder, frame: Buffer) => {
+      const half = Math.ceil(frame.length / 2);
+      assert.equal(d.push(frame.subarray(0, half)).length, 0);
+      const [f] = d.push(frame.subarray(half));
+      assert.ok(f?.release, 'assembled in a pooled buffer');
+      return f;
+    };
+    const big = encodeFrame(FrameType.DATA, Buffer.alloc(1536 * 1024, 7));
+    const first = split(lanes[0], big);
+    first.release!();
+    assert.equal(pool.idle, 1);
+    const second = split(lanes[1], big);
+    assert.equal(second.payload.buffer, first.payload.buffer, 'the other connection reuses the buffer the first gave back');
+    assert.ok(second.payload.equals(Buffer.alloc(1536 * 1024, 7)));
+    assert.equal(pool.idle, 0);
+    // A frame larger than the pool's buffers (a peer's 8 MiB DATA) gets a buffer of its own,
+    // which is not kept: what stays idle is bounded by FRAME_POOL_KEPT buffers of one size.
+    const odd = split(lanes[0], encodeFrame(FrameType.DATA, Buffer.alloc(8 * 1024 * 1024, 1)));
+    odd.release!();
+    assert.equal(pool.idle, 0, 'an odd-sized buffer is dropped');
+    // More released than the pool keeps: the surplus is dropped.
+    const held = Array.from({ length: FRAME_POOL_KEPT + 2 }, () => split(lanes[1], big));
+    for (const f of held) f.release!();
+    assert.equal(pool.idle, FRAME_POOL_KEPT);
+    // The last connection using the pool closes: nothing stays idle (a finished serve holds
+    // none), and a frame released after that is not kept either.
+    const late = split(lanes[0], big);
+    lanes[0].dispose();
+    assert.equal(pool.idle, FRAME_POOL_KEPT - 1, 'another connection still uses the pool');
+    lanes[1].dispose();
+    assert.equal(pool.idle, 0);
+    late.release!();
+    assert.equal(pool.idle, 0);
+    assert.ok(late.payload.equals(Buffer.alloc(1536 * 1024, 7)), 'a frame stays valid after its connection closed');
   });
 
   it('byte-at-a-time delivery yields the same frames', () => {
@@ -324,6 +366,114 @@ describe('multiplexed streams', () => {
       await sending;
       // A copy per frame would be 40 buffers; lent and given back, a few serve them all.
       assert.ok(buffers.size <= 12, `${buffers.size} buffers for ${N} frames`);
+    } finally {
+      a.destroy();
+      b.destroy();
+    }
+  });
+
+  it('frames written at once cross in MUX frames that fit one pooled buffer, cut only between frames', async () => {
+    // Random frames, as a stream's writer hands them over: a header part, then the payload in
+    // one or more parts; a few frames larger than one MUX frame may carry.
+    const rnd = rng(71);
+    for (let round = 0; round < 200; round++) {
+      const parts: Buffer[] = [];
+      const count = 1 + Math.floor(rnd() * 12);
+      for (let k = 0; k < count; k++) {
+        const r = rnd();
+        const len = r < 0.4 ? 1 + Math.floor(rnd() * 64) : r < 0.95 ? Math.floor(rnd() * 2 * 1024 * 1024) : MUX_FRAME_DATA + Math.floor(rnd() * 1024 * 1024);
+        const payload = Buffer.alloc(len, k);
+        parts.push(encodeFrameHeader(FrameType.DATA, len));
+        const cut = len > 1 && rnd() < 0.3 ? Math.floor(rnd() * len) : len;
+        parts.push(payload.subarray(0, cut));
+        if (cut < len) parts.push(payload.subarray(cut));
+      }
+      const groups = muxGroups(parts);
+      assert.deepEqual(Buffer.concat(groups.flat()), Buffer.concat(parts), 'the same bytes in the same order');
+      for (const g of groups) {
+        const bytes = Buffer.concat(g);
+        assert.ok(wholeFrames(bytes), `round ${round}: a MUX frame carries whole frames`);
+        const frames = new FrameDecoder().push(bytes).length;
+        assert.ok(bytes.length <= MUX_FRAME_DATA || frames === 1, `round ${round}: ${bytes.length} bytes in ${frames} frames`);
+      }
+      // Greedy: two neighbours could not have shared one MUX frame.
+      for (let i = 1; i < groups.length; i++) {
+        const firstOfNext = new FrameDecoder().push(Buffer.concat(groups[i]))[0]!;
+        assert.ok(Buffer.concat(groups[i - 1]).length + 5 + firstOfNext.payload.length > MUX_FRAME_DATA, `round ${round}: group ${i} cut early`);
+      }
+    }
+    assert.deepEqual(muxGroups([]), [[]], 'FIN: one empty MUX frame');
+
+    // Through a multiplexer pair: batches sent without waiting coalesce in the stream's writer;
+    // each MUX frame still fits a pooled buffer and each batch reaches its reader uncopied.
+    const [a, b] = pipePair();
+    const ca = new FramedConnection(a, 0);
+    const cb = new FramedConnection(b, 0);
+    const muxSizes: number[] = [];
+    const sendParts = ca.sendParts.bind(ca);
+    ca.sendParts = (type, ps, onWritten, wait) => {
+      if (type === FrameType.MUX) muxSizes.push(ps.reduce((n, p) => n + p.length, 0));
+      return sendParts(type, ps, onWritten, wait);
+    };
+    const accepted = new Promise<FramedConnection>((resolve) => new Multiplexer(cb, { opener: false, onStream: resolve }));
+    const out = new Multiplexer(ca, { opener: true }).open();
+    const sizes = [1700, 1500, 2000, 900, 1800, 1200].map((k) => k * 1024);
+    const sending = Promise.all(sizes.map((n, k) => out.send(FrameType.DATA, Buffer.alloc(n, k + 1))));
+    const inn = await accepted;
+    try {
+      for (let k = 0; k < sizes.length; k++) {
+        const f = await inn.recv();
+        assert.ok(f.payload.equals(Buffer.alloc(sizes[k], k + 1)));
+        assert.ok(f.release, `batch ${k} lent from the MUX frame's pooled buffer, not copied`);
+        f.release();
+      }
+      await sending;
+      assert.ok(muxSizes.length >= sizes.length);
+      for (const n of muxSizes) assert.ok(n <= MUX_FRAME_DATA + 4, `a MUX frame of ${n} bytes (id included)`);
+      assert.ok(5 + MUX_FRAME_DATA + 4 <= FRAME_POOL_BUFFER, 'a whole MUX frame fits a pooled buffer');
+    } finally {
+      a.destroy();
+      b.destroy();
+    }
+  });
+
+  it('socket reads are counted once for the process: lanes share the scavenge step, streams are not counted again', async () => {
+    const expected = (start: { runs: number; pending: number }, bytes: number) => start.runs + Math.floor((start.pending + bytes) / RELIEF_STEP);
+    const pairs = [pipePair(), pipePair()];
+    try {
+      // 3 MiB on each of two connections: under the step each, over it together.
+      const receivers = pairs.map(([, b]) => new FramedConnection(b, 0));
+      const senders = pairs.map(([a]) => new FramedConnection(a, 0));
+      const start = garbageRelief();
+      for (const [i, s] of senders.entries()) {
+        for (let k = 0; k < 3; k++) await s.send(FrameType.DATA, Buffer.alloc(1024 * 1024, k));
+        for (let k = 0; k < 3; k++) (await receivers[i]!.recv()).release?.();
+      }
+      const read = receivers.reduce((n, r) => n + r.bytesReceived, 0);
+      assert.ok(read > RELIEF_STEP && read / 2 < RELIEF_STEP);
+      assert.equal(garbageRelief().runs, expected(start, read), 'both connections count towards one step');
+      assert.ok(garbageRelief().runs > start.runs);
+    } finally {
+      for (const [a, b] of pairs) {
+        a.destroy();
+        b.destroy();
+      }
+    }
+    // 8 MiB on a multiplexed stream: the connection's reads count, the stream's slices of them do not.
+    const [a, b] = pipePair();
+    try {
+      const ca = new FramedConnection(a, 0);
+      const cb = new FramedConnection(b, 0);
+      const accepted = new Promise<FramedConnection>((resolve) => new Multiplexer(cb, { opener: false, onStream: resolve }));
+      const out = new Multiplexer(ca, { opener: true }).open();
+      const start = garbageRelief();
+      const sending = (async () => {
+        for (let k = 0; k < 8; k++) await out.send(FrameType.DATA, Buffer.alloc(1024 * 1024, k));
+      })();
+      const inn = await accepted;
+      for (let k = 0; k < 8; k++) (await inn.recv()).release?.();
+      await sending;
+      assert.equal(garbageRelief().runs, expected(start, cb.bytesReceived), `${cb.bytesReceived} bytes read on the connection, counted once`);
     } finally {
       a.destroy();
       b.destroy();

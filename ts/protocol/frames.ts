@@ -77,7 +77,7 @@ export function encodeFrame(type: FrameType, payload: Uint8Array = Buffer.alloc(
 
 /** Whether `chunk` is a run of whole frames (by their length fields alone; the decoder checks
  * the rest). */
-function wholeFrames(chunk: Buffer): boolean {
+export function wholeFrames(chunk: Buffer): boolean {
   let at = 0;
   while (at + 4 <= chunk.length) {
     const bodyLen = chunk.readUInt32LE(at);
@@ -86,6 +86,41 @@ function wholeFrames(chunk: Buffer): boolean {
   }
   return at === chunk.length;
 }
+
+/** Buffers kept for reuse by every connection in the process, for frames of POOLED_MIN or more:
+ * as many as a receiving session has in flight at once (one being assembled, up to two queued,
+ * two being verified and written). With fewer, every frame beyond them allocated a fresh 2 MiB
+ * buffer and dropped one: 82 per 512 MiB received, promoted to the old generation before they
+ * died, so ~190 MB of dead buffers waited for a major GC (peak RSS 258 MB; 147 MB with six).
+ * One pool for the process, not one per connection: a session on four lanes kept up to six
+ * per lane, idle on lanes between files (decisions §71). */
+export const FRAME_POOL_KEPT = 6;
+/** One DATA batch (content-send.ts, BATCH_BUFFER) and the frame headers around it. */
+export const FRAME_POOL_BUFFER = 2 * 1024 * 1024 + 64 * 1024;
+
+/** The frame pool, and the decoders using it. Buffers are taken only when frames that large
+ * span reads, and the idle ones go when the last decoder using the pool is disposed (its
+ * connection closed): an idle or finished `serve` holds none. Before `dispose` existed, six
+ * per connection stayed for its life, ~800 MiB for 64 sessions. */
+export class FramePool extends BufferPool {
+  private users = 0;
+
+  join(): void {
+    this.users++;
+  }
+
+  leave(): void {
+    if (--this.users === 0) this.dropIdle();
+  }
+
+  /** A frame released after its connection closed, the last to use the pool: not kept. */
+  override release(b: Buffer): void {
+    super.release(b);
+    if (this.users === 0) this.dropIdle();
+  }
+}
+
+const processFramePool = new FramePool(FRAME_POOL_BUFFER, FRAME_POOL_KEPT);
 
 /**
  * Incremental decoder: feed it bytes as they arrive, take out whole frames. Throws a
@@ -124,23 +159,19 @@ export class FrameDecoder {
   /** Reads shorter than this are coalesced into 64 KiB accumulators. */
   static readonly SMALL_READ = 4096;
   private static readonly TAIL_SIZE = 64 * 1024;
-  // Kept for reuse: as many as a receiving session has in flight at once (one being
-  // assembled, up to two queued, two being verified and written). With fewer kept, every
-  // frame beyond them allocated a fresh 2 MiB buffer and dropped one: 82 per 512 MiB received,
-  // promoted to the old generation before they died, so ~190 MB of dead buffers waited for a
-  // major GC (peak RSS 258 MB; 147 MB with six). Buffers are created only when frames that
-  // large span reads, and all of them go when the connection closes (`dispose`), so an idle or
-  // finished `serve` session holds none (the reason this once was two: before `dispose`, six
-  // stayed for the connection's life, ~800 MiB for 64 sessions).
-  private readonly pool = new BufferPool(2 * 1024 * 1024 + 64 * 1024, 6);
   /** A large frame being assembled in a pooled buffer as its reads arrive, once at least half
    * of it has (`assemble`). Each read is copied in and dropped at once, so socket buffers die
    * young: kept until their frame was whole, they outlived scavenges and only a full GC freed
    * them (decisions §69). `filled`: bytes of `frame` (header included) received so far. */
   private assembly: { frame: Buffer; pooled: Buffer; filled: number } | undefined;
+  /** Whether this decoder counts among its pool's users (it took a buffer). */
+  private pooling = false;
 
-  /** The connection closed: drop partial input and pooled buffers (frames already decoded
-   * stay valid; their release() then frees nothing into the pool). */
+  /** `framePool`: the process's, unless a test gives one of its own. */
+  constructor(private readonly framePool: FramePool = processFramePool) {}
+
+  /** The connection closed: drop partial input and leave the frame pool (frames already
+   * decoded stay valid; their release() gives their buffers back to it). */
   dispose(): void {
     this.assembly = undefined;
     this.parts = [];
@@ -148,7 +179,19 @@ export class FrameDecoder {
     this.buffered = 0;
     this.tail = undefined;
     this.tailEnd = 0;
-    this.pool.close();
+    if (this.pooling) {
+      this.pooling = false;
+      this.framePool.leave();
+    }
+  }
+
+  /** A pooled buffer of at least `n` bytes from the process's frame pool. */
+  private takePooled(n: number): Buffer {
+    if (!this.pooling) {
+      this.pooling = true;
+      this.framePool.join();
+    }
+    return this.framePool.take(n);
   }
 
   get bufferedBytes(): number {
@@ -265,7 +308,7 @@ export class FrameDecoder {
 
   private emit(whole: Buffer, pooled: Buffer | undefined, out: Frame[]): void {
     const frame: Frame = { type: whole.readUInt8(4) as FrameType, payload: whole.subarray(FRAME_HEADER) };
-    if (pooled) frame.release = () => this.pool.release(pooled);
+    if (pooled) frame.release = () => this.framePool.release(pooled);
     out.push(frame);
   }
 
@@ -275,7 +318,7 @@ export class FrameDecoder {
   private assemble(n: number): void {
     if (n < FrameDecoder.POOLED_MIN || this.buffered * 2 < n) return;
     const filled = this.buffered;
-    const pooled = this.pool.take(n);
+    const pooled = this.takePooled(n);
     const frame = pooled.subarray(0, n);
     let at = 0;
     for (let i = this.head; i < this.parts.length; i++) {
@@ -339,7 +382,7 @@ export class FrameDecoder {
       else this.parts[this.head] = first.subarray(n);
     } else {
       if (n >= FrameDecoder.POOLED_MIN) {
-        pooled = this.pool.take(n);
+        pooled = this.takePooled(n);
         out = pooled.subarray(0, n);
       } else {
         out = Buffer.allocUnsafe(n);

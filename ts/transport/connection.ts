@@ -4,7 +4,7 @@
 
 import type { Duplex } from 'node:stream';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
-import { createGarbageRelief } from '../utils/gc.js';
+import { relieveGarbage } from '../utils/gc.js';
 import { encodeFrameHeader, type Frame, FrameDecoder, FrameType, frameName, pointlessFrame, protocolError } from '../protocol/frames.js';
 import { decodeError } from '../protocol/messages.js';
 
@@ -158,7 +158,6 @@ export class FramedConnection {
   /** When the frame now being received started arriving (0: none in progress). */
   private partialSince = 0;
   private drainWaiters = 0;
-  private readonly relieve = createGarbageRelief();
   private readonly keepAliveMs: number;
   private idleTimer: NodeJS.Timeout | undefined;
   /** Woken on every arrival, end, close or failure (see `nextChange`). */
@@ -252,7 +251,9 @@ export class FramedConnection {
       lent?.();
       return;
     }
-    this.relieve(chunk.length);
+    // Socket reads become garbage once decoded; a stream's chunks are slices of its
+    // connection's frames, counted there already.
+    if (!this.parent) relieveGarbage(chunk.length);
     const now = Date.now();
     this.lastBytes = now;
     const frames: Frame[] = [];

@@ -13,7 +13,7 @@
 
 import { Duplex } from 'node:stream';
 import { FramedConnection } from './connection.js';
-import { FrameType, protocolError } from '../protocol/frames.js';
+import { FRAME_HEADER, FRAME_POOL_BUFFER, FrameType, protocolError } from '../protocol/frames.js';
 
 /** Streams one connection carries at once, and ids the peer may open beyond those it spent. */
 export const MUX_MAX_STREAMS = 64;
@@ -98,6 +98,47 @@ export interface MultiplexerOptions {
  * (decisions §70). */
 export function laneWindow(connections: number): number {
   return Math.max(STREAM_HIGH_WATER, Math.floor(MUX_HIGH_WATER / Math.max(1, connections)));
+}
+
+/** Bytes of stream data one MUX frame carries when a stream's writer hands over several frames
+ * at once: one DATA batch and its headers (content-send.ts, BATCH_BUFFER), so the whole MUX
+ * frame fits a buffer of the receiver's frame pool (FRAME_POOL_BUFFER). Coalescing two batches
+ * into one MUX frame saved nothing and made the receiver allocate a buffer of every odd size up
+ * to 4 MiB, which its pool cannot reuse (decisions §71). */
+export const MUX_FRAME_DATA = FRAME_POOL_BUFFER - 32;
+
+/** `parts` (one stream's pending writes, in order) grouped into MUX frames of at most
+ * MUX_FRAME_DATA bytes, cut only between the stream's own frames: a frame cut across MUX frames
+ * costs the receiver a copy, where a whole one is decoded in the MUX frame's pooled buffer
+ * (decisions §70). A frame is a FRAME_HEADER-byte part and the parts its length covers
+ * (FramedConnection.sendParts writes them so); a frame larger than the limit goes alone. Parts
+ * that do not parse as frames are still written in order: grouping only decides where MUX
+ * frames are cut, never what the stream carries. No parts: one empty group (FIN). */
+export function muxGroups(parts: Buffer[]): Buffer[][] {
+  const groups: Buffer[][] = [];
+  let group: Buffer[] = [];
+  let bytes = 0;
+  for (let i = 0; i < parts.length; ) {
+    let j = i + 1;
+    let n = parts[i].length;
+    if (n === FRAME_HEADER) {
+      // The length counts the type byte, which the header part already holds.
+      let body = parts[i].readUInt32LE(0) - (FRAME_HEADER - 4);
+      for (; body > 0 && j < parts.length; j++) {
+        body -= parts[j].length;
+        n += parts[j].length;
+      }
+    }
+    if (group.length > 0 && bytes + n > MUX_FRAME_DATA) {
+      groups.push(group);
+      group = [];
+      bytes = 0;
+    }
+    for (; i < j; i++) group.push(parts[i]);
+    bytes += n;
+  }
+  groups.push(group);
+  return groups;
 }
 
 /** The streams of one physical connection (TCP, TLS, ssh stdio, a QUIC stream, a pipe). */
@@ -215,9 +256,19 @@ export class Multiplexer {
   write(id: number, parts: Buffer[], cb: (e?: Error | null) => void): void {
     const head = Buffer.allocUnsafe(ID_BYTES);
     head.writeUInt32LE(id, 0);
+    const groups = muxGroups(parts);
+    let left = groups.length;
+    let failed = false;
+    const done = (e?: Error) => {
+      if (failed) return;
+      if (e) {
+        failed = true;
+        cb(e);
+      } else if (--left === 0) cb();
+    };
     // Not waiting for the connection's drain here: the stream's own writer waits until `cb`
     // (its high-water mark), which is the backpressure each stream needs.
-    this.parent.sendParts(FrameType.MUX, [head, ...parts], () => cb(), false).catch((e: Error) => cb(e));
+    for (const g of groups) this.parent.sendParts(FrameType.MUX, [head, ...g], () => done(), false).catch((e: Error) => done(e));
   }
 
   forget(s: MuxStream): void {

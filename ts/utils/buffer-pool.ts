@@ -35,7 +35,19 @@ export class BufferPool {
   release(b: Buffer): void {
     const w = this.waiters.shift();
     if (w) w(b);
-    else if (!this.closed && this.free.length < this.max) this.free.push(b);
+    // A larger buffer `take` made for an odd request is not kept: what stays idle is then
+    // at most `max` buffers of `size`, whatever sizes were asked for.
+    else if (!this.closed && this.free.length < this.max && b.length === this.size) this.free.push(b);
+  }
+
+  /** Buffers kept for reuse now. */
+  get idle(): number {
+    return this.free.length;
+  }
+
+  /** Drop the buffers kept for reuse (the pool stays open). */
+  dropIdle(): void {
+    this.free.length = 0;
   }
 
   private closed = false;

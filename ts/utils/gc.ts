@@ -22,30 +22,38 @@ function load(): Gc | undefined {
   }
 }
 
-const STEP = 4 * 1024 * 1024;
+export const RELIEF_STEP = 4 * 1024 * 1024;
 /** Resident size above which dead buffers are collected at once (issue 18: ≤ 100 MiB per peer). */
 const RSS_BUDGET = 80 * 1024 * 1024;
 const MAJOR_STEP = 32 * 1024 * 1024;
 
-/** Call with each received byte count; runs a minor GC every STEP bytes. */
-export function createGarbageRelief(): (bytes: number) => void {
-  let since = 0;
-  let majors = 0;
-  return (bytes) => {
-    since += bytes;
-    if (since < STEP) return;
-    since = 0;
-    if (gc === null) gc = load();
-    gc?.({ type: 'minor' });
-    // Buffers that survived two scavenges were promoted to the old generation, which only a
-    // full GC frees. Past the memory budget, start an incremental one every MAJOR_STEP bytes
-    // (measured: a 1 GiB receive peaks at 96 MiB instead of 144; below the budget, as in
-    // most sessions, nothing extra runs). Few reads live that long since large frames are
-    // copied together as their reads arrive (FrameDecoder): a 1 GiB receive now runs about 6
-    // full GCs, not 31, and peaks near 84 MiB (decisions §69).
-    if ((majors += STEP) >= MAJOR_STEP) {
-      majors = 0;
-      if (gc && process.memoryUsage.rss() > RSS_BUDGET) gc({ type: 'major', execution: 'async' });
-    }
-  };
+let since = 0;
+let majors = 0;
+let minors = 0;
+
+/** Minor GCs relieveGarbage asked for so far, and the bytes counted towards the next (tests). */
+export function garbageRelief(): { runs: number; pending: number } {
+  return { runs: minors, pending: since };
+}
+
+/** Call with each socket read's byte count; runs a minor GC every STEP bytes. One count for
+ * the process, not one per connection: a session on four lanes let each lane read STEP bytes
+ * before its scavenge, four times the dead buffers of one connection (decisions §71). */
+export function relieveGarbage(bytes: number): void {
+  since += bytes;
+  if (since < RELIEF_STEP) return;
+  since = 0;
+  minors++;
+  if (gc === null) gc = load();
+  gc?.({ type: 'minor' });
+  // Buffers that survived two scavenges were promoted to the old generation, which only a
+  // full GC frees. Past the memory budget, start an incremental one every MAJOR_STEP bytes
+  // (measured: a 1 GiB receive peaks at 96 MiB instead of 144; below the budget, as in
+  // most sessions, nothing extra runs). Few reads live that long since large frames are
+  // copied together as their reads arrive (FrameDecoder): a 1 GiB receive now runs about 6
+  // full GCs, not 31, and peaks near 84 MiB (decisions §69).
+  if ((majors += RELIEF_STEP) >= MAJOR_STEP) {
+    majors = 0;
+    if (gc && process.memoryUsage.rss() > RSS_BUDGET) gc({ type: 'major', execution: 'async' });
+  }
 }
