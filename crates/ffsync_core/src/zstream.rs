@@ -176,7 +176,10 @@ impl GroupDecoder {
         let err = |c| format!("does not decompress: {}", get_error_name(c));
         if start {
             // A new stream in the same batch reuses this decoder's context, reset.
-            let reused = self.dctx.take().and_then(|mut old| old.reset_for_reuse().then_some(old));
+            let reused = self
+                .dctx
+                .take()
+                .and_then(|mut old| old.reset_for_reuse().then_some(old));
             let mut d = reused.unwrap_or_else(|| IDLE_DCTX.take());
             if let Err(c) = d.set_parameter(DParameter::WindowLogMax(WINDOW_LOG)) {
                 IDLE_DCTX.give(d);
