@@ -1,8 +1,11 @@
 //! The core's modules depend on each other one way (issue 20): no file reaches, through
 //! `crate::…` or `super::…` paths, a file that reaches it back, and inside `restore/` the layers
 //! point down only (restorer → prefill, inplace, partial_dir → staging, durable). A grep of
-//! the sources, not a compiler pass: each file's non-test code is scanned for module paths,
-//! each path resolved to the longest module file it names.
+//! the sources, not a compiler pass: each file's non-test code is scanned for module paths
+//! (`crate::a::b`, `super::x`, grouped `crate::{a, b}`, and a parent's `child::…` such as its
+//! `pub use child::Type` re-exports), each path resolved to the longest module file it names.
+//! A re-export counts: a child that imports what its parent defines, while the parent
+//! re-exports the child, is a loop between the two files.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -66,8 +69,16 @@ fn paths_after(code: &str, prefix: &str) -> Vec<String> {
             .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
             .collect();
         let word = word.trim_end_matches(':').to_string();
-        if rest[word.len()..].starts_with("::{") {
-            let group = &rest[word.len() + 3..];
+        // `crate::{a, b}` (no word before the group) as well as `crate::x::{a, b}`.
+        let open = if word.is_empty() && rest.starts_with('{') {
+            Some(1)
+        } else if rest[word.len()..].starts_with("::{") {
+            Some(word.len() + 3)
+        } else {
+            None
+        };
+        if let Some(open) = open {
+            let group = &rest[open..];
             let end = group.find('}').unwrap_or(group.len());
             for item in group[..end].split(',') {
                 let item = item.trim().split(' ').next().unwrap_or("").trim_end_matches(':');
@@ -84,6 +95,18 @@ fn paths_after(code: &str, prefix: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// Whether `code` names `child::…` on its own (not as the tail of a longer path such as
+/// `crate::x::child::…`).
+fn names_child(code: &str, child: &str) -> bool {
+    let needle = format!("{child}::");
+    code.match_indices(&needle).any(|(i, _)| {
+        code[..i]
+            .chars()
+            .last()
+            .is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == ':'))
+    })
 }
 
 fn resolve(mods: &BTreeMap<String, PathBuf>, path: &str) -> Option<String> {
@@ -111,6 +134,14 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
                 format!("{parent}::{path}")
             };
             to.extend(resolve(&mods, &full));
+        }
+        // A parent's `pub use child::…` (or any `child::…` path) depends on the child: with the
+        // child's `super::…` back to what the parent defines, that is a loop between files.
+        let prefix = if m.is_empty() { String::new() } else { format!("{m}::") };
+        for child in mods.keys().filter_map(|k| k.strip_prefix(prefix.as_str())) {
+            if !child.is_empty() && !child.contains("::") && names_child(&c, child) {
+                to.insert(format!("{prefix}{child}"));
+            }
         }
         to.remove(m);
         to.remove("");

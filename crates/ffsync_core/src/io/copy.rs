@@ -3,7 +3,7 @@
 //! is unavailable it falls back to positional reads and writes through a bounded buffer
 //! (never a memory map: a source truncated underneath us must be an error, not SIGBUS).
 
-use super::positional::{read_exact_at, write_at};
+use super::offset_io::{read_exact_at, write_at};
 use std::fs::File;
 use std::io;
 

@@ -4,6 +4,7 @@
 
 pub mod clone;
 pub mod copy;
+pub mod offset_io;
 pub mod positional;
 pub mod reserve;
 #[cfg(target_os = "linux")]
@@ -12,5 +13,6 @@ pub mod writeback;
 
 pub use clone::{clone_to_new, clone_to_new_at};
 pub use copy::copy_range;
-pub use positional::{hash_range, read_exact_at, write_at, PositionalWriter};
+pub use offset_io::{read_exact_at, write_at};
+pub use positional::{hash_range, PositionalWriter};
 pub use writeback::Writeback;

@@ -1,40 +1,6 @@
+use super::offset_io::{read_exact_at, write_at};
 use std::fs::File;
 use std::io;
-
-/// Write all of `buf` at `offset` without moving any shared file cursor.
-pub fn write_at(file: &File, mut buf: &[u8], mut offset: u64) -> io::Result<()> {
-    while !buf.is_empty() {
-        #[cfg(unix)]
-        let n = std::os::unix::fs::FileExt::write_at(file, buf, offset)?;
-        #[cfg(windows)]
-        let n = std::os::windows::fs::FileExt::seek_write(file, buf, offset)?;
-        if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::WriteZero, "short positional write"));
-        }
-        buf = &buf[n..];
-        offset += n as u64;
-    }
-    Ok(())
-}
-
-/// Read exactly `buf.len()` bytes at `offset`.
-pub fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
-    while !buf.is_empty() {
-        #[cfg(unix)]
-        let n = std::os::unix::fs::FileExt::read_at(file, buf, offset)?;
-        #[cfg(windows)]
-        let n = std::os::windows::fs::FileExt::seek_read(file, buf, offset)?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "file shorter than expected",
-            ));
-        }
-        buf = &mut buf[n..];
-        offset += n as u64;
-    }
-    Ok(())
-}
 
 /// Writes batches of (offset, bytes). On Linux an io_uring instance submits a whole batch
 /// with one system call; where io_uring is unavailable (old kernel, seccomp, containers,

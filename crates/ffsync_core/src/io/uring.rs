@@ -69,7 +69,7 @@ impl Ring {
         for group in writes.chunks(ENTRIES as usize) {
             if self.broken {
                 for (off, buf) in group {
-                    super::write_at(file, buf, *off)?;
+                    super::offset_io::write_at(file, buf, *off)?;
                 }
                 continue;
             }
@@ -126,7 +126,7 @@ impl Ring {
                 let (off, buf) = group[i];
                 match res {
                     Some(n) if n >= 0 && n as usize == buf.len() => {}
-                    Some(n) if n >= 0 => super::write_at(file, &buf[n as usize..], off + n as u64)?,
+                    Some(n) if n >= 0 => super::offset_io::write_at(file, &buf[n as usize..], off + n as u64)?,
                     Some(n) => return Err(io::Error::from_raw_os_error(-n)),
                     None => unreachable!("every entry completed above"),
                 }
@@ -149,7 +149,7 @@ impl Ring {
         for (i, (off, buf)) in group.iter().enumerate() {
             match done[i] {
                 Some(n) if n >= 0 && n as usize == buf.len() => {}
-                _ => super::write_at(file, buf, *off)?,
+                _ => super::offset_io::write_at(file, buf, *off)?,
             }
         }
         Ok(())

@@ -6,6 +6,7 @@
 //!
 //! Everything here is async on tokio; the binding runs it on napi's tokio runtime.
 
+mod close;
 mod stream;
 mod verify;
 
@@ -18,28 +19,15 @@ use quinn::{Endpoint, TransportConfig, VarInt};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+pub use close::{connection_error, net_error, CLOSE_ABORTED, CLOSE_BUSY, CLOSE_DONE};
 pub use stream::QuicStream;
+
+use close::io_net_error;
 
 use crate::error::{CoreError, Result};
 
 /// ALPN protocol id: a QUIC peer that is not ffsync-native fails the handshake cleanly.
 pub const ALPN: &[u8] = b"ffsync/1";
-/// Application close codes (visible to the peer in its error).
-pub const CLOSE_DONE: u32 = 0;
-pub const CLOSE_ABORTED: u32 = 1;
-pub const CLOSE_BUSY: u32 = 2;
-
-/// A network failure with the code the shell maps to an exit code.
-pub fn net_error(code: &'static str, message: impl Into<String>) -> CoreError {
-    debug_assert!(
-        crate::error::ERROR_CODES.contains(&code),
-        "{code} is not in ERROR_CODES"
-    );
-    CoreError::Network {
-        code,
-        message: message.into(),
-    }
-}
 
 /// A peer's certificate and key, as PEM (the same files the TLS transport uses).
 #[derive(Clone)]
@@ -122,39 +110,6 @@ fn client_config(id: &QuicIdentity, idle: Duration) -> Result<quinn::ClientConfi
     let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
     cfg.transport_config(transport(idle));
     Ok(cfg)
-}
-
-fn io_net_error(e: std::io::Error, context: &str) -> CoreError {
-    let code = match e.kind() {
-        std::io::ErrorKind::AddrInUse => "EADDRINUSE",
-        std::io::ErrorKind::AddrNotAvailable => "EADDRNOTAVAIL",
-        std::io::ErrorKind::PermissionDenied => "EACCES",
-        _ => "ESOCKET",
-    };
-    net_error(code, format!("{context}: {e}"))
-}
-
-/// Describe a connection-level failure; `CLOSE_*` codes from our peer read as words.
-pub fn connection_error(e: &quinn::ConnectionError) -> CoreError {
-    use quinn::ConnectionError as C;
-    match e {
-        C::TimedOut => net_error("ETIMEDOUT", "QUIC connection timed out (no packets from the peer)"),
-        C::ApplicationClosed(c) if c.error_code == VarInt::from_u32(CLOSE_DONE) => {
-            net_error("ECLOSED", "QUIC connection closed by the peer")
-        }
-        C::ApplicationClosed(c) => net_error(
-            "ECONNRESET",
-            format!(
-                "QUIC connection closed by the peer ({})",
-                String::from_utf8_lossy(&c.reason)
-            ),
-        ),
-        C::LocallyClosed => net_error("ECLOSED", "QUIC connection closed"),
-        C::Reset => net_error("ECONNRESET", "QUIC connection reset by the peer"),
-        C::ConnectionClosed(c) => net_error("ECONNRESET", format!("QUIC connection closed by the peer: {c}")),
-        C::TransportError(t) => net_error("ETLS", format!("QUIC handshake or transport error: {t}")),
-        other => net_error("ESOCKET", format!("QUIC connection failed: {other}")),
-    }
 }
 
 /// Socket buffers for the UDP socket. The kernel default (~200 KiB) overflows at a few

@@ -5,7 +5,7 @@
 use quinn::{RecvStream, SendStream, VarInt};
 use tokio::sync::Mutex;
 
-use super::{connection_error, net_error, CLOSE_ABORTED};
+use super::close::{connection_error, net_error, CLOSE_ABORTED};
 use crate::error::{CoreError, Result};
 
 pub struct QuicStream {

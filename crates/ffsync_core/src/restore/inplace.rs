@@ -169,7 +169,7 @@ pub fn apply_at(target_at: &Target, staged: &File, journal: &Journal) -> Result<
         copy_range(staged, off, &t, off, len).map_err(|e| CoreError::io(target, e))?;
     }
     t.set_len(journal.manifest.size).map_err(|e| CoreError::io(target, e))?;
-    crate::restore::apply_metadata(&t, target, journal.mtime_ns, journal.mode)?;
+    super::durable::apply_metadata(&t, target, journal.mtime_ns, journal.mode)?;
     t.sync_all().map_err(|e| CoreError::io(target, e))?;
     Ok(t)
 }

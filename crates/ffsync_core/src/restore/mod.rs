@@ -9,32 +9,22 @@
 //! - [`staging`]: the temp files: partial naming, creation (cloned or pre-sized), resume,
 //!   stale clean-up.
 //! - [`durable`]: what makes a result durable and correct on disk (times, modes).
+//! - [`local_source`]: the local files a reconstruction may take chunks from.
 //!
 //! `restore::*` re-exports the restorer's types, so callers write `restore::Reconstruction`.
 
 pub mod durable;
 pub mod inplace;
+pub mod local_source;
 pub mod partial_dir;
 pub mod prefill;
 mod restorer;
 pub mod staging;
 
 pub use durable::{apply_metadata, system_time_from_ns, touch_up_to_date_at};
+pub use local_source::LocalSource;
 pub use restorer::{BeginOptions, PlanSummary, Reconstruction};
 pub use staging::{
     create_exclusive, has_resumable_partial, has_resumable_partial_at, partial_name, partial_of, partial_path,
     streaming_of, streaming_path, PARTIAL_SUFFIX,
 };
-
-use crate::manifest::Manifest;
-use std::path::PathBuf;
-
-/// Longest single local copy: bounds work per task so copies spread over all cores and
-/// writeback starts early.
-pub(crate) const MAX_RUN: u64 = 16 << 20;
-
-/// A local file whose chunks may be reused, with its (scanned or indexed) manifest.
-pub struct LocalSource {
-    pub path: PathBuf,
-    pub manifest: Manifest,
-}

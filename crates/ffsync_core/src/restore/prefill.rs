@@ -22,8 +22,8 @@
 //! [`Reconstruction::copy_local`]: crate::restore::Reconstruction::copy_local
 //! [`Reconstruction::begin_with`]: crate::restore::Reconstruction::begin_with
 
+use super::local_source::{LocalSource, MAX_RUN};
 use super::staging::{clone_old_target, create_temp, has_resumable_partial_at, streaming_of};
-use super::{LocalSource, MAX_RUN};
 use crate::beneath::Target;
 use crate::chunk_batch;
 use crate::chunker::{Chunk, Hash};

@@ -17,9 +17,9 @@
 //!    `fsync` (`--no-fsync`) the verified file is renamed straight from the page cache.
 
 use super::durable::*;
+use super::local_source::{LocalSource, MAX_RUN};
 use super::prefill::Prefilled;
 use super::staging::*;
-use super::{LocalSource, MAX_RUN};
 use crate::beneath::Target;
 use crate::chunker::Hash;
 use crate::error::{CoreError, Result};
