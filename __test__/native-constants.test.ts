@@ -1,6 +1,6 @@
 // Constants that exist on both sides of the N-API boundary are defined once, in the core, and
 // the shell's copies are checked against it here: the manifest's header and entry sizes, a
-// chunk record's header, and every error code the core can raise (each must map to an exit
+// chunk record's header, the REFINE table's limit, TREE_OPTIONS' attribute bits, and every error code the core can raise (each must map to an exit
 // code in ts/utils/errors.ts, or the CLI would report it as an internal error).
 import assert from 'node:assert/strict';
 import { it } from 'node:test';
@@ -8,12 +8,15 @@ import { nativeConstants } from '../ts/native/binding';
 import { MANIFEST_ENTRY, MANIFEST_HEADER } from '../ts/utils/manifest';
 import { RECORD_HEADER } from '../ts/api/early-placement';
 import { NATIVE_EXIT, normalizeNativeError } from '../ts/utils/errors';
+import { AttrFlag, MAX_REFINE_TABLE } from '../ts/protocol/messages';
 
 it('the shell’s wire constants are the core’s', () => {
   const c = nativeConstants();
   assert.equal(MANIFEST_HEADER, c.manifestHeader, 'manifest header');
   assert.equal(MANIFEST_ENTRY, c.manifestEntry, 'manifest entry');
   assert.equal(RECORD_HEADER, c.recordHeader, 'chunk record header');
+  assert.equal(MAX_REFINE_TABLE, c.refineTableMax, 'REFINE table limit');
+  assert.deepEqual([AttrFlag.OWNER, AttrFlag.GROUP, AttrFlag.XATTRS, AttrFlag.NUMERIC_IDS], c.attrFlags, 'attribute bits');
 });
 
 it('every error code the core can raise has an exit code in the shell, and no stale one is left', () => {

@@ -382,6 +382,10 @@ export interface NativeConstants {
   manifestHeader: number
   manifestEntry: number
   recordHeader: number
+  /** Largest REFINE table a receiver sends (bytes). */
+  refineTableMax: number
+  /** TREE_OPTIONS' attribute bits: owner, group, xattrs, numeric ids. */
+  attrFlags: Array<number>
   errorCodes: Array<string>
 }
 

@@ -67,7 +67,8 @@ export const Capability = {
   DELIVERY: 1 << 14,
 } as const;
 export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM | Capability.BATCH_STREAM | Capability.OMIT_ATTRS | Capability.TRIAGE_CHOICES | Capability.DELETE_LIMIT | Capability.DELIVERY;
-/** Most REFINE bytes one file transfer may carry (mirrors refine::MAX_TABLE_BYTES). */
+/** Most REFINE bytes one file transfer may carry (the core's refine::MAX_TABLE_BYTES;
+ * __test__/native-constants.test.ts checks they agree). */
 export const MAX_REFINE_TABLE = 64 * 1024 * 1024;
 /** REFINE payloads are cut at this size. */
 export const REFINE_PART = 1024 * 1024;
@@ -76,6 +77,7 @@ export const Role = { SENDER: 1, RECEIVER: 2 } as const;
 
 /** REQUEST operations: PUSH = the client sends into the daemon's root, PULL = it fetches. */
 export const RequestOp = { PUSH: 1, PULL: 2 } as const;
+/** Longest path a REQUEST may name (bytes); the daemon's authorization checks the same bound. */
 export const MAX_REQUEST_PATH = 4096;
 
 export interface Request {

@@ -19,6 +19,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { parseFingerprint } from '../security/fingerprint.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
+import { MAX_REQUEST_PATH } from '../protocol/messages.js';
 
 export type Access = 'push' | 'pull';
 
@@ -43,7 +44,6 @@ export function configPath(stateDir: string): string {
   return path.join(stateDir, 'serve-clients.conf');
 }
 
-const MAX_REQUEST_PATH = 4096;
 
 /**
  * A request path relative to the serve root, normalized to `a/b/c` ('' = the root).

@@ -98,6 +98,10 @@ pub struct NativeConstants {
     pub manifest_header: u32,
     pub manifest_entry: u32,
     pub record_header: u32,
+    /// Largest REFINE table a receiver sends (bytes).
+    pub refine_table_max: u32,
+    /// TREE_OPTIONS' attribute bits: owner, group, xattrs, numeric ids.
+    pub attr_flags: Vec<u32>,
     pub error_codes: Vec<String>,
 }
 
@@ -107,6 +111,11 @@ pub fn native_constants() -> NativeConstants {
         manifest_header: ffsync_core::manifest::HEADER_LEN as u32,
         manifest_entry: ffsync_core::manifest::ENTRY_LEN as u32,
         record_header: ffsync_core::chunk_batch::RECORD_HEADER as u32,
+        refine_table_max: ffsync_core::refine::MAX_TABLE_BYTES as u32,
+        attr_flags: {
+            use ffsync_core::tree::attrs::attr_flags::*;
+            [OWNER, GROUP, XATTRS, NUMERIC_IDS].map(u32::from).to_vec()
+        },
         error_codes: ffsync_core::error::ERROR_CODES.iter().map(|c| c.to_string()).collect(),
     }
 }

@@ -1,10 +1,10 @@
 //! Progress for JavaScript: a byte count (read through a closure) forwarded to a JS callback at
 //! most every PERIOD, and once more when stopped, so the JS thread sees bounded traffic.
 //!
-//! One ticker thread serves every counter of the process. A thread per counter cost a spawn
-//! when a transfer began and a join when it ended, and the join ran on the JS thread, which
-//! waited until the ticker was scheduled: on a busy 2-core machine about a millisecond per
-//! file of a tree (decisions §67).
+//! One ticker thread serves every counter of the process. A thread per counter would cost a
+//! spawn when a transfer begins and a join when it ends, and the join runs on the JS thread,
+//! which then waits until the ticker is scheduled: on a busy 2-core machine about a
+//! millisecond per file of a tree (decisions §67).
 
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi::Status;

@@ -7,11 +7,9 @@ use crate::to_napi;
 use ffsync_core::tree::chmod::ChmodRules;
 use ffsync_core::tree::dir_merge::DirMerge;
 use ffsync_core::tree::filter::Filter;
-use ffsync_core::tree::index;
-use ffsync_core::tree::selection::Selection;
+use ffsync_core::tree::open::{open_tree, TreeSettings};
 use ffsync_core::tree::sync::{Outcome, TreeSync};
 use ffsync_core::tree::triage::TriageOptions;
-use ffsync_core::tree::walk::{walk, WalkOptions};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use std::path::PathBuf;
@@ -187,36 +185,31 @@ impl Task for WalkTask {
     type JsValue = NativeTreeSync;
 
     fn compute(&mut self) -> Result<TreeSync> {
-        let filter = Filter::new(&self.o.excludes).map_err(to_napi)?;
-        let chmod = match &self.o.chmod {
-            Some(c) => Some(ChmodRules::parse(c).map_err(to_napi)?),
-            None => None,
-        };
-        let protect = match &self.o.protect {
-            Some(p) if !p.is_empty() => Some(Filter::new(p).map_err(to_napi)?),
-            _ => None,
-        };
-        let dir_merge: Vec<DirMerge> = self
-            .o
-            .dir_merge
-            .iter()
-            .flatten()
-            .map(|d| DirMerge {
-                name: d.name.clone(),
-                inherit: d.inherit,
-                word_split: d.word_split,
-                bare: d.bare.as_deref().map(|b| b == "-"),
-            })
-            .collect();
-        let selection = self
-            .o
-            .files_from
-            .as_ref()
-            .map(|lines| Selection::new(lines, self.o.files_from_recursive.unwrap_or(false)));
-        let state_dir = self.o.state_dir.as_ref().map(PathBuf::from);
-        let idx = match (&state_dir, self.o.ignore_index.unwrap_or(false)) {
-            (Some(d), false) => index::load(d, &self.root),
-            _ => None,
+        let o = &self.o;
+        let settings = TreeSettings {
+            excludes: o.excludes.clone(),
+            protect: o.protect.clone().unwrap_or_default(),
+            state_dir: o.state_dir.as_ref().map(PathBuf::from),
+            ignore_index: o.ignore_index.unwrap_or(false),
+            is_sender: o.is_sender,
+            one_file_system: o.one_file_system.unwrap_or(false),
+            skip_symlinks: o.skip_symlinks.unwrap_or(false),
+            copy_links: o.copy_links.unwrap_or(false),
+            chmod: o.chmod.clone(),
+            prune_empty_dirs: o.prune_empty_dirs.unwrap_or(false),
+            dir_merge: o
+                .dir_merge
+                .iter()
+                .flatten()
+                .map(|d| DirMerge {
+                    name: d.name.clone(),
+                    inherit: d.inherit,
+                    word_split: d.word_split,
+                    bare: d.bare.as_deref().map(|b| b == "-"),
+                })
+                .collect(),
+            files_from: o.files_from.clone(),
+            files_from_recursive: o.files_from_recursive.unwrap_or(false),
         };
         let counter = Arc::new(AtomicU64::new(0));
         let c = counter.clone();
@@ -224,28 +217,9 @@ impl Task for WalkTask {
             move || c.load(std::sync::atomic::Ordering::Relaxed),
             self.progress.take(),
         );
-        let local = walk(
-            &self.root,
-            &WalkOptions {
-                filter: &filter,
-                protect: protect.as_ref(),
-                index: idx.as_ref(),
-                progress: Some(&counter),
-                one_file_system: self.o.one_file_system.unwrap_or(false),
-                skip_symlinks: self.o.skip_symlinks.unwrap_or(false),
-                copy_links: self.o.copy_links.unwrap_or(false),
-                chmod: chmod.as_ref(),
-                prune_empty_dirs: self.o.prune_empty_dirs.unwrap_or(false),
-                dir_merge: &dir_merge,
-                select: selection.as_ref().map(|(s, _)| s),
-            },
-        );
+        let opened = open_tree(&self.root, &settings, &counter);
         ticker.stop();
-        let mut local = local.map_err(to_napi)?;
-        local
-            .problems
-            .extend(selection.into_iter().flat_map(|(_, notes)| notes));
-        Ok(TreeSync::new(local, self.o.is_sender, state_dir))
+        opened.map_err(to_napi)
     }
 
     fn resolve(&mut self, _env: Env, t: TreeSync) -> Result<NativeTreeSync> {
@@ -446,23 +420,13 @@ impl NativeTreeSync {
     pub fn stats(&self) -> TreeStats {
         let t = self.inner.read().unwrap();
         let m = &t.local.manifest;
-        let (mut files, mut dirs, mut links, mut bytes) = (0, 0, 0, 0u64);
-        for e in m.iter() {
-            match e.kind {
-                ffsync_core::tree::manifest::Kind::File => {
-                    files += 1;
-                    bytes += e.size;
-                }
-                ffsync_core::tree::manifest::Kind::Dir => dirs += 1,
-                ffsync_core::tree::manifest::Kind::Symlink => links += 1,
-            }
-        }
+        let c = m.counts();
         TreeStats {
             entries: m.len() as u32,
-            files,
-            dirs,
-            symlinks: links,
-            bytes: bytes as f64,
+            files: c.files,
+            dirs: c.dirs,
+            symlinks: c.symlinks,
+            bytes: c.bytes as f64,
             indexed_files: t.local.indexed_files as u32,
             problems: t.problems().to_vec(),
             notices: t.notices().to_vec(),
@@ -670,8 +634,11 @@ impl NativeTreeSync {
         let root = ffsync_core::manifest::parse_root_hex(&root_hex).ok_or_else(|| {
             napi::Error::from_reason(format!("EINVAL: claimRoot: {root_hex:?} is not a 64-digit hex root"))
         })?;
-        self.inner.read().unwrap().claim_root(action as usize, root);
-        Ok(())
+        self.inner
+            .read()
+            .unwrap()
+            .claim_root(action as usize, root)
+            .map_err(to_napi)
     }
 
     fn step(&self, step: Step) -> AsyncTask<StepTask> {

@@ -33,8 +33,8 @@ pub struct EarlyData<'a> {
 
 /// Batch buffers the consumer is done with, for the encoder to write the next batches into.
 /// A fresh buffer per batch is fresh pages: the kernel zeroes and maps each one, and frees
-/// it again when the buffer is dropped. That was about a tenth of the sender's CPU on a
-/// fresh 1 GiB file (512 batches of 2 MiB; decisions §68). `give` a batch back once its
+/// it again when the buffer is dropped, about a tenth of the sender's CPU on a fresh 1 GiB
+/// file (512 batches of 2 MiB; decisions §68). `give` a batch back once its
 /// bytes have been used; the encoder `take`s one per batch.
 pub type BatchBuffers = Idle<Vec<u8>>;
 

@@ -241,8 +241,8 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn future_mtime_entry_is_trusted_once_indexed_after_its_last_change() {
-        // Regression (fault suite, future-mtime): an mtime after the indexing moment made the
-        // entry racy forever, so a same-size change under that mtime went unnoticed.
+        // An mtime after the indexing moment must not leave the entry racy forever: a same-size
+        // change under that mtime would go unnoticed (found by the fault suite, future-mtime).
         let dir = tempfile::tempdir().unwrap();
         let (mut id, m) = entry();
         let now = now_ns();

@@ -4,8 +4,8 @@
 //! zstd windows, reconstruction buffers) from several threads. glibc's defaults fit that
 //! badly: after the first large free it raises its mmap threshold (up to 32 MiB), so later
 //! large buffers come from heap arenas and their memory is never handed back, and each
-//! thread may get its own 64 MiB arena. Measured on the artifact release tree
-//! (`bench/RESULTS.md`, issue 18), that is 15–25 MiB of peak RSS per peer for nothing.
+//! thread may get its own 64 MiB arena. On the artifact release tree that is 15–25 MiB of
+//! peak RSS per peer for nothing (decisions §51).
 
 /// Fix glibc's mmap threshold at 128 KiB (large buffers are mapped and returned on free),
 /// trim the heap top past 128 KiB, and cap arenas at one per core (at least 2). Leaves alone

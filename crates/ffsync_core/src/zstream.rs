@@ -302,9 +302,9 @@ mod tests {
 
     #[test]
     fn batch_after_batch_reuses_contexts_instead_of_making_new_ones() {
-        // One sender's and one receiver's batches, one after the other: each used to make
-        // (and page-fault in) a context of several MiB. Other tests share the idle lists,
-        // so the bound is loose; without recycling this thread would create 400.
+        // One sender's and one receiver's batches, one after the other: without recycling, each
+        // makes (and page-faults in) a context of several MiB, 400 on this thread. Other tests
+        // share the idle lists, so the bound is loose.
         let data = sample(64 * 1024);
         let before = CREATED.with(|c| c.get());
         for _ in 0..200 {

@@ -140,9 +140,9 @@ fn a_commit_whose_staged_data_is_gone_is_reported_not_hidden() {
     assert_eq!(recover(&dst).unwrap_err().code(), "EVERIFY");
 }
 
-/// Regression: with `--inplace` the unmoved chunks stayed in the target and stopped being
-/// anchors for sub-chunk refinement, so every run was described against the whole old file
-/// (a 1 GiB modified sync sent 22.5 MB instead of 1.5 MB).
+/// With `--inplace` the unmoved chunks stay in the target and must still anchor sub-chunk
+/// refinement; otherwise every run is described against the whole old file (a 1 GiB modified
+/// sync would send 22.5 MB instead of 1.5 MB).
 #[test]
 fn inplace_refinement_still_anchors_on_the_unmoved_chunks() {
     let d = tempfile::tempdir().unwrap();

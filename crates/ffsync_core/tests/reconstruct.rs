@@ -218,9 +218,9 @@ fn temp_names_fit_name_max_even_for_the_longest_names() {
     assert_ne!(pa, pb, "names sharing a long prefix must not share a temp file");
 }
 
-/// Regression: a malformed record found after its chunk was claimed (zstd data that does
-/// not decompress) used to leave the chunk claimed and the reconstruction unpoisoned, so a
-/// caller that went on to `finish` would have committed a chunk that was never written.
+/// A malformed record found after its chunk was claimed (zstd data that does not decompress)
+/// poisons the reconstruction: left claimed and unpoisoned, a caller that went on to `finish`
+/// would commit a chunk that was never written.
 #[test]
 fn a_chunk_that_does_not_decompress_poisons_the_reconstruction() {
     let d = tempfile::tempdir().unwrap();

@@ -288,9 +288,9 @@ fn a_tampered_delta_fails_the_chunk_hash_and_commits_nothing() {
 #[cfg(unix)]
 #[test]
 fn old_file_changed_under_a_delta_is_reported_as_changed_not_as_a_corrupt_chunk_from_the_peer() {
-    // Regression (fault suite, old-file-changed): the receiver's old bytes changed after it
-    // described them, so the delta rebuilt a wrong chunk, reported as "chunk N failed its
-    // hash check (received from the peer)" (exit 12) instead of "changed during the sync" (23).
+    // The receiver's old bytes change after it described them, so the delta rebuilds a wrong
+    // chunk. That is "changed during the sync" (23), not "chunk N failed its hash check
+    // (received from the peer)" (exit 12), which would blame the peer (fault suite, old-file-changed).
     let OneDelta {
         _dir: _keep,
         dst,

@@ -159,8 +159,8 @@ struct Synced {
 impl Synced {
     fn path(&self, a: &Action) -> String {
         let e = match a.op {
-            Op::Delete => self.r.local.manifest.entry(a.r as usize),
-            _ => self.s.local.manifest.entry(a.s as usize),
+            Op::Delete => self.r.local.manifest.entry(a.receiver_entry as usize),
+            _ => self.s.local.manifest.entry(a.sender_entry as usize),
         };
         e.path.escape_ascii().to_string()
     }
@@ -254,7 +254,7 @@ fn send_small(s: &TreeSync, r: &TreeSync) -> (Vec<u32>, Vec<String>) {
         .iter()
         .filter(|a| a.op == Op::Transfer && a.flags & action_flags::SMALL != 0);
     let biggest = small
-        .map(|a| s.local.manifest.entry(a.s as usize).size)
+        .map(|a| s.local.manifest.entry(a.sender_entry as usize).size)
         .max()
         .unwrap_or(0);
     let mut buf = vec![0u8; (biggest as usize + 4096).max(48 * 1024)];
@@ -288,9 +288,13 @@ fn execute(src: &Side, dst: &Side, s: &TreeSync, r: &TreeSync, delete_ok: bool) 
         f.set_permissions(Permissions::from_mode(lt.mode.expect("modes kept by default")))
             .unwrap();
         let root = file_batch::root_of_bytes(&fs::read(&to).unwrap());
-        s.claim_root(k, root);
-        r.claim_root(k, root);
+        s.claim_root(k, root).unwrap();
+        r.claim_root(k, root).unwrap();
     }
+    // An action the plan does not have is refused, not silently ignored.
+    let beyond = r.large_transfers().len() + 1_000_000;
+    assert!(r.claim_root(beyond, [0; 32]).is_err());
+    assert!(s.claim_root(beyond, [0; 32]).is_err());
     errors.extend(r.finish_receiver(delete_ok).unwrap().errors);
     s.finish_sender();
     (records, errors)
@@ -833,7 +837,7 @@ fn a_hostile_peer_cannot_make_the_receiver_write_elsewhere() {
     src.put("three.txt", b"three");
     let (s, mut r) = negotiate(&src, &dst, Opts::default());
     let plan = s.plan().actions.clone();
-    let path = |a: &Action| s.local.manifest.entry(a.s as usize).path.to_vec();
+    let path = |a: &Action| s.local.manifest.entry(a.sender_entry as usize).path.to_vec();
     let idx = |op: Op, p: &[u8]| plan.iter().position(|a| a.op == op && path(a) == p).unwrap() as u32;
     let (mkdir, two, three) = (
         idx(Op::Mkdir, b"dir"),

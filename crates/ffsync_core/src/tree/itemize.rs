@@ -38,9 +38,10 @@ pub fn itemize(plan: &Plan, s: &TreeManifest, r: &TreeManifest, direction: Direc
         lines.push((b"", true, false, format!("cd{NEW} ./")));
     }
     for a in &plan.actions {
-        let se = |a: &super::triage::Action| s.entry(a.s as usize);
+        let se = |a: &super::triage::Action| s.entry(a.sender_entry as usize);
         let old = |a: &super::triage::Action| {
-            (a.r != NONE && a.flags & action_flags::REPLACE == 0).then(|| r.entry(a.r as usize))
+            (a.receiver_entry != NONE && a.flags & action_flags::REPLACE == 0)
+                .then(|| r.entry(a.receiver_entry as usize))
         };
         let line = match a.op {
             Op::Mkdir => format!("cd{NEW} {}", name(&se(a))),
@@ -61,7 +62,7 @@ pub fn itemize(plan: &Plan, s: &TreeManifest, r: &TreeManifest, direction: Direc
                 Some(re) => format!(".f{} {}", changed(&se(a), &re, false), name(&se(a))),
                 None => continue,
             },
-            Op::DirMeta if root_created && a.s == 0 => continue,
+            Op::DirMeta if root_created && a.sender_entry == 0 => continue,
             Op::DirMeta => match old(a) {
                 // A directory whose own time or mode differs; one that only had entries
                 // created in it is restamped silently, as rsync does.
@@ -74,12 +75,12 @@ pub fn itemize(plan: &Plan, s: &TreeManifest, r: &TreeManifest, direction: Direc
                 }
                 _ => continue,
             },
-            Op::Delete => format!("*deleting   {}", name(&r.entry(a.r as usize))),
+            Op::Delete => format!("*deleting   {}", name(&r.entry(a.receiver_entry as usize))),
             Op::Skip => continue,
         };
         let (e, deletion) = match a.op {
-            Op::Delete => (r.entry(a.r as usize), true),
-            _ => (s.entry(a.s as usize), false),
+            Op::Delete => (r.entry(a.receiver_entry as usize), true),
+            _ => (s.entry(a.sender_entry as usize), false),
         };
         lines.push((e.path, e.kind == Kind::Dir, deletion, line));
     }

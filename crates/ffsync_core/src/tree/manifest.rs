@@ -151,6 +151,15 @@ fn u16_at(b: &[u8], o: usize) -> usize {
     u16::from_le_bytes([b[o], b[o + 1]]) as usize
 }
 
+/// A manifest's entries by kind ([`TreeManifest::counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub files: u32,
+    pub dirs: u32,
+    pub symlinks: u32,
+    pub bytes: u64,
+}
+
 impl TreeManifest {
     pub fn len(&self) -> usize {
         self.offsets.len()
@@ -172,6 +181,22 @@ impl TreeManifest {
 
     pub fn iter(&self) -> impl Iterator<Item = EntryRef<'_>> + '_ {
         (0..self.len()).map(|i| self.entry(i))
+    }
+
+    /// How many entries of each kind, and the regular files' bytes (the root directory counts).
+    pub fn counts(&self) -> Counts {
+        let mut c = Counts::default();
+        for e in self.iter() {
+            match e.kind {
+                Kind::File => {
+                    c.files += 1;
+                    c.bytes += e.size;
+                }
+                Kind::Dir => c.dirs += 1,
+                Kind::Symlink => c.symlinks += 1,
+            }
+        }
+        c
     }
 
     /// Binary search by path (entries are in tree order).
@@ -647,6 +672,21 @@ mod tests {
         assert_eq!(back.entry(3).link, b"target");
         assert_eq!(back.find(b"\xff"), Some(4));
         assert_eq!(back.find(b"zz"), None);
+    }
+
+    #[test]
+    fn counts_entries_by_kind_and_file_bytes() {
+        let c = sample().counts();
+        assert_eq!(
+            c,
+            Counts {
+                files: 2,
+                dirs: 2,
+                symlinks: 1,
+                bytes: 5
+            },
+            "a symlink's size is its target's length, not file bytes"
+        );
     }
 
     #[test]

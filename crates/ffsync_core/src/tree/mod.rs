@@ -9,6 +9,7 @@ pub mod filter;
 pub mod index;
 pub mod itemize;
 pub mod manifest;
+pub mod open;
 pub mod path;
 pub mod plan_counts;
 pub mod remove_sources;

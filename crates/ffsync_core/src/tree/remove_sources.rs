@@ -23,7 +23,7 @@ impl TreeSync {
         let plan = self.plan();
         // Left as they were on purpose (options), or not readable here: not synced.
         let mut kept: HashSet<u32> = plan.left_alone.iter().copied().collect();
-        kept.extend(plan.actions.iter().filter(|a| a.op == Op::Skip).map(|a| a.s));
+        kept.extend(plan.actions.iter().filter(|a| a.op == Op::Skip).map(|a| a.sender_entry));
         let root = match Dir::open_root(&self.local.root) {
             Ok(d) => d,
             Err(e) => {

@@ -227,7 +227,7 @@ impl TreeSync {
     fn back_up(&self, a: &Action, target: &Target) -> std::io::Result<()> {
         match &self.backup {
             Some(b) => b
-                .save(target, self.sender_manifest().entry(a.s as usize).path)
+                .save(target, self.sender_manifest().entry(a.sender_entry as usize).path)
                 .map(|_| ()),
             None => Ok(()),
         }
@@ -427,13 +427,13 @@ impl TreeSync {
     /// write); without -p an existing entry keeps its mode and a new one gets the sender's
     /// masked by this process's umask.
     pub fn metadata_for(&self, a: &Action) -> (Option<i64>, Option<u32>) {
-        let e = self.sender_manifest().entry(a.s as usize);
+        let e = self.sender_manifest().entry(a.sender_entry as usize);
         let mtime = (!self.options.omit_times).then_some(e.mtime_ns);
         if !self.options.omit_perms {
             return (mtime, Some(e.mode));
         }
-        let existing = (a.r != triage::NONE && a.flags & action_flags::REPLACE == 0)
-            .then(|| self.receiver_manifest().entry(a.r as usize))
+        let existing = (a.receiver_entry != triage::NONE && a.flags & action_flags::REPLACE == 0)
+            .then(|| self.receiver_manifest().entry(a.receiver_entry as usize))
             .filter(|re| re.kind == e.kind);
         let mode = match existing {
             // A rebuilt file replaces the old one: it must carry the old mode over.
@@ -463,13 +463,13 @@ impl TreeSync {
     }
 
     fn sender_root_of(&self, a: &Action) -> Option<[u8; 32]> {
-        let e = self.sender_manifest().entry(a.s as usize);
+        let e = self.sender_manifest().entry(a.sender_entry as usize);
         let extra = if self.is_sender {
             &self.my_extra
         } else {
             &self.peer_extra
         };
-        e.root.copied().or_else(|| extra.get(&a.s).copied())
+        e.root.copied().or_else(|| extra.get(&a.sender_entry).copied())
     }
 
     pub fn large_transfers(&self) -> Vec<LargeTransfer> {
@@ -480,7 +480,7 @@ impl TreeSync {
             .enumerate()
             .filter(|(_, a)| a.op == Op::Transfer && a.flags & action_flags::SMALL == 0)
             .map(|(k, a)| {
-                let e = s.entry(a.s as usize);
+                let e = s.entry(a.sender_entry as usize);
                 let (mtime_ns, mode) = self.metadata_for(a);
                 LargeTransfer {
                     action: k as u32,
@@ -509,7 +509,7 @@ impl TreeSync {
             .actions
             .iter()
             .filter(|a| a.op == Op::Transfer && a.flags & action_flags::SMALL != 0)
-            .map(|a| s.entry(a.s as usize).size)
+            .map(|a| s.entry(a.sender_entry as usize).size)
             .sum()
     }
 
@@ -534,7 +534,7 @@ impl TreeSync {
         while k < plan.actions.len() {
             let a = &plan.actions[k];
             if a.op == Op::Transfer && a.flags & action_flags::SMALL != 0 {
-                let need = s.entry(a.s as usize).size as usize + file_batch::RECORD_HEADER + 64;
+                let need = s.entry(a.sender_entry as usize).size as usize + file_batch::RECORD_HEADER + 64;
                 if !picked.is_empty() && budget + need > out.len() {
                     break;
                 }
@@ -547,7 +547,7 @@ impl TreeSync {
             .par_iter()
             .map(|&k| {
                 let a = &plan.actions[k];
-                let i = a.s as usize;
+                let i = a.sender_entry as usize;
                 let e = s.entry(i);
                 match self.read_whole(i) {
                     Ok(data) => {
@@ -639,13 +639,16 @@ impl TreeSync {
         Ok(data)
     }
 
-    /// After a large file was sent: remember its root for the tree index.
-    pub fn claim_root(&self, action: usize, root: [u8; 32]) {
-        let Ok(a) = self.action(action) else { return };
+    /// After a large file was sent: remember its root for the tree index. An action the plan
+    /// does not have is the caller's bug, refused. A file that cannot be looked at now (gone,
+    /// or changed on the sender) is not recorded: the index is a cache, and such a file is
+    /// hashed again by the next sync.
+    pub fn claim_root(&self, action: usize, root: [u8; 32]) -> Result<()> {
+        let a = self.action(action)?;
         let (m, idx) = if self.is_sender {
-            (&self.local.manifest, a.s)
+            (&self.local.manifest, a.sender_entry)
         } else {
-            (self.sender_manifest(), a.s)
+            (self.sender_manifest(), a.sender_entry)
         };
         let rel = m.entry(idx as usize).path.to_vec();
         let meta = if self.is_sender {
@@ -653,16 +656,17 @@ impl TreeSync {
         } else {
             self.place(&rel).and_then(|t| t.open_read()).and_then(|f| f.metadata())
         };
-        let Ok(meta) = meta else { return };
+        let Ok(meta) = meta else { return Ok(()) };
         let identity = FileIdentity::of(&meta);
         if self.is_sender && identity != self.local.identity(idx as usize) {
-            return; // changed since the walk: the root may be of another version
+            return Ok(()); // changed since the walk: the root may be of another version
         }
         self.claims.lock().unwrap().push(Claim {
             path: rel,
             identity,
             root,
         });
+        Ok(())
     }
 
     // ---- receiver ----
@@ -673,11 +677,11 @@ impl TreeSync {
     /// makes the final rmdir fail, and the replacement is reported instead (exit 23).
     /// Emptying a non-empty directory is a deletion: refused under --no-delete.
     fn clear_receiver_entry(&self, a: &Action) -> std::io::Result<()> {
-        if a.r == triage::NONE {
+        if a.receiver_entry == triage::NONE {
             return Ok(());
         }
         let r = self.receiver_manifest();
-        let j = a.r as usize;
+        let j = a.receiver_entry as usize;
         let e = r.entry(j);
         let p = self.place(e.path)?;
         if !e.is_dir() {
@@ -727,12 +731,15 @@ impl TreeSync {
 
     /// The sender's path of an action, resolved on our side (see `place`).
     fn target(&self, a: &Action) -> std::io::Result<Target> {
-        self.place(self.sender_manifest().entry(a.s as usize).path)
+        self.place(self.sender_manifest().entry(a.sender_entry as usize).path)
     }
 
     /// For messages: the action's path as a string under our root.
     fn shown(&self, a: &Action) -> PathBuf {
-        join(&self.local.root, self.sender_manifest().entry(a.s as usize).path)
+        join(
+            &self.local.root,
+            self.sender_manifest().entry(a.sender_entry as usize).path,
+        )
     }
 
     /// Directories first (replacing anything of another kind in the way), then renames
@@ -742,7 +749,7 @@ impl TreeSync {
         let plan = self.plan();
         let mut failed_dirs: Vec<Vec<u8>> = Vec::new();
         for a in plan.actions.iter().filter(|a| a.op == Op::Mkdir) {
-            let e = self.sender_manifest().entry(a.s as usize);
+            let e = self.sender_manifest().entry(a.sender_entry as usize);
             if failed_dirs.iter().any(|d| super::path::is_under(e.path, d)) {
                 continue;
             }
@@ -787,7 +794,7 @@ impl TreeSync {
         let made: Vec<(usize, Result<Target>)> = copies.par_iter().map(|&(k, a)| (k, self.copy_local(a))).collect();
         for (k, r) in made {
             let a = &plan.actions[k];
-            let rel = self.sender_manifest().entry(a.s as usize).path;
+            let rel = self.sender_manifest().entry(a.sender_entry as usize).path;
             match r.and_then(|tmp| self.commit(a, &tmp)) {
                 Ok(size) => {
                     self.done[k].store(true, Ordering::SeqCst);
@@ -874,7 +881,7 @@ impl TreeSync {
             .map_err(|e| CoreError::io(&shown, e))?;
         if root != [0; 32] {
             self.claims.lock().unwrap().push(Claim {
-                path: self.sender_manifest().entry(a.s as usize).path.to_vec(),
+                path: self.sender_manifest().entry(a.sender_entry as usize).path.to_vec(),
                 identity: FileIdentity::of(&meta),
                 root,
             });
@@ -905,13 +912,13 @@ impl TreeSync {
                     format!("action {k} is not a small-file transfer"),
                 ));
             }
-            if r.status == FileStatus::Ok && r.raw_len as u64 != s.entry(a.s as usize).size {
+            if r.status == FileStatus::Ok && r.raw_len as u64 != s.entry(a.sender_entry as usize).size {
                 return Err(CoreError::malformed(
                     "file batch",
                     format!(
                         "action {k} has {} bytes, the manifest said {}",
                         r.raw_len,
-                        s.entry(a.s as usize).size
+                        s.entry(a.sender_entry as usize).size
                     ),
                 ));
             }
@@ -922,7 +929,7 @@ impl TreeSync {
             .par_iter()
             .map(|r| {
                 let a = &self.plan().actions[r.action as usize];
-                let rel = display(s.entry(a.s as usize).path);
+                let rel = display(s.entry(a.sender_entry as usize).path);
                 let mut o = Outcome::default();
                 match r.status {
                     FileStatus::Vanished => o.vanished.push(format!("{rel} vanished or changed on the sender")),
@@ -1036,7 +1043,7 @@ impl TreeSync {
     /// Receiver: apply the sender's attribute table (after every file is in place, before
     /// finish_receiver sets directory times). Failures are per path (exit 23).
     pub fn apply_attrs(&self, compressed: &[u8]) -> Result<Outcome> {
-        // Decoded as it decompresses: a bomb stops at its first bad field (issue 17 §4).
+        // Decoded as it decompresses: a bomb stops at its first bad field.
         let s = self.sender_manifest();
         let table = AttrTable::decode_compressed(compressed, s.len())?;
         let root = self.root_dir().map_err(|e| CoreError::io(&self.local.root, e))?;
@@ -1046,7 +1053,7 @@ impl TreeSync {
         let mut rewritten = vec![false; s.len()];
         for a in &plan.actions {
             if matches!(a.op, Op::Mkdir | Op::LocalCopy | Op::Transfer | Op::Symlink) {
-                rewritten[a.s as usize] = true;
+                rewritten[a.sender_entry as usize] = true;
             }
         }
         let mut walked: Vec<Option<(u32, u32)>> = vec![None; s.len()];
@@ -1063,7 +1070,7 @@ impl TreeSync {
             .actions
             .iter()
             .filter(|a| a.op == Op::Symlink)
-            .map(|a| a.s)
+            .map(|a| a.sender_entry)
             .collect();
         if !links.is_empty() {
             *self.link_attrs.lock().unwrap() = Some(AttrTable {
@@ -1098,7 +1105,7 @@ impl TreeSync {
         let mut left: Vec<&[u8]> = Vec::new();
         for (k, a) in plan.actions.iter().enumerate() {
             if a.op == Op::Delete && delete_ok && self.max_delete.is_some() {
-                let e = r.entry(a.r as usize);
+                let e = r.entry(a.receiver_entry as usize);
                 if e.is_dir() && left.iter().any(|p| super::path::is_under(p, e.path)) {
                     // Not empty, so not deletable: as rsync, not counted as skipped either.
                     continue;
@@ -1111,9 +1118,9 @@ impl TreeSync {
                 deletes_tried += 1;
             }
             let res: std::io::Result<()> = match a.op {
-                Op::Symlink => self.make_link(a, &s.entry(a.s as usize)),
+                Op::Symlink => self.make_link(a, &s.entry(a.sender_entry as usize)),
                 Op::FileMeta => {
-                    let e = s.entry(a.s as usize);
+                    let e = s.entry(a.sender_entry as usize);
                     let p = self.shown(a);
                     (|| {
                         let f = self.target(a)?.open_read()?;
@@ -1131,7 +1138,7 @@ impl TreeSync {
                     })()
                 }
                 Op::Delete if delete_ok => (|| {
-                    let rel = r.entry(a.r as usize).path;
+                    let rel = r.entry(a.receiver_entry as usize).path;
                     let p = self.place(rel)?;
                     if let Some(b) = &self.backup {
                         if b.save(&p, rel)? {
@@ -1157,9 +1164,9 @@ impl TreeSync {
                 }
                 Err(e) => {
                     let rel = if a.op == Op::Delete {
-                        r.entry(a.r as usize).path
+                        r.entry(a.receiver_entry as usize).path
                     } else {
-                        s.entry(a.s as usize).path
+                        s.entry(a.sender_entry as usize).path
                     };
                     out.errors.push(format!("{} {}: {e}", op_verb(a.op), display(rel)));
                 }
@@ -1175,7 +1182,7 @@ impl TreeSync {
             }
         }
         for a in plan.actions.iter().filter(|a| a.op == Op::DirMeta) {
-            let e = s.entry(a.s as usize);
+            let e = s.entry(a.sender_entry as usize);
             let dir = if e.path.is_empty() {
                 self.root_dir().and_then(|d| d.try_clone())
             } else {
@@ -1291,7 +1298,7 @@ impl TreeSync {
             dirs: self.receiver_manifest().is_empty() as u64,
             ..Created::default()
         };
-        for a in self.plan().actions.iter().filter(|a| a.r == triage::NONE) {
+        for a in self.plan().actions.iter().filter(|a| a.receiver_entry == triage::NONE) {
             match a.op {
                 Op::Transfer | Op::LocalCopy => c.files += 1,
                 Op::Mkdir => c.dirs += 1,
@@ -1318,7 +1325,7 @@ impl TreeSync {
         let (s, r) = (self.sender_manifest(), self.receiver_manifest());
         let mut out = String::new();
         for a in &self.plan().actions {
-            let sp = |a: &Action| display(s.entry(a.s as usize).path);
+            let sp = |a: &Action| display(s.entry(a.sender_entry as usize).path);
             let line = match a.op {
                 Op::Mkdir => format!("mkdir   {}/", sp(a)),
                 Op::LocalCopy => format!(
@@ -1329,19 +1336,23 @@ impl TreeSync {
                 Op::Transfer => format!(
                     "send    {} ({} bytes{})",
                     sp(a),
-                    s.entry(a.s as usize).size,
+                    s.entry(a.sender_entry as usize).size,
                     if a.flags & action_flags::DELTA != 0 {
                         ", delta"
                     } else {
                         ""
                     }
                 ),
-                Op::Symlink => format!("link    {} -> {}", sp(a), display(s.entry(a.s as usize).link)),
+                Op::Symlink => format!(
+                    "link    {} -> {}",
+                    sp(a),
+                    display(s.entry(a.sender_entry as usize).link)
+                ),
                 Op::FileMeta => format!("attrs   {}", sp(a)),
                 Op::Delete => format!(
                     "delete  {}{}",
-                    display(r.entry(a.r as usize).path),
-                    if r.entry(a.r as usize).kind == Kind::Dir {
+                    display(r.entry(a.receiver_entry as usize).path),
+                    if r.entry(a.receiver_entry as usize).kind == Kind::Dir {
                         "/"
                     } else {
                         ""

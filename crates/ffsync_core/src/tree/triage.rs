@@ -54,9 +54,9 @@ pub struct Action {
     pub op: Op,
     pub flags: u8,
     /// Index in the sender's manifest (NONE for deletes).
-    pub s: u32,
+    pub sender_entry: u32,
     /// Index in the receiver's manifest of the entry at the same path (NONE if absent).
-    pub r: u32,
+    pub receiver_entry: u32,
     /// LocalCopy: index in the receiver's manifest of the file to copy.
     pub basis: u32,
 }
@@ -232,8 +232,8 @@ pub fn triage(
     let act = |op, flags, s: usize, r: Option<usize>, basis: u32| Action {
         op,
         flags,
-        s: s as u32,
-        r: r.map_or(NONE, |j| j as u32),
+        sender_entry: s as u32,
+        receiver_entry: r.map_or(NONE, |j| j as u32),
         basis,
     };
 
@@ -264,8 +264,8 @@ pub fn triage(
                 deletes.push(Action {
                     op: Op::Delete,
                     flags: 0,
-                    s: NONE,
-                    r: j as u32,
+                    sender_entry: NONE,
+                    receiver_entry: j as u32,
                     basis: NONE,
                 });
             }
@@ -393,10 +393,10 @@ pub fn triage(
     // directories whose own metadata differs.
     let mut touched: HashSet<&[u8]> = HashSet::new();
     for a in mkdir.iter().chain(&copies).chain(&small).chain(&large).chain(&links) {
-        touched.insert(parent_of(s.entry(a.s as usize).path));
+        touched.insert(parent_of(s.entry(a.sender_entry as usize).path));
     }
     for a in &deletes {
-        touched.insert(parent_of(r.entry(a.r as usize).path));
+        touched.insert(parent_of(r.entry(a.receiver_entry as usize).path));
     }
     let mut dirmeta = Vec::new();
     merge(s, r, |a, b| {
@@ -445,8 +445,8 @@ pub fn encode_actions(actions: &[Action]) -> Vec<u8> {
     let mut out = Vec::with_capacity(actions.len() * 16);
     for a in actions {
         out.extend_from_slice(&[a.op as u8, a.flags, 0, 0]);
-        out.extend_from_slice(&a.s.to_le_bytes());
-        out.extend_from_slice(&a.r.to_le_bytes());
+        out.extend_from_slice(&a.sender_entry.to_le_bytes());
+        out.extend_from_slice(&a.receiver_entry.to_le_bytes());
         out.extend_from_slice(&a.basis.to_le_bytes());
     }
     out
