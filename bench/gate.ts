@@ -10,23 +10,8 @@ import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
-import {
-  CLI,
-  KiB,
-  MiB,
-  REPO,
-  RSYNC_BIN,
-  XorShift128,
-  flushWorkFs,
-  fmtBytes,
-  killAll,
-  markdown,
-  median,
-  rmf,
-  textTable,
-  withTimeout,
-  runMain,
-} from './common';
+import { CLI, KiB, MiB, REPO, RSYNC_BIN, flushWorkFs, fmtBytes, killAll, markdown, median, rmf, textTable, withTimeout, runMain } from './common.js';
+import { XorShift128 } from '../__test__/helpers/data';
 import { runFfsyncPair, runRsync } from './runners';
 
 interface Options {

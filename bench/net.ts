@@ -38,40 +38,8 @@ import { parseArgs } from 'node:util';
 import { tcpDelayProxy } from '../__test__/helpers/delay-proxy';
 import { releaseTrees } from '../__test__/helpers/npm-fixtures';
 import { type Sshd, sshdUnavailable, startSshd } from '../__test__/helpers/sshd';
-import {
-  CLI,
-  KiB,
-  MiB,
-  Proc,
-  REPO,
-  RSYNC_BIN,
-  type Relay,
-  XorShift128,
-  commandLine,
-  describeExit,
-  diffHashes,
-  flushWorkFs,
-  fmtBytes,
-  fmtRatio,
-  fmtRss,
-  fmtS,
-  hashTree,
-  killAll,
-  machineInfo,
-  markdown,
-  maxOf,
-  median,
-  modifyScattered,
-  parseJsonLine,
-  readRssFile,
-  rssPrefix,
-  sh,
-  tail,
-  textTable,
-  udpRelay,
-  writeSeededFile,
-  runMain,
-} from './common.js';
+import { CLI, KiB, MiB, Proc, REPO, RSYNC_BIN, type Relay, commandLine, describeExit, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, maxOf, median, parseJsonLine, readRssFile, rssPrefix, sh, tail, textTable, udpRelay, runMain } from './common.js';
+import { XorShift128, diffHashes, hashTree, modifyScattered, writeSeededFile } from '../__test__/helpers/data';
 
 const { values } = parseArgs({
   options: {

@@ -15,7 +15,8 @@
 // hashes (its file changed). Every result is checked with SHA-256 against the source.
 import fs from 'node:fs';
 import path from 'node:path';
-import { flushWorkFs, fmtBytes, fmtRss, fmtS, machineInfo, markdown, median, MiB, REPO, rmf, sha256FileSync, writeResultsSection, runMain } from './common';
+import { flushWorkFs, fmtBytes, fmtRss, fmtS, machineInfo, markdown, median, MiB, REPO, rmf, writeResultsSection, runMain } from './common.js';
+import { sha256 } from '../__test__/helpers/data';
 import { runFfsyncPair } from './runners';
 import { modify, seeded } from '../__test__/helpers/peers';
 import { tcpDelayProxy } from '../__test__/helpers/delay-proxy';
@@ -71,7 +72,7 @@ async function once(o: { old: string; source: string; want: string; state: State
       return proxy.port;
     },
   }).finally(() => proxy?.close());
-  const ok = sha256FileSync(target) === o.want;
+  const ok = sha256(target) === o.want;
   const wire = r.receiver.bytesOnWire;
   return { wallMs: r.wallMs, placedEarly: r.receiver.placedEarlyBytes ?? 0, wire: wire.sent + wire.received, ok, rssKb: [r.rssKb.sender ?? 0, r.rssKb.receiver ?? 0] };
 }
@@ -85,7 +86,7 @@ async function main() {
     fs.writeFileSync(old, data);
     fs.writeFileSync(source, modify(data, 2, { overwrites: 20, inserts: 5, deletes: 5 }));
   }
-  const want = sha256FileSync(source);
+  const want = sha256(source);
   const m = machineInfo(WORK);
   const rows: string[][] = [];
   const gains: string[] = [];

@@ -23,27 +23,8 @@ import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { parseArgs } from 'node:util';
-import {
-  KiB,
-  MiB,
-  REPO,
-  sha256FileSync,
-  XorShift128,
-  commandLine,
-  flushWorkFs,
-  fmtBytes,
-  fmtRatio,
-  fmtRss,
-  machineInfo,
-  markdown,
-  median,
-  rmf,
-  tail,
-  textTable,
-  withTimeout,
-  writeResultsSection,
-  runMain,
-} from './common.js';
+import { KiB, MiB, REPO, commandLine, flushWorkFs, fmtBytes, fmtRatio, fmtRss, machineInfo, markdown, median, rmf, tail, textTable, withTimeout, writeResultsSection, runMain } from './common.js';
+import { XorShift128, sha256 } from '../__test__/helpers/data';
 import { runFfsyncPair, runRsync } from './runners.js';
 
 const BEGIN_MARK = '<!-- refine-bench:begin -->';
@@ -188,7 +169,7 @@ async function scenario(name: string): Promise<Row> {
   const inplace = name.startsWith('inplace-');
   const f = name.startsWith('synthetic-') || inplace ? synthetic(dir, Number(name.split('-')[1]), inplace) : realData(dir, name);
   const mode = inplace ? ['--inplace'] : [];
-  const want = sha256FileSync(f.neu);
+  const want = sha256(f.neu);
   const size = fs.statSync(f.neu).size;
   const row: Row = { scenario: name, detail: f.detail, size, ffsync: [], rsync: [] };
   for (let k = 0; k < repeat; k++) {
@@ -205,7 +186,7 @@ async function scenario(name: string): Promise<Row> {
       } else {
         row.rsync.push(await withTimeout(600_000, label, () => rsyncOnce(label, f.neu, dst, mode)));
       }
-      if (sha256FileSync(dst) !== want) throw new Error(`${label}: result differs from the source (sha256)`);
+      if (sha256(dst) !== want) throw new Error(`${label}: result differs from the source (sha256)`);
       await rmf(dst);
     }
   }

@@ -15,35 +15,8 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import {
-  CLI,
-  KiB,
-  MiB,
-  Proc,
-  REPO,
-  sha256File,
-  RSYNC_BIN,
-  UsageError,
-  XorShift128,
-  commandLine,
-  describeExit,
-  flushWorkFs,
-  fmtBytes,
-  fmtRatio,
-  fmtRss,
-  fmtS,
-  killAll,
-  machineInfo,
-  markdown,
-  rmf,
-  sh,
-  tail,
-  textTable,
-  withTimeout,
-  type Machine,
-  runMain,
-  intOption,
-} from './common.js';
+import { CLI, KiB, MiB, Proc, REPO, RSYNC_BIN, UsageError, commandLine, describeExit, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, rmf, sh, tail, textTable, withTimeout, type Machine, runMain, intOption } from './common.js';
+import { XorShift128, sha256Async } from '../__test__/helpers/data';
 import { aggregate, runFfsyncPair, runRsync, type Aggregate, type TimedSample, type ToolRuns } from './runners.js';
 
 const BLOCK = MiB; // fixture I/O granularity: never hold a whole file in memory
@@ -454,7 +427,7 @@ async function syncWith(ctx: RunCtx, tool: ToolName, src: string, dst: string, s
 }
 
 async function verify(label: string, src: string, dst: string, expected: string): Promise<void> {
-  const [hs, hd] = await Promise.all([sha256File(src), sha256File(dst)]);
+  const [hs, hd] = await Promise.all([sha256Async(src), sha256Async(dst)]);
   if (hs !== expected) throw new VerifyError(`${label}: SOURCE CHANGED: sha256(${src}) = ${hs}, expected ${expected}`);
   if (hd !== hs) throw new VerifyError(`${label}: VERIFICATION FAILED: sha256(target) = ${hd} != sha256(source) = ${hs}`);
 }

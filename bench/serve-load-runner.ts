@@ -7,12 +7,12 @@
 // session.
 
 import { spawn } from 'node:child_process';
-import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
 import { sha256, snapshot } from '../__test__/helpers/peers';
+import { seedOf, XorShift128 } from '../__test__/helpers/data';
 
 const CLI = path.join(__dirname, '..', 'dist', 'cli', 'main.js');
 
@@ -57,25 +57,17 @@ export interface LoadFigures {
   sessionLinesOk: number;
 }
 
-/** Deterministic bytes (AES-128-CTR keystream of the seed). */
+/** Deterministic bytes of a named seed. */
 function seeded(len: number, seed: string): Buffer {
-  const key = crypto.createHash('sha256').update(seed).digest().subarray(0, 16);
-  const c = crypto.createCipheriv('aes-128-ctr', key, Buffer.alloc(16));
-  return Buffer.concat([c.update(Buffer.alloc(len)), c.final()]);
+  const b = Buffer.allocUnsafe(len);
+  new XorShift128(seedOf(seed), 0).fill(b);
+  return b;
 }
 
+/** Deterministic numbers in [0, 1) of a named seed. */
 function rng(seed: string): () => number {
-  let state = crypto.createHash('sha256').update(seed).digest();
-  let at = 0;
-  return () => {
-    if (at + 4 > state.length) {
-      state = crypto.createHash('sha256').update(state).digest();
-      at = 0;
-    }
-    const v = state.readUInt32LE(at);
-    at += 4;
-    return v / 2 ** 32;
-  };
+  const x = new XorShift128(seedOf(seed), 1);
+  return () => x.next() / 2 ** 32;
 }
 
 function makeTree(dir: string, files: number, seed: string): void {

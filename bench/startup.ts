@@ -20,7 +20,8 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
-import { CLI, KiB, REPO, RSYNC_BIN, XorShift128, commandLine, flushWorkFs, machineInfo, markdown, median, textTable, runMain } from './common.js';
+import { CLI, KiB, REPO, RSYNC_BIN, commandLine, flushWorkFs, machineInfo, markdown, median, textTable, runMain } from './common.js';
+import { XorShift128 } from '../__test__/helpers/data';
 
 const NPM_PKG = 'typescript';
 const NPM_V1 = '5.6.2';

@@ -25,40 +25,8 @@ import * as path from 'node:path';
 import { parseArgs } from 'node:util';
 import { type Sshd, sshdUnavailable, startSshd } from '../__test__/helpers/sshd';
 import { tcpDelayProxy } from '../__test__/helpers/delay-proxy';
-import {
-  CLI,
-  KiB,
-  MiB,
-  Proc,
-  RSYNC_BIN,
-  type Relay,
-  XorShift128,
-  commandLine,
-  describeExit,
-  ffsyncWire,
-  flushWorkFs,
-  fmtBytes,
-  fmtRatio,
-  fmtRss,
-  fmtS,
-  machineInfo,
-  markdown,
-  median,
-  modifyScattered,
-  parseJsonLine,
-  parseRsyncStats,
-  rmf,
-  runTool,
-  sha256FileSync,
-  tail,
-  textTable,
-  treeDigest,
-  udpRelay,
-  withTimeout,
-  writeResultsSection,
-  writeSeededFile,
-  runMain,
-} from './common.js';
+import { CLI, KiB, MiB, Proc, RSYNC_BIN, type Relay, commandLine, describeExit, ffsyncWire, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, machineInfo, markdown, median, parseJsonLine, parseRsyncStats, rmf, runTool, tail, textTable, udpRelay, withTimeout, writeResultsSection, runMain } from './common.js';
+import { XorShift128, modifyScattered, sha256, treeDigest, writeSeededFile } from '../__test__/helpers/data';
 
 const BEGIN_MARK = '<!-- sync-bench:begin -->';
 const END_MARK = '<!-- sync-bench:end -->';
@@ -293,8 +261,8 @@ async function syncSshFile(sshd: Sshd): Promise<void> {
   const modified = path.join(work, 'file-mod.bin');
   await fsp.copyFile(src, modified);
   modifyScattered(modified, 55);
-  const dSrc = sha256FileSync(src);
-  const dMod = sha256FileSync(modified);
+  const dSrc = sha256(src);
+  const dMod = sha256(modified);
   const label = `${fileMiB} MiB`;
   const ffArgs = (from: string, quic: boolean) => ffsync('sync', '-a', '--json', '--state-dir', state, '-e', sshd.rsh, '--remote-cmd', remoteCmd(rstate), ...(quic ? ['--quic'] : []), from, `127.0.0.1:${dst}`);
   const rsArgs = (from: string) => [RSYNC_BIN, '-a', '--stats', '-e', sshd.rsh, from, `127.0.0.1:${dst}`];
@@ -309,10 +277,10 @@ async function syncSshFile(sshd: Sshd): Promise<void> {
     await fsp.copyFile(base, dst);
   };
   const isSrc = () => {
-    if (sha256FileSync(dst) !== dSrc) throw new Error('sync-ssh-file: fresh result differs');
+    if (sha256(dst) !== dSrc) throw new Error('sync-ssh-file: fresh result differs');
   };
   const isMod = () => {
-    if (sha256FileSync(dst) !== dMod) throw new Error('sync-ssh-file: modified result differs');
+    if (sha256(dst) !== dMod) throw new Error('sync-ssh-file: modified result differs');
   };
   const f = await measure(`sync-ssh file ${label} fresh`, 'ffsync sync -a', repeat, fresh, () => timed('sync', ffArgs(src, false), 'ffsync'), isSrc);
   const fq = await measure(`sync-ssh file ${label} fresh`, 'ffsync sync -a --quic', repeat, fresh, () => timed('sync', ffArgs(src, true), 'ffsync'), isSrc);

@@ -8,7 +8,8 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { CLI, REPO, sha256FileSync, runMain } from './common.js';
+import { CLI, REPO, runMain } from './common.js';
+import { sha256 } from '../__test__/helpers/data';
 const arg = (name: string, def: number) => {
   const i = process.argv.indexOf(name);
   return i > 0 ? Number(process.argv[i + 1]) : def;
@@ -45,7 +46,7 @@ async function main() {
     const zero = Buffer.alloc(1 << 20);
     for (let i = 0; i < sizeMiB; i++) fs.writeSync(fd, c.update(zero));
     fs.closeSync(fd);
-    const want = sha256FileSync(src);
+    const want = sha256(src);
     const dst = path.join(dir, 'dst.bin');
     const [sr, ss] = [path.join(dir, 'state-r'), path.join(dir, 'state-s')];
     const fr = cli(['id', '--state-dir', sr]);
@@ -55,11 +56,11 @@ async function main() {
     await once(src, dst, ['--plaintext'], ['--plaintext'], sr, ss); // warm-up: sender index, page cache
     for (let i = 0; i < repeat; i++) {
       plain.push(await once(src, dst, ['--plaintext'], ['--plaintext'], sr, ss));
-      if (sha256FileSync(dst) !== want) throw new Error('plaintext result mismatch');
+      if (sha256(dst) !== want) throw new Error('plaintext result mismatch');
       // The receiver is emptied before each run, so every run is a full transfer; from the
       // second run on the sender's index skips its scan, equally for both modes.
       tls.push(await once(src, dst, ['--trust', fsnd], ['--trust', fr], sr, ss));
-      if (sha256FileSync(dst) !== want) throw new Error('TLS result mismatch');
+      if (sha256(dst) !== want) throw new Error('TLS result mismatch');
     }
     const med = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
     const overhead = med(tls) / med(plain) - 1;

@@ -17,34 +17,8 @@ import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 import { type Sshd, SSHD, sshdUnavailable, startSshd as startTestSshd } from '../__test__/helpers/sshd';
-import {
-  CLI,
-  KiB,
-  MiB,
-  REPO,
-  sha256File,
-  RSYNC_BIN,
-  UsageError,
-  XorShift128,
-  commandLine,
-  flushWorkFs,
-  fmtBytes,
-  fmtRatio,
-  fmtRss,
-  fmtS,
-  killAll,
-  machineInfo,
-  markdown,
-  maxOf,
-  rmf,
-  sh,
-  tail,
-  textTable,
-  withTimeout,
-  type Machine,
-  runMain,
-  intOption,
-} from './common.js';
+import { CLI, KiB, MiB, REPO, RSYNC_BIN, UsageError, commandLine, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, maxOf, rmf, sh, tail, textTable, withTimeout, type Machine, runMain, intOption } from './common.js';
+import { XorShift128, sha256Async } from '../__test__/helpers/data';
 import { aggregate, runFfsyncPair, runRsync, type Aggregate, type TimedSample, type ToolRuns } from './runners.js';
 
 const BEGIN_MARK = '<!-- tree-bench:begin -->';
@@ -285,7 +259,7 @@ async function walk(root: string, how: { hash: boolean; reuse?: Manifest; rehash
     if (e.kind === 'file' && how.hash) {
       const old = how.reuse?.get(rel);
       e.sha256 =
-        old?.sha256 && old.kind === 'file' && old.size === e.size && old.mtimeMs === e.mtimeMs && !how.rehash?.has(rel) ? old.sha256 : await sha256File(p, e.size);
+        old?.sha256 && old.kind === 'file' && old.size === e.size && old.mtimeMs === e.mtimeMs && !how.rehash?.has(rel) ? old.sha256 : await sha256Async(p, e.size);
     }
     entries[i] = e;
   });

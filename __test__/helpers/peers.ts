@@ -6,6 +6,7 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { sha256 } from './data';
 
 /** The CLI under test: this build's, or FFSYNC_TEST_CLI (another build's main.js, to show that a
  * new test fails there). */
@@ -144,9 +145,7 @@ export function modify(old: Buffer, seed: number, edits = { overwrites: 6, inser
   return b;
 }
 
-export function sha256(file: string): string {
-  return crypto.createHash('sha256').update(fs.readFileSync(file)).digest('hex');
-}
+export { sha256 } from './data';
 
 /** Every file under `dir` with its size and hash: a before/after snapshot. */
 export function snapshot(dir: string): Record<string, string> {
