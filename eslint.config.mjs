@@ -18,9 +18,4 @@ export default tseslint.config(
     files: ['__test__/**/*.ts'],
     rules: { '@typescript-eslint/no-explicit-any': 'off' },
   },
-  {
-    // commander hands actions an untyped option bag (Record<string, any>); values are validated by argParsers.
-    files: ['ts/cli/**/*.ts'],
-    rules: { '@typescript-eslint/no-explicit-any': 'off' },
-  },
 );

@@ -14,7 +14,17 @@ const MiB = 1024 * 1024;
 /** FFSYNC_FAULT_SEED replays a run; CI (CI set) uses a fixed seed so its runs are reproducible;
  * a local run explores a fresh one each time (printed below either way). */
 const CI_SEED = 20261202;
-const MASTER = process.env.FFSYNC_FAULT_SEED ? Number(process.env.FFSYNC_FAULT_SEED) : process.env.CI ? CI_SEED : Math.floor(Math.random() * 2 ** 31);
+const MASTER = masterSeed(process.env.FFSYNC_FAULT_SEED, process.env.CI);
+
+function masterSeed(given: string | undefined, ci: string | undefined): number {
+  if (given !== undefined && given !== '') {
+    if (!/^\d{1,10}$/.test(given) || Number(given) >= 2 ** 32) throw new Error(`FFSYNC_FAULT_SEED=${given}: not an unsigned 32-bit integer`);
+    return Number(given);
+  }
+  // CI services set CI=true (or 1); CI=false or CI=0 is a local run that says so.
+  const inCi = ci !== undefined && ci !== '' && !/^(false|0|no)$/i.test(ci);
+  return inCi ? CI_SEED : Math.floor(Math.random() * 2 ** 31);
+}
 
 /** One seed per (kind, shape), derived from the master seed so one number replays them all. */
 function seedFor(kind: string, shape: string): number {

@@ -159,7 +159,10 @@ function scribble(file: string, rand: () => number, from = 0, to = 1): string | 
     const at = Math.min(Math.max(0, size - 64 * KiB), Math.floor(size * from + rand() * span));
     const fd = fs.openSync(file, 'r+');
     try {
-      fs.writeSync(fd, crypto.randomBytes(Math.min(64 * KiB, size)), 0, Math.min(64 * KiB, size), at);
+      // From the run's generator, so a seed replays the bytes as well as the offset.
+      const bytes = Buffer.alloc(Math.min(64 * KiB, size));
+      for (let i = 0; i < bytes.length; i++) bytes[i] = Math.floor(rand() * 256);
+      fs.writeSync(fd, bytes, 0, bytes.length, at);
     } finally {
       fs.closeSync(fd);
     }

@@ -7,13 +7,15 @@ import path from 'node:path';
 
 const repo = path.join(__dirname, '..', '..');
 
-/** The newest file under `dir` whose name passes `want` (build output directories skipped). */
-function newest(dir: string, want: (name: string) => boolean): { file: string; mtimeMs: number } | undefined {
+/** The newest file under `dir` whose name passes `want` and whose path `keep` accepts (build
+ * output directories skipped). */
+function newest(dir: string, want: (name: string) => boolean, keep: (p: string) => boolean = () => true): { file: string; mtimeMs: number } | undefined {
   let best: { file: string; mtimeMs: number } | undefined;
   const walk = (d: string) => {
     for (const e of fs.readdirSync(d, { withFileTypes: true })) {
       if (e.name === 'target' || e.name === 'node_modules' || e.name.startsWith('.')) continue;
       const p = path.join(d, e.name);
+      if (!keep(p)) continue;
       if (e.isDirectory()) walk(p);
       else if (want(e.name)) {
         const m = fs.statSync(p).mtimeMs;
@@ -32,7 +34,12 @@ if (addons.length === 0) {
   process.exit(1);
 }
 const built = Math.min(...addons.map((n) => fs.statSync(path.join(repo, 'binding', n)).mtimeMs));
-const source = newest(path.join(repo, 'crates'), (n) => n.endsWith('.rs') || n === 'Cargo.toml');
+// What the addon is built from: the crates' sources (not their tests, benches or fuzz
+// targets, which the addon does not contain), their manifests, and the workspace's lock file.
+const builtFrom = (p: string) => !/[/\\](tests|benches|fuzz)[/\\]/.test(path.relative(repo, p));
+const crateSource = newest(path.join(repo, 'crates'), (n) => n.endsWith('.rs') || n === 'Cargo.toml', builtFrom);
+const lock = ['Cargo.lock', 'Cargo.toml'].map((n) => path.join(repo, n)).filter((p) => fs.existsSync(p)).map((file) => ({ file, mtimeMs: fs.statSync(file).mtimeMs }));
+const source = [crateSource, ...lock].filter((s) => s !== undefined).sort((a, b) => b.mtimeMs - a.mtimeMs)[0];
 if (source && source.mtimeMs > built + 1000) {
   process.stderr.write(`ffsync-native: the native addon in binding/ is older than ${path.relative(repo, source.file)}: run 'npm run build:native' first\n`);
   process.exit(1);

@@ -89,19 +89,17 @@ export function wholeFrames(chunk: Buffer): boolean {
 
 /** Buffers kept for reuse by every connection in the process, for frames of POOLED_MIN or more:
  * as many as a receiving session has in flight at once (one being assembled, up to two queued,
- * two being verified and written). With fewer, every frame beyond them allocated a fresh 2 MiB
- * buffer and dropped one: 82 per 512 MiB received, promoted to the old generation before they
- * died, so ~190 MB of dead buffers waited for a major GC (peak RSS 258 MB; 147 MB with six).
- * One pool for the process, not one per connection: a session on four lanes kept up to six
- * per lane, idle on lanes between files (decisions §71). */
+ * two being verified and written). With fewer, every frame beyond them allocates a fresh 2 MiB
+ * buffer and drops one, promoted to the old generation before it dies, where dead buffers wait
+ * for a major GC (decisions §45). One pool for the process, not one per connection: a pool per
+ * lane would keep buffers idle on one lane while another allocates (decisions §71). */
 export const FRAME_POOL_KEPT = 6;
 /** One DATA batch (content-send.ts, BATCH_BUFFER) and the frame headers around it. */
 export const FRAME_POOL_BUFFER = 2 * 1024 * 1024 + 64 * 1024;
 
 /** The frame pool, and the decoders using it. Buffers are taken only when frames that large
  * span reads, and the idle ones go when the last decoder using the pool is disposed (its
- * connection closed): an idle or finished `serve` holds none. Before `dispose` existed, six
- * per connection stayed for its life, ~800 MiB for 64 sessions. */
+ * connection closed): an idle or finished `serve` holds none. */
 export class FramePool extends BufferPool {
   private users = 0;
 

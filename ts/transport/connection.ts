@@ -85,8 +85,8 @@ interface ProcessWork {
 
 /** The last reading, reused by keepAlive() for up to PROCESS_WORK_REUSE_MS as the baseline it
  * starts from. getrusage sums every thread of the process; taken at each start (several per
- * file of a tree, on every multiplexed conversation) it cost the JS thread about 0.7 ms per
- * file (decisions §67). Ticks take a fresh reading. */
+ * file of a tree, on every multiplexed conversation) it would cost the JS thread about 0.7 ms
+ * per file (decisions §67). Ticks take a fresh reading. */
 let lastReading: ProcessWork | undefined;
 const PROCESS_WORK_REUSE_MS = 25;
 

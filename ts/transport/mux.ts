@@ -102,9 +102,9 @@ export function laneWindow(connections: number): number {
 
 /** Bytes of stream data one MUX frame carries when a stream's writer hands over several frames
  * at once: one DATA batch and its headers (content-send.ts, BATCH_BUFFER), so the whole MUX
- * frame fits a buffer of the receiver's frame pool (FRAME_POOL_BUFFER). Coalescing two batches
- * into one MUX frame saved nothing and made the receiver allocate a buffer of every odd size up
- * to 4 MiB, which its pool cannot reuse (decisions §71). */
+ * frame fits a buffer of the receiver's frame pool (FRAME_POOL_BUFFER). Two batches in one MUX
+ * frame would save nothing and make the receiver allocate a buffer of some odd size up to 4 MiB,
+ * which its pool cannot reuse (decisions §71). */
 export const MUX_FRAME_DATA = FRAME_POOL_BUFFER - 32;
 
 /** `parts` (one stream's pending writes, in order) grouped into MUX frames of at most

@@ -23,7 +23,7 @@ function load(): Gc | undefined {
 }
 
 export const RELIEF_STEP = 4 * 1024 * 1024;
-/** Resident size above which dead buffers are collected at once (issue 18: ≤ 100 MiB per peer). */
+/** Resident size above which dead buffers are collected at once: a peer's budget is 100 MiB. */
 const RSS_BUDGET = 80 * 1024 * 1024;
 const MAJOR_STEP = 32 * 1024 * 1024;
 
@@ -36,9 +36,9 @@ export function garbageRelief(): { runs: number; pending: number } {
   return { runs: minors, pending: since };
 }
 
-/** Call with each socket read's byte count; runs a minor GC every STEP bytes. One count for
- * the process, not one per connection: a session on four lanes let each lane read STEP bytes
- * before its scavenge, four times the dead buffers of one connection (decisions §71). */
+/** Call with each socket read's byte count; runs a minor GC every RELIEF_STEP bytes. One count
+ * for the process, not one per connection: the dead reads of every connection share one heap,
+ * so a count per lane would let four lanes hold four times as many (decisions §71). */
 export function relieveGarbage(bytes: number): void {
   since += bytes;
   if (since < RELIEF_STEP) return;
@@ -46,12 +46,10 @@ export function relieveGarbage(bytes: number): void {
   minors++;
   if (gc === null) gc = load();
   gc?.({ type: 'minor' });
-  // Buffers that survived two scavenges were promoted to the old generation, which only a
-  // full GC frees. Past the memory budget, start an incremental one every MAJOR_STEP bytes
-  // (measured: a 1 GiB receive peaks at 96 MiB instead of 144; below the budget, as in
-  // most sessions, nothing extra runs). Few reads live that long since large frames are
-  // copied together as their reads arrive (FrameDecoder): a 1 GiB receive now runs about 6
-  // full GCs, not 31, and peaks near 84 MiB (decisions §69).
+  // Buffers that survive two scavenges are promoted to the old generation, which only a
+  // full GC frees. Past the memory budget, an incremental one starts every MAJOR_STEP bytes;
+  // below it, as in most sessions, nothing extra runs. Few reads live that long, because
+  // large frames are copied together as their reads arrive (FrameDecoder, decisions §69).
   if ((majors += RELIEF_STEP) >= MAJOR_STEP) {
     majors = 0;
     if (gc && process.memoryUsage.rss() > RSS_BUDGET) gc({ type: 'major', execution: 'async' });
