@@ -24,6 +24,7 @@ import {
   call,
   decodeManifest,
   hasPartial,
+  type ManifestInfo,
   markUpToDate,
   movePartials,
   type NativeReconstruction,
@@ -136,7 +137,22 @@ function connectionLost(e: unknown): boolean {
   return e instanceof PeerClosedError || err?.exitCode === ExitCode.SOCKET_IO || err?.exitCode === ExitCode.TIMEOUT || err?.exitCode === ExitCode.SIGNAL;
 }
 
+/** Manifest, plan, data, verification, commit: the conversation once BASIS (if any) is out. */
 async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOptions, assembler: ManifestAssembler, maxLength: number, early: EarlyPlacement): Promise<ContentResult> {
+  const manifest = await readManifest(conn, o, assembler, maxLength, early);
+  const holes = o.sparse ? Buffer.from((await expect(conn, FrameType.HOLES)).payload) : undefined;
+  const info = await decodeManifest(manifest);
+  if (BigInt(info.size) !== o.size) throw protocolError(`manifest describes ${info.size} bytes, offer said ${o.size}`);
+  const scanned = await localManifests(conn, o, manifest, info.size);
+  if (o.targetReusable && scanned[0]?.root === info.root) return keepIdentical(conn, o, manifest, info, early);
+  // Chunks placed while the manifest streamed in are adopted by the plan (if they match it).
+  const prefill = await conn.keepAlive(early.done());
+  return rebuild(conn, o, { manifest, info, scanned, holes, prefill, early });
+}
+
+/** The sender's manifest: MANIFEST parts, or with STREAM its entries in MANIFEST_STREAM frames
+ * (placed early as they arrive) and early DATA between them, then the header in MANIFEST. */
+async function readManifest(conn: FramedConnection, o: ReceiveContentOptions, assembler: ManifestAssembler, maxLength: number, early: EarlyPlacement): Promise<Buffer> {
   let manifest: Buffer | undefined;
   const streamed: Buffer[] = [];
   let streamedBytes = 0;
@@ -170,138 +186,83 @@ async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOpt
     streamed.push(entries);
     early.add(entries);
   }
-  if (streamed.length) {
-    if (manifest.length !== MANIFEST_HEADER) throw protocolError('after MANIFEST_STREAM frames, MANIFEST must carry the header alone');
-    manifest = Buffer.concat([manifest, ...streamed]);
-  }
-  const holes = o.sparse ? Buffer.from((await expect(conn, FrameType.HOLES)).payload) : undefined;
-  const info = await decodeManifest(manifest);
-  if (BigInt(info.size) !== o.size) throw protocolError(`manifest describes ${info.size} bytes, offer said ${o.size}`);
+  if (!streamed.length) return manifest;
+  if (manifest.length !== MANIFEST_HEADER) throw protocolError('after MANIFEST_STREAM frames, MANIFEST must carry the header alone');
+  return Buffer.concat([manifest, ...streamed]);
+}
+
+/** Our local files' manifests. A file that crossed the 16 MiB parameter threshold between
+ * versions is chunked differently on each side: such a copy is rechunked with the sender's
+ * parameters. */
+async function localManifests(conn: FramedConnection, o: ReceiveContentOptions, manifest: Buffer, size: number): Promise<ScanResult[]> {
   const scanned = await o.locals;
-  // A file that crossed the 16 MiB parameter threshold between versions is chunked
-  // differently on each side: rechunk our copies with the sender's parameters.
   for (let i = 0; i < scanned.length; i++) {
     if (scanned[i].size > 0 && manifestParamsKey(scanned[i].manifest) !== manifestParamsKey(manifest)) {
       const hashed = workMeter();
       scanned[i] = await conn.keepAlive(
-        inPhase(o.events, 'hashing', scanned[i].size, (p) => scanFile(o.localPaths[i], { paramsForSize: info.size, onProgress: hashed.tap(p) })),
+        inPhase(o.events, 'hashing', scanned[i].size, (p) => scanFile(o.localPaths[i], { paramsForSize: size, onProgress: hashed.tap(p) })),
         hashed,
       );
     }
   }
+  return scanned;
+}
 
-  if (o.targetReusable && scanned[0]?.root === info.root) {
-    // Reported, so that a copy made for nothing (the hold-back failing) would show.
-    await early.stop();
-    await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: 0, identical: true }));
-    decodeDataEnd((await expect(conn, FrameType.DATA_END)).payload);
-    // The sender's mtime and mode only once its end of the session checked out: a sender
-    // that goes on with DATA instead (refused, exit 12) must leave the target untouched.
-    await markUpToDate(o.target, manifest, o.mtimeNs, o.mode, o.stateDir, o.beneath);
-    await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.UP_TO_DATE, matchedBytes: o.size, literalBytes: 0n }));
-    return { root: info.root, upToDate: true, literalBytes: 0, matchedBytes: Number(o.size), placedEarly: early.copied };
-  }
+/** The target already holds the sender's content: no data, the sender's times and mode once
+ * its end of the session checked out. */
+async function keepIdentical(conn: FramedConnection, o: ReceiveContentOptions, manifest: Buffer, info: ManifestInfo, early: EarlyPlacement): Promise<ContentResult> {
+  // Reported, so that a copy made for nothing (the hold-back failing) would show.
+  await early.stop();
+  await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: 0, identical: true }));
+  decodeDataEnd((await expect(conn, FrameType.DATA_END)).payload);
+  // Only now: a sender that goes on with DATA instead (refused, exit 12) must leave the
+  // target untouched.
+  await markUpToDate(o.target, manifest, o.mtimeNs, o.mode, o.stateDir, o.beneath);
+  await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.UP_TO_DATE, matchedBytes: o.size, literalBytes: 0n }));
+  return { root: info.root, upToDate: true, literalBytes: 0, matchedBytes: Number(o.size), placedEarly: early.copied };
+}
 
-  // Chunks placed while the manifest streamed in are adopted by the plan (if they match it).
-  const prefill = await conn.keepAlive(early.done());
-  // Plan, request what is missing, rebuild, verify, replace.
+interface Rebuild {
+  manifest: Buffer;
+  info: ManifestInfo;
+  scanned: ScanResult[];
+  holes: Buffer | undefined;
+  prefill: Awaited<ReturnType<EarlyPlacement['done']>>;
+  early: EarlyPlacement;
+}
+
+/** Plan, request what is missing, rebuild, verify, replace. */
+async function rebuild(conn: FramedConnection, o: ReceiveContentOptions, b: Rebuild): Promise<ContentResult> {
   let rec: NativeReconstruction | undefined;
   try {
-    let r: NativeReconstruction;
-    try {
-      r = await conn.keepAlive(
-        inPhase(o.events, 'diffing', info.size, () =>
-          beginReconstruction(
-            o.target,
-            manifest!,
-            o.localPaths.map((p, i) => ({ path: p, manifest: scanned[i].manifest })),
-            (n) => o.events?.progress?.('receiving', n),
-            holes,
-            o.inplace,
-            prefill,
-            o.beneath,
-            o.fsync,
-            o.backup,
-          ),
-        ),
-      );
-    } catch (e) {
-      const err = e instanceof FfsyncError ? e : undefined;
-      if (!o.refusable || err?.exitCode !== ExitCode.FILE_IO || err.code === 'ENOSPC') throw e;
+    const begun = await begin(conn, o, b);
+    if (typeof begun === 'string') {
       await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: 0, identical: false, refused: true }));
-      return { root: info.root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused: err.message };
+      return { root: b.info.root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused: begun };
     }
-    rec = r;
+    const r = (rec = begun);
     const plan = r.summary();
-    const needed = r.needed();
-    for (const part of needFrames(needed, info.chunks)) await conn.send(FrameType.NEED, part);
-    if (o.refine && needed.length > 0 && o.localPaths.length > 0) {
-      const table = await conn.keepAlive(call(r.refinement()));
-      for (let at = 0; at < table.length; at += REFINE_PART) await conn.send(FrameType.REFINE, table.subarray(at, at + REFINE_PART));
-    }
-    await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: needed.length, identical: false }));
-
+    const wireChunks = await requestData(conn, o, r, b.info);
     const copying = call(r.copyLocal());
     copying.catch(() => undefined);
-    let received = 0;
-    await inPhase(o.events, 'receiving', plan.wireBytes, async (progress) => {
-      const inflight = new Set<Promise<number>>();
-      // A batch that fails (a chunk failing its hash, a full disk) ends the loop at once, not
-      // when the next frame arrives (seconds later under --bwlimit): the sender stops sooner,
-      // and its verdict on a bad chunk (§7.2) comes while it is still listening.
-      let writeFailed!: (e: unknown) => void;
-      const failed = new Promise<never>((_, reject) => (writeFailed = reject));
-      failed.catch(() => undefined);
-      for (;;) {
-        const f = await expectUnless(conn, failed, FrameType.DATA, FrameType.DATA_END);
-        if (f.type === FrameType.DATA_END) {
-          const end = decodeDataEnd(f.payload);
-          await Promise.all(inflight);
-          // Early DATA is part of the totals (DATA_END counts every chunk this transfer sent).
-          const chunks = needed.length + early.received.chunks;
-          const raw = received + early.received.raw;
-          if (end.chunks !== chunks) throw protocolError(`sender ended after ${end.chunks} of ${chunks} chunks`);
-          if (end.rawBytes !== BigInt(raw)) throw protocolError(`sender claims ${end.rawBytes} bytes, ${raw} arrived`);
-          break;
-        }
-        const w = call(r.writeBatch(f.payload)).then((n) => {
-          f.release?.();
-          received += n;
-          progress(received);
-          return n;
-        });
-        inflight.add(w);
-        w.then(
-          () => inflight.delete(w),
-          (e: unknown) => writeFailed(e),
-        );
-        if (inflight.size >= WRITES_IN_FLIGHT) await Promise.race(inflight);
-      }
-    });
+    await receiveData(conn, o, r, plan.wireBytes, wireChunks, b.early);
     await conn.keepAlive(copying);
     o.beforeCommit?.();
-    try {
-      await conn.keepAlive(inPhase(o.events, 'verifying', info.size, () => call(r.finish(o.mtimeNs, o.mode, o.stateDir))));
-    } catch (e) {
-      // A file that cannot be written (immutable, a read-only mount) is that file's failure,
-      // reported as exit 23 with the rest synced, not the session's. A full disk still fails
-      // the session (every later file would fail too), and so does a failed verification.
-      const err = e instanceof FfsyncError ? e : undefined;
-      if (!o.refusable || !o.commitRefusal || err?.exitCode !== ExitCode.FILE_IO || err.code === 'ENOSPC') throw e;
-      rec = undefined;
+    const refused = await commit(conn, o, r, b.info);
+    rec = undefined;
+    if (refused !== undefined) {
       r.abort(false);
       await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.NOT_WRITTEN, matchedBytes: 0n, literalBytes: 0n }));
-      return { root: info.root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused: err.message };
+      return { root: b.info.root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused };
     }
-    rec = undefined;
     // Literal = bytes that crossed as data; a refined chunk's copies from our old bytes count as matched.
     const literal = r.literalBytes();
-    await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.SYNCED, matchedBytes: BigInt(info.size - literal), literalBytes: BigInt(literal) }));
+    await conn.send(FrameType.RESULT, encodeResult({ status: ResultStatus.SYNCED, matchedBytes: BigInt(b.info.size - literal), literalBytes: BigInt(literal) }));
     // Close its files now (not when the object is collected: serve runs for weeks) — after
     // RESULT: dropping the last handle on a replaced large target frees its blocks, which
     // can take the kernel most of a second that the sender need not wait for.
     r.release();
-    return { root: info.root, upToDate: false, literalBytes: literal, matchedBytes: info.size - literal, placedEarly: plan.placedBytes };
+    return { root: b.info.root, upToDate: false, literalBytes: literal, matchedBytes: b.info.size - literal, placedEarly: plan.placedBytes };
   } catch (e) {
     if (rec) {
       const err = e instanceof FfsyncError ? e : undefined;
@@ -315,5 +276,101 @@ async function receiveWithPlacement(conn: FramedConnection, o: ReceiveContentOpt
       }
     }
     throw e;
+  }
+}
+
+/** The plan: a reconstruction of the target from the manifest, our local files and what was
+ * placed early. A tree's file that cannot be started (permission, a name the filesystem cannot
+ * hold) is refused, with why, instead of failing the session. */
+async function begin(conn: FramedConnection, o: ReceiveContentOptions, b: Rebuild): Promise<NativeReconstruction | string> {
+  try {
+    return await conn.keepAlive(
+      inPhase(o.events, 'diffing', b.info.size, () =>
+        beginReconstruction(
+          o.target,
+          b.manifest,
+          o.localPaths.map((p, i) => ({ path: p, manifest: b.scanned[i].manifest })),
+          (n) => o.events?.progress?.('receiving', n),
+          b.holes,
+          o.inplace,
+          b.prefill,
+          o.beneath,
+          o.fsync,
+          o.backup,
+        ),
+      ),
+    );
+  } catch (e) {
+    const err = e instanceof FfsyncError ? e : undefined;
+    if (!o.refusable || err?.exitCode !== ExitCode.FILE_IO || err.code === 'ENOSPC') throw e;
+    return err.message;
+  }
+}
+
+/** NEED for the chunks that must cross, REFINE (our old bytes' signatures) when negotiated,
+ * NEED_END. Returns how many chunks were asked for. */
+async function requestData(conn: FramedConnection, o: ReceiveContentOptions, r: NativeReconstruction, info: ManifestInfo): Promise<number> {
+  const needed = r.needed();
+  for (const part of needFrames(needed, info.chunks)) await conn.send(FrameType.NEED, part);
+  if (o.refine && needed.length > 0 && o.localPaths.length > 0) {
+    const table = await conn.keepAlive(call(r.refinement()));
+    for (let at = 0; at < table.length; at += REFINE_PART) await conn.send(FrameType.REFINE, table.subarray(at, at + REFINE_PART));
+  }
+  await conn.send(FrameType.NEED_END, encodeNeedEnd({ wireChunks: needed.length, identical: false }));
+  return needed.length;
+}
+
+/** DATA until DATA_END, each batch verified and written natively, WRITES_IN_FLIGHT at once;
+ * DATA_END's totals must match what arrived, early DATA included. */
+async function receiveData(conn: FramedConnection, o: ReceiveContentOptions, r: NativeReconstruction, wireBytes: number, wireChunks: number, early: EarlyPlacement): Promise<void> {
+  let received = 0;
+  await inPhase(o.events, 'receiving', wireBytes, async (progress) => {
+    const inflight = new Set<Promise<number>>();
+    // A batch that fails (a chunk failing its hash, a full disk) ends the loop at once, not
+    // when the next frame arrives (seconds later under --bwlimit): the sender stops sooner,
+    // and its verdict on a bad chunk (§7.2) comes while it is still listening.
+    let writeFailed!: (e: unknown) => void;
+    const failed = new Promise<never>((_, reject) => (writeFailed = reject));
+    failed.catch(() => undefined);
+    for (;;) {
+      const f = await expectUnless(conn, failed, FrameType.DATA, FrameType.DATA_END);
+      if (f.type === FrameType.DATA_END) {
+        const end = decodeDataEnd(f.payload);
+        await Promise.all(inflight);
+        // Early DATA is part of the totals (DATA_END counts every chunk this transfer sent).
+        const chunks = wireChunks + early.received.chunks;
+        const raw = received + early.received.raw;
+        if (end.chunks !== chunks) throw protocolError(`sender ended after ${end.chunks} of ${chunks} chunks`);
+        if (end.rawBytes !== BigInt(raw)) throw protocolError(`sender claims ${end.rawBytes} bytes, ${raw} arrived`);
+        return;
+      }
+      const w = call(r.writeBatch(f.payload)).then((n) => {
+        f.release?.();
+        received += n;
+        progress(received);
+        return n;
+      });
+      inflight.add(w);
+      w.then(
+        () => inflight.delete(w),
+        (e: unknown) => writeFailed(e),
+      );
+      if (inflight.size >= WRITES_IN_FLIGHT) await Promise.race(inflight);
+    }
+  });
+}
+
+/** Verify the result against the sender's root and put it in place. A file that cannot be
+ * written (immutable, a read-only mount) is that file's failure, returned as its reason when
+ * COMMIT_REFUSAL was negotiated (exit 23 with the rest synced); a full disk still fails the
+ * session (every later file would fail too), and so does a failed verification. */
+async function commit(conn: FramedConnection, o: ReceiveContentOptions, r: NativeReconstruction, info: ManifestInfo): Promise<string | undefined> {
+  try {
+    await conn.keepAlive(inPhase(o.events, 'verifying', info.size, () => call(r.finish(o.mtimeNs, o.mode, o.stateDir))));
+    return undefined;
+  } catch (e) {
+    const err = e instanceof FfsyncError ? e : undefined;
+    if (!o.refusable || !o.commitRefusal || err?.exitCode !== ExitCode.FILE_IO || err.code === 'ENOSPC') throw e;
+    return err.message;
   }
 }

@@ -168,14 +168,19 @@ export async function afterPrior(prior: Promise<boolean> | undefined): Promise<v
   if (spent) throw new PriorFailed(false);
 }
 
+/** Early DATA's totals so far (chunks, raw bytes), counted into DATA_END. */
+interface EarlyTotals {
+  chunks: number;
+  raw: number;
+}
+
 async function sendContent(conn: FramedConnection, o: SendContentOptions, holder: { source?: NativeChunkSource }, turn: DataTurn): Promise<ContentResult> {
-  let scan = o.scan;
   const basisExchanged = Boolean(o.stream) && o.st.size > BigInt(STREAM_WINDOW);
   if (basisExchanged) await afterPrior(o.prior);
   const emptyBasis = basisExchanged && decodeBasis((await expect(conn, FrameType.BASIS)).payload).empty;
-  const streamed = !scan && basisExchanged && o.overlap !== false;
+  const streamed = !o.scan && basisExchanged && o.overlap !== false;
   const limiter = o.limiter ?? (o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : undefined);
-  const early = { chunks: 0, raw: 0 };
+  const early: EarlyTotals = { chunks: 0, raw: 0 };
   // Early DATA (to an empty basis) is data: it waits for its turn like the DATA phase does,
   // holding the buffers it may use (EARLY_BUFFERS).
   if (streamed && emptyBasis) await turn.take(EARLY_BUFFERS);
@@ -184,48 +189,11 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
   // so progress shows the bytes actually moving instead of a frozen hash and "sending 0 B".
   const sendingEarly = streamed && emptyBasis ? { t0: Date.now() } : undefined;
   if (sendingEarly) o.events?.phaseStart?.('sending', Number(o.st.size));
-  if (!scan) {
-    // KEEPALIVEs carry the bytes hashed: the receiver counts them as progress (§4.11).
-    const hashed = workMeter();
-    scan = await conn.keepAlive(
-      inPhase(o.events, 'hashing', Number(o.st.size), (p, progress = hashed.tap(p)) =>
-        streamed
-          ? streamManifest(conn, o, progress, emptyBasis, early, limiter)
-          : hashWithin(o.hashing, () => scanFile(o.path, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress })),
-      ),
-      hashed,
-    );
-  }
-  if (BigInt(scan.size) !== o.st.size) {
-    throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.label} changed size while it was being scanned; rerun to send the new version`);
-  }
-  // Streamed: the entries went ahead; the header (size, parameters, count, root) closes them.
-  const manifestOut = streamed ? scan.manifest.subarray(0, MANIFEST_HEADER) : scan.manifest;
-  for (const part of manifestFrames(manifestOut)) await conn.send(FrameType.MANIFEST, part);
-  // A file that cannot be asked for its holes has none to tell (a file that vanished is
-  // reported below, by the identity check, as exit 24).
-  if (o.sparse) await conn.send(FrameType.HOLES, await fileHoles(o.path).catch(() => Buffer.alloc(4)));
-
+  const scan = await offerManifest(conn, o, streamed, (progress) => streamManifest(conn, o, progress, emptyBasis, early, limiter));
   if (!basisExchanged) await afterPrior(o.prior);
-  const needs = new NeedCollector(manifestChunkCount(scan.manifest));
-  const refineParts: Buffer[] = [];
-  let refineBytes = 0;
-  let end;
-  for (;;) {
-    const f = o.refine ? await expect(conn, FrameType.NEED, FrameType.REFINE, FrameType.NEED_END) : await expect(conn, FrameType.NEED, FrameType.NEED_END);
-    if (f.type === FrameType.NEED) needs.push(f.payload);
-    else if (f.type === FrameType.REFINE) {
-      refineBytes += f.payload.length;
-      if (refineBytes > MAX_REFINE_TABLE) throw protocolError(`refinement table of ${o.label} is over ${MAX_REFINE_TABLE} bytes`);
-      refineParts.push(Buffer.from(f.payload));
-      f.release?.();
-    } else {
-      end = decodeNeedEnd(f.payload);
-      break;
-    }
-  }
-  if (end.refused) return { root: scan.root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused: 'refused by the receiver' };
-  const needed = needs.finish(end.wireChunks);
+  const asked = await readNeeds(conn, o, scan);
+  if (asked.refused) return { root: scan.root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused: 'refused by the receiver' };
+  const { needed, refinement } = asked;
   // The DATA turn comes before the source is checked again: a file that changed while it
   // waited is caught here. It holds one unit per batch buffer this file will use.
   const batches = batchByBytes(scan.manifest, needed, BATCH_BYTES);
@@ -238,49 +206,20 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
     throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.label} changed or vanished during the sync; rerun to send the new version`);
   }
   const src = await openChunkSource(o.path, scan.manifest, o.governor?.level ?? o.level, o.batchStream);
-  const gov = o.governor;
   holder.source = src;
   // Released as soon as the data is out: a long-lived process (serve) must not keep the
   // file open until the object is collected (`unchanged()` still answers afterwards).
   try {
-    if (refineParts.length) await conn.keepAlive(call(src.setRefinement(Buffer.concat(refineParts))));
-    const total = needed.reduce((a, i) => a + manifestChunkLength(scan!.manifest, i), 0);
-    let raw = 0;
-    const limit = limiter ?? (async () => undefined);
+    if (refinement) await conn.keepAlive(call(src.setRefinement(refinement)));
+    const total = needed.reduce((a, i) => a + manifestChunkLength(scan.manifest, i), 0);
     // The phase started with the early DATA continues (its count includes it), else one starts.
+    let raw = 0;
     const sendingPhase = (run: (progress: (n: number) => void) => Promise<void>): Promise<void> =>
       sendingEarly
         ? run((n) => o.events?.progress?.('sending', early.raw + n)).then(() => o.events?.phaseEnd?.('sending', early.raw + raw, Date.now() - sendingEarly.t0))
         : inPhase(o.events, 'sending', total, run);
     await sendingPhase(async (progress) => {
-      // Batches are encoded natively into recycled buffers, READ_AHEAD at a time, while
-      // earlier ones are being written to the socket.
-      const pool = o.buffers ?? new BufferPool(BATCH_BUFFER, SEND_BUFFERS);
-      const read = async (k: number) => {
-        const buf = await pool.acquire();
-        if (gov) src.setLevel(gov.level);
-        const res = await call(src.readBatch(batches[k], buf));
-        return { buf, res };
-      };
-      const ahead: Promise<{ buf: Buffer; res: { length: number; rawBytes: number } }>[] = [];
-      for (let k = 0; k < Math.min(READ_AHEAD, batches.length); k++) ahead.push(read(k));
-      ahead.forEach((p) => p.catch(() => undefined));
-      gov?.restartWindow();
-      for (let k = 0; k < batches.length; k++) {
-        const t0 = performance.now();
-        const { buf, res } = await ahead[k];
-        const t1 = performance.now();
-        if (k + READ_AHEAD < batches.length) {
-          const p = read(k + READ_AHEAD);
-          p.catch(() => undefined);
-          ahead.push(p);
-        }
-        await conn.send(FrameType.DATA, buf.subarray(0, res.length), () => pool.release(buf));
-        raw += res.rawBytes;
-        progress(raw);
-        if (o.bwlimitKiBps) await conn.orFailure(limit(res.length));
-        gov?.observe(t1 - t0, performance.now() - t1, res.length);
-      }
+      raw = await sendBatches(conn, o, src, batches, limiter, progress);
     });
     // Early DATA counts too: DATA_END totals every chunk this transfer sent.
     await conn.send(FrameType.DATA_END, encodeDataEnd({ chunks: needed.length + early.chunks, rawBytes: BigInt(raw + early.raw) }));
@@ -289,23 +228,107 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
   } finally {
     src.release();
   }
-  const root = scan.root;
-  const settle = async (): Promise<ContentResult> => {
-    const result = decodeResult((await expect(conn, FrameType.RESULT)).payload);
-    if (result.status === ResultStatus.NOT_WRITTEN) {
-      if (!o.commitRefusal) throw protocolError('bad RESULT: NOT_WRITTEN outside a tree session with COMMIT_REFUSAL');
-      return { root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused: 'could not be written on the receiver' };
-    }
-    return {
-      root,
-      upToDate: result.status === ResultStatus.UP_TO_DATE,
-      literalBytes: Number(result.literalBytes),
-      matchedBytes: Number(result.matchedBytes) };
-  };
-  if (!o.resultLater) return settle();
-  const settled = settle();
+  if (!o.resultLater) return settleResult(conn, o, scan.root);
+  const settled = settleResult(conn, o, scan.root);
   settled.catch(() => undefined); // the caller handles it (after this returns)
-  return { root, upToDate: false, literalBytes: 0, matchedBytes: 0, settled };
+  return { root: scan.root, upToDate: false, literalBytes: 0, matchedBytes: 0, settled };
+}
+
+/** The file's manifest, sent: its scan (given, hashed now, or streamed with `stream`, whose
+ * entries went ahead), then MANIFEST (the header alone after a stream) and HOLES. */
+async function offerManifest(conn: FramedConnection, o: SendContentOptions, streamed: boolean, stream: (progress: (n: number) => void) => Promise<ScanResult>): Promise<ScanResult> {
+  let scan = o.scan;
+  if (!scan) {
+    // KEEPALIVEs carry the bytes hashed: the receiver counts them as progress (§4.11).
+    const hashed = workMeter();
+    scan = await conn.keepAlive(
+      inPhase(o.events, 'hashing', Number(o.st.size), (p, progress = hashed.tap(p)) =>
+        streamed ? stream(progress) : hashWithin(o.hashing, () => scanFile(o.path, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress })),
+      ),
+      hashed,
+    );
+  }
+  if (BigInt(scan.size) !== o.st.size) {
+    throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.label} changed size while it was being scanned; rerun to send the new version`);
+  }
+  const manifestOut = streamed ? scan.manifest.subarray(0, MANIFEST_HEADER) : scan.manifest;
+  for (const part of manifestFrames(manifestOut)) await conn.send(FrameType.MANIFEST, part);
+  // A file that cannot be asked for its holes has none to tell (a file that vanished is
+  // reported by the identity check, as exit 24).
+  if (o.sparse) await conn.send(FrameType.HOLES, await fileHoles(o.path).catch(() => Buffer.alloc(4)));
+  return scan;
+}
+
+/** The receiver's answer: NEED bitmaps and (with REFINE) its old bytes' signatures, until
+ * NEED_END, which may refuse the file. */
+async function readNeeds(conn: FramedConnection, o: SendContentOptions, scan: ScanResult): Promise<{ refused: true } | { refused: false; needed: Uint32Array; refinement?: Buffer }> {
+  const needs = new NeedCollector(manifestChunkCount(scan.manifest));
+  const refineParts: Buffer[] = [];
+  let refineBytes = 0;
+  for (;;) {
+    const f = o.refine ? await expect(conn, FrameType.NEED, FrameType.REFINE, FrameType.NEED_END) : await expect(conn, FrameType.NEED, FrameType.NEED_END);
+    if (f.type === FrameType.NEED) needs.push(f.payload);
+    else if (f.type === FrameType.REFINE) {
+      refineBytes += f.payload.length;
+      if (refineBytes > MAX_REFINE_TABLE) throw protocolError(`refinement table of ${o.label} is over ${MAX_REFINE_TABLE} bytes`);
+      refineParts.push(Buffer.from(f.payload));
+      f.release?.();
+    } else {
+      const end = decodeNeedEnd(f.payload);
+      if (end.refused) return { refused: true };
+      return { refused: false, needed: needs.finish(end.wireChunks), refinement: refineParts.length ? Buffer.concat(refineParts) : undefined };
+    }
+  }
+}
+
+/** The DATA frames: batches encoded natively into recycled buffers, READ_AHEAD at a time,
+ * while earlier ones are written to the socket; the level governor watches both waits.
+ * Returns the raw bytes sent. */
+async function sendBatches(conn: FramedConnection, o: SendContentOptions, src: NativeChunkSource, batches: Uint32Array[], limiter: ((n: number) => Promise<void>) | undefined, progress: (n: number) => void): Promise<number> {
+  const gov = o.governor;
+  const pool = o.buffers ?? new BufferPool(BATCH_BUFFER, SEND_BUFFERS);
+  const read = async (k: number) => {
+    const buf = await pool.acquire();
+    if (gov) src.setLevel(gov.level);
+    const res = await call(src.readBatch(batches[k], buf));
+    return { buf, res };
+  };
+  const ahead: Promise<{ buf: Buffer; res: { length: number; rawBytes: number } }>[] = [];
+  for (let k = 0; k < Math.min(READ_AHEAD, batches.length); k++) ahead.push(read(k));
+  ahead.forEach((p) => p.catch(() => undefined));
+  gov?.restartWindow();
+  let raw = 0;
+  for (let k = 0; k < batches.length; k++) {
+    const t0 = performance.now();
+    const { buf, res } = await ahead[k];
+    const t1 = performance.now();
+    if (k + READ_AHEAD < batches.length) {
+      const p = read(k + READ_AHEAD);
+      p.catch(() => undefined);
+      ahead.push(p);
+    }
+    await conn.send(FrameType.DATA, buf.subarray(0, res.length), () => pool.release(buf));
+    raw += res.rawBytes;
+    progress(raw);
+    if (limiter) await conn.orFailure(limiter(res.length));
+    gov?.observe(t1 - t0, performance.now() - t1, res.length);
+  }
+  return raw;
+}
+
+/** The receiver's RESULT for the file. */
+async function settleResult(conn: FramedConnection, o: SendContentOptions, root: string): Promise<ContentResult> {
+  const result = decodeResult((await expect(conn, FrameType.RESULT)).payload);
+  if (result.status === ResultStatus.NOT_WRITTEN) {
+    if (!o.commitRefusal) throw protocolError('bad RESULT: NOT_WRITTEN outside a tree session with COMMIT_REFUSAL');
+    return { root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused: 'could not be written on the receiver' };
+  }
+  return {
+    root,
+    upToDate: result.status === ResultStatus.UP_TO_DATE,
+    literalBytes: Number(result.literalBytes),
+    matchedBytes: Number(result.matchedBytes),
+  };
 }
 
 /** Scan in windows, sending each window's entries (MANIFEST_STREAM) as soon as it is hashed

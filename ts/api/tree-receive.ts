@@ -163,39 +163,11 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
   const attrTable = limits.attrs && !dryRun ? new ManifestAssembler(MAX_ATTR_TABLE_BYTES, 1) : undefined;
   let attrBytes: Buffer | undefined;
 
-  // The tree's root: a directory, created if missing (its parent was checked at start).
-  let root = o.target;
-  let scratch: string | undefined;
-  const st = await fs.lstat(o.target).catch((e: NodeJS.ErrnoException) => {
-    if (e.code === 'ENOENT') return undefined;
-    throw fromSystemError(e, `cannot inspect target ${o.target}`);
-  });
-  if (st && !st.isDirectory()) {
-    throw new FfsyncError('ENOTDIR', ExitCode.FILE_IO, `target ${o.target} exists and is not a directory, but the sender offers a directory tree; nothing written`);
-  }
-  if (!st) {
-    if (dryRun) root = scratch = await fs.mkdtemp(path.join(os.tmpdir(), 'ffsync-dry-'));
-    else await fs.mkdir(o.target).catch((e) => { throw fromSystemError(e, `cannot create target directory ${o.target}`); });
-  }
+  const { root, scratch, existed } = await prepareRoot(o, dryRun);
   let opened: NativeTreeSync | undefined;
   try {
-    // The prewalk fits if the sender excludes nothing, it did not ask for --checksum (the
-    // prewalk used the index), and it finished moments ago (or is still running).
-    const pre = o.prewalk;
-    const oneFileSystem = (o.offer.flags & OfferFlag.ONE_FILE_SYSTEM) !== 0;
-    const usable = pre && !scratch && !oneFileSystem && excludes.length === 0 && (!checksum || o.checksum) && (pre.doneAt === 0 || Date.now() - pre.doneAt < PREWALK_FRESH_MS);
-    const tree = await conn.keepAlive(
-      usable
-        ? pre.tree
-        : inPhase(o.events, 'scanning', 0, (progress) =>
-            walkTree(root, { excludes, protect: o.tree?.protect, stateDir: scratch ? undefined : o.stateDir, ignoreIndex: checksum, isSender: false, oneFileSystem }, progress),
-          ),
-    );
+    const tree = await openTargetTree(conn, o, { root, scratch, excludes, checksum, dryRun });
     opened = tree;
-    tree.setFsync(o.fsync !== false);
-    tree.setMaxDelete(o.tree?.maxDelete ?? null);
-    if (!dryRun) tree.setBackup(o.backup ?? null);
-    if (o.tree?.chown) tree.setChown(o.tree.chown);
     const stats = tree.stats();
     await exchangeManifestsAndRoots(conn, tree, checksum, o.events);
     const counts = tree.triage(checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0, limits.maxSize, limits.minSize, limits.omitTimes, limits.omitPerms, limits.sizeOnly, limits.ignoreExisting, limits.existingOnly);
@@ -204,7 +176,7 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
     o.summary.size = counts.sourceBytes;
 
     // Only this side knows whether it made the root (a pull's listing is printed here).
-    const here = o.tree?.listing && { ...o.tree.listing, rootCreated: !st };
+    const here = o.tree?.listing && { ...o.tree.listing, rootCreated: !existed };
     const listing = () => listingLines(tree, here);
     logListing(tree, here);
     if (dryRun) {
@@ -373,49 +345,11 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
       errors.push(...applied.errors);
       for (const w of applied.warnings) o.events?.info?.(`warning: ${w}`);
     }
+    // Deletions wait for every transfer, and are skipped (as rsync does) after any error.
     const deleteOk = errors.length === 0 && vanished.length === 0;
     if (!deleteOk && counts.deletes > 0) o.events?.info?.(`warning: ${counts.deletes} deletion(s) skipped because of the errors above (as rsync does after an I/O error)`);
     const fin = await conn.keepAlive(call(tree.finishReceiver(deleteOk)));
-    errors.push(...fin.errors);
-    for (const w of fin.warnings) o.events?.info?.(`warning: ${w}`);
-    const deleted = deleteOk ? counts.deletes - fin.errors.filter((e) => e.startsWith('cannot delete')).length - fin.deletesSkipped : 0;
-    for (const e of [...errors, ...vanished]) o.events?.info?.(`error: ${e}`);
-    // rsync's precedence: a partial transfer (23), then vanished files (24), then the limit (25).
-    const limited = fin.deletesSkipped > 0 ? `Deletions stopped due to --max-delete limit (${fin.deletesSkipped} skipped)` : undefined;
-    const exitCode = errors.length > 0 ? ExitCode.PARTIAL : vanished.length > 0 ? ExitCode.VANISHED : limited ? ExitCode.DELETE_LIMIT : ExitCode.OK;
-    summary.written = written + prep.files;
-    summary.lanes = 1 + lanes.length;
-    summary.deleted = deleted;
-    summary.errors = [...errors, ...vanished];
-    o.summary.literalBytes = literal;
-    o.summary.matchedBytes = matched;
-    o.summary.upToDate = summary.written === 0 && deleted === 0 && counts.attrsOnly === 0 && counts.mkdirs === 0 && counts.symlinks === 0;
-    const message = exitCode === ExitCode.DELETE_LIMIT ? limited! : summary.errors.slice(0, MAX_REPORTED).join('\n') + (summary.errors.length > MAX_REPORTED ? `\n… and ${summary.errors.length - MAX_REPORTED} more` : '');
-    await conn.send(
-      FrameType.TREE_RESULT,
-      encodeTreeResult({
-        // A sender without DELETE_LIMIT knows no exit 25: to it the session succeeded (it
-        // did, file by file); the limit is reported here, where a pull's user is.
-        exitCode: exitCode === ExitCode.DELETE_LIMIT && !(o.negotiated.capabilities & Capability.DELETE_LIMIT) ? ExitCode.OK : exitCode,
-        filesWritten: BigInt(summary.written),
-        literalBytes: BigInt(literal),
-        matchedBytes: BigInt(matched),
-        deleted: BigInt(deleted),
-        errorCount: summary.errors.length,
-        message,
-      }),
-    );
-    if (exitCode === ExitCode.DELETE_LIMIT) {
-      conn.errorSent = true;
-      throw new FfsyncError('EMAXDELETE', exitCode, message);
-    }
-    if (exitCode !== ExitCode.OK) {
-      conn.errorSent = true;
-      // The one error line names what the exit code means: 24 is "vanished", not 23's
-      // "partial transfer"; the paths follow on later lines.
-      const what = exitCode === ExitCode.VANISHED ? 'source files vanished during the run' : 'partial transfer';
-      throw new FfsyncError(exitCode === ExitCode.VANISHED ? 'EVANISHED' : 'EPARTIAL', exitCode, `${what}: ${summary.errors.length} path(s) not synced\n${message}`);
-    }
+    await reportTree(conn, o, { summary, counts, fin, deleteOk, errors, vanished, written: written + prep.files, lanes: 1 + lanes.length, literal, matched });
   } catch (e) {
     // Conversations still running on lanes and streams end with the session's error (not
     // as "peer closed", which would keep their partial files for a resume that a protocol
@@ -433,5 +367,106 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
       l.destroy();
     }
     if (scratch) await fs.rm(scratch, { recursive: true, force: true });
+  }
+}
+
+/** The tree's root: a directory, created if missing (its parent was checked at start). A dry
+ * run into a missing root walks an empty scratch directory instead, and creates nothing. */
+async function prepareRoot(o: Context, dryRun: boolean): Promise<{ root: string; scratch?: string; existed: boolean }> {
+  const st = await fs.lstat(o.target).catch((e: NodeJS.ErrnoException) => {
+    if (e.code === 'ENOENT') return undefined;
+    throw fromSystemError(e, `cannot inspect target ${o.target}`);
+  });
+  if (st && !st.isDirectory()) {
+    throw new FfsyncError('ENOTDIR', ExitCode.FILE_IO, `target ${o.target} exists and is not a directory, but the sender offers a directory tree; nothing written`);
+  }
+  if (st) return { root: o.target, existed: true };
+  if (dryRun) {
+    const scratch = await fs.mkdtemp(path.join(os.tmpdir(), 'ffsync-dry-'));
+    return { root: scratch, scratch, existed: false };
+  }
+  await fs.mkdir(o.target).catch((e) => {
+    throw fromSystemError(e, `cannot create target directory ${o.target}`);
+  });
+  return { root: o.target, existed: false };
+}
+
+/** Our side of the tree: the prewalk if it still fits, else a walk now with the sender's
+ * excludes; then the session's settings for writing into it. */
+async function openTargetTree(conn: FramedConnection, o: Context, w: { root: string; scratch?: string; excludes: string[]; checksum: boolean; dryRun: boolean }): Promise<NativeTreeSync> {
+  // The prewalk fits if the sender excludes nothing, it did not ask for --checksum (the
+  // prewalk used the index), and it finished moments ago (or is still running).
+  const pre = o.prewalk;
+  const oneFileSystem = (o.offer.flags & OfferFlag.ONE_FILE_SYSTEM) !== 0;
+  const usable = pre && !w.scratch && !oneFileSystem && w.excludes.length === 0 && (!w.checksum || o.checksum) && (pre.doneAt === 0 || Date.now() - pre.doneAt < PREWALK_FRESH_MS);
+  const tree = await conn.keepAlive(
+    usable
+      ? pre.tree
+      : inPhase(o.events, 'scanning', 0, (progress) =>
+          walkTree(w.root, { excludes: w.excludes, protect: o.tree?.protect, stateDir: w.scratch ? undefined : o.stateDir, ignoreIndex: w.checksum, isSender: false, oneFileSystem }, progress),
+        ),
+  );
+  tree.setFsync(o.fsync !== false);
+  tree.setMaxDelete(o.tree?.maxDelete ?? null);
+  if (!w.dryRun) tree.setBackup(o.backup ?? null);
+  if (o.tree?.chown) tree.setChown(o.tree.chown);
+  return tree;
+}
+
+interface TreeOutcome {
+  summary: NonNullable<SyncSummary['tree']>;
+  counts: ReturnType<NativeTreeSync['triage']>;
+  fin: StepOutcome;
+  deleteOk: boolean;
+  errors: string[];
+  vanished: string[];
+  written: number;
+  lanes: number;
+  literal: number;
+  matched: number;
+}
+
+/** TREE_RESULT, the summary, and the session's exit code: rsync's precedence, a partial
+ * transfer (23), then vanished files (24), then the --max-delete limit (25). */
+async function reportTree(conn: FramedConnection, o: Context, t: TreeOutcome): Promise<void> {
+  const { summary, counts, fin, errors, vanished } = t;
+  errors.push(...fin.errors);
+  for (const w of fin.warnings) o.events?.info?.(`warning: ${w}`);
+  const deleted = t.deleteOk ? counts.deletes - fin.errors.filter((e) => e.startsWith('cannot delete')).length - fin.deletesSkipped : 0;
+  for (const e of [...errors, ...vanished]) o.events?.info?.(`error: ${e}`);
+  const limited = fin.deletesSkipped > 0 ? `Deletions stopped due to --max-delete limit (${fin.deletesSkipped} skipped)` : undefined;
+  const exitCode = errors.length > 0 ? ExitCode.PARTIAL : vanished.length > 0 ? ExitCode.VANISHED : limited ? ExitCode.DELETE_LIMIT : ExitCode.OK;
+  summary.written = t.written;
+  summary.lanes = t.lanes;
+  summary.deleted = deleted;
+  summary.errors = [...errors, ...vanished];
+  o.summary.literalBytes = t.literal;
+  o.summary.matchedBytes = t.matched;
+  o.summary.upToDate = summary.written === 0 && deleted === 0 && counts.attrsOnly === 0 && counts.mkdirs === 0 && counts.symlinks === 0;
+  const message = exitCode === ExitCode.DELETE_LIMIT ? limited! : summary.errors.slice(0, MAX_REPORTED).join('\n') + (summary.errors.length > MAX_REPORTED ? `\n… and ${summary.errors.length - MAX_REPORTED} more` : '');
+  await conn.send(
+    FrameType.TREE_RESULT,
+    encodeTreeResult({
+      // A sender without DELETE_LIMIT knows no exit 25: to it the session succeeded (it
+      // did, file by file); the limit is reported here, where a pull's user is.
+      exitCode: exitCode === ExitCode.DELETE_LIMIT && !(o.negotiated.capabilities & Capability.DELETE_LIMIT) ? ExitCode.OK : exitCode,
+      filesWritten: BigInt(summary.written),
+      literalBytes: BigInt(t.literal),
+      matchedBytes: BigInt(t.matched),
+      deleted: BigInt(deleted),
+      errorCount: summary.errors.length,
+      message,
+    }),
+  );
+  if (exitCode === ExitCode.DELETE_LIMIT) {
+    conn.errorSent = true;
+    throw new FfsyncError('EMAXDELETE', exitCode, message);
+  }
+  if (exitCode !== ExitCode.OK) {
+    conn.errorSent = true;
+    // The one error line names what the exit code means: 24 is "vanished", not 23's
+    // "partial transfer"; the paths follow on later lines.
+    const what = exitCode === ExitCode.VANISHED ? 'source files vanished during the run' : 'partial transfer';
+    throw new FfsyncError(exitCode === ExitCode.VANISHED ? 'EVANISHED' : 'EPARTIAL', exitCode, `${what}: ${summary.errors.length} path(s) not synced\n${message}`);
   }
 }

@@ -179,6 +179,151 @@ export function buildProgram(): Command {
     .version(VERSION, '-V, --version')
     .exitOverride();
 
+  addReceive(program);
+  addSend(program);
+  addPull(program);
+  serveCommand(program, intArg, need);
+  addSync(program);
+  addServer(program);
+  addIdentityCommands(program);
+  addCompletion(program);
+
+  oneLineUsageErrors(program);
+  return program;
+}
+
+/** Whether rsync's --chown USER:GROUP names a user (part 0) or a group (part 1). */
+function chownPart(spec: string | undefined, part: 0 | 1): boolean {
+  if (spec === undefined) return false;
+  const [user, group = ''] = spec.split(':');
+  return (part === 0 ? user : group) !== '';
+}
+
+/** A pattern file as rsync reads one for --include-from: one pattern per line; blank lines and
+ * lines starting with '#' or ';' are skipped. Read when the option is parsed, so its patterns
+ * take their place among the other rules. */
+function patternFile(file: string): string[] {
+  let text: string;
+  try {
+    text = require('node:fs').readFileSync(file, 'utf8') as string;
+  } catch (e) {
+    throw new InvalidArgumentError(`cannot read ${file}: ${(e as NodeJS.ErrnoException).code ?? e}`);
+  }
+  return text
+    .split(/\r?\n/)
+    .map((l) => l.trim())
+    .filter((l) => l !== '' && !l.startsWith('#') && !l.startsWith(';'));
+}
+
+/** `sync`'s options as commander hands them over (attribute names of the flags above). */
+interface SyncFlags {
+  archive?: boolean;
+  owner?: boolean;
+  group?: boolean;
+  xattrs?: boolean;
+  numericIds?: boolean;
+  recursive?: boolean;
+  copyLinks?: boolean;
+  links?: boolean;
+  perms?: boolean;
+  times?: boolean;
+  verbose?: boolean;
+  mkpath?: boolean;
+  logFile?: string;
+  pruneEmptyDirs?: boolean;
+  deleteExcluded?: boolean;
+  maxDelete?: number;
+  backup?: boolean;
+  suffix?: string;
+  backupDir?: string;
+  partialDir?: string;
+  removeSourceFiles?: boolean;
+  chmod?: string;
+  ipv4?: boolean;
+  ipv6?: boolean;
+  contimeout?: number;
+  sizeOnly?: boolean;
+  ignoreExisting?: boolean;
+  existing?: boolean;
+  itemizeChanges?: boolean;
+  /** -h given this many times. */
+  humanReadable: number;
+  quiet?: boolean;
+  dryRun?: boolean;
+  inplace?: boolean;
+  /** False with --no-fsync. */
+  fsync: boolean;
+  compressLevel?: number;
+  checksum?: boolean;
+  update?: boolean;
+  wholeFile?: boolean;
+  oneFileSystem?: boolean;
+  delete?: boolean;
+  deleteAfter?: boolean;
+  deleteDelay?: boolean;
+  deleteBefore?: boolean;
+  deleteDuring?: boolean;
+  chown?: string;
+  filesFrom?: string;
+  from0?: boolean;
+  excludeFrom?: string;
+  bwlimit?: number;
+  progress?: boolean;
+  progressInterval: number;
+  info?: Set<string>;
+  partial?: boolean;
+  P?: boolean;
+  stats?: boolean;
+  rsh?: string;
+  remoteCmd?: string;
+  quic?: boolean;
+  maxSize?: number;
+  minSize?: number;
+  jobs?: number;
+  json?: boolean;
+  stateDir?: string;
+  timeout: number;
+}
+
+/** rsync's --info flags this tool understands (`progress2`, `stats2`…; comma-separated, as
+ * rsync takes them); anything else is refused by name. */
+function infoArg(v: string, prev?: Set<string>): Set<string> {
+  const out = new Set(prev);
+  for (const flag of v.split(',').filter(Boolean)) {
+    const m = /^(progress|stats)([0-3]?)$/i.exec(flag);
+    if (!m) throw new InvalidArgumentError(`--info=${flag} is not supported (supported: progress2, stats)`);
+    if (m[2] !== '0') out.add(m[1]!.toLowerCase());
+  }
+  return out;
+}
+
+/** Small synchronous commands: one error line and the documented exit code. */
+function admin(body: () => void): void {
+  try {
+    body();
+  } catch (e) {
+    const err = e instanceof FfsyncError ? e : new FfsyncError('EINTERNAL', ExitCode.FILE_IO, String((e as Error)?.message ?? e));
+    process.stderr.write(`ffsync-native: error: ${err.message}\n`);
+    process.exit(err.exitCode);
+  }
+}
+
+export async function main(): Promise<void> {
+  const program = buildProgram();
+  try {
+    await program.parseAsync(process.argv);
+  } catch (e) {
+    if (e instanceof CommanderError) {
+      // --help / --version exit 0; every usage error exits 1 (rsync's "syntax or usage").
+      process.exit(e.exitCode === 0 ? 0 : ExitCode.USAGE);
+    }
+    throw e;
+  }
+}
+
+
+/** `receive <path> <port>`: one session, then exit. */
+function addReceive(program: Command): void {
   common(
     program
       .command('receive')
@@ -221,7 +366,10 @@ export function buildProgram(): Command {
         });
       });
     });
+}
 
+/** `send <path> <host:port>`: push to a receiver or a serve daemon. */
+function addSend(program: Command): void {
   common(
     program
       .command('send')
@@ -270,6 +418,10 @@ export function buildProgram(): Command {
         });
       });
     });
+}
+
+/** `pull <host:port/path> <local>`: fetch from a serve daemon. */
+function addPull(program: Command): void {
   common(
     program
       .command('pull')
@@ -307,9 +459,10 @@ export function buildProgram(): Command {
         });
       });
     });
+}
 
-  serveCommand(program, intArg, need);
-
+/** `sync [rsync-style options] SRC DEST`: rsync's front door, local or over ssh. */
+function addSync(program: Command): void {
   // rsync's front door. Options rsync users type that we do not implement are refused
   // loudly (exit 1), never silently accepted.
   // One ordered list for --exclude, --include, --include-from, --filter, -F (and -C, last).
@@ -505,7 +658,10 @@ export function buildProgram(): Command {
       },
     );
   });
+}
 
+/** `server`, hidden: the remote end of `sync` over ssh. */
+function addServer(program: Command): void {
   // The remote end of `sync` over ssh (not for direct use): one session on stdin/stdout. Its
   // arguments are read by the same table that writes them (ts/api/server-args.ts).
   program
@@ -522,7 +678,10 @@ export function buildProgram(): Command {
         return serveStdio({ ...o, events });
       });
     });
+}
 
+/** `id`, `trust`, `untrust`, `fingerprints`: this peer's identity and its pins. */
+function addIdentityCommands(program: Command): void {
   program
     .command('id')
     .description("print this peer's certificate fingerprint (creates the identity on first use)")
@@ -572,6 +731,10 @@ export function buildProgram(): Command {
         for (const p of pins().readPins(stateDirs().resolveStateDir(o.stateDir))) process.stdout.write(`${p.fingerprint}${p.note ? '  ' + p.note : ''}\n`);
       }),
     );
+}
+
+/** `completion <shell>`: a completion script generated from the program itself. */
+function addCompletion(program: Command): void {
   program
     .command('completion')
     .description('print a shell completion script (bash, zsh or fish)')
@@ -582,136 +745,4 @@ export function buildProgram(): Command {
         process.stdout.write(completionScript(program, shell));
       }),
     );
-
-  oneLineUsageErrors(program);
-  return program;
-}
-
-/** Whether rsync's --chown USER:GROUP names a user (part 0) or a group (part 1). */
-function chownPart(spec: string | undefined, part: 0 | 1): boolean {
-  if (spec === undefined) return false;
-  const [user, group = ''] = spec.split(':');
-  return (part === 0 ? user : group) !== '';
-}
-
-/** A pattern file as rsync reads one for --include-from: one pattern per line; blank lines and
- * lines starting with '#' or ';' are skipped. Read when the option is parsed, so its patterns
- * take their place among the other rules. */
-function patternFile(file: string): string[] {
-  let text: string;
-  try {
-    text = require('node:fs').readFileSync(file, 'utf8') as string;
-  } catch (e) {
-    throw new InvalidArgumentError(`cannot read ${file}: ${(e as NodeJS.ErrnoException).code ?? e}`);
-  }
-  return text
-    .split(/\r?\n/)
-    .map((l) => l.trim())
-    .filter((l) => l !== '' && !l.startsWith('#') && !l.startsWith(';'));
-}
-
-/** `sync`'s options as commander hands them over (attribute names of the flags above). */
-interface SyncFlags {
-  archive?: boolean;
-  owner?: boolean;
-  group?: boolean;
-  xattrs?: boolean;
-  numericIds?: boolean;
-  recursive?: boolean;
-  copyLinks?: boolean;
-  links?: boolean;
-  perms?: boolean;
-  times?: boolean;
-  verbose?: boolean;
-  mkpath?: boolean;
-  logFile?: string;
-  pruneEmptyDirs?: boolean;
-  deleteExcluded?: boolean;
-  maxDelete?: number;
-  backup?: boolean;
-  suffix?: string;
-  backupDir?: string;
-  partialDir?: string;
-  removeSourceFiles?: boolean;
-  chmod?: string;
-  ipv4?: boolean;
-  ipv6?: boolean;
-  contimeout?: number;
-  sizeOnly?: boolean;
-  ignoreExisting?: boolean;
-  existing?: boolean;
-  itemizeChanges?: boolean;
-  /** -h given this many times. */
-  humanReadable: number;
-  quiet?: boolean;
-  dryRun?: boolean;
-  inplace?: boolean;
-  /** False with --no-fsync. */
-  fsync: boolean;
-  compressLevel?: number;
-  checksum?: boolean;
-  update?: boolean;
-  wholeFile?: boolean;
-  oneFileSystem?: boolean;
-  delete?: boolean;
-  deleteAfter?: boolean;
-  deleteDelay?: boolean;
-  deleteBefore?: boolean;
-  deleteDuring?: boolean;
-  chown?: string;
-  filesFrom?: string;
-  from0?: boolean;
-  excludeFrom?: string;
-  bwlimit?: number;
-  progress?: boolean;
-  progressInterval: number;
-  info?: Set<string>;
-  partial?: boolean;
-  P?: boolean;
-  stats?: boolean;
-  rsh?: string;
-  remoteCmd?: string;
-  quic?: boolean;
-  maxSize?: number;
-  minSize?: number;
-  jobs?: number;
-  json?: boolean;
-  stateDir?: string;
-  timeout: number;
-}
-
-/** rsync's --info flags this tool understands (`progress2`, `stats2`…; comma-separated, as
- * rsync takes them); anything else is refused by name. */
-function infoArg(v: string, prev?: Set<string>): Set<string> {
-  const out = new Set(prev);
-  for (const flag of v.split(',').filter(Boolean)) {
-    const m = /^(progress|stats)([0-3]?)$/i.exec(flag);
-    if (!m) throw new InvalidArgumentError(`--info=${flag} is not supported (supported: progress2, stats)`);
-    if (m[2] !== '0') out.add(m[1]!.toLowerCase());
-  }
-  return out;
-}
-
-/** Small synchronous commands: one error line and the documented exit code. */
-function admin(body: () => void): void {
-  try {
-    body();
-  } catch (e) {
-    const err = e instanceof FfsyncError ? e : new FfsyncError('EINTERNAL', ExitCode.FILE_IO, String((e as Error)?.message ?? e));
-    process.stderr.write(`ffsync-native: error: ${err.message}\n`);
-    process.exit(err.exitCode);
-  }
-}
-
-export async function main(): Promise<void> {
-  const program = buildProgram();
-  try {
-    await program.parseAsync(process.argv);
-  } catch (e) {
-    if (e instanceof CommanderError) {
-      // --help / --version exit 0; every usage error exits 1 (rsync's "syntax or usage").
-      process.exit(e.exitCode === 0 ? 0 : ExitCode.USAGE);
-    }
-    throw e;
-  }
 }
