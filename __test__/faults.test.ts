@@ -155,9 +155,11 @@ describe('regressions found by fault injection', () => {
     }
     const [sr, rr] = await Promise.all([s.done, peer.done]);
     relay.close();
-    assert.equal(sr.summary?.tree?.lanes, 2, 'the session used a lane');
-    assert.equal(sr.code, 24, sr.stderr);
-    assert.equal(rr.code, 24, rr.stderr);
+    // Both peers' accounts in every message: a failure says which side ended first, and why.
+    const both = `sender exit ${sr.code}: ${sr.stderr}\nreceiver exit ${rr.code}: ${rr.stderr}`;
+    assert.equal(sr.summary?.tree?.lanes, 2, `the session used a lane\n${both}`);
+    assert.equal(sr.code, 24, both);
+    assert.equal(rr.code, 24, both);
     // Version 2 (multiplexed streams) fails each changed file alone and says so per file;
     // version 1 fails the session at the first one.
     assert.match(rr.stderr, /ffsync-native: error: .*(changed during the sync|source files vanished during the run)/);
