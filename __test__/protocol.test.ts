@@ -403,6 +403,11 @@ describe('multiplexed streams', () => {
       }
     }
     assert.deepEqual(muxGroups([]), [[]], 'FIN: one empty MUX frame');
+    // An empty part after an oversized frame stays with it: alone it would be a FIN.
+    const big = Buffer.alloc(MUX_FRAME_DATA + 10);
+    const withEmpty = muxGroups([encodeFrameHeader(FrameType.DATA, big.length), big, Buffer.alloc(0)]);
+    assert.equal(withEmpty.length, 1);
+    assert.ok(withEmpty.every((g) => g.some((p) => p.length > 0)), 'no MUX frame without bytes but the FIN');
 
     // Through a multiplexer pair: batches sent without waiting coalesce in the stream's writer;
     // each MUX frame still fits a pooled buffer and each batch reaches its reader uncopied.

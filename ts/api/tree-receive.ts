@@ -166,8 +166,11 @@ export async function receiveTree(conn: FramedConnection, o: Context): Promise<v
   const { root, scratch, existed } = await prepareRoot(o, dryRun);
   let opened: NativeTreeSync | undefined;
   try {
-    const tree = await openTargetTree(conn, o, { root, scratch, excludes, checksum, dryRun });
+    const tree = await openTargetTree(conn, o, { root, scratch, excludes, checksum });
+    // Held before the session's settings apply (a --backup-dir that cannot be made, a bad
+    // --chown throw): the `finally` must release the tree's handles whatever fails next.
     opened = tree;
+    applyTreeSettings(tree, o, dryRun);
     const stats = tree.stats();
     await exchangeManifestsAndRoots(conn, tree, checksum, o.events);
     const counts = tree.triage(checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0, limits.maxSize, limits.minSize, limits.omitTimes, limits.omitPerms, limits.sizeOnly, limits.ignoreExisting, limits.existingOnly);
@@ -392,8 +395,8 @@ async function prepareRoot(o: Context, dryRun: boolean): Promise<{ root: string;
 }
 
 /** Our side of the tree: the prewalk if it still fits, else a walk now with the sender's
- * excludes; then the session's settings for writing into it. */
-async function openTargetTree(conn: FramedConnection, o: Context, w: { root: string; scratch?: string; excludes: string[]; checksum: boolean; dryRun: boolean }): Promise<NativeTreeSync> {
+ * excludes. */
+async function openTargetTree(conn: FramedConnection, o: Context, w: { root: string; scratch?: string; excludes: string[]; checksum: boolean }): Promise<NativeTreeSync> {
   // The prewalk fits if the sender excludes nothing, it did not ask for --checksum (the
   // prewalk used the index), and it finished moments ago (or is still running).
   const pre = o.prewalk;
@@ -406,11 +409,15 @@ async function openTargetTree(conn: FramedConnection, o: Context, w: { root: str
           walkTree(w.root, { excludes: w.excludes, protect: o.tree?.protect, stateDir: w.scratch ? undefined : o.stateDir, ignoreIndex: w.checksum, isSender: false, oneFileSystem }, progress),
         ),
   );
+  return tree;
+}
+
+/** The session's settings for writing into our tree: durability, --max-delete, -b, --chown. */
+function applyTreeSettings(tree: NativeTreeSync, o: Context, dryRun: boolean): void {
   tree.setFsync(o.fsync !== false);
   tree.setMaxDelete(o.tree?.maxDelete ?? null);
-  if (!w.dryRun) tree.setBackup(o.backup ?? null);
+  if (!dryRun) tree.setBackup(o.backup ?? null);
   if (o.tree?.chown) tree.setChown(o.tree.chown);
-  return tree;
 }
 
 interface TreeOutcome {

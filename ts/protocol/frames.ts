@@ -306,7 +306,16 @@ export class FrameDecoder {
 
   private emit(whole: Buffer, pooled: Buffer | undefined, out: Frame[]): void {
     const frame: Frame = { type: whole.readUInt8(4) as FrameType, payload: whole.subarray(FRAME_HEADER) };
-    if (pooled) frame.release = () => this.framePool.release(pooled);
+    if (pooled) {
+      // Once: the pool is the process's, so a second release could hand the buffer to two
+      // connections at once.
+      let released = false;
+      frame.release = () => {
+        if (released) return;
+        released = true;
+        this.framePool.release(pooled);
+      };
+    }
     out.push(frame);
   }
 

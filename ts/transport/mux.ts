@@ -129,7 +129,8 @@ export function muxGroups(parts: Buffer[]): Buffer[][] {
         n += parts[j].length;
       }
     }
-    if (group.length > 0 && bytes + n > MUX_FRAME_DATA) {
+    // An empty part never starts a MUX frame of its own: alone, that frame would read as FIN.
+    if (group.length > 0 && n > 0 && bytes + n > MUX_FRAME_DATA) {
       groups.push(group);
       group = [];
       bytes = 0;
