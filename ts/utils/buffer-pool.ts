@@ -37,7 +37,7 @@ export class BufferPool {
     if (w) w(b);
     // A larger buffer `take` made for an odd request is not kept: what stays idle is then
     // at most `max` buffers of `size`, whatever sizes were asked for.
-    else if (!this.closed && this.free.length < this.max && b.length === this.size) this.free.push(b);
+    else if (this.free.length < this.max && b.length === this.size) this.free.push(b);
   }
 
   /** Buffers kept for reuse now. */
@@ -45,17 +45,8 @@ export class BufferPool {
     return this.free.length;
   }
 
-  /** Drop the buffers kept for reuse (the pool stays open). */
+  /** Drop the buffers kept for reuse. */
   dropIdle(): void {
-    this.free.length = 0;
-  }
-
-  private closed = false;
-
-  /** The owner is done: free buffers are dropped now, and buffers released later too (a
-   * finished connection must not keep megabytes until whatever references it is collected). */
-  close(): void {
-    this.closed = true;
     this.free.length = 0;
   }
 }
