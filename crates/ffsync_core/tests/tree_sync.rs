@@ -1547,3 +1547,41 @@ fn max_delete_stops_deletions_at_the_limit() {
         );
     }
 }
+
+#[test]
+fn a_root_claim_names_a_large_transfer_or_is_refused() {
+    let (src, dst) = (Side::new(), Side::new());
+    extraneous(&src, &dst);
+    src.put("big.bin", &bytes(4 << 20, 7));
+    src.put("fresh/a", b"a");
+    let (s, r) = negotiate(
+        &src,
+        &dst,
+        Opts {
+            delete: true,
+            ..Default::default()
+        },
+    );
+    let actions = r.plan().actions.clone();
+    let of = |op: Op| actions.iter().position(|a| a.op == op).unwrap();
+    // A Delete has no sender entry at all (NONE): it must be refused, not looked up.
+    let (delete, mkdir) = (of(Op::Delete), of(Op::Mkdir));
+    let small = actions
+        .iter()
+        .position(|a| a.op == Op::Transfer && a.flags & action_flags::SMALL != 0)
+        .unwrap();
+    for k in [delete, mkdir, small] {
+        assert!(
+            r.claim_root(k, [0; 32]).is_err(),
+            "receiver accepted a claim for {:?}",
+            actions[k].op
+        );
+        assert!(
+            s.claim_root(k, [0; 32]).is_err(),
+            "sender accepted a claim for {:?}",
+            actions[k].op
+        );
+    }
+    let large = r.large_transfers()[0].action as usize;
+    assert!(s.claim_root(large, [0; 32]).is_ok());
+}

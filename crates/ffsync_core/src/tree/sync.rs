@@ -645,6 +645,15 @@ impl TreeSync {
     /// hashed again by the next sync.
     pub fn claim_root(&self, action: usize, root: [u8; 32]) -> Result<()> {
         let a = self.action(action)?;
+        // Only a large transfer's root is learnt this way (small files' roots come with their
+        // batch); any other action has no file of the sender's to claim, a Delete not even an
+        // entry.
+        if a.op != Op::Transfer || a.flags & action_flags::SMALL != 0 {
+            return Err(CoreError::malformed(
+                "root claim",
+                format!("action {action} is not a large transfer"),
+            ));
+        }
         let (m, idx) = if self.is_sender {
             (&self.local.manifest, a.sender_entry)
         } else {
