@@ -26,6 +26,8 @@ import {
 } from '../ts/protocol/messages';
 import { batchByBytes } from '../ts/utils/manifest';
 import net from 'node:net';
+import v8 from 'node:v8';
+import vm from 'node:vm';
 import { FramedConnection } from '../ts/transport/connection';
 import { laneWindow, Multiplexer, MUX_FRAME_DATA, MUX_HIGH_WATER, muxGroups } from '../ts/transport/mux';
 import { garbageRelief, RELIEF_STEP } from '../ts/utils/gc';
@@ -183,6 +185,25 @@ describe('frame decoder', () => {
     late.release!();
     assert.equal(pool.idle, 0);
     assert.ok(late.payload.equals(Buffer.alloc(1536 * 1024, 7)), 'a frame stays valid after its connection closed');
+  });
+
+  it('a decoder collected without dispose() (its stream never closed) still leaves the frame pool', async () => {
+    const pool = new FramePool(FRAME_POOL_BUFFER, FRAME_POOL_KEPT);
+    (() => {
+      const d = new FrameDecoder(pool);
+      const frame = encodeFrame(FrameType.DATA, Buffer.alloc(1536 * 1024, 3));
+      d.push(frame.subarray(0, frame.length / 2));
+      const [f] = d.push(frame.subarray(frame.length / 2));
+      f!.release!();
+    })();
+    assert.equal(pool.idle, 1, 'the released buffer waits for the decoder, which still uses the pool');
+    v8.setFlagsFromString('--expose-gc');
+    const gc = vm.runInNewContext('gc') as () => void;
+    for (let i = 0; i < 50 && pool.idle > 0; i++) {
+      gc();
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    assert.equal(pool.idle, 0, 'its last user gone, the pool keeps nothing');
   });
 
   it('byte-at-a-time delivery yields the same frames', () => {

@@ -6,7 +6,7 @@ import path from 'node:path';
 import { FramedConnection, workMeter } from '../transport/connection.js';
 import { listenOnce } from '../transport/tcp.js';
 import { FrameType } from '../protocol/frames.js';
-import { Capability, Decision, DecisionReason, decodeOffer, encodeDecision, OfferFlag, OfferKind, RequestOp, Role } from '../protocol/messages.js';
+import { Capability, Decision, DecisionReason, decodeOffer, encodeDecision, type Offer, OfferFlag, OfferKind, RequestOp, Role } from '../protocol/messages.js';
 import { loadIndex, markUpToDate, scanFile, type ScanResult, recoverInplace } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { resolveStateDir } from '../utils/state-dir.js';
@@ -203,7 +203,7 @@ export interface ReceiverContext extends ReceiveOptions {
 /** Everything after the transport is up: over TCP/TLS (`receive`), an ssh channel or an
  * in-process pipe (`sync`). Closes `conn` at the end. */
 export async function runReceiver(conn: FramedConnection, o: ReceiverContext): Promise<SyncSummary> {
-  const { stateDir, initial, initialIndex, prescan, prewalk, listener } = o;
+  const { stateDir, prewalk, listener } = o;
   let target = o.target;
   const stopWatching = closeOnAbort(conn, o.signal);
   const t0 = Date.now();
@@ -224,99 +224,9 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
     }
     if (offer.kind === OfferKind.TREE) {
       await receiveTree(conn, { ...o, target, stateDir, offer, summary, listener, peerFingerprint: summary.peerFingerprint, prewalk, negotiated });
-      summary.ok = true;
-      return summary;
+    } else {
+      await receiveFile(conn, o, { target, offer, negotiated, summary });
     }
-    summary.size = Number(offer.size);
-    // Before anything looks at the target: finish an --inplace commit a crash interrupted.
-    const recovered = await recoverInplace(target);
-    if (recovered) o.events?.info?.(recovered);
-    const checksum = o.checksum || (offer.flags & OfferFlag.CHECKSUM) !== 0;
-    const mode = offer.mode & 0o7777;
-    const dst = await checkTarget(target);
-    if (dst?.isDirectory()) {
-      throw new FfsyncError('EISDIR', ExitCode.FILE_IO, `target ${target} is a directory, but the sender offers a single file`);
-    }
-
-    // Deciding "unchanged" (docs/protocol.md, "Decision"):
-    // 1. Our index covers the target: content roots decide. The sender's root comes with
-    //    the offer when its index covers the source; otherwise it must scan (and send its
-    //    manifest), because size and mtime can match while content differs.
-    // 2. No index: size + mtime, rsync's quick check. 3. --checksum: always compare content.
-    const unchangedSinceStart = Boolean(dst && !identityChanged(initial, dst));
-    // A target that is a symlink is replaced by a regular file (never written through), so
-    // it is never "up to date" in place: times and mode would land on the link's target.
-    const targetIsLink = Boolean((await fs.lstat(target).catch(() => undefined))?.isSymbolicLink());
-    const local = !checksum && dst ? (unchangedSinceStart ? initialIndex : await loadIndex(target, stateDir)) : null;
-    const lim = o.sizeLimits;
-    if (lim && ((lim.maxSize !== undefined && offer.size > BigInt(lim.maxSize)) || (lim.minSize !== undefined && offer.size < BigInt(lim.minSize)))) {
-      if (!(negotiated.capabilities & Capability.SIZE_LIMITS)) {
-        throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the sender (${negotiated.peerSoftware}) does not support --max-size / --min-size`);
-      }
-      await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.SIZE_LIMIT));
-      o.events?.info?.(`skipping ${target}: ${offer.size} bytes is outside --max-size / --min-size`);
-      return done('size-limit');
-    }
-    if (offer.flags & OfferFlag.UPDATE && dst && !targetIsLink && dst.mtimeNs > offer.mtimeNs) {
-      await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.RECEIVER_NEWER));
-      return done('receiver-newer');
-    }
-    if (!targetIsLink && local && offer.root && local.root === offer.root.toString('hex')) {
-      await markUpToDate(target, local.manifest, offer.mtimeNs, mode, stateDir);
-      await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.INDEX_ROOT));
-      summary.root = local.root;
-      return done('index-root');
-    }
-    if (!targetIsLink && !local && !checksum && dst && dst.size === offer.size && dst.mtimeNs === offer.mtimeNs) {
-      if (Number(dst.mode & 0o1777n) !== (mode & 0o1777)) await chmodNoFollow(target, mode & 0o1777);
-      await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.SIZE_MTIME));
-      return done('size-mtime');
-    }
-    await conn.send(FrameType.DECISION, encodeDecision(Decision.SEND_MANIFEST));
-
-    // 3. Scan what we have while the sender scans and streams its manifest.
-    // -W: no delta, so no local basis (a resumed partial of this version still counts).
-    const wholeFile = (offer.flags & OfferFlag.WHOLE_FILE) !== 0;
-    const localPaths = wholeFile ? [] : [...(dst ? [target] : []), ...(o.from ?? [])];
-    const localTotal = (dst ? Number(dst.size) : 0) + (await Promise.all((o.from ?? []).map((f) => fs.stat(f)))).reduce((a, s) => a + s.size, 0);
-    const hashed = workMeter(); // KEEPALIVEs carry the bytes hashed (§4.11)
-    const locals: Promise<ScanResult[]> = conn.keepAlive(inPhase(o.events, 'hashing', localTotal, async (phase, progress = hashed.tap(phase)) => {
-      const out: ScanResult[] = [];
-      let base = 0;
-      for (const p of localPaths) {
-        // The prescan is usable if the target did not change since and, when the sender
-        // asked for --checksum, it did not come from the index.
-        const early = p === target && unchangedSinceStart ? (local ?? (await prescan?.catch(() => undefined))) : undefined;
-        const r = early && !(checksum && early.fromIndex) ? early : await scanFile(p, { stateDir, ignoreIndex: checksum, onProgress: (n) => progress(base + n) });
-        base += r.size;
-        out.push(r);
-      }
-      return out;
-    }), hashed);
-    locals.catch(() => undefined);
-    const r = await receiveFileContent(conn, {
-      target,
-      size: offer.size,
-      mtimeNs: offer.mtimeNs,
-      mode,
-      localPaths,
-      locals,
-      targetReusable: !targetIsLink && Boolean(dst),
-      stateDir,
-      events: o.events,
-      refine: o.refine !== false && Boolean(negotiated.capabilities & Capability.REFINE),
-      sparse: Boolean(negotiated.capabilities & Capability.SPARSE),
-      inplace: o.inplace,
-      backup: o.backup,
-      partialDir: o.partialDir,
-      stream: Boolean(negotiated.capabilities & Capability.STREAM),
-      fsync: o.fsync,
-    });
-    summary.root = r.root;
-    if (r.placedEarly !== undefined) summary.placedEarlyBytes = r.placedEarly;
-    if (r.upToDate) return done('scan-root');
-    summary.literalBytes = r.literalBytes;
-    summary.matchedBytes = r.matchedBytes;
     summary.ok = true;
     return summary;
   } catch (e) {
@@ -331,14 +241,143 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
     stopWatching();
     await endSession(conn, summary, t0);
   }
+}
 
-  function done(decidedBy: SyncSummary['decidedBy']): SyncSummary {
-    summary.ok = true;
-    summary.upToDate = true;
-    summary.decidedBy = decidedBy;
-    summary.matchedBytes = summary.size;
-    return summary;
+/** A single file's session once its OFFER has arrived. */
+interface FileSession {
+  target: string;
+  offer: Offer;
+  negotiated: Negotiated;
+  summary: SyncSummary;
+}
+
+/** What we know of the target before deciding (see decideUpToDate). */
+interface TargetState {
+  dst: import('node:fs').BigIntStats | undefined;
+  /** A symlink at the target is replaced by a regular file (never written through), so it is
+   * never "up to date" in place: times and mode would land on the link's target. */
+  isLink: boolean;
+  unchangedSinceStart: boolean;
+  /** Our index of the target, when it covers it (not under --checksum). */
+  local: ScanResult | null | undefined;
+  checksum: boolean;
+}
+
+/** A single file: the decision, then (unless it is up to date) the content conversation. */
+async function receiveFile(conn: FramedConnection, o: ReceiverContext, f: FileSession): Promise<void> {
+  const { target, offer, negotiated, summary } = f;
+  summary.size = Number(offer.size);
+  // Before anything looks at the target: finish an --inplace commit a crash interrupted.
+  const recovered = await recoverInplace(target);
+  if (recovered) o.events?.info?.(recovered);
+  const checksum = Boolean(o.checksum) || (offer.flags & OfferFlag.CHECKSUM) !== 0;
+  const dst = await checkTarget(target);
+  if (dst?.isDirectory()) {
+    throw new FfsyncError('EISDIR', ExitCode.FILE_IO, `target ${target} is a directory, but the sender offers a single file`);
   }
+  const unchangedSinceStart = Boolean(dst && !identityChanged(o.initial, dst));
+  const state: TargetState = {
+    dst,
+    isLink: Boolean((await fs.lstat(target).catch(() => undefined))?.isSymbolicLink()),
+    unchangedSinceStart,
+    local: !checksum && dst ? (unchangedSinceStart ? o.initialIndex : await loadIndex(target, o.stateDir)) : null,
+    checksum,
+  };
+  const decidedBy = await decideUpToDate(conn, o, f, state);
+  if (decidedBy) return upToDate(summary, decidedBy);
+  await conn.send(FrameType.DECISION, encodeDecision(Decision.SEND_MANIFEST));
+  // -W: no delta, so no local basis (a resumed partial of this version still counts).
+  const wholeFile = (offer.flags & OfferFlag.WHOLE_FILE) !== 0;
+  const localPaths = wholeFile ? [] : [...(dst ? [target] : []), ...(o.from ?? [])];
+  const localTotal = (dst ? Number(dst.size) : 0) + (await Promise.all((o.from ?? []).map((p) => fs.stat(p)))).reduce((a, st) => a + st.size, 0);
+  const r = await receiveFileContent(conn, {
+    target,
+    size: offer.size,
+    mtimeNs: offer.mtimeNs,
+    mode: offer.mode & 0o7777,
+    localPaths,
+    locals: hashLocals(conn, o, { target, localPaths, localTotal }, state),
+    targetReusable: !state.isLink && Boolean(dst),
+    stateDir: o.stateDir,
+    events: o.events,
+    refine: o.refine !== false && Boolean(negotiated.capabilities & Capability.REFINE),
+    sparse: Boolean(negotiated.capabilities & Capability.SPARSE),
+    inplace: o.inplace,
+    backup: o.backup,
+    partialDir: o.partialDir,
+    stream: Boolean(negotiated.capabilities & Capability.STREAM),
+    fsync: o.fsync,
+  });
+  summary.root = r.root;
+  if (r.placedEarly !== undefined) summary.placedEarlyBytes = r.placedEarly;
+  if (r.upToDate) return upToDate(summary, 'scan-root');
+  summary.literalBytes = r.literalBytes;
+  summary.matchedBytes = r.matchedBytes;
+}
+
+/**
+ * Deciding "unchanged" (docs/protocol.md, "Decision"), and saying so in DECISION:
+ * 1. Our index covers the target: content roots decide. The sender's root comes with the
+ *    offer when its index covers the source; otherwise it must scan (and send its manifest),
+ *    because size and mtime can match while content differs.
+ * 2. No index: size + mtime, rsync's quick check. 3. --checksum: always compare content.
+ * Returns what decided it, or undefined when the content must be compared.
+ */
+async function decideUpToDate(conn: FramedConnection, o: ReceiverContext, f: FileSession, s: TargetState): Promise<SyncSummary['decidedBy'] | undefined> {
+  const { target, offer, negotiated, summary } = f;
+  const { dst, isLink, local } = s;
+  const mode = offer.mode & 0o7777;
+  const lim = o.sizeLimits;
+  if (lim && ((lim.maxSize !== undefined && offer.size > BigInt(lim.maxSize)) || (lim.minSize !== undefined && offer.size < BigInt(lim.minSize)))) {
+    if (!(negotiated.capabilities & Capability.SIZE_LIMITS)) {
+      throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the sender (${negotiated.peerSoftware}) does not support --max-size / --min-size`);
+    }
+    await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.SIZE_LIMIT));
+    o.events?.info?.(`skipping ${target}: ${offer.size} bytes is outside --max-size / --min-size`);
+    return 'size-limit';
+  }
+  if (offer.flags & OfferFlag.UPDATE && dst && !isLink && dst.mtimeNs > offer.mtimeNs) {
+    await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.RECEIVER_NEWER));
+    return 'receiver-newer';
+  }
+  if (!isLink && local && offer.root && local.root === offer.root.toString('hex')) {
+    await markUpToDate(target, local.manifest, offer.mtimeNs, mode, o.stateDir);
+    await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.INDEX_ROOT));
+    summary.root = local.root;
+    return 'index-root';
+  }
+  if (!isLink && !local && !s.checksum && dst && dst.size === offer.size && dst.mtimeNs === offer.mtimeNs) {
+    if (Number(dst.mode & 0o1777n) !== (mode & 0o1777)) await chmodNoFollow(target, mode & 0o1777);
+    await conn.send(FrameType.DECISION, encodeDecision(Decision.UP_TO_DATE, DecisionReason.SIZE_MTIME));
+    return 'size-mtime';
+  }
+  return undefined;
+}
+
+/** Scan what we have while the sender scans and streams its manifest. The prescan is used
+ * when the target did not change since and, under --checksum, it did not come from the index. */
+function hashLocals(conn: FramedConnection, o: ReceiverContext, w: { target: string; localPaths: string[]; localTotal: number }, s: TargetState): Promise<ScanResult[]> {
+  const hashed = workMeter(); // KEEPALIVEs carry the bytes hashed (§4.11)
+  const scanned = inPhase(o.events, 'hashing', w.localTotal, async (phase, progress = hashed.tap(phase)) => {
+    const out: ScanResult[] = [];
+    let base = 0;
+    for (const p of w.localPaths) {
+      const early = p === w.target && s.unchangedSinceStart ? (s.local ?? (await o.prescan?.catch(() => undefined))) : undefined;
+      const r = early && !(s.checksum && early.fromIndex) ? early : await scanFile(p, { stateDir: o.stateDir, ignoreIndex: s.checksum, onProgress: (n) => progress(base + n) });
+      base += r.size;
+      out.push(r);
+    }
+    return out;
+  });
+  const locals = conn.keepAlive(scanned, hashed);
+  locals.catch(() => undefined);
+  return locals;
+}
+
+function upToDate(summary: SyncSummary, decidedBy: SyncSummary['decidedBy']): void {
+  summary.upToDate = true;
+  summary.decidedBy = decidedBy;
+  summary.matchedBytes = summary.size;
 }
 
 /** chmod through a descriptor opened without following a link: a link swapped in at the

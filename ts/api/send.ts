@@ -121,28 +121,30 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   return runSender(conn, { ...o, stateDir, st, walking, secure: identity ? sock : undefined, dialLane: dial, t0, handshakeMs: handshakeMs(sock) });
 }
 
+/** What runSender needs besides the user's options. */
+export interface SenderContext extends SendOptions {
+  stateDir: string;
+  st: import('node:fs').BigIntStats;
+  walking?: Promise<NativeTreeSync>;
+  /** The stream whose peer certificate must be trusted (TLS, QUIC); absent: none to check. */
+  secure?: SecureStream;
+  /** Vouched-for peer fingerprint (`sync --quic`, learnt over ssh). */
+  expectFingerprint?: string;
+  dialLane?: () => Promise<Duplex>;
+  t0: number;
+  /** `serve` daemon answering a pull: the client is authenticated and HELLO is done. */
+  negotiated?: Negotiated;
+}
+
 /** Everything after the transport is up: over TCP/TLS (`send`), an ssh channel or an
  * in-process pipe (`sync`). Closes `conn` at the end. */
-export async function runSender(
-  conn: FramedConnection,
-  o: SendOptions & {
-    stateDir: string;
-    st: import('node:fs').BigIntStats;
-    walking?: Promise<NativeTreeSync>;
-    /** The stream whose peer certificate must be trusted (TLS, QUIC); absent: none to check. */
-    secure?: SecureStream;
-    /** Vouched-for peer fingerprint (`sync --quic`, learnt over ssh). */
-    expectFingerprint?: string;
-    dialLane?: () => Promise<Duplex>;
-    t0: number;
-    /** `serve` daemon answering a pull: the client is authenticated and HELLO is done. */
-    negotiated?: Negotiated;
-  },
-): Promise<SyncSummary> {
+export async function runSender(conn: FramedConnection, o: SenderContext): Promise<SyncSummary> {
   const { stateDir, st, walking, t0 } = o;
   const stopWatching = closeOnAbort(conn, o.signal);
   const summary = newSummary('sender', o.path, st.isDirectory() ? 0 : Number(st.size));
-  let sourceHolder: { source?: NativeChunkSource } = {};
+  // The file being sent, once its conversation started: whether it changed under us decides
+  // what a failure means.
+  const holder: { source?: NativeChunkSource } = {};
   try {
     if (o.secure) {
       summary.peerFingerprint = await authenticatePeer(conn, o.secure, { stateDir, trust: o.trust, expect: o.expectFingerprint, interactive: o.interactive, peerLabel: `${o.host}:${o.port}`, events: o.events, pair: o.pair ? { code: o.pair } : undefined });
@@ -151,74 +153,13 @@ export async function runSender(
     if (!o.negotiated) await requestPath(conn, negotiated, RequestOp.PUSH, o.remotePath, `${o.host}:${o.port}`);
     if (st.isDirectory()) {
       await sendTree(conn, { ...o, path: path.resolve(o.path), stateDir, negotiated, summary, st, walking: walking ?? startWalk(path.resolve(o.path), o, stateDir) });
-      summary.ok = true;
-      return summary;
-    }
-    // A valid index lets the receiver compare content roots for the price of a stat.
-    const scan: ScanResult | null = o.checksum ? null : await loadIndex(o.path, stateDir);
-    await conn.send(
-      FrameType.OFFER,
-      encodeOffer({
-        kind: OfferKind.FILE,
-        size: st.size,
-        mtimeNs: st.mtimeNs,
-        mode: o.chmod ? applyChmod(o.chmod, Number(st.mode & 0o7777n), false) : Number(st.mode & 0o7777n),
-        flags: (o.checksum ? OfferFlag.CHECKSUM : 0) | (o.update ? OfferFlag.UPDATE : 0) | (o.wholeFile ? OfferFlag.WHOLE_FILE : 0),
-        root: scan ? Buffer.from(scan.root, 'hex') : undefined,
-      }),
-    );
-    const { decision, reason } = decodeDecision((await expect(conn, FrameType.DECISION)).payload);
-    if (decision === Decision.UP_TO_DATE) {
-      summary.upToDate = true;
-      summary.decidedBy = reason === DecisionReason.INDEX_ROOT ? 'index-root' : reason === DecisionReason.RECEIVER_NEWER ? 'receiver-newer' : reason === DecisionReason.SIZE_LIMIT ? 'size-limit' : 'size-mtime';
-      summary.matchedBytes = summary.size;
-      summary.root = scan?.root;
     } else {
-      const holder: { source?: NativeChunkSource } = {};
-      sourceHolder = holder;
-      // Compress only for a peer that said it can decode zstd.
-      const level = negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
-      const r = await sendFileContent(conn, { path: o.path, st, scan, stateDir, checksum: o.checksum, level, bwlimitKiBps: o.bwlimitKiBps, events: o.events, label: o.path, refine: Boolean(negotiated.capabilities & Capability.REFINE), sparse: Boolean(negotiated.capabilities & Capability.SPARSE), stream: Boolean(negotiated.capabilities & Capability.STREAM), overlap: o.overlap, batchStream: Boolean(negotiated.capabilities & Capability.BATCH_STREAM), governor: new LevelGovernor(level, o.compressLevel === undefined, startLevel(level, o.handshakeMs), { link: deliveryMeter(conn, negotiated) }) }, holder);
-      summary.root = r.root;
-      summary.upToDate = r.upToDate;
-      summary.decidedBy = r.upToDate ? 'scan-root' : 'transfer';
-      summary.literalBytes = r.literalBytes;
-      summary.matchedBytes = r.matchedBytes;
+      await sendFile(conn, o, negotiated, summary, holder);
     }
     summary.ok = true;
-    const source = sourceHolder.source;
-    if (source && !source.unchanged()) {
-      o.events?.info?.(`warning: ${o.path} changed while it was being sent; the receiver has the version that was scanned`);
-    }
-    // (Not a file the receiver kept as it was on purpose: -u, --max-size / --min-size.)
-    if (o.removeSourceFiles && summary.decidedBy !== 'receiver-newer' && summary.decidedBy !== 'size-limit') {
-      conn.errorSent = true; // the session is over on the receiver's side: a failure here is ours alone
-      await removeSourceFile(o.path, st, o.events);
-      conn.errorSent = false;
-    }
     return summary;
   } catch (e) {
-    let err = e instanceof FfsyncError ? e : fromSystemError(e, 'send failed');
-    // The receiver may have explained its failure before our write failed: prefer that.
-    const peerError = conn.takePeerError();
-    // (Not over our own "source changed" verdict: that is what the receiver waits for.)
-    if (peerError && err.origin !== 'peer' && err.exitCode !== ExitCode.VANISHED) err = decodeError(peerError.payload);
-    // Interrupted here: whatever the closed connection made of it, that is the error.
-    if (o.signal?.aborted) err = interruptedError(err);
-    // Something other than an ffsync-native peer answered: name the address we dialed.
-    if (err.code === 'ENOTPEER' || err.code === 'ETLSPEER') err = err.withMessage(`${o.host}:${o.port}: ${err.message}`);
-    const source = sourceHolder.source;
-    // Our own reason, or the peer's when it is one a changed source explains.
-    const detail = err.origin === 'peer' ? '' : ` (${err.message})`;
-    if (source && !source.unchanged()) {
-      err = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.path} changed during the sync${detail}; rerun to send the new version`, { cause: err });
-    } else if (!st.isDirectory() && (err.code === 'ECHUNK' || (err.exitCode === ExitCode.FILE_IO && err.origin !== 'peer')) && identityChanged(await fs.stat(o.path, { bigint: true }).catch(() => undefined), st)) {
-      // A source removed after the first stat (a file I/O error here) or rewritten between
-      // a window's hashing and its early DATA (a failed chunk on the receiver) is the
-      // documented "source changed" (24), not exit 11 or 12. The receiver waits for this
-      // verdict (senderVerdict).
-      err = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.path} vanished or changed during the sync${detail}; rerun to send the new version`, { cause: err });
-    }
+    const err = await senderFailure(conn, o, e, holder.source);
     await reportError(conn, err);
     err.summary = summary;
     throw err;
@@ -226,4 +167,82 @@ export async function runSender(
     stopWatching();
     await endSession(conn, summary, t0);
   }
+}
+
+/** A single file: OFFER (with our index's root), the receiver's DECISION, and the content
+ * conversation unless it is up to date; then --remove-source-files. */
+async function sendFile(conn: FramedConnection, o: SenderContext, negotiated: Negotiated, summary: SyncSummary, holder: { source?: NativeChunkSource }): Promise<void> {
+  const { st, stateDir } = o;
+  // A valid index lets the receiver compare content roots for the price of a stat.
+  const scan: ScanResult | null = o.checksum ? null : await loadIndex(o.path, stateDir);
+  await conn.send(
+    FrameType.OFFER,
+    encodeOffer({
+      kind: OfferKind.FILE,
+      size: st.size,
+      mtimeNs: st.mtimeNs,
+      mode: o.chmod ? applyChmod(o.chmod, Number(st.mode & 0o7777n), false) : Number(st.mode & 0o7777n),
+      flags: (o.checksum ? OfferFlag.CHECKSUM : 0) | (o.update ? OfferFlag.UPDATE : 0) | (o.wholeFile ? OfferFlag.WHOLE_FILE : 0),
+      root: scan ? Buffer.from(scan.root, 'hex') : undefined,
+    }),
+  );
+  const { decision, reason } = decodeDecision((await expect(conn, FrameType.DECISION)).payload);
+  if (decision === Decision.UP_TO_DATE) {
+    summary.upToDate = true;
+    summary.decidedBy = reason === DecisionReason.INDEX_ROOT ? 'index-root' : reason === DecisionReason.RECEIVER_NEWER ? 'receiver-newer' : reason === DecisionReason.SIZE_LIMIT ? 'size-limit' : 'size-mtime';
+    summary.matchedBytes = summary.size;
+    summary.root = scan?.root;
+  } else {
+    const caps = negotiated.capabilities;
+    // Compress only for a peer that said it can decode zstd.
+    const level = caps & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
+    const governor = new LevelGovernor(level, o.compressLevel === undefined, startLevel(level, o.handshakeMs), { link: deliveryMeter(conn, negotiated) });
+    const r = await sendFileContent(
+      conn,
+      { path: o.path, st, scan, stateDir, checksum: o.checksum, level, bwlimitKiBps: o.bwlimitKiBps, events: o.events, label: o.path, refine: Boolean(caps & Capability.REFINE), sparse: Boolean(caps & Capability.SPARSE), stream: Boolean(caps & Capability.STREAM), overlap: o.overlap, batchStream: Boolean(caps & Capability.BATCH_STREAM), governor },
+      holder,
+    );
+    summary.root = r.root;
+    summary.upToDate = r.upToDate;
+    summary.decidedBy = r.upToDate ? 'scan-root' : 'transfer';
+    summary.literalBytes = r.literalBytes;
+    summary.matchedBytes = r.matchedBytes;
+  }
+  if (holder.source && !holder.source.unchanged()) {
+    o.events?.info?.(`warning: ${o.path} changed while it was being sent; the receiver has the version that was scanned`);
+  }
+  // (Not a file the receiver kept as it was on purpose: -u, --max-size / --min-size.)
+  if (o.removeSourceFiles && summary.decidedBy !== 'receiver-newer' && summary.decidedBy !== 'size-limit') {
+    conn.errorSent = true; // the session is over on the receiver's side: a failure here is ours alone
+    await removeSourceFile(o.path, st, o.events);
+    conn.errorSent = false;
+  }
+}
+
+/** What a failed send reports: the receiver's explanation when it gave one first, and "source
+ * changed" (24) when the source did. */
+async function senderFailure(conn: FramedConnection, o: SenderContext, e: unknown, source: NativeChunkSource | undefined): Promise<FfsyncError> {
+  const { st } = o;
+  let err = e instanceof FfsyncError ? e : fromSystemError(e, 'send failed');
+  // The receiver may have explained its failure before our write failed: prefer that.
+  const peerError = conn.takePeerError();
+  // (Not over our own "source changed" verdict: that is what the receiver waits for.)
+  if (peerError && err.origin !== 'peer' && err.exitCode !== ExitCode.VANISHED) err = decodeError(peerError.payload);
+  // Interrupted here: whatever the closed connection made of it, that is the error.
+  if (o.signal?.aborted) err = interruptedError(err);
+  // Something other than an ffsync-native peer answered: name the address we dialed.
+  if (err.code === 'ENOTPEER' || err.code === 'ETLSPEER') err = err.withMessage(`${o.host}:${o.port}: ${err.message}`);
+  // Our own reason, or the peer's when it is one a changed source explains.
+  const detail = err.origin === 'peer' ? '' : ` (${err.message})`;
+  if (source && !source.unchanged()) {
+    return new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.path} changed during the sync${detail}; rerun to send the new version`, { cause: err });
+  }
+  if (!st.isDirectory() && (err.code === 'ECHUNK' || (err.exitCode === ExitCode.FILE_IO && err.origin !== 'peer')) && identityChanged(await fs.stat(o.path, { bigint: true }).catch(() => undefined), st)) {
+    // A source removed after the first stat (a file I/O error here) or rewritten between a
+    // window's hashing and its early DATA (a failed chunk on the receiver) is the documented
+    // "source changed" (24), not exit 11 or 12. The receiver waits for this verdict
+    // (senderVerdict).
+    return new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.path} vanished or changed during the sync${detail}; rerun to send the new version`, { cause: err });
+  }
+  return err;
 }

@@ -97,279 +97,373 @@ const SETTLE_MS = 5000;
 const MAX_REPORTED = 20;
 
 export async function receiveTree(conn: FramedConnection, o: Context): Promise<void> {
-  const errors: string[] = [];
-  const vanished: string[] = [];
-  let written = 0;
-  let literal = 0;
-  let matched = 0;
-  const checksum = Boolean(o.checksum) || (o.offer.flags & OfferFlag.CHECKSUM) !== 0;
-  const dryRun = (o.offer.flags & OfferFlag.DRY_RUN) !== 0;
-  const deleteExtraneous = (o.offer.flags & OfferFlag.NO_DELETE) === 0 && !o.tree?.noDelete;
-  // Parallel sessions: grant lanes and start accepting them right away (they join once
-  // the sender has triaged, by which time the plan below exists).
-  const lanes: FramedConnection[] = [];
-  const laneWork: Promise<void>[] = [];
-  let laneFailure: FfsyncError | undefined;
-  let failLanes: (e: FfsyncError) => void = () => undefined;
-  const laneFailed = new Promise<never>((_, reject) => (failLanes = reject));
-  laneFailed.catch(() => undefined);
-  let startLane: (c: FramedConnection) => void = () => undefined;
-  let accepting: Promise<void> | undefined;
-  // Version 2: the sender runs large files' conversations on streams multiplexed on each
-  // connection (transport/mux.ts); each stream is served like a lane. Streams are not
-  // lanes for byte counts (their bytes are counted on the connection carrying them).
-  const multiplexed = o.negotiated.version >= 2;
-  const streams: FramedConnection[] = [];
-  // Basis files hashed at once while many conversations run (see HASHING_AT_ONCE).
-  const hashing = multiplexed ? new WorkLimit(HASHING_AT_ONCE) : undefined;
-  // The read-ahead is the session's: with lanes, each connection gets its share.
-  let connections = 1;
-  const muxes: Multiplexer[] = [];
-  const carryStreams = (c: FramedConnection) => {
-    if (!multiplexed) return;
-    const mux = new Multiplexer(c, {
-      opener: false,
-      window: laneWindow(connections),
-      onStream: (s) => {
-        streams.push(s);
-        startLane(s);
-      },
-    });
-    muxes.push(mux);
-  };
-  carryStreams(conn);
-  if (o.offer.flags & OfferFlag.PARALLEL) {
-    const granted = o.listener ? Math.min(Number(o.offer.size), MAX_LANES) : 1;
-    connections = granted;
-    for (const m of muxes) m.setWindow(laneWindow(connections));
-    const token = crypto.randomBytes(LANE_TOKEN_BYTES);
-    await conn.send(FrameType.LANES, encodeLanes(granted, token));
-    if (o.listener) accepting = acceptLanes(o.listener, {
-      token,
-      peerFingerprint: o.peerFingerprint,
-      timeoutMs: o.timeoutMs ?? 60_000,
-      maxLanes: granted - 1,
-      onLane: (c) => {
-        lanes.push(c);
-        carryStreams(c);
-        startLane(c);
-      },
-      onRefused: (why) => o.events?.info?.(`warning: refused a lane: ${why}`),
-    });
-  }
-  const excludes = decodeFilter((await expect(conn, FrameType.FILTER)).payload);
-  const limits: TreeOptions = o.negotiated.capabilities & Capability.SIZE_LIMITS ? decodeTreeOptions((await expect(conn, FrameType.TREE_OPTIONS)).payload) : { attrs: 0 };
-  // -o / -g / -X: the sender's table arrives (TREE_ATTRS parts) just before TREE_END.
-  const attrTable = limits.attrs && !dryRun ? new ManifestAssembler(MAX_ATTR_TABLE_BYTES, 1) : undefined;
-  let attrBytes: Buffer | undefined;
+  await new TreeReceiver(conn, o).run();
+}
 
-  const { root, scratch, existed } = await prepareRoot(o, dryRun);
-  let opened: NativeTreeSync | undefined;
-  try {
-    const tree = await openTargetTree(conn, o, { root, scratch, excludes, checksum });
-    // Held before the session's settings apply (a --backup-dir that cannot be made, a bad
-    // --chown throw): the `finally` must release the tree's handles whatever fails next.
-    opened = tree;
-    applyTreeSettings(tree, o, dryRun);
+/** What the session knows once both peers have triaged: large files arrive against it. */
+interface Plan {
+  tree: NativeTreeSync;
+  root: string;
+  /** Outstanding large transfers by action; `done` holds those whose FILE_BEGIN came. */
+  large: Map<number, LargeTransferInfo>;
+  done: Set<number>;
+  summary: NonNullable<SyncSummary['tree']>;
+  counts: ReturnType<NativeTreeSync['triage']>;
+}
+
+/**
+ * One tree session on the receiving side. The main connection carries small-file batches,
+ * large files in turn (version 1) and the tree's end; lanes (`--parallel`) and multiplexed
+ * streams (version 2) each carry large files' conversations at the same time, so the outcome
+ * (errors, counts) is this object's, shared by all of them.
+ */
+class TreeReceiver {
+  private readonly errors: string[] = [];
+  private readonly vanished: string[] = [];
+  private written = 0;
+  private literal = 0;
+  private matched = 0;
+  private smallDone = 0;
+  private progressNow: (n: number) => void = () => undefined;
+
+  private readonly checksum: boolean;
+  private readonly dryRun: boolean;
+  /** Version 2: the sender runs large files' conversations on streams multiplexed on each
+   * connection (transport/mux.ts); each stream is served like a lane. Streams are not lanes
+   * for byte counts (their bytes are counted on the connection carrying them). */
+  private readonly multiplexed: boolean;
+  /** Basis files hashed at once while many conversations run (see HASHING_AT_ONCE). */
+  private readonly hashing: WorkLimit | undefined;
+
+  private readonly lanes: FramedConnection[] = [];
+  private readonly streams: FramedConnection[] = [];
+  private readonly muxes: Multiplexer[] = [];
+  private readonly laneWork: Promise<void>[] = [];
+  private laneFailure: FfsyncError | undefined;
+  private failLanes: (e: FfsyncError) => void = () => undefined;
+  /** Rejects with the first lane's or stream's failure: the main loop stops on it. */
+  private readonly laneFailed: Promise<never>;
+  private accepting: Promise<void> | undefined;
+  /** The read-ahead is the session's: with lanes, each connection gets its share. */
+  private connections = 1;
+  /** Absent until triage: lanes and streams that join before it wait for it. */
+  private plan: Plan | undefined;
+
+  constructor(
+    private readonly conn: FramedConnection,
+    private readonly o: Context,
+  ) {
+    this.checksum = Boolean(o.checksum) || (o.offer.flags & OfferFlag.CHECKSUM) !== 0;
+    this.dryRun = (o.offer.flags & OfferFlag.DRY_RUN) !== 0;
+    this.multiplexed = o.negotiated.version >= 2;
+    this.hashing = this.multiplexed ? new WorkLimit(HASHING_AT_ONCE) : undefined;
+    this.laneFailed = new Promise<never>((_, reject) => (this.failLanes = reject));
+    this.laneFailed.catch(() => undefined);
+  }
+
+  async run(): Promise<void> {
+    const { conn, o } = this;
+    this.carryStreams(conn);
+    await this.grantLanes();
+    const excludes = decodeFilter((await expect(conn, FrameType.FILTER)).payload);
+    const limits: TreeOptions = o.negotiated.capabilities & Capability.SIZE_LIMITS ? decodeTreeOptions((await expect(conn, FrameType.TREE_OPTIONS)).payload) : { attrs: 0 };
+    const { root, scratch, existed } = await prepareRoot(o, this.dryRun);
+    let opened: NativeTreeSync | undefined;
+    try {
+      const tree = await openTargetTree(conn, o, { root, scratch, excludes, checksum: this.checksum });
+      // Held before the session's settings apply (a --backup-dir that cannot be made, a bad
+      // --chown throw): the `finally` must release the tree's handles whatever fails next.
+      opened = tree;
+      applyTreeSettings(tree, o, this.dryRun);
+      const plan = await this.triage(tree, root, limits);
+      // Only this side knows whether it made the root (a pull's listing is printed here).
+      const here = o.tree?.listing && { ...o.tree.listing, rootCreated: !existed };
+      logListing(tree, here);
+      if (this.dryRun) return await this.answerDryRun(plan, listingLines(tree, here));
+      if (o.tree?.listing?.show) for (const line of listingLines(tree, here)) reportChange(o.events, line, false);
+      await this.transfer(plan, limits);
+    } catch (e) {
+      await this.abandon(e);
+      throw e;
+    } finally {
+      opened?.releaseHandles();
+      o.listener?.close();
+      for (const s of this.streams) s.destroy();
+      for (const l of this.lanes) {
+        countLaneBytes(o.summary, l);
+        l.destroy();
+      }
+      if (scratch) await fs.rm(scratch, { recursive: true, force: true });
+    }
+  }
+
+  /** Both manifests and the roots either side asked for cross; then both peers derive the
+   * same plan from them. */
+  private async triage(tree: NativeTreeSync, root: string, limits: TreeOptions): Promise<Plan> {
+    const { o } = this;
     const stats = tree.stats();
-    await exchangeManifestsAndRoots(conn, tree, checksum, o.events);
-    const counts = tree.triage(checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0, limits.maxSize, limits.minSize, limits.omitTimes, limits.omitPerms, limits.sizeOnly, limits.ignoreExisting, limits.existingOnly);
+    await exchangeManifestsAndRoots(this.conn, tree, this.checksum, o.events);
+    const deleteExtraneous = (o.offer.flags & OfferFlag.NO_DELETE) === 0 && !o.tree?.noDelete;
+    const counts = tree.triage(this.checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0, limits.maxSize, limits.minSize, limits.omitTimes, limits.omitPerms, limits.sizeOnly, limits.ignoreExisting, limits.existingOnly);
     const summary = treeSummary(stats, counts);
     o.summary.tree = summary;
     o.summary.size = counts.sourceBytes;
+    return { tree, root, large: new Map(tree.largeTransfers().map((l) => [l.action, l])), done: new Set(), summary, counts };
+  }
 
-    // Only this side knows whether it made the root (a pull's listing is printed here).
-    const here = o.tree?.listing && { ...o.tree.listing, rootCreated: !existed };
-    const listing = () => listingLines(tree, here);
-    logListing(tree, here);
-    if (dryRun) {
-      for (const line of listing()) reportChange(o.events, line, true);
-      decodeTreeEnd((await expect(conn, FrameType.TREE_END)).payload);
-      await conn.send(FrameType.TREE_RESULT, encodeTreeResult({ exitCode: 0, filesWritten: 0n, literalBytes: 0n, matchedBytes: 0n, deleted: 0n, errorCount: 0, message: '' }));
-      o.summary.upToDate = counts.smallTransfers + counts.largeTransfers + counts.localCopies + counts.deletes + counts.mkdirs + counts.symlinks + counts.attrsOnly === 0;
-      return;
-    }
-    if (o.tree?.listing?.show) for (const line of listing()) reportChange(o.events, line, false);
+  /** A dry run lists what it would do, and answers the sender's TREE_END with nothing done. */
+  private async answerDryRun(plan: Plan, lines: string[]): Promise<void> {
+    const { conn, o } = this;
+    for (const line of lines) reportChange(o.events, line, true);
+    decodeTreeEnd((await expect(conn, FrameType.TREE_END)).payload);
+    await conn.send(FrameType.TREE_RESULT, encodeTreeResult({ exitCode: 0, filesWritten: 0n, literalBytes: 0n, matchedBytes: 0n, deleted: 0n, errorCount: 0, message: '' }));
+    const c = plan.counts;
+    o.summary.upToDate = c.smallTransfers + c.largeTransfers + c.localCopies + c.deletes + c.mkdirs + c.symlinks + c.attrsOnly === 0;
+  }
 
-    const absorb = (r: StepOutcome) => {
-      errors.push(...r.errors);
-      vanished.push(...r.vanished);
-      written += r.files;
-    };
-    const prep = await conn.keepAlive(call(tree.prepare()));
+  /** Local work first (directories, renames), then everything the sender sends, then the
+   * attribute table, deletions and TREE_RESULT. */
+  private async transfer(plan: Plan, limits: TreeOptions): Promise<void> {
+    const { conn, o, errors, vanished } = this;
+    const prep = await conn.keepAlive(call(plan.tree.prepare()));
     errors.push(...prep.errors);
     // Local copies (renames) count as written files with matched bytes.
-    matched += prep.bytes;
-
-    const large = new Map<number, LargeTransferInfo>(tree.largeTransfers().map((l) => [l.action, l]));
-    const done = new Set<number>();
-    let smallDone = 0;
-    let progressNow: (n: number) => void = () => undefined;
-    /** One large file's conversation on connection `c`, after its FILE_BEGIN. */
-    const receiveLarge = async (c: FramedConnection, payload: Buffer) => {
-      const begin = decodeFileBegin(payload);
-      const lt = large.get(begin.action);
-      if (!lt || done.has(begin.action)) throw protocolError(`FILE_BEGIN for action ${begin.action}, which is not an outstanding large transfer`);
-      done.add(begin.action);
-      const rel = showTreePath(lt.path);
-      if (begin.status === FileBeginStatus.VANISHED) {
-        vanished.push(`${rel} vanished or changed on the sender`);
-        return;
-      }
-      if (begin.status === FileBeginStatus.UNREADABLE) {
-        errors.push(`${rel}: the sender could not read it`);
-        return;
-      }
-      const abs = joinTreePath(root, lt.path);
-      const basis = lt.delta ? [abs] : [];
-      const locals = basis.length ? c.keepAlive(hashWithin(hashing, () => scanFile(abs, { stateDir: o.stateDir, ignoreIndex: checksum }))).then((r) => [r]) : Promise.resolve([]);
-      locals.catch(() => undefined);
-      const r = await receiveFileContent(c, {
-        // Resolved beneath the root handle in the core: a link planted on the way (even one
-        // the walk never saw) fails this file; nothing is written through it.
-        target: lt.path,
-        beneath: root,
-        size: BigInt(lt.size),
-        mtimeNs: lt.mtimeNs,
-        mode: lt.mode,
-        localPaths: basis,
-        locals,
-        targetReusable: lt.delta,
-        stateDir: o.stateDir,
-        events: o.events,
-        beforeCommit: () => tree.clearFor(lt.action),
-        refusable: true,
-        refine: o.refine !== false && Boolean(o.negotiated.capabilities & Capability.REFINE),
-        sparse: Boolean(o.negotiated.capabilities & Capability.SPARSE),
-        commitRefusal: Boolean(o.negotiated.capabilities & Capability.COMMIT_REFUSAL),
-        inplace: o.inplace,
-        stream: Boolean(o.negotiated.capabilities & Capability.STREAM),
-        fsync: o.fsync,
-        backup: o.backup,
-        partialDir: o.partialDir,
-      }).catch(async (e: unknown) => {
-        // On a multiplexed stream, a file that changed on the sender fails alone: the
-        // sender says so in an ERROR on that stream (exit 24), or answers our report of a
-        // chunk that failed its hash with it (§7.2). The stream is spent; the session goes on.
-        if (!streams.includes(c) || !(e instanceof FfsyncError)) throw e;
-        let err = e;
-        if (err.code === 'ECHUNK') {
-          await reportError(c, err);
-          err = await senderVerdict(c, err);
-        }
-        if (err.exitCode !== ExitCode.VANISHED || err.origin !== 'peer') throw err;
-        vanished.push(`${rel} changed or vanished on the sender during the sync`);
-        throw new StreamSpent();
-      });
-      if (r.refused) {
-        errors.push(`cannot write ${rel}: ${r.refused}`);
-        return;
-      }
-      tree.claimRoot(lt.action, r.root);
-      written++;
-      literal += r.literalBytes;
-      matched += r.matchedBytes;
-      progressNow(literal + matched);
-    };
-    startLane = (c) => {
-      const w = (async () => {
-        for (;;) {
-          const f = await expect(c, FrameType.FILE_BEGIN, FrameType.LANE_END);
-          if (f.type === FrameType.LANE_END) {
-            // End our side too, so the sender's close completes at once over any
-            // transport (an in-process pipe does not end itself as a TCP socket does).
-            void c.close();
-            return;
-          }
-          try {
-            await receiveLarge(c, f.payload);
-          } catch (e) {
-            if (!(e instanceof StreamSpent)) throw e;
-            c.destroy();
-            return;
-          }
-        }
-      })();
-      w.catch(async (e) => {
-        let err = e instanceof FfsyncError ? e : fromSystemError(e, 'lane failed');
-        if (err.code === 'ECHUNK') {
-          // The sender's verdict on this lane's bad chunk (its file may have changed, §7.2).
-          await reportError(c, err);
-          err = await senderVerdict(c, err);
-        }
-        laneFailure ??= err;
-        failLanes(laneFailure);
-      });
-      laneWork.push(w);
-    };
-    for (const c of [...lanes, ...streams]) startLane(c); // lanes and streams that came before the plan existed
-    await inPhase(o.events, 'receiving', counts.transferBytes, async (progress) => {
-      progressNow = progress;
-      const inflight = new Set<Promise<void>>();
-      const drain = () => Promise.all(inflight);
-      for (;;) {
-        const f = await expectUnless(conn, laneFailed, FrameType.FILE_BATCH, FrameType.FILE_BEGIN, FrameType.TREE_END, ...(attrTable && !attrBytes ? [FrameType.TREE_ATTRS] : []));
-        if (f.type === FrameType.TREE_ATTRS) {
-          attrBytes = attrTable!.push(f.payload);
-          continue;
-        }
-        if (f.type === FrameType.FILE_BATCH) {
-          const w = call(tree.writeSmall(f.payload)).then((r) => {
-            f.release?.();
-            absorb(r);
-            smallDone += r.files + r.errors.length + r.vanished.length;
-            literal += r.bytes;
-            progress(literal + matched);
-          });
-          inflight.add(w);
-          w.then(() => inflight.delete(w), () => undefined);
-          if (inflight.size >= WRITES_IN_FLIGHT) await Promise.race(inflight);
-          continue;
-        }
-        await drain();
-        if (f.type === FrameType.TREE_END) {
-          const end = decodeTreeEnd(f.payload);
-          // Every lane has sent LANE_END by now; no more may join.
-          o.listener?.close();
-          await accepting;
-          await Promise.race([Promise.all(laneWork), laneFailed]);
-          if (end.largeFiles !== large.size || done.size !== large.size) throw protocolError(`sender ended after ${done.size} of ${large.size} large files`);
-          if (smallDone !== summary.smallTransfers || end.smallFiles !== summary.smallTransfers) throw protocolError(`sender ended after ${smallDone} of ${summary.smallTransfers} small files`);
-          if (end.senderProblems > 0) errors.push(`${end.senderProblems} source path(s) could not be read on the sender (see its output)`);
-          if (attrTable && !attrBytes) throw protocolError('sender ended without the attribute table it announced');
-          break;
-        }
-        await receiveLarge(conn, f.payload);
-      }
-    });
-
-    if (attrBytes) {
-      const applied = await conn.keepAlive(call(tree.applyAttrs(attrBytes)));
+    this.matched += prep.bytes;
+    this.plan = plan;
+    for (const c of [...this.lanes, ...this.streams]) this.serveLane(c); // those that came before the plan existed
+    // -o / -g / -X: the sender's table arrives (TREE_ATTRS parts) just before TREE_END.
+    const attrs = limits.attrs ? await this.receiveFrames(plan, new ManifestAssembler(MAX_ATTR_TABLE_BYTES, 1)) : await this.receiveFrames(plan);
+    if (attrs) {
+      const applied = await conn.keepAlive(call(plan.tree.applyAttrs(attrs)));
       errors.push(...applied.errors);
       for (const w of applied.warnings) o.events?.info?.(`warning: ${w}`);
     }
     // Deletions wait for every transfer, and are skipped (as rsync does) after any error.
     const deleteOk = errors.length === 0 && vanished.length === 0;
+    const { counts, summary } = plan;
     if (!deleteOk && counts.deletes > 0) o.events?.info?.(`warning: ${counts.deletes} deletion(s) skipped because of the errors above (as rsync does after an I/O error)`);
-    const fin = await conn.keepAlive(call(tree.finishReceiver(deleteOk)));
-    await reportTree(conn, o, { summary, counts, fin, deleteOk, errors, vanished, written: written + prep.files, lanes: 1 + lanes.length, literal, matched });
-  } catch (e) {
-    // Conversations still running on lanes and streams end with the session's error (not
-    // as "peer closed", which would keep their partial files for a resume that a protocol
-    // error does not deserve), and their clean-up finishes before we return.
-    const why = e instanceof Error ? e : new Error(String(e));
-    for (const c of [...streams, ...lanes]) c.failWith(why);
-    await Promise.race([Promise.allSettled(laneWork), new Promise((r) => setTimeout(r, SETTLE_MS).unref())]);
-    throw e;
-  } finally {
-    opened?.releaseHandles();
-    o.listener?.close();
-    for (const s of streams) s.destroy();
-    for (const l of lanes) {
-      countLaneBytes(o.summary, l);
-      l.destroy();
+    const fin = await conn.keepAlive(call(plan.tree.finishReceiver(deleteOk)));
+    await reportTree(conn, o, { summary, counts, fin, deleteOk, errors, vanished, written: this.written + prep.files, lanes: 1 + this.lanes.length, literal: this.literal, matched: this.matched });
+  }
+
+  /** The main connection's frames until TREE_END: small-file batches (written a few at a
+   * time), large files in turn, and the attribute table (returned) when `attrTable`. */
+  private async receiveFrames(plan: Plan, attrTable?: ManifestAssembler): Promise<Buffer | undefined> {
+    const { conn, o } = this;
+    let attrBytes: Buffer | undefined;
+    await inPhase(o.events, 'receiving', plan.counts.transferBytes, async (progress) => {
+      this.progressNow = progress;
+      const inflight = new Set<Promise<void>>();
+      for (;;) {
+        const f = await expectUnless(conn, this.laneFailed, FrameType.FILE_BATCH, FrameType.FILE_BEGIN, FrameType.TREE_END, ...(attrTable && !attrBytes ? [FrameType.TREE_ATTRS] : []));
+        if (f.type === FrameType.TREE_ATTRS) {
+          attrBytes = attrTable!.push(f.payload);
+          continue;
+        }
+        if (f.type === FrameType.FILE_BATCH) {
+          const w = this.writeSmall(plan.tree, f.payload, f.release);
+          inflight.add(w);
+          w.then(() => inflight.delete(w), () => undefined);
+          if (inflight.size >= WRITES_IN_FLIGHT) await Promise.race(inflight);
+          continue;
+        }
+        await Promise.all(inflight);
+        if (f.type === FrameType.TREE_END) {
+          await this.endOfTree(plan, f.payload, Boolean(attrTable && !attrBytes));
+          return;
+        }
+        await this.receiveLarge(plan, conn, f.payload);
+      }
+    });
+    return attrBytes;
+  }
+
+  /** One FILE_BATCH of small files, written by the core off the JS thread. */
+  private async writeSmall(tree: NativeTreeSync, payload: Buffer, release: (() => void) | undefined): Promise<void> {
+    const r = await call(tree.writeSmall(payload));
+    release?.();
+    this.errors.push(...r.errors);
+    this.vanished.push(...r.vanished);
+    this.written += r.files;
+    this.smallDone += r.files + r.errors.length + r.vanished.length;
+    this.literal += r.bytes;
+    this.progressNow(this.literal + this.matched);
+  }
+
+  /** TREE_END: every lane has finished, and the sender sent everything the plan holds. */
+  private async endOfTree(plan: Plan, payload: Buffer, attrsMissing: boolean): Promise<void> {
+    const end = decodeTreeEnd(payload);
+    // Every lane has sent LANE_END by now; no more may join.
+    this.o.listener?.close();
+    await this.accepting;
+    await Promise.race([Promise.all(this.laneWork), this.laneFailed]);
+    const { large, done, summary } = plan;
+    if (end.largeFiles !== large.size || done.size !== large.size) throw protocolError(`sender ended after ${done.size} of ${large.size} large files`);
+    if (this.smallDone !== summary.smallTransfers || end.smallFiles !== summary.smallTransfers) throw protocolError(`sender ended after ${this.smallDone} of ${summary.smallTransfers} small files`);
+    if (end.senderProblems > 0) this.errors.push(`${end.senderProblems} source path(s) could not be read on the sender (see its output)`);
+    if (attrsMissing) throw protocolError('sender ended without the attribute table it announced');
+  }
+
+  /** Multiplexed streams on connection `c` (version 2), each served like a lane. */
+  private carryStreams(c: FramedConnection): void {
+    if (!this.multiplexed) return;
+    const mux = new Multiplexer(c, {
+      opener: false,
+      window: laneWindow(this.connections),
+      onStream: (s) => {
+        this.streams.push(s);
+        this.serveLane(s);
+      },
+    });
+    this.muxes.push(mux);
+  }
+
+  /** Parallel sessions: grant lanes and start accepting them right away (they join once the
+   * sender has triaged, by which time the plan exists). */
+  private async grantLanes(): Promise<void> {
+    const { conn, o } = this;
+    if (!(o.offer.flags & OfferFlag.PARALLEL)) return;
+    const granted = o.listener ? Math.min(Number(o.offer.size), MAX_LANES) : 1;
+    this.connections = granted;
+    for (const m of this.muxes) m.setWindow(laneWindow(granted));
+    const token = crypto.randomBytes(LANE_TOKEN_BYTES);
+    await conn.send(FrameType.LANES, encodeLanes(granted, token));
+    if (!o.listener) return;
+    this.accepting = acceptLanes(o.listener, {
+      token,
+      peerFingerprint: o.peerFingerprint,
+      timeoutMs: o.timeoutMs ?? 60_000,
+      maxLanes: granted - 1,
+      onLane: (c) => {
+        this.lanes.push(c);
+        this.carryStreams(c);
+        this.serveLane(c);
+      },
+      onRefused: (why) => o.events?.info?.(`warning: refused a lane: ${why}`),
+    });
+  }
+
+  /** Large files, one after another, on a lane or stream until its LANE_END. Its failure
+   * fails the session (laneFailed), except a stream whose file changed on the sender. */
+  private serveLane(c: FramedConnection): void {
+    const plan = this.plan;
+    if (!plan) return; // started by transfer() once the plan exists
+    const w = (async () => {
+      for (;;) {
+        const f = await expect(c, FrameType.FILE_BEGIN, FrameType.LANE_END);
+        if (f.type === FrameType.LANE_END) {
+          // End our side too, so the sender's close completes at once over any transport
+          // (an in-process pipe does not end itself as a TCP socket does).
+          void c.close();
+          return;
+        }
+        try {
+          await this.receiveLarge(plan, c, f.payload);
+        } catch (e) {
+          if (!(e instanceof StreamSpent)) throw e;
+          c.destroy();
+          return;
+        }
+      }
+    })();
+    w.catch(async (e) => {
+      let err = e instanceof FfsyncError ? e : fromSystemError(e, 'lane failed');
+      if (err.code === 'ECHUNK') {
+        // The sender's verdict on this lane's bad chunk (its file may have changed, §7.2).
+        await reportError(c, err);
+        err = await senderVerdict(c, err);
+      }
+      this.laneFailure ??= err;
+      this.failLanes(this.laneFailure);
+    });
+    this.laneWork.push(w);
+  }
+
+  /** One large file's conversation on connection `c`, after its FILE_BEGIN. */
+  private async receiveLarge(plan: Plan, c: FramedConnection, payload: Buffer): Promise<void> {
+    const begin = decodeFileBegin(payload);
+    const lt = plan.large.get(begin.action);
+    if (!lt || plan.done.has(begin.action)) throw protocolError(`FILE_BEGIN for action ${begin.action}, which is not an outstanding large transfer`);
+    plan.done.add(begin.action);
+    const rel = showTreePath(lt.path);
+    if (begin.status === FileBeginStatus.VANISHED) {
+      this.vanished.push(`${rel} vanished or changed on the sender`);
+      return;
     }
-    if (scratch) await fs.rm(scratch, { recursive: true, force: true });
+    if (begin.status === FileBeginStatus.UNREADABLE) {
+      this.errors.push(`${rel}: the sender could not read it`);
+      return;
+    }
+    const r = await receiveFileContent(c, this.contentOptions(plan, c, lt)).catch((e: unknown) => this.streamFailure(c, e, rel));
+    if (r.refused) {
+      this.errors.push(`cannot write ${rel}: ${r.refused}`);
+      return;
+    }
+    plan.tree.claimRoot(lt.action, r.root);
+    this.written++;
+    this.literal += r.literalBytes;
+    this.matched += r.matchedBytes;
+    this.progressNow(this.literal + this.matched);
+  }
+
+  /** How a large file is received: beneath the root handle, against its old version when the
+   * plan says delta, with what the peer's capabilities allow. */
+  private contentOptions(plan: Plan, c: FramedConnection, lt: LargeTransferInfo): Parameters<typeof receiveFileContent>[1] {
+    const { o } = this;
+    const caps = o.negotiated.capabilities;
+    const abs = joinTreePath(plan.root, lt.path);
+    const basis = lt.delta ? [abs] : [];
+    const locals = basis.length ? c.keepAlive(hashWithin(this.hashing, () => scanFile(abs, { stateDir: o.stateDir, ignoreIndex: this.checksum }))).then((r) => [r]) : Promise.resolve([]);
+    locals.catch(() => undefined);
+    return {
+      // Resolved beneath the root handle in the core: a link planted on the way (even one the
+      // walk never saw) fails this file; nothing is written through it.
+      target: lt.path,
+      beneath: plan.root,
+      size: BigInt(lt.size),
+      mtimeNs: lt.mtimeNs,
+      mode: lt.mode,
+      localPaths: basis,
+      locals,
+      targetReusable: lt.delta,
+      stateDir: o.stateDir,
+      events: o.events,
+      beforeCommit: () => plan.tree.clearFor(lt.action),
+      refusable: true,
+      refine: o.refine !== false && Boolean(caps & Capability.REFINE),
+      sparse: Boolean(caps & Capability.SPARSE),
+      commitRefusal: Boolean(caps & Capability.COMMIT_REFUSAL),
+      inplace: o.inplace,
+      stream: Boolean(caps & Capability.STREAM),
+      fsync: o.fsync,
+      backup: o.backup,
+      partialDir: o.partialDir,
+    };
+  }
+
+  /** On a multiplexed stream, a file that changed on the sender fails alone: the sender says
+   * so in an ERROR on that stream (exit 24), or answers our report of a chunk that failed its
+   * hash with it (§7.2). The stream is spent (StreamSpent); the session goes on. Anything
+   * else, or on a lane or the main connection, fails the session. */
+  private async streamFailure(c: FramedConnection, e: unknown, rel: string): Promise<never> {
+    if (!this.streams.includes(c) || !(e instanceof FfsyncError)) throw e;
+    let err = e;
+    if (err.code === 'ECHUNK') {
+      await reportError(c, err);
+      err = await senderVerdict(c, err);
+    }
+    if (err.exitCode !== ExitCode.VANISHED || err.origin !== 'peer') throw err;
+    this.vanished.push(`${rel} changed or vanished on the sender during the sync`);
+    throw new StreamSpent();
+  }
+
+  /** Conversations still running on lanes and streams end with the session's error (not as
+   * "peer closed", which would keep their partial files for a resume that a protocol error
+   * does not deserve), and their clean-up finishes before the session's error is thrown. */
+  private async abandon(e: unknown): Promise<void> {
+    const why = e instanceof Error ? e : new Error(String(e));
+    for (const c of [...this.streams, ...this.lanes]) c.failWith(why);
+    await Promise.race([Promise.allSettled(this.laneWork), new Promise((r) => setTimeout(r, SETTLE_MS).unref())]);
   }
 }
 

@@ -118,32 +118,7 @@ export function startWalk(root: string, o: SendOptions, stateDir: string): Promi
 export async function sendTree(conn: FramedConnection, o: Context): Promise<void> {
   const t = o.tree ?? {};
   const lanesWanted = t.dryRun ? 1 : Math.max(1, Math.min(MAX_LANES, t.parallel ?? (o.quic ? QUIC_LANES : 1)));
-  const flags =
-    (o.checksum ? OfferFlag.CHECKSUM : 0) | (t.noDelete ? OfferFlag.NO_DELETE : 0) | (t.dryRun ? OfferFlag.DRY_RUN : 0) | (lanesWanted > 1 ? OfferFlag.PARALLEL : 0) |
-    (o.update ? OfferFlag.UPDATE : 0) |
-    (o.wholeFile ? OfferFlag.WHOLE_FILE : 0) |
-    (t.oneFileSystem ? OfferFlag.ONE_FILE_SYSTEM : 0);
-  const size = lanesWanted > 1 ? BigInt(lanesWanted) : 0n;
-  await conn.send(FrameType.OFFER, encodeOffer({ kind: OfferKind.TREE, size, mtimeNs: o.st.mtimeNs, mode: Number(o.st.mode & 0o7777n), flags }));
-  // --delete-excluded: the receiver walks without our excludes, so what they hide on its
-  // side is not on our list and goes as extraneous (our own walk still leaves it out).
-  // Rules from per-directory merge files are known once the walk has read them.
-  const merged = t.dirMerge?.length && !t.deleteExcluded ? (await conn.keepAlive(o.walking)).mergedRules() : [];
-  const wire = t.deleteExcluded ? [] : [...(t.wireExcludes ?? t.excludes ?? []), ...merged];
-  if (merged.length) validateExcludes(wire);
-  await conn.send(FrameType.FILTER, encodeFilter(wire));
-  const attrs = t.dryRun ? 0 : (t.attrs ?? 0);
-  const options: TreeOptions = { maxSize: t.maxSize, minSize: t.minSize, attrs, omitTimes: t.omit?.times, omitPerms: t.omit?.perms, ...t.choices };
-  if (hasTriageChoices(options) && !(o.negotiated.capabilities & Capability.TRIAGE_CHOICES)) {
-    throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${o.negotiated.peerSoftware}) does not support --size-only / --ignore-existing / --existing: upgrade it`);
-  }
-  if ((options.omitTimes || options.omitPerms) && !(o.negotiated.capabilities & Capability.OMIT_ATTRS)) {
-    throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${o.negotiated.peerSoftware}) always keeps times and permissions: give -t and -p (or -a), or upgrade it`);
-  }
-  if (o.negotiated.capabilities & Capability.SIZE_LIMITS) await conn.send(FrameType.TREE_OPTIONS, encodeTreeOptions(options));
-  else if (options.maxSize !== undefined || options.minSize !== undefined || attrs) {
-    throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${o.negotiated.peerSoftware}) does not support --max-size / --min-size / -o / -g / -X`);
-  }
+  const options = await offerTree(conn, o, lanesWanted);
   const tree = await conn.keepAlive(o.walking);
   const stats = tree.stats();
   for (const p of stats.problems) o.events?.info?.(`warning: ${p}`);
@@ -160,99 +135,171 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
     await conn.send(FrameType.TREE_END, encodeTreeEnd({ smallFiles: 0, largeFiles: 0, senderProblems: stats.problems.length }));
   } else {
     if (t.verbose || t.listing?.itemize) for (const line of listing()) reportChange(o.events, line, false);
-    const level = o.negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
-    // Version 2: large files' conversations run many at once on multiplexed streams, beside
-    // the small-file batches; version 1: small files first, then one large file at a time
-    // per connection.
-    const multiplexed = o.negotiated.version >= 2;
-    // One --bwlimit for the session, however many files send at once.
-    const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : undefined;
-    // One governor for the session: what it learned about the link carries over to each file.
-    const link = deliveryMeter(conn, o.negotiated);
-    const gov = new LevelGovernor(level, o.compressLevel === undefined, startLevel(level, o.handshakeMs), { link });
-    const smallSent = multiplexed ? sendSmallFiles(conn, tree, gov, o, limiter) : Promise.resolve(await sendSmallFiles(conn, tree, gov, o, limiter));
-    smallSent.catch(() => undefined);
-    const large = tree.largeTransfers();
-    const problems = { n: stats.problems.length + counts.skipped };
-    const queue = [...large];
-    let started = 0;
-    const turns = multiplexed ? new DataTurns(DATA_BUFFERS) : undefined;
-    // The turns bound how many buffers are in use at once; these are recycled across files.
-    const buffers = new BufferPool(BATCH_BUFFER, multiplexed ? DATA_BUFFERS : SEND_BUFFERS * Math.max(1, lanes?.granted ?? 1));
-    const hashing = new WorkLimit(HASHING_AT_ONCE);
-    const worker = async (c: FramedConnection) => {
-      for (let lt = queue.shift(); lt; lt = queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter, buffers })).rest;
-    };
-    // Lanes only pay off with more than one large file to spread.
-    const extra = lanes && o.dialLane ? Math.min(lanes.granted, large.length) - 1 : 0;
-    const laneConns: FramedConnection[] = [];
-    try {
-      for (let i = 0; i < extra; i++) {
-        const lane = await openLane({ dial: o.dialLane!, label: `${o.host}:${o.port}`, peerFingerprint: o.summary.peerFingerprint, token: lanes!.token, timeoutMs: o.timeoutMs ?? 60_000 });
-        laneConns.push(lane);
-        link?.add(lane);
-      }
-      o.summary.tree!.lanes = 1 + laneConns.length;
-      if (multiplexed) {
-        // Streams are spread over the connections (lanes add bandwidth; the window of
-        // streams is what hides the round trips).
-        const physical = [conn, ...laneConns];
-        const muxes = physical.map((p) => new Multiplexer(p, { opener: true }));
-        // Files are taken in plan order, each with its DATA turn; a file put back (its
-        // stream was spent under it before it read anything) goes first, turn and all.
-        const again: { lt: LargeTransferInfo; turn: DataTurn }[] = [];
-        const take = () => {
-          if (again.length) return again.shift();
-          const lt = queue.shift();
-          return lt && { lt, turn: turns!.turn(started++) };
-        };
-        const run = async (mux: Multiplexer) => {
-          let c = mux.open();
-          // The previous file on this stream: its RESULT is still to come (pipelined).
-          let prior: Promise<boolean> = Promise.resolve(false);
-          try {
-            for (let item = take(); item; item = take()) {
-              try {
-                prior = (await sendLarge(c, tree, item.lt, gov, problems, o, { limiter, turn: item.turn, stream: true, prior, hashing, buffers })).rest;
-              } catch (e) {
-                if (!(e instanceof PriorFailed)) throw e;
-                if (e.fatal) throw e.cause;
-                // The previous file's conversation ended with an ERROR on its stream (it
-                // changed on our side): the stream is spent, this file goes again on a fresh one.
-                again.unshift(item);
-                c.destroy();
-                c = mux.open();
-                prior = Promise.resolve(false);
-              }
-            }
-            if (await prior) {
-              c.destroy(); // spent by the last file: the receiver dropped its side
-              return;
-            }
-            await c.send(FrameType.LANE_END);
-            await c.close();
-          } catch (e) {
-            c.destroy();
-            throw e;
-          }
-        };
-        const streams = Array.from({ length: Math.min(MUX_WINDOW, large.length) }, (_, i) => run(muxes[i % muxes.length]));
-        await conn.keepAlive(Promise.all([smallSent, ...streams]));
-      } else {
-        // The first connection works too, and keeps the session alive while lanes finish.
-        await conn.keepAlive(Promise.all([worker(conn), ...laneConns.map(worker)]));
-      }
-      for (const l of laneConns) await l.send(FrameType.LANE_END);
-    } finally {
-      for (const l of laneConns) {
-        countLaneBytes(o.summary, l);
-        await l.close();
-      }
-    }
-    // Owners, groups, xattrs: after every file, so the receiver applies them to the result.
-    if (attrs) await sendParts(conn, FrameType.TREE_ATTRS, await call(tree.collectAttrs(attrs)));
-    await conn.send(FrameType.TREE_END, encodeTreeEnd({ smallFiles: await smallSent, largeFiles: large.length, senderProblems: problems.n }));
+    await sendFiles(conn, o, { tree, lanes, attrs: options.attrs, problems: { n: stats.problems.length + counts.skipped } });
   }
+  await settleTreeResult(conn, o, tree, counts);
+}
+
+/** OFFER, FILTER and TREE_OPTIONS: what the receiver needs to walk its side and triage as we
+ * do. Options this receiver cannot honour fail here, before anything moves (exit 2). */
+async function offerTree(conn: FramedConnection, o: Context, lanesWanted: number): Promise<TreeOptions> {
+  const t = o.tree ?? {};
+  const flags =
+    (o.checksum ? OfferFlag.CHECKSUM : 0) | (t.noDelete ? OfferFlag.NO_DELETE : 0) | (t.dryRun ? OfferFlag.DRY_RUN : 0) | (lanesWanted > 1 ? OfferFlag.PARALLEL : 0) |
+    (o.update ? OfferFlag.UPDATE : 0) |
+    (o.wholeFile ? OfferFlag.WHOLE_FILE : 0) |
+    (t.oneFileSystem ? OfferFlag.ONE_FILE_SYSTEM : 0);
+  const size = lanesWanted > 1 ? BigInt(lanesWanted) : 0n;
+  await conn.send(FrameType.OFFER, encodeOffer({ kind: OfferKind.TREE, size, mtimeNs: o.st.mtimeNs, mode: Number(o.st.mode & 0o7777n), flags }));
+  // --delete-excluded: the receiver walks without our excludes, so what they hide on its
+  // side is not on our list and goes as extraneous (our own walk still leaves it out).
+  // Rules from per-directory merge files are known once the walk has read them.
+  const merged = t.dirMerge?.length && !t.deleteExcluded ? (await conn.keepAlive(o.walking)).mergedRules() : [];
+  const wire = t.deleteExcluded ? [] : [...(t.wireExcludes ?? t.excludes ?? []), ...merged];
+  if (merged.length) validateExcludes(wire);
+  await conn.send(FrameType.FILTER, encodeFilter(wire));
+  const attrs = t.dryRun ? 0 : (t.attrs ?? 0);
+  const options: TreeOptions = { maxSize: t.maxSize, minSize: t.minSize, attrs, omitTimes: t.omit?.times, omitPerms: t.omit?.perms, ...t.choices };
+  const peer = o.negotiated.peerSoftware;
+  if (hasTriageChoices(options) && !(o.negotiated.capabilities & Capability.TRIAGE_CHOICES)) {
+    throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) does not support --size-only / --ignore-existing / --existing: upgrade it`);
+  }
+  if ((options.omitTimes || options.omitPerms) && !(o.negotiated.capabilities & Capability.OMIT_ATTRS)) {
+    throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) always keeps times and permissions: give -t and -p (or -a), or upgrade it`);
+  }
+  if (o.negotiated.capabilities & Capability.SIZE_LIMITS) await conn.send(FrameType.TREE_OPTIONS, encodeTreeOptions(options));
+  else if (options.maxSize !== undefined || options.minSize !== undefined || attrs) {
+    throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) does not support --max-size / --min-size / -o / -g / -X`);
+  }
+  return options;
+}
+
+/** What sending the files of a triaged tree shares. */
+interface TreeSending {
+  tree: NativeTreeSync;
+  /** The receiver's LANES grant, when we asked for lanes. */
+  lanes: ReturnType<typeof decodeLanes> | undefined;
+  attrs: number;
+  /** Source paths that could not be read, counted into TREE_END as files fail. */
+  problems: { n: number };
+}
+
+/** Small files in batches and large files in conversations, on lanes when granted; then the
+ * attribute table and TREE_END. */
+async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Promise<void> {
+  const { tree, lanes, problems } = s;
+  const level = o.negotiated.capabilities & Capability.ZSTD ? (o.compressLevel ?? 1) : 0;
+  // Version 2: large files' conversations run many at once on multiplexed streams, beside
+  // the small-file batches; version 1: small files first, then one large file at a time
+  // per connection.
+  const multiplexed = o.negotiated.version >= 2;
+  // One --bwlimit for the session, however many files send at once.
+  const limiter = o.bwlimitKiBps ? rateLimiter(o.bwlimitKiBps * 1024) : undefined;
+  // One governor for the session: what it learned about the link carries over to each file.
+  const link = deliveryMeter(conn, o.negotiated);
+  const gov = new LevelGovernor(level, o.compressLevel === undefined, startLevel(level, o.handshakeMs), { link });
+  const smallSent = multiplexed ? sendSmallFiles(conn, tree, gov, o, limiter) : Promise.resolve(await sendSmallFiles(conn, tree, gov, o, limiter));
+  smallSent.catch(() => undefined);
+  const large = tree.largeTransfers();
+  // The turns bound how many buffers are in use at once; these are recycled across files.
+  const buffers = new BufferPool(BATCH_BUFFER, multiplexed ? DATA_BUFFERS : SEND_BUFFERS * Math.max(1, lanes?.granted ?? 1));
+  const shared: LargeSending = { tree, gov, problems, o, queue: [...large], limiter, buffers };
+  // Lanes only pay off with more than one large file to spread.
+  const extra = lanes && o.dialLane ? Math.min(lanes.granted, large.length) - 1 : 0;
+  const laneConns: FramedConnection[] = [];
+  try {
+    for (let i = 0; i < extra; i++) {
+      const lane = await openLane({ dial: o.dialLane!, label: `${o.host}:${o.port}`, peerFingerprint: o.summary.peerFingerprint, token: lanes!.token, timeoutMs: o.timeoutMs ?? 60_000 });
+      laneConns.push(lane);
+      link?.add(lane);
+    }
+    o.summary.tree!.lanes = 1 + laneConns.length;
+    if (multiplexed) {
+      await conn.keepAlive(Promise.all([smallSent, ...sendOnStreams([conn, ...laneConns], shared)]));
+    } else {
+      const worker = async (c: FramedConnection) => {
+        for (let lt = shared.queue.shift(); lt; lt = shared.queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter, buffers })).rest;
+      };
+      // The first connection works too, and keeps the session alive while lanes finish.
+      await conn.keepAlive(Promise.all([worker(conn), ...laneConns.map(worker)]));
+    }
+    for (const l of laneConns) await l.send(FrameType.LANE_END);
+  } finally {
+    for (const l of laneConns) {
+      countLaneBytes(o.summary, l);
+      await l.close();
+    }
+  }
+  // Owners, groups, xattrs: after every file, so the receiver applies them to the result.
+  if (s.attrs) await sendParts(conn, FrameType.TREE_ATTRS, await call(tree.collectAttrs(s.attrs)));
+  await conn.send(FrameType.TREE_END, encodeTreeEnd({ smallFiles: await smallSent, largeFiles: large.length, senderProblems: problems.n }));
+}
+
+/** What every large file's conversation in a session shares. */
+interface LargeSending {
+  tree: NativeTreeSync;
+  gov: LevelGovernor;
+  problems: { n: number };
+  o: Context;
+  /** Large files not yet started, in plan order. */
+  queue: LargeTransferInfo[];
+  limiter: ((n: number) => Promise<void>) | undefined;
+  buffers: BufferPool;
+}
+
+/** Version 2: large files on up to MUX_WINDOW streams spread over the connections (lanes add
+ * bandwidth; the window of streams is what hides the round trips). Each stream pipelines its
+ * files: the next starts while the previous waits for its RESULT. */
+function sendOnStreams(physical: FramedConnection[], s: LargeSending): Promise<void>[] {
+  const muxes = physical.map((p) => new Multiplexer(p, { opener: true }));
+  const turns = new DataTurns(DATA_BUFFERS);
+  const hashing = new WorkLimit(HASHING_AT_ONCE);
+  let started = 0;
+  // Files are taken in plan order, each with its DATA turn; a file put back (its stream was
+  // spent under it before it read anything) goes first, turn and all.
+  const again: { lt: LargeTransferInfo; turn: DataTurn }[] = [];
+  const take = () => {
+    if (again.length) return again.shift();
+    const lt = s.queue.shift();
+    return lt && { lt, turn: turns.turn(started++) };
+  };
+  const run = async (mux: Multiplexer) => {
+    let c = mux.open();
+    // The previous file on this stream: its RESULT is still to come (pipelined).
+    let prior: Promise<boolean> = Promise.resolve(false);
+    try {
+      for (let item = take(); item; item = take()) {
+        try {
+          prior = (await sendLarge(c, s.tree, item.lt, s.gov, s.problems, s.o, { limiter: s.limiter, turn: item.turn, stream: true, prior, hashing, buffers: s.buffers })).rest;
+        } catch (e) {
+          if (!(e instanceof PriorFailed)) throw e;
+          if (e.fatal) throw e.cause;
+          // The previous file's conversation ended with an ERROR on its stream (it changed
+          // on our side): the stream is spent, this file goes again on a fresh one.
+          again.unshift(item);
+          c.destroy();
+          c = mux.open();
+          prior = Promise.resolve(false);
+        }
+      }
+      if (await prior) {
+        c.destroy(); // spent by the last file: the receiver dropped its side
+        return;
+      }
+      await c.send(FrameType.LANE_END);
+      await c.close();
+    } catch (e) {
+      c.destroy();
+      throw e;
+    }
+  };
+  return Array.from({ length: Math.min(MUX_WINDOW, s.queue.length) }, (_, i) => run(muxes[i % muxes.length]!));
+}
+
+/** The receiver's TREE_RESULT: the summary's counts, the session's exit code, and
+ * --remove-source-files once the receiver has everything. */
+async function settleTreeResult(conn: FramedConnection, o: Context, tree: NativeTreeSync, counts: ReturnType<NativeTreeSync['triage']>): Promise<void> {
+  const t = o.tree ?? {};
   const result = decodeTreeResult((await expect(conn, FrameType.TREE_RESULT)).payload);
   await call(tree.finishSender());
   const s = o.summary.tree!;
@@ -315,45 +362,22 @@ async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: Larg
   // -L: the walk listed what the link points to; that is what is checked and read.
   const statOf = (p: string | Buffer) => (o.tree?.copyLinks ? fs.stat(p, { bigint: true }) : fs.lstat(p, { bigint: true }));
   const st = await statOf(abs).catch(() => undefined);
-  if (!st?.isFile() || st.size !== BigInt(lt.size) || st.mtimeNs !== lt.mtimeNs) {
+  const unsendable = await whyUnsendable(abs, lt, st);
+  if (!st || unsendable !== undefined) {
     // (Not before the previous file on the stream ended: a spent stream would lose it.)
     await afterPrior(lo.prior);
-    o.events?.info?.(`warning: ${showTreePath(lt.path)} vanished or changed before it was sent`);
-    await c.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.VANISHED));
+    const status = unsendable ?? FileBeginStatus.VANISHED;
+    if (status === FileBeginStatus.UNREADABLE) problems.n++;
+    const shown = showTreePath(lt.path);
+    o.events?.info?.(status === FileBeginStatus.UNREADABLE ? `warning: cannot read ${shown} (permission denied); skipped` : `warning: ${shown} vanished or changed before it was sent`);
+    await c.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, status));
     return { rest: Promise.resolve(false) };
   }
-  const readable = await fs.access(abs, fs.constants.R_OK).then(
-    () => true,
-    () => false,
-  );
-  if (!readable) {
-    await afterPrior(lo.prior);
-    problems.n++;
-    o.events?.info?.(`warning: cannot read ${showTreePath(lt.path)} (permission denied); skipped`);
-    await c.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.UNREADABLE));
-    return { rest: Promise.resolve(false) };
-  }
-  // The file failed alone (true), after a chunk the receiver rejected because the file
-  // changed after it was hashed, or a change we saw ourselves on a stream; else rethrown.
-  const failedAlone = async (e: unknown): Promise<boolean> => {
-    const err = e as FfsyncError;
-    let changed: FfsyncError | undefined;
-    if (err.code === 'ECHUNK' && identityChanged(await statOf(abs).catch(() => undefined), st)) {
-      changed = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${showTreePath(lt.path)} changed during the sync; rerun to send the new version`, { cause: e });
-    } else if (lo.stream && err.code === 'EVANISHED' && err.origin !== 'peer') changed = err;
-    if (!changed) throw e;
-    // Say so on the connection that carried the file (exit 24, "rerun"): the receiver waits
-    // there for this verdict (a lane's too; the session's own report on the first
-    // connection follows, once). On a stream, that file alone fails: the receiver reports
-    // it as vanished and the session goes on.
-    await reportError(c, changed);
-    if (!lo.stream) throw changed;
-    o.events?.info?.(`warning: ${changed.message}`);
-    return true;
-  };
+  const failed: FailedFile = { c, lt, o, stream: lo.stream, stillAsScanned: async () => !identityChanged(await statOf(abs).catch(() => undefined), st) };
   await c.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.SENDING));
   let r: ContentResult;
   try {
+    const caps = o.negotiated.capabilities;
     r = await sendFileContent(c, {
       path: abs,
       st,
@@ -362,14 +386,14 @@ async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: Larg
       checksum: o.checksum,
       level: gov.level,
       governor: gov,
-      batchStream: Boolean(o.negotiated.capabilities & Capability.BATCH_STREAM),
+      batchStream: Boolean(caps & Capability.BATCH_STREAM),
       bwlimitKiBps: o.bwlimitKiBps,
       events: o.events,
       label: showTreePath(lt.path),
-      refine: Boolean(o.negotiated.capabilities & Capability.REFINE),
-      sparse: Boolean(o.negotiated.capabilities & Capability.SPARSE),
-      commitRefusal: Boolean(o.negotiated.capabilities & Capability.COMMIT_REFUSAL),
-      stream: Boolean(o.negotiated.capabilities & Capability.STREAM),
+      refine: Boolean(caps & Capability.REFINE),
+      sparse: Boolean(caps & Capability.SPARSE),
+      commitRefusal: Boolean(caps & Capability.COMMIT_REFUSAL),
+      stream: Boolean(caps & Capability.STREAM),
       overlap: o.overlap,
       dataTurn: lo.turn,
       buffers: lo.buffers,
@@ -380,16 +404,56 @@ async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: Larg
     });
   } catch (e) {
     if (e instanceof PriorFailed) throw e;
-    return { rest: Promise.resolve(await failedAlone(e)) };
+    return { rest: Promise.resolve(await failedAlone(e, failed)) };
   }
   const ended = async (res: ContentResult): Promise<boolean> => {
     if (res.refused) return false; // the receiver reports it (TREE_RESULT)
-    if (!identityChanged(await statOf(abs).catch(() => undefined), st)) tree.claimRoot(lt.action, res.root);
+    if (await failed.stillAsScanned()) tree.claimRoot(lt.action, res.root);
     return false;
   };
-  const rest = (r.settled ?? Promise.resolve(r)).then(ended, failedAlone);
+  const rest = (r.settled ?? Promise.resolve(r)).then(ended, (e: unknown) => failedAlone(e, failed));
   rest.catch(() => undefined); // the caller handles it (the next file on the stream waits for it)
   return { rest };
+}
+
+/** Why a large file cannot be sent as the plan has it: it is gone or no longer the walk's
+ * version (VANISHED), or we may not read it (UNREADABLE); undefined: it can be sent. */
+async function whyUnsendable(abs: string | Buffer, lt: LargeTransferInfo, st: BigIntStats | undefined): Promise<(typeof FileBeginStatus)['VANISHED' | 'UNREADABLE'] | undefined> {
+  if (!st?.isFile() || st.size !== BigInt(lt.size) || st.mtimeNs !== lt.mtimeNs) return FileBeginStatus.VANISHED;
+  const readable = await fs.access(abs, fs.constants.R_OK).then(
+    () => true,
+    () => false,
+  );
+  return readable ? undefined : FileBeginStatus.UNREADABLE;
+}
+
+/** A large file whose conversation failed, and what failedAlone needs to judge it. */
+interface FailedFile {
+  c: FramedConnection;
+  lt: LargeTransferInfo;
+  o: Context;
+  stream?: boolean;
+  /** The source is still the version that was hashed. */
+  stillAsScanned: () => Promise<boolean>;
+}
+
+/** The file failed alone (true), after a chunk the receiver rejected because the file changed
+ * after it was hashed, or a change we saw ourselves on a stream; anything else is rethrown. */
+async function failedAlone(e: unknown, f: FailedFile): Promise<boolean> {
+  const err = e as FfsyncError;
+  let changed: FfsyncError | undefined;
+  if (err.code === 'ECHUNK' && !(await f.stillAsScanned())) {
+    changed = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${showTreePath(f.lt.path)} changed during the sync; rerun to send the new version`, { cause: e });
+  } else if (f.stream && err.code === 'EVANISHED' && err.origin !== 'peer') changed = err;
+  if (!changed) throw e;
+  // Say so on the connection that carried the file (exit 24, "rerun"): the receiver waits
+  // there for this verdict (a lane's too; the session's own report on the first connection
+  // follows, once). On a stream, that file alone fails: the receiver reports it as vanished
+  // and the session goes on.
+  await reportError(f.c, changed);
+  if (!f.stream) throw changed;
+  f.o.events?.info?.(`warning: ${changed.message}`);
+  return true;
 }
 
 /** Stream every small file in FILE_BATCH frames: the next batch is read (in parallel,

@@ -120,6 +120,10 @@ export class FramePool extends BufferPool {
 
 const processFramePool = new FramePool(FRAME_POOL_BUFFER, FRAME_POOL_KEPT);
 
+/** A decoder collected without dispose() (its stream never closed) still leaves its pool:
+ * otherwise the pool would count a user forever and keep its idle buffers for good. */
+const leaveOnCollect = new FinalizationRegistry<FramePool>((pool) => pool.leave());
+
 /**
  * Incremental decoder: feed it bytes as they arrive, take out whole frames. Throws a
  * protocol error (exit 12) on an oversized or zero length or an unknown frame type.
@@ -179,6 +183,7 @@ export class FrameDecoder {
     this.tailEnd = 0;
     if (this.pooling) {
       this.pooling = false;
+      leaveOnCollect.unregister(this);
       this.framePool.leave();
     }
   }
@@ -188,6 +193,7 @@ export class FrameDecoder {
     if (!this.pooling) {
       this.pooling = true;
       this.framePool.join();
+      leaveOnCollect.register(this, this.framePool, this);
     }
     return this.framePool.take(n);
   }

@@ -42,7 +42,9 @@ export function garbageRelief(): { runs: number; pending: number } {
 export function relieveGarbage(bytes: number): void {
   since += bytes;
   if (since < RELIEF_STEP) return;
-  since = 0;
+  // The read that crossed the step carries its excess into the next one, so the steps fall
+  // every RELIEF_STEP bytes however the reads are cut.
+  since %= RELIEF_STEP;
   minors++;
   if (gc === null) gc = load();
   gc?.({ type: 'minor' });
