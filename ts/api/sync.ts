@@ -8,6 +8,7 @@
 
 /* eslint-disable @typescript-eslint/no-require-imports -- lazy loads, see below */
 import type { ChildProcess } from 'node:child_process';
+import type { BigIntStats } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { Duplex } from 'node:stream';
@@ -303,7 +304,33 @@ function localLanes(): { listener: Listener; dial: () => Promise<Duplex> } {
 /** Large-file lanes of a local tree sync unless --jobs says otherwise. */
 export const LOCAL_LANES = 4;
 
-export async function sync(o: SyncOptions): Promise<SyncSummary> {
+/** What every direction of a sync starts from: both locations parsed, the options checked and
+ * completed, the receiving side's settings and the engine's options derived from them. */
+interface SyncContext {
+  o: SyncOptions;
+  src: Location;
+  dest: Location;
+  receiverSide: ReturnType<typeof receivingOptions>;
+  stateDir: string;
+  eng: ReturnType<typeof engineOptions>;
+  t0: number;
+}
+
+export async function sync(options: SyncOptions): Promise<SyncSummary> {
+  const c = syncContext(options);
+  const { o, src, dest } = c;
+  if (src.host) return pull(c);
+  const st = await statSource(src.path);
+  if (st.isDirectory() && !o.recursive) throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, `${src.path} is a directory: use -r or -a`);
+  if (o.filesFrom && !st.isDirectory()) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `--files-from needs SRC to be a directory (${src.path} is a file)`);
+  const srcName = baseName(src.path);
+  const kind = st.isDirectory() ? 'tree' : 'file';
+  if (kind === 'file' && treeOnly(o)) throw treeOnly(o);
+  return dest.host ? push(c, st, srcName) : syncLocally(c, st, srcName, kind);
+}
+
+function syncContext(options: SyncOptions): SyncContext {
+  let o = options;
   const src = parseLocation(o.src);
   if (o.filesFrom) {
     // rsync: the listed paths are relative to SRC and land under DEST as listed (SRC's own
@@ -324,113 +351,89 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
   if (o.jobs && (src.host || dest.host) && !o.quic) {
     throw new FfsyncError('EUSAGE', ExitCode.USAGE, '--jobs over ssh needs --quic: one ssh channel carries one conversation at a time');
   }
+  return { o, src, dest, receiverSide, stateDir, eng, t0 };
+}
 
-  if (!src.host) {
-    const st = await statSource(src.path);
-    if (st.isDirectory() && !o.recursive) throw new FfsyncError('EISDIR', ExitCode.FILE_SELECTION, `${src.path} is a directory: use -r or -a`);
-    if (o.filesFrom && !st.isDirectory()) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `--files-from needs SRC to be a directory (${src.path} is a file)`);
-    const srcName = baseName(src.path);
-    const kind = st.isDirectory() ? 'tree' : 'file';
-    if (kind === 'file' && treeOnly(o)) throw treeOnly(o);
-    if (!dest.host) {
-      if (o.quic) throw new FfsyncError('EUSAGE', ExitCode.USAGE, '--quic needs a remote side ([user@]host:path); a local sync uses no network');
-      // Local to local: both peers here, over a pipe.
-      const destExisted = await exists(dest.path);
-      const rootExisted = src.slash ? destExisted : destExisted && (await exists(path.join(dest.path, srcName)));
-      const target = await syncTarget(dest.path, dest.slash, srcName, kind, src.slash, o.dryRun, o.mkpath);
-      if (path.resolve(src.path) === target) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `SRC and DEST are the same path (${target})`);
-      const [a, b] = pipePair();
-      const recvConn = new FramedConnection(b, eng.timeoutMs!);
-      const sendConn = new FramedConnection(a, eng.timeoutMs!);
-      const lanes = localLanes();
-      const sending = { ...eng, compressLevel: 0, overlap: false, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES, listing: listingOf(o, src, dest, false, destExisted, rootExisted) }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
-      const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, ...receiverSide.tree }, backup: receiverSide.backup, partialDir: receiverSide.partialDir, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync };
-      // Both trees are walked from the start, neither waiting on the handshake or the other
-      // side's frames. The receiver's early walk has no exclude rules, so it is started only
-      // when the sender has none either (and no -x): then it is the walk the session makes.
-      const walking = kind === 'tree' ? startWalk(path.resolve(src.path), sending, stateDir) : undefined;
-      walking?.catch(() => undefined);
-      const targetIsDir = kind === 'tree' && (await fs.stat(target).then((s) => s.isDirectory(), () => false));
-      const prewalk = targetIsDir && !o.excludes?.length && !o.wireExcludes?.length && !o.dirMerge?.length && !o.oneFileSystem ? startPrewalk(target, receiverOptions, stateDir) : undefined;
-      const receiving = runReceiver(recvConn, { ...receiverOptions, prewalk });
-      receiving.catch(() => undefined);
-      try {
-        // Nothing crosses a wire: compressing would only burn CPU.
-        // No overlapped phases: both peers share this process's cores, where hashing on one
-        // side and writing on the other only compete (bench/RESULTS.md, "Overlapped phases").
-        return await runSender(sendConn, { ...sending, walking });
-      } finally {
-        await receiving.catch(() => undefined);
-      }
-    }
-    // Push: the remote side receives.
-    const remote = startRemote(
-      o,
-      dest.host,
-      serverArgs({
-        role: 'receiver',
-        path: dest.path,
-        name: srcName,
-        srcSlash: src.slash,
-        destSlash: dest.slash,
-        mkpath: o.mkpath,
-        checksum: o.checksum,
-        dryRun: o.dryRun,
-        quic: o.quic,
-        inplace: o.inplace,
-        fsync: o.fsync,
-        maxDelete: o.maxDelete,
-        chown: o.chown,
-        backup: receiverSide.backup !== undefined,
-        suffix: receiverSide.backup?.suffix,
-        backupDir: receiverSide.backup?.dir,
-        partialDir: receiverSide.partialDir,
-        maxSize: o.maxSize,
-        minSize: o.minSize,
-      }),
-    );
-    if (o.quic) {
-      return remote.run((conn) =>
-        quicOverSsh(conn, dest.host!, o, stateDir, (session, peer) =>
-          overQuic(session, 'open', eng.timeoutMs!, (qconn, stream) =>
-            runSender(qconn, { ...eng, tree: { ...eng.tree, listing: listingOf(o, src, dest, true) }, quic: true, path: src.path, host: dest.host!, port: 0, stateDir, st, t0, secure: stream, expectFingerprint: peer, dialLane: () => session.openStream() }),
-          ),
-        ),
-      );
-    }
-    return remote.run((conn) => runSender(conn, { ...eng, tree: { ...eng.tree, listing: listingOf(o, src, dest, true) }, path: src.path, host: dest.host!, port: 0, stateDir, st, t0 }));
-  }
-
-  // Pull: the remote side sends; we receive by rsync's placement rules.
-  const senderArgs = serverArgs({
-    role: 'sender',
-    path: src.path,
-    checksum: o.checksum,
-    dryRun: o.dryRun,
-    update: o.update,
-    wholeFile: o.wholeFile,
-    oneFileSystem: o.oneFileSystem,
-    compressLevel: o.compressLevel,
-    bwlimitKiBps: o.bwlimitKiBps || undefined,
-    excludes: o.excludes,
-    filesFrom: o.filesFrom,
-    filesFromRecursive: o.filesFrom ? o.filesFromRecursive : undefined,
-    rules: o.wireExcludes || o.dirMerge ? { wire: o.wireExcludes, dirMerge: o.dirMerge } : undefined,
-    deleteExcluded: o.deleteExcluded,
-    chmod: o.chmod,
-    pruneEmptyDirs: o.pruneEmptyDirs,
-    removeSourceFiles: o.removeSourceFiles,
-    copyLinks: o.copyLinks,
-    quic: o.quic,
-    jobs: o.jobs || undefined,
-    maxSize: o.maxSize,
-    minSize: o.minSize,
-    attrs: o.attrs || undefined,
-    omit: o.omit,
-    choices: o.choices,
-  });
+/** Local to local: both peers in this process, over a pipe. */
+async function syncLocally(c: SyncContext, st: BigIntStats, srcName: string, kind: 'file' | 'tree'): Promise<SyncSummary> {
+  const { o, src, dest, receiverSide, stateDir, eng, t0 } = c;
+  if (o.quic) throw new FfsyncError('EUSAGE', ExitCode.USAGE, '--quic needs a remote side ([user@]host:path); a local sync uses no network');
+  // Local to local: both peers here, over a pipe.
   const destExisted = await exists(dest.path);
-  const remote = startRemote(o, src.host, senderArgs);
+  const rootExisted = src.slash ? destExisted : destExisted && (await exists(path.join(dest.path, srcName)));
+  const target = await syncTarget(dest.path, dest.slash, srcName, kind, src.slash, o.dryRun, o.mkpath);
+  if (path.resolve(src.path) === target) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `SRC and DEST are the same path (${target})`);
+  const [a, b] = pipePair();
+  const recvConn = new FramedConnection(b, eng.timeoutMs!);
+  const sendConn = new FramedConnection(a, eng.timeoutMs!);
+  const lanes = localLanes();
+  const sending = { ...eng, compressLevel: 0, overlap: false, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES, listing: listingOf(o, src, dest, false, destExisted, rootExisted) }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
+  const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, ...receiverSide.tree }, backup: receiverSide.backup, partialDir: receiverSide.partialDir, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync };
+  // Both trees are walked from the start, neither waiting on the handshake or the other
+  // side's frames. The receiver's early walk has no exclude rules, so it is started only
+  // when the sender has none either (and no -x): then it is the walk the session makes.
+  const walking = kind === 'tree' ? startWalk(path.resolve(src.path), sending, stateDir) : undefined;
+  walking?.catch(() => undefined);
+  const targetIsDir = kind === 'tree' && (await fs.stat(target).then((s) => s.isDirectory(), () => false));
+  const prewalk = targetIsDir && !o.excludes?.length && !o.wireExcludes?.length && !o.dirMerge?.length && !o.oneFileSystem ? startPrewalk(target, receiverOptions, stateDir) : undefined;
+  const receiving = runReceiver(recvConn, { ...receiverOptions, prewalk });
+  receiving.catch(() => undefined);
+  try {
+    // Nothing crosses a wire: compressing would only burn CPU.
+    // No overlapped phases: both peers share this process's cores, where hashing on one
+    // side and writing on the other only compete (bench/RESULTS.md, "Overlapped phases").
+    return await runSender(sendConn, { ...sending, walking });
+  } finally {
+    await receiving.catch(() => undefined);
+  }
+}
+
+/** Push: the remote side receives. */
+function push(c: SyncContext, st: BigIntStats, srcName: string): Promise<SyncSummary> {
+  const { o, src, dest, receiverSide, stateDir, eng, t0 } = c;
+  const remote = startRemote(
+    o,
+    dest.host!,
+    serverArgs({
+      role: 'receiver',
+      path: dest.path,
+      name: srcName,
+      srcSlash: src.slash,
+      destSlash: dest.slash,
+      mkpath: o.mkpath,
+      checksum: o.checksum,
+      dryRun: o.dryRun,
+      quic: o.quic,
+      inplace: o.inplace,
+      fsync: o.fsync,
+      maxDelete: o.maxDelete,
+      chown: o.chown,
+      backup: receiverSide.backup !== undefined,
+      suffix: receiverSide.backup?.suffix,
+      backupDir: receiverSide.backup?.dir,
+      partialDir: receiverSide.partialDir,
+      maxSize: o.maxSize,
+      minSize: o.minSize,
+    }),
+  );
+  if (o.quic) {
+    return remote.run((conn) =>
+      quicOverSsh(conn, dest.host!, o, stateDir, (session, peer) =>
+        overQuic(session, 'open', eng.timeoutMs!, (qconn, stream) =>
+          runSender(qconn, { ...eng, tree: { ...eng.tree, listing: listingOf(o, src, dest, true) }, quic: true, path: src.path, host: dest.host!, port: 0, stateDir, st, t0, secure: stream, expectFingerprint: peer, dialLane: () => session.openStream() }),
+        ),
+      ),
+    );
+  }
+  return remote.run((conn) => runSender(conn, { ...eng, tree: { ...eng.tree, listing: listingOf(o, src, dest, true) }, path: src.path, host: dest.host!, port: 0, stateDir, st, t0 }));
+}
+
+/** Pull: the remote side sends; we receive by rsync's placement rules. */
+async function pull(c: SyncContext): Promise<SyncSummary> {
+  const { o, src, dest, receiverSide, stateDir, eng } = c;
+  const senderArgs = remoteSenderArgs(o, src.path);
+  const destExisted = await exists(dest.path);
+  const remote = startRemote(o, src.host!, senderArgs);
   const srcName = baseName(src.path);
   const receiving = {
     path: dest.path,
@@ -461,6 +464,37 @@ export async function sync(o: SyncOptions): Promise<SyncSummary> {
     );
   }
   return remote.run((conn) => runReceiver(conn, receiving));
+}
+
+/** The remote sender's arguments: what it sends, and how. */
+function remoteSenderArgs(o: SyncOptions, srcPath: string): string[] {
+  return serverArgs({
+    role: 'sender',
+    path: srcPath,
+    checksum: o.checksum,
+    dryRun: o.dryRun,
+    update: o.update,
+    wholeFile: o.wholeFile,
+    oneFileSystem: o.oneFileSystem,
+    compressLevel: o.compressLevel,
+    bwlimitKiBps: o.bwlimitKiBps || undefined,
+    excludes: o.excludes,
+    filesFrom: o.filesFrom,
+    filesFromRecursive: o.filesFrom ? o.filesFromRecursive : undefined,
+    rules: o.wireExcludes || o.dirMerge ? { wire: o.wireExcludes, dirMerge: o.dirMerge } : undefined,
+    deleteExcluded: o.deleteExcluded,
+    chmod: o.chmod,
+    pruneEmptyDirs: o.pruneEmptyDirs,
+    removeSourceFiles: o.removeSourceFiles,
+    copyLinks: o.copyLinks,
+    quic: o.quic,
+    jobs: o.jobs || undefined,
+    maxSize: o.maxSize,
+    minSize: o.minSize,
+    attrs: o.attrs || undefined,
+    omit: o.omit,
+    choices: o.choices,
+  });
 }
 
 /**

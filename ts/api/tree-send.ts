@@ -122,7 +122,11 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   const tree = await conn.keepAlive(o.walking);
   const stats = tree.stats();
   for (const p of stats.problems) o.events?.info?.(`warning: ${p}`);
-  for (const n of stats.notices) (o.events?.notice ?? o.events?.info)?.(n);
+  // Each a method call: a handler may be a class's method, which needs its `this`.
+  for (const n of stats.notices) {
+    if (o.events?.notice) o.events.notice(n);
+    else o.events?.info?.(n);
+  }
   const lanes = lanesWanted > 1 ? decodeLanes((await expect(conn, FrameType.LANES)).payload) : undefined;
   await exchangeManifestsAndRoots(conn, tree, Boolean(o.checksum), o.events);
   const counts = tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile), t.maxSize, t.minSize, options.omitTimes, options.omitPerms, options.sizeOnly, options.ignoreExisting, options.existingOnly);

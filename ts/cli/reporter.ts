@@ -49,12 +49,12 @@ export async function createReporter(opts: ReporterOptions): Promise<Reporter> {
   if (opts.json) return jsonReporter(opts.progress === true && !opts.quiet ? (opts.progressIntervalMs ?? 5000) : undefined);
   const style = opts.style ?? 'peer';
   const spinners = canDraw(process.stderr) && !opts.quiet && (style === 'peer' ? opts.progress !== false : opts.progress === true);
-  let ora: ((o: { text: string; stream: NodeJS.WritableStream; color?: boolean | string }) => Spinner) | undefined;
+  let ora: OraFactory | undefined;
   if (spinners) {
     // ora is ESM-only; load it only when a spinner will be shown.
     ora = (await import('ora')).default as unknown as typeof ora;
   }
-  return humanReporter({ ...opts, style }, ora);
+  return new HumanReporter({ ...opts, style }, ora);
 }
 
 /** `m:ss` or `h:mm:ss`. */
@@ -99,116 +99,177 @@ export function rsyncListLine(planLine: string): string {
   }
 }
 
-function humanReporter(o: ReporterOptions & { style: 'sync' | 'peer' }, ora?: (o: { text: string; stream: NodeJS.WritableStream; color?: boolean | string }) => Spinner): Reporter {
-  const { quiet, style } = o;
-  const plain = !ora && o.progress === true && !quiet;
-  const interval = o.progressIntervalMs ?? 5000;
-  const err = (line: string) => {
-    if (!quiet) process.stderr.write(line + '\n');
-  };
-  // Phases may run at once (a large file's early DATA goes out while it is still hashed):
-  // one spinner shows every running phase on its line; a phase that ends leaves its final
-  // line above it.
-  const started = new Map<Phase, { t0: number; total: number; done: number; lastLine: number; ended: boolean }>();
-  let spinner: Spinner | undefined;
-  const running = () => [...started.entries()].filter(([, s]) => !s.ended);
-  const render = () =>
-    running()
+type OraFactory = (o: { text: string; stream: NodeJS.WritableStream; color?: boolean | string }) => Spinner;
+
+/** The phases running at once, drawn on one spinner line (ora on a terminal) or as plain lines
+ * every `interval` ms (--progress without a terminal). Phases may overlap (a large file's early
+ * DATA goes out while it is still hashed); a phase that ends leaves its final line above it. */
+class PhaseDisplay {
+  private readonly started = new Map<Phase, { t0: number; total: number; done: number; lastLine: number; ended: boolean }>();
+  private spinner: Spinner | undefined;
+  private readonly colorless = noColor();
+
+  constructor(
+    private readonly ora: OraFactory | undefined,
+    /** Plain lines (no spinner) while phases run. */
+    private readonly plain: boolean,
+    private readonly interval: number,
+    private readonly line: (text: string) => void,
+  ) {}
+
+  start(phase: Phase, total: number): void {
+    this.started.set(phase, { t0: Date.now(), total, done: 0, lastLine: Date.now(), ended: false });
+    if (!this.ora) return;
+    if (this.spinner) this.spinner.text = this.render();
+    else this.spinner = this.spin();
+  }
+
+  progress(phase: Phase, done: number): void {
+    const s = this.started.get(phase);
+    if (!s || s.ended) return;
+    s.done = done;
+    const now = Date.now();
+    if (this.spinner) this.spinner.text = this.render();
+    else if (this.plain && now - s.lastLine >= this.interval) {
+      s.lastLine = now;
+      this.line(progressLine(phase, done, s.total, now - s.t0));
+    }
+  }
+
+  /** Ends a phase; `alwaysLine`: its final line is printed even without progress shown. */
+  end(phase: Phase, done: number, ms: number, alwaysLine: boolean): void {
+    const s = this.started.get(phase);
+    const text = progressLine(phase, done, s?.total ?? done, ms, true);
+    if (s) s.ended = true;
+    if (this.spinner) {
+      if (this.colorless) this.spinner.stopAndPersist({ symbol: '-', text });
+      else this.spinner.succeed(text);
+      this.spinner = this.running().length > 0 ? this.spin() : undefined;
+    } else if (alwaysLine || this.plain) this.line(text);
+  }
+
+  stop(): void {
+    this.spinner?.stop();
+    this.spinner = undefined;
+  }
+
+  private spin(): Spinner {
+    return this.ora!({ text: this.render(), stream: process.stderr, ...(this.colorless ? { color: false } : {}) }).start();
+  }
+
+  private running() {
+    return [...this.started.entries()].filter(([, s]) => !s.ended);
+  }
+
+  private render(): string {
+    return this.running()
       .map(([phase, s]) => progressLine(phase, s.done, s.total, Date.now() - s.t0))
       .join('   ');
-  const colorless = noColor();
-  let headerShown = false;
-  const header = () => {
-    if (style === 'sync' && o.verbose && o.listHeader && !headerShown && !quiet) {
-      headerShown = true;
+  }
+}
+
+/** What a person sees: `sync` speaks rsync (lists and notices on stdout, silent unless asked),
+ * the peer commands (send, receive, pull, serve) report each phase and a one-line summary. */
+class HumanReporter implements Reporter {
+  private readonly phases: PhaseDisplay;
+  private headerShown = false;
+
+  constructor(
+    private readonly o: ReporterOptions & { style: 'sync' | 'peer' },
+    ora?: OraFactory,
+  ) {
+    const plain = !ora && o.progress === true && !o.quiet;
+    this.phases = new PhaseDisplay(ora, plain, o.progressIntervalMs ?? 5000, (line) => this.info(line));
+  }
+
+  listening(host: string, port: number): void {
+    process.stdout.write(`listening on ${host}:${port}\n`);
+  }
+
+  pairing(code: string, command: string): void {
+    // On stdout beside the address, even with -q: without it nobody can connect.
+    process.stdout.write(pairingText(code, command));
+  }
+
+  peer(label: string, fingerprint: string, pinned: boolean): void {
+    // First contact: show the fingerprint (a TTY prompt, if any, follows this line).
+    if (!pinned) process.stderr.write(`peer ${label} fingerprint ${fingerprint}\n`);
+  }
+
+  phaseStart(phase: Phase, total: number): void {
+    this.header();
+    this.phases.start(phase, total);
+  }
+
+  progress(phase: Phase, done: number): void {
+    this.phases.progress(phase, done);
+  }
+
+  phaseEnd(phase: Phase, done: number, ms: number): void {
+    this.phases.end(phase, done, ms, this.o.style === 'peer');
+  }
+
+  info(line: string): void {
+    if (!this.o.quiet) process.stderr.write(line + '\n');
+  }
+
+  notice(line: string): void {
+    // rsync prints these on stdout, -v or not.
+    if (this.o.style === 'sync') {
+      if (!this.o.quiet) process.stdout.write(`${line}\n`);
+    } else this.info(line);
+  }
+
+  change(line: string, dryRun?: boolean): void {
+    const { o } = this;
+    if (o.style !== 'sync') return this.info(dryRun ? `would ${line}` : line);
+    // rsync: -v (or -i) lists, on stdout; a dry run without either lists nothing.
+    if ((o.verbose || o.itemize) && !o.quiet) {
+      this.header();
+      process.stdout.write(`${o.itemize ? line : rsyncListLine(line)}\n`);
+    }
+  }
+
+  summary(s: SyncSummary): void {
+    const { o } = this;
+    if (o.quiet) return;
+    if (o.style === 'sync') {
+      this.header();
+      // --stats prints its own block with these lines; -v alone ends with rsync's two lines.
+      if (o.verbose && !o.stats) process.stdout.write(rsyncClosingLines(s, 0, Boolean(o.dryRun)));
+      return;
+    }
+    process.stdout.write(peerSummaryLine(s));
+  }
+
+  error(message: string): void {
+    this.phases.stop();
+    process.stderr.write(`ffsync-native: error: ${message}\n`);
+  }
+
+  stop(): void {
+    this.phases.stop();
+  }
+
+  /** sync -v: rsync's first line, once, before anything it lists. */
+  private header(): void {
+    const { o } = this;
+    if (o.style === 'sync' && o.verbose && o.listHeader && !this.headerShown && !o.quiet) {
+      this.headerShown = true;
       process.stdout.write(`${o.listHeader}\n`);
     }
-  };
-  return {
-    listening(host, port) {
-      process.stdout.write(`listening on ${host}:${port}\n`);
-    },
-    pairing(code, command) {
-      // On stdout beside the address, even with -q: without it nobody can connect.
-      process.stdout.write(pairingText(code, command));
-    },
-    peer(label, fingerprint, pinned) {
-      // First contact: show the fingerprint (a TTY prompt, if any, follows this line).
-      if (!pinned) process.stderr.write(`peer ${label} fingerprint ${fingerprint}\n`);
-    },
-    phaseStart(phase, total) {
-      header();
-      started.set(phase, { t0: Date.now(), total, done: 0, lastLine: Date.now(), ended: false });
-      if (ora) {
-        if (spinner) spinner.text = render();
-        else spinner = ora({ text: render(), stream: process.stderr, ...(colorless ? { color: false } : {}) }).start();
-      }
-    },
-    progress(phase, done) {
-      const s = started.get(phase);
-      if (!s || s.ended) return;
-      s.done = done;
-      const now = Date.now();
-      if (spinner) spinner.text = render();
-      else if (plain && now - s.lastLine >= interval) {
-        s.lastLine = now;
-        err(progressLine(phase, done, s.total, now - s.t0));
-      }
-    },
-    phaseEnd(phase, done, ms) {
-      const s = started.get(phase);
-      const text = progressLine(phase, done, s?.total ?? done, ms, true);
-      if (s) s.ended = true;
-      if (spinner) {
-        if (colorless) spinner.stopAndPersist({ symbol: '-', text });
-        else spinner.succeed(text);
-        spinner = running().length > 0 ? ora!({ text: render(), stream: process.stderr, ...(colorless ? { color: false } : {}) }).start() : undefined;
-      } else if (style === 'peer' || plain) err(text);
-    },
-    info: err,
-    notice(line) {
-      // rsync prints these on stdout, -v or not.
-      if (style === 'sync') {
-        if (!quiet) process.stdout.write(`${line}\n`);
-      } else err(line);
-    },
-    change(line, dryRun) {
-      if (style === 'sync') {
-        // rsync: -v (or -i) lists, on stdout; a dry run without either lists nothing.
-        if ((o.verbose || o.itemize) && !quiet) {
-          header();
-          process.stdout.write(`${o.itemize ? line : rsyncListLine(line)}\n`);
-        }
-      } else err(dryRun ? `would ${line}` : line);
-    },
-    summary(s) {
-      if (quiet) return;
-      if (style === 'sync') {
-        header();
-        // --stats prints its own block with these lines; -v alone ends with rsync's two lines.
-        if (o.verbose && !o.stats) process.stdout.write(rsyncClosingLines(s, 0, Boolean(o.dryRun)));
-        return;
-      }
-      const t = s.tree;
-      const what = t
-        ? `${t.files} ${t.files === 1 ? 'file' : 'files'}, ${t.written} written (${t.localCopies} served locally), ${t.attrsOnly} attributes only, ${t.deleted} deleted, ${t.unchanged} unchanged; ${formatBytes(s.literalBytes)} literal, ${formatBytes(s.matchedBytes)} reused`
-        : s.upToDate
-          ? `up to date (${s.decidedBy})`
-          : `${formatBytes(s.literalBytes)} literal, ${formatBytes(s.matchedBytes)} reused`;
-      process.stdout.write(
-        `${s.role === 'sender' ? 'sent' : 'received'} ${s.path}: ${t ? '' : formatBytes(s.size) + ', '}${what}; wire ${formatBytes(s.bytesOnWire.sent)} sent, ${formatBytes(s.bytesOnWire.received)} received; ${(s.durationMs / 1000).toFixed(2)} s\n`,
-      );
-    },
-    error(message) {
-      spinner?.stop();
-      spinner = undefined;
-      process.stderr.write(`ffsync-native: error: ${message}\n`);
-    },
-    stop() {
-      spinner?.stop();
-      spinner = undefined;
-    },
-  };
+  }
+}
+
+/** The peer commands' closing line: what happened to the file or tree, the wire bytes, the time. */
+function peerSummaryLine(s: SyncSummary): string {
+  const t = s.tree;
+  const what = t
+    ? `${t.files} ${t.files === 1 ? 'file' : 'files'}, ${t.written} written (${t.localCopies} served locally), ${t.attrsOnly} attributes only, ${t.deleted} deleted, ${t.unchanged} unchanged; ${formatBytes(s.literalBytes)} literal, ${formatBytes(s.matchedBytes)} reused`
+    : s.upToDate
+      ? `up to date (${s.decidedBy})`
+      : `${formatBytes(s.literalBytes)} literal, ${formatBytes(s.matchedBytes)} reused`;
+  return `${s.role === 'sender' ? 'sent' : 'received'} ${s.path}: ${t ? '' : formatBytes(s.size) + ', '}${what}; wire ${formatBytes(s.bytesOnWire.sent)} sent, ${formatBytes(s.bytesOnWire.received)} received; ${(s.durationMs / 1000).toFixed(2)} s\n`;
 }
 
 /** rsync's closing lines (`-v`, and the end of `--stats`): bytes sent and received with the

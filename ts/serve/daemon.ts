@@ -322,23 +322,10 @@ export class ServeDaemon {
   private async listen(): Promise<void> {
     const { host = '0.0.0.0', port } = this.o;
     const id = loadOrCreateIdentity(this.o.stateDir);
-    let tlsFailures = 0;
-    let tlsFailuresReported = 0;
-    const tls = await tlsListen(
-      host,
-      port,
-      id,
-      (e, remote) => {
-        // A flood of failed handshakes must not become a flood of notices: the first 10,
-        // then one per 1,000.
-        tlsFailures++;
-        if (tlsFailures <= 10 || tlsFailures - tlsFailuresReported >= 1000) {
-          tlsFailuresReported = tlsFailures;
-          this.o.events?.info?.(`TLS handshake with ${remote} failed: ${e.message}${tlsFailures > 10 ? ` (${tlsFailures} so far)` : ''}`);
-        }
-      },
-      { handshakeTimeoutMs: this.handshakes.deadlineMs, onConnection: (raw) => (this.stopping ? raw.destroy() : this.handshakes.admit(raw)) },
-    );
+    const tls = await tlsListen(host, port, id, this.tlsFailureNotices(), {
+      handshakeTimeoutMs: this.handshakes.deadlineMs,
+      onConnection: (raw) => (this.stopping ? raw.destroy() : this.handshakes.admit(raw)),
+    });
     this.closeListeners.push(() => tls.close());
     let quic: QuicListener | undefined;
     if (this.o.quic) {
@@ -350,29 +337,7 @@ export class ServeDaemon {
     this.acceptLoop(
       () => tls.accept(),
       (sock) => `${sock.remoteAddress}:${sock.remotePort}`,
-      (sock, entry, register) => {
-        const ticket = this.handshakes.claim(sock);
-        if (!ticket) {
-          // Pushed out of the pre-authentication budget while its TLS handshake finished.
-          sock.destroy();
-          entry.ok = false;
-          entry.exitCode = ExitCode.SOCKET_IO;
-          entry.error = 'dropped: too many connections were handshaking';
-          return Promise.reject(new FfsyncError('EBUSY', ExitCode.SOCKET_IO, entry.error));
-        }
-        ticket.sock = sock;
-        noteHandshake(sock, Date.now() - ticket.t0);
-        let fp: string | undefined;
-        try {
-          fp = peerFingerprint(sock);
-        } catch {
-          fp = undefined;
-        }
-        ticket.authenticated = fp !== undefined && this.config.clients.has(fp) && !this.config.revoked.has(fp);
-        const conn = new FramedConnection(sock, timeoutMs);
-        register(conn);
-        return this.session(conn, sock, entry, ticket);
-      },
+      (sock, entry, register) => this.acceptTls(sock, entry, register, timeoutMs),
     );
     if (quic) {
       const q = quic;
@@ -387,6 +352,46 @@ export class ServeDaemon {
           }),
       );
     }
+  }
+
+  /** Reports failed TLS handshakes: a flood of them must not become a flood of notices, so
+   * the first 10, then one per 1,000. */
+  private tlsFailureNotices(): (e: Error, remote: string) => void {
+    let failures = 0;
+    let reported = 0;
+    return (e, remote) => {
+      failures++;
+      if (failures <= 10 || failures - reported >= 1000) {
+        reported = failures;
+        this.o.events?.info?.(`TLS handshake with ${remote} failed: ${e.message}${failures > 10 ? ` (${failures} so far)` : ''}`);
+      }
+    };
+  }
+
+  /** A TLS connection whose handshake finished: its pre-authentication ticket says whether the
+   * client's certificate is one of ours, and the session starts. */
+  private acceptTls(sock: SecureStream, entry: SessionLog, register: (conn: FramedConnection) => void, timeoutMs: number): Promise<unknown> {
+    const ticket = this.handshakes.claim(sock);
+    if (!ticket) {
+      // Pushed out of the pre-authentication budget while its TLS handshake finished.
+      sock.destroy();
+      entry.ok = false;
+      entry.exitCode = ExitCode.SOCKET_IO;
+      entry.error = 'dropped: too many connections were handshaking';
+      return Promise.reject(new FfsyncError('EBUSY', ExitCode.SOCKET_IO, entry.error));
+    }
+    ticket.sock = sock;
+    noteHandshake(sock, Date.now() - ticket.t0);
+    let fp: string | undefined;
+    try {
+      fp = peerFingerprint(sock);
+    } catch {
+      fp = undefined;
+    }
+    ticket.authenticated = fp !== undefined && this.config.clients.has(fp) && !this.config.revoked.has(fp);
+    const conn = new FramedConnection(sock, timeoutMs);
+    register(conn);
+    return this.session(conn, sock, entry, ticket);
   }
 
   /** Takes connections until the listener closes; each becomes a tracked session. */
@@ -475,46 +480,16 @@ export class ServeDaemon {
       if (ticket) this.handshakes.leave(ticket);
       entry.clientNote = verdict.client.note || undefined;
       // Only now, authenticated and authorized, does the client take a session slot.
-      const max = this.o.maxSessions ?? 64;
-      if (this.active >= max) throw new FfsyncError('EBUSY', ExitCode.UNTRUSTED, `server busy: ${max} sessions are running; retry later`);
-      const budget = this.o.maxMemoryBytes ?? 1024 * 1024 * 1024;
-      const rss = process.memoryUsage.rss();
-      if ((this.active + 1) * SESSION_MEMORY_ESTIMATE > budget || rss > budget) {
-        throw new FfsyncError('EBUSY', ExitCode.UNTRUSTED, `server busy: its memory budget (${Math.round(budget / 1048576)} MiB) is taken by ${this.active} sessions; retry later`);
-      }
-      this.active++;
+      this.takeSlot();
       slot = true;
       const abs = await resolveUnderRoot(this.o.root, rel, op);
-      // Wait for conflicting sessions (KEEPALIVEs keep the client from timing out meanwhile).
-      const waitFrom = Date.now();
-      // A client that leaves while waiting withdraws its request at once (it would otherwise
-      // keep its slot, and its place in the queue, until its turn came).
-      const withdraw = new AbortController();
-      const acquiring = this.locks.acquire(rel, op === 'push' ? 'write' : 'read', withdraw.signal);
-      acquiring.catch(() => undefined);
-      await conn.keepAlive(conn.orFailure(acquiring.then(() => undefined)));
-      release = await Promise.race([acquiring, Promise.resolve(undefined)]);
-      if (!release) withdraw.abort();
-      if (!release || conn.isClosed || conn.failedWith) throw conn.failedWith ?? new PeerClosedError('while it waited for the lock on its path');
-      entry.lockWaitMs = Date.now() - waitFrom;
+      release = await this.lockPath(conn, rel, op, entry);
       if (this.stopping) throw new FfsyncError('ESHUTDOWN', ExitCode.SOCKET_IO, 'the server is shutting down; rerun to sync');
       await conn.send(FrameType.ACCEPT);
       handedOver = true;
       return await this.serveRequest(conn, sock, entry, negotiated, op, rel, abs);
     } catch (e) {
-      const err = e instanceof FfsyncError ? e : fromSystemError(e, 'session failed');
-      entry.ok = false;
-      entry.exitCode = err.exitCode;
-      entry.error = err.message;
-      const s = err.summary as SyncSummary | undefined;
-      if (s) fill(entry, s);
-      if (!handedOver) {
-        // Before ACCEPT nothing else speaks for us: say why, then hang up.
-        if (!(e instanceof PeerClosedError)) await reportError(conn, err);
-        entry.bytesOnWire = { sent: conn.bytesSent, received: conn.bytesReceived };
-        await conn.close(500).catch(() => undefined);
-      }
-      throw err;
+      throw await this.sessionFailed(conn, entry, e, handedOver);
     } finally {
       clearTimeout(deadline);
       if (ticket) this.handshakes.leave(ticket);
@@ -522,6 +497,56 @@ export class ServeDaemon {
       if (slot) this.active--;
       conn.destroy();
     }
+  }
+
+  /** A session slot for an authorized client, or EBUSY: too many sessions, or the memory
+   * budget taken. */
+  private takeSlot(): void {
+    const max = this.o.maxSessions ?? 64;
+    if (this.active >= max) throw new FfsyncError('EBUSY', ExitCode.UNTRUSTED, `server busy: ${max} sessions are running; retry later`);
+    const budget = this.o.maxMemoryBytes ?? 1024 * 1024 * 1024;
+    const rss = process.memoryUsage.rss();
+    if ((this.active + 1) * SESSION_MEMORY_ESTIMATE > budget || rss > budget) {
+      throw new FfsyncError('EBUSY', ExitCode.UNTRUSTED, `server busy: its memory budget (${Math.round(budget / 1048576)} MiB) is taken by ${this.active} sessions; retry later`);
+    }
+    this.active++;
+  }
+
+  /** Waits for conflicting sessions to leave the path (KEEPALIVEs keep the client from timing
+   * out meanwhile) and returns the lock's release. A client that leaves while waiting withdraws
+   * its request at once: it would otherwise keep its slot, and its place in the queue, until
+   * its turn came. */
+  private async lockPath(conn: FramedConnection, rel: string, op: 'push' | 'pull', entry: SessionLog): Promise<() => void> {
+    const waitFrom = Date.now();
+    const withdraw = new AbortController();
+    const acquiring = this.locks.acquire(rel, op === 'push' ? 'write' : 'read', withdraw.signal);
+    acquiring.catch(() => undefined);
+    await conn.keepAlive(conn.orFailure(acquiring.then(() => undefined)));
+    const release = await Promise.race([acquiring, Promise.resolve(undefined)]);
+    if (!release) withdraw.abort();
+    if (!release || conn.isClosed || conn.failedWith) {
+      release?.();
+      throw conn.failedWith ?? new PeerClosedError('while it waited for the lock on its path');
+    }
+    entry.lockWaitMs = Date.now() - waitFrom;
+    return release;
+  }
+
+  /** Logs why a session failed and returns the error to throw; before ACCEPT nothing else
+   * speaks for us, so it also tells the client why and hangs up. */
+  private async sessionFailed(conn: FramedConnection, entry: SessionLog, e: unknown, handedOver: boolean): Promise<FfsyncError> {
+    const err = e instanceof FfsyncError ? e : fromSystemError(e, 'session failed');
+    entry.ok = false;
+    entry.exitCode = err.exitCode;
+    entry.error = err.message;
+    const s = err.summary as SyncSummary | undefined;
+    if (s) fill(entry, s);
+    if (!handedOver) {
+      if (!(e instanceof PeerClosedError)) await reportError(conn, err);
+      entry.bytesOnWire = { sent: conn.bytesSent, received: conn.bytesReceived };
+      await conn.close(500).catch(() => undefined);
+    }
+    return err;
   }
 
   /** HELLO, REQUEST and authorization: everything before a session slot is taken. */

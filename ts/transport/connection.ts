@@ -189,6 +189,46 @@ export class FramedConnection {
       this.parent.children.add(this);
       stream.once('close', () => this.parent!.children.delete(this));
     }
+    this.listen(stream);
+    // Plain TCP sockets are accepted paused (pauseOnConnect) so no byte is lost before
+    // this point, and an explicitly paused stream does not resume on a 'data' listener.
+    stream.resume();
+    if (idleTimeoutMs > 0) {
+      // Idle means: we wait for the peer (a frame or a drain) and nothing moved for
+      // idleTimeoutMs. Peers doing long local work send KEEPALIVE frames.
+      this.idleTimer = setInterval(() => this.checkIdle(idleTimeoutMs), Math.min(1000, idleTimeoutMs));
+      this.idleTimer.unref();
+    }
+  }
+
+  /** The idle timer's check: fails the connection when the peer went silent, made no progress
+   * for STALL_FACTOR timeouts, or trickles bytes that never complete a frame. */
+  private checkIdle(idleTimeoutMs: number): void {
+    const waiting = this.isWaiting;
+    const now = Date.now();
+    const stalled = now - this.lastActivity;
+    if (stalled > idleTimeoutMs && waiting && now - this.lastBytes > idleTimeoutMs) {
+      this.fail(new FfsyncError('ETIMEDOUT', ExitCode.TIMEOUT, `peer sent nothing for ${Math.round(idleTimeoutMs / 1000)} s`));
+    } else if (stalled > idleTimeoutMs * STALL_FACTOR && waiting) {
+      // Alive (empty KEEPALIVEs, or a counter that does not move) but no progress: an old
+      // peer gets STALL_FACTOR timeouts of grace, a hostile one no more than that.
+      this.fail(
+        new FfsyncError(
+          'ETIMEDOUT',
+          ExitCode.TIMEOUT,
+          `peer made no progress for ${Math.round(stalled / 1000)} s (only keep-alives; the limit is ${STALL_FACTOR} × --timeout ${Math.round(idleTimeoutMs / 1000)} s)`,
+        ),
+      );
+    } else if (this.partialSince > 0 && now - this.partialSince > idleTimeoutMs && !this.stream.isPaused()) {
+      // (A frame half-read when we paused the stream ourselves, flow control, is not the
+      // peer's trickle: the clock restarts when we resume.)
+      // Bytes keep trickling in but no frame completes: as good as silent.
+      this.fail(new FfsyncError('ETIMEDOUT', ExitCode.TIMEOUT, `peer trickles data: no frame completed in ${Math.round(idleTimeoutMs / 1000)} s`));
+    }
+  }
+
+  /** What the stream says: data to decode, its end, its close, its errors. */
+  private listen(stream: Duplex): void {
     stream.on('data', (chunk: Buffer) => this.onData(chunk));
     stream.on('end', () => {
       this.ended = true;
@@ -209,37 +249,6 @@ export class FramedConnection {
     stream.on('error', (e: NodeJS.ErrnoException) => {
       this.fail(new FfsyncError(e.code ?? 'ESOCKET', ExitCode.SOCKET_IO, `connection error: ${e.message}`, { cause: e }));
     });
-    // Plain TCP sockets are accepted paused (pauseOnConnect) so no byte is lost before
-    // this point, and an explicitly paused stream does not resume on a 'data' listener.
-    stream.resume();
-    if (idleTimeoutMs > 0) {
-      // Idle means: we wait for the peer (a frame or a drain) and nothing moved for
-      // idleTimeoutMs. Peers doing long local work send KEEPALIVE frames.
-      this.idleTimer = setInterval(() => {
-        const waiting = this.isWaiting;
-        const now = Date.now();
-        const stalled = now - this.lastActivity;
-        if (stalled > idleTimeoutMs && waiting && now - this.lastBytes > idleTimeoutMs) {
-          this.fail(new FfsyncError('ETIMEDOUT', ExitCode.TIMEOUT, `peer sent nothing for ${Math.round(idleTimeoutMs / 1000)} s`));
-        } else if (stalled > idleTimeoutMs * STALL_FACTOR && waiting) {
-          // Alive (empty KEEPALIVEs, or a counter that does not move) but no progress: an old
-          // peer gets STALL_FACTOR timeouts of grace, a hostile one no more than that.
-          this.fail(
-            new FfsyncError(
-              'ETIMEDOUT',
-              ExitCode.TIMEOUT,
-              `peer made no progress for ${Math.round(stalled / 1000)} s (only keep-alives; the limit is ${STALL_FACTOR} × --timeout ${Math.round(idleTimeoutMs / 1000)} s)`,
-            ),
-          );
-        } else if (this.partialSince > 0 && now - this.partialSince > idleTimeoutMs && !this.stream.isPaused()) {
-          // (A frame half-read when we paused the stream ourselves, flow control, is not the
-          // peer's trickle: the clock restarts when we resume.)
-          // Bytes keep trickling in but no frame completes: as good as silent.
-          this.fail(new FfsyncError('ETIMEDOUT', ExitCode.TIMEOUT, `peer trickles data: no frame completed in ${Math.round(idleTimeoutMs / 1000)} s`));
-        }
-      }, Math.min(1000, idleTimeoutMs));
-      this.idleTimer.unref();
-    }
   }
 
   private onData(chunk: Buffer): void {
@@ -264,32 +273,13 @@ export class FramedConnection {
       bad = e as Error;
     }
     for (const f of frames) {
-      let why: Error | undefined;
-      if (f.type === FrameType.KEEPALIVE) why = this.onKeepAlive(f.payload, now);
-      else if (f.type === FrameType.DELIVERED) why = this.onDelivered(f.payload, now);
-      else if (f.type === FrameType.MUX) {
-        // A stream's bytes: whether they move the session forward is the stream's to say
-        // (its conversation touches this connection when they do; a KEEPALIVE does not).
-        this.peerSpoke = true;
-        try {
-          if (!this.mux) throw protocolError('MUX frame outside a multiplexed tree session');
-          this.mux.deliver(f.payload, f.release);
-        } catch (e) {
-          why = e as Error;
-        }
-        if (!why) continue;
-      } else {
-        this.peerSpoke = true;
-        this.touch(now);
-        const pointless = f.type === FrameType.ERROR ? undefined : pointlessFrame(f.type, f.payload);
-        if (pointless) why = protocolError(`the peer sent ${pointless}: pointless frames are a flood, not a session`);
-      }
-      if (why) {
+      const verdict = this.screen(f, now);
+      if (verdict instanceof Error) {
         this.flooded = true;
-        this.fail(why);
+        this.fail(verdict);
         break;
       }
-      if (f.type === FrameType.KEEPALIVE || f.type === FrameType.DELIVERED) continue;
+      if (!verdict) continue;
       if (f.type === FrameType.ERROR) this.peerFailure ??= decodeError(f.payload);
       this.queue.push(f);
       this.queuedBytes += f.payload.length;
@@ -305,6 +295,35 @@ export class FramedConnection {
     if (this.queuedBytes > HIGH_WATER || this.queued > HIGH_FRAMES || this.mux?.buffered()) this.stream.pause();
     this.wake();
     this.wakeChangeWaiters();
+  }
+
+  /** One decoded frame, checked: an Error ends the connection (a flood or a violation);
+   * `true`: it joins the queue for the conversation; `false`: it was handled here (KEEPALIVE,
+   * DELIVERED, or a stream's bytes in a MUX frame). */
+  private screen(f: Frame, now: number): Error | boolean {
+    switch (f.type) {
+      case FrameType.KEEPALIVE:
+        return this.onKeepAlive(f.payload, now) ?? false;
+      case FrameType.DELIVERED:
+        return this.onDelivered(f.payload, now) ?? false;
+      case FrameType.MUX:
+        // A stream's bytes: whether they move the session forward is the stream's to say
+        // (its conversation touches this connection when they do; a KEEPALIVE does not).
+        this.peerSpoke = true;
+        try {
+          if (!this.mux) throw protocolError('MUX frame outside a multiplexed tree session');
+          this.mux.deliver(f.payload, f.release);
+        } catch (e) {
+          return e as Error;
+        }
+        return false;
+      default: {
+        this.peerSpoke = true;
+        this.touch(now);
+        const pointless = f.type === FrameType.ERROR ? undefined : pointlessFrame(f.type, f.payload);
+        return pointless ? protocolError(`the peer sent ${pointless}: pointless frames are a flood, not a session`) : true;
+      }
+    }
   }
 
   /** KEEPALIVE: liveness always; progress only when its work counter advanced (§4.11).
