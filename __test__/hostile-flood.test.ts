@@ -4,13 +4,13 @@
 // and a flood of small frames cannot grow the victim's memory (VmHWM, read from /proc).
 // FFSYNC_TEST_CLI=<path to another dist/cli/main.js> runs the same tests against another build.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { describe, test } from 'node:test';
 import { CLI, seeded, tmpdir } from './helpers/peers.js';
-import { frameReaderOrEnd } from './helpers/raw-peer.js';
+import { ChildRun } from './helpers/process.js';
+import { framesUntilClose, repeated } from './helpers/raw-peer.js';
 import { encodeFrame, type Frame, FrameType } from '../ts/protocol/frames.js';
 import { Decision, encodeDecision, encodeHello, encodeNeedEnd, encodeOffer, manifestFrames, needFrames, OfferKind, Role } from '../ts/protocol/messages.js';
 import { scanFile } from '../ts/native/binding.js';
@@ -28,37 +28,11 @@ interface Victim {
 
 /** Runs the CLI and samples its peak RSS (VmHWM) until it exits. */
 function victim(args: string[]): Victim {
-  const t0 = Date.now();
-  const child = spawn(process.execPath, [cli, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let stderr = '';
-  let out = '';
-  let peakKiB = 0;
-  child.stderr!.on('data', (d: Buffer) => (stderr += d));
-  const port = new Promise<number>((resolve, reject) => {
-    child.stdout!.on('data', (d: Buffer) => {
-      out += d;
-      const m = /"event":"listening"[^\n]*"port":(\d+)/.exec(out);
-      if (m) resolve(Number(m[1]));
-    });
-    child.once('close', () => reject(new Error(`exited before listening: ${stderr}`)));
-  });
+  const p = new ChildRun('victim', [process.execPath, cli, ...args], { sampleMs: 25 });
+  const port = p.listeningPort();
   port.catch(() => undefined);
-  const sample = () => {
-    try {
-      const m = /VmHWM:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${child.pid}/status`, 'utf8'));
-      if (m) peakKiB = Math.max(peakKiB, Number(m[1]));
-    } catch {
-      // exited
-    }
-  };
-  const sampler = setInterval(sample, 25);
-  const done = new Promise<{ code: number | null; stderr: string; ms: number; peakKiB: number }>((resolve) =>
-    child.once('exit', (code) => {
-      clearInterval(sampler);
-      resolve({ code, stderr, ms: Date.now() - t0, peakKiB });
-    }),
-  );
-  return { pid: child.pid!, port, done, kill: () => child.kill('SIGKILL') };
+  const done = p.exited.then((e) => ({ code: e.code, stderr: p.stderr, ms: e.ms, peakKiB: p.peakKiB }));
+  return { pid: p.pid!, port, done, kill: () => p.kill() };
 }
 
 /** Resolves with the result, or kills the victim and fails after `ms`. */
@@ -75,13 +49,6 @@ async function exitWithin(v: Victim, ms: number): Promise<{ code: number | null;
   return r;
 }
 
-/** A socket with a frame reader: the next frame, or undefined once the victim closed. */
-function framed(sock: net.Socket) {
-  sock.on('error', () => undefined);
-  const take = frameReaderOrEnd(sock);
-  return () => take(600_000);
-}
-
 const hello = (role: number) => encodeFrame(FrameType.HELLO, encodeHello({ minVersion: 1, maxVersion: 1, capabilities: 0, role, software: 'hostile' }));
 const keepAlive = (counter?: bigint) => {
   if (counter === undefined) return encodeFrame(FrameType.KEEPALIVE);
@@ -95,13 +62,6 @@ const delivered = (n: number) => {
   p.writeBigUInt64LE(BigInt(n));
   return encodeFrame(FrameType.DELIVERED, p);
 };
-
-/** `n` copies of `frame` in one buffer. */
-function many(frame: Buffer, n: number): Buffer {
-  const b = Buffer.allocUnsafe(frame.length * n);
-  for (let i = 0; i < n; i++) frame.copy(b, i * frame.length);
-  return b;
-}
 
 async function sourceFile(len: number, seed: number) {
   const f = path.join(tmpdir(), 'src.bin');
@@ -118,7 +78,7 @@ async function receiverAfterDecision(timeoutS: number, len = 100_000) {
   const src = await sourceFile(len, 5);
   const sock = net.connect({ host: '127.0.0.1', port });
   await new Promise((r) => sock.once('connect', r));
-  const next = framed(sock);
+  const next = framesUntilClose(sock);
   sock.write(hello(Role.SENDER));
   sock.write(src.offer);
   assert.equal((await next())?.type, FrameType.HELLO);
@@ -137,7 +97,7 @@ async function senderAfterDecision(timeoutS: number, len = 100_000) {
   const v = victim(['send', src.file, `127.0.0.1:${(server.address() as net.AddressInfo).port}`, '--plaintext', '--json', '--timeout', String(timeoutS), '--state-dir', path.join(tmpdir(), 'state')]);
   const sock = await accepted;
   server.close();
-  const next = framed(sock);
+  const next = framesUntilClose(sock);
   sock.write(hello(Role.RECEIVER));
   assert.equal((await next())?.type, FrameType.HELLO);
   assert.equal((await next())?.type, FrameType.OFFER);
@@ -224,7 +184,7 @@ describe('pointless frames and floods', { timeout: 120_000 }, () => {
     let f;
     while ((f = await next()) && f.type !== FrameType.NEED_END);
     const t0 = Date.now();
-    const flood = many(encodeFrame(FrameType.DATA), 2_000_000);
+    const flood = repeated(encodeFrame(FrameType.DATA), 2_000_000);
     sock.write(flood);
     try {
       const r = await exitWithin(v, 15_000);
@@ -239,7 +199,7 @@ describe('pointless frames and floods', { timeout: 120_000 }, () => {
 
   test('a KEEPALIVE flood (1,000,000 after HELLO) against a receiver: exit 12', async () => {
     const { v, sock } = await receiverAfterDecision(20);
-    sock.write(many(keepAlive(), 1_000_000));
+    sock.write(repeated(keepAlive(), 1_000_000));
     try {
       const r = await exitWithin(v, 15_000);
       assert.equal(r.code, 12, r.stderr);
@@ -251,7 +211,7 @@ describe('pointless frames and floods', { timeout: 120_000 }, () => {
   });
 
   test('DELIVERED reports that lie, go back or flood (§4.16) end a sender at once: exit 12', async () => {
-    const cases: [string, (next: ReturnType<typeof framed>) => Promise<Buffer>, RegExp][] = [
+    const cases: [string, (next: ReturnType<typeof framesUntilClose>) => Promise<Buffer>, RegExp][] = [
       ['more bytes read than were sent', async () => delivered(1e12), /DELIVERED claims 1000000000000 bytes read of the \d+ sent/],
       ['a count that does not advance', async () => Buffer.concat([delivered(10), delivered(10)]), /DELIVERED did not advance \(10 after 10\)/],
       ['a wrong payload length', async () => encodeFrame(FrameType.DELIVERED, Buffer.alloc(4)), /DELIVERED with a payload of 4 bytes/],
@@ -286,7 +246,7 @@ describe('pointless frames and floods', { timeout: 120_000 }, () => {
       assert.equal(f?.type, FrameType.MANIFEST);
       got += f!.payload.length - 4;
     }
-    sock.write(many(encodeFrame(FrameType.NEED, Buffer.alloc(5)), 1_000_000));
+    sock.write(repeated(encodeFrame(FrameType.NEED, Buffer.alloc(5)), 1_000_000));
     try {
       const r = await exitWithin(v, 15_000);
       assert.equal(r.code, 12, r.stderr);
@@ -309,7 +269,7 @@ describe('pointless frames and floods', { timeout: 120_000 }, () => {
     // Legal-looking frames the sender will only read after its DATA: it must stop reading
     // (TCP back-pressure) instead of queueing millions of them.
     const small = encodeFrame(FrameType.NEED, Buffer.from([0, 0, 0, 0, 1]));
-    sock.write(many(small, 3_000_000));
+    sock.write(repeated(small, 3_000_000));
     void (async () => {
       while (await next()); // read and drop the DATA
     })();

@@ -3,13 +3,17 @@
 // tool runner, rsync --stats parsing, delay relays, machine info and table formatting. The
 // seeded data and the verification the tests share are in __test__/helpers/data.ts.
 
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
+import { type ParseArgsConfig, parseArgs } from 'node:util';
 import { udpDelayProxy } from '../__test__/helpers/delay-proxy';
+import { ChildRun, describeExit, parseJson, type ProcessExit, tail } from '../__test__/helpers/process';
+
+export { describeExit, tail };
 
 export const KiB = 1024;
 export const MiB = 1024 * KiB;
@@ -24,144 +28,68 @@ export class UsageError extends Error {}
 // ---------------------------------------------------------------------------------------------
 // Child processes: each in its own process group so a failure can kill the whole tree.
 
-export interface Exit {
-  code: number | null;
-  signal: NodeJS.Signals | null;
-  /** performance.now() at the 'exit' event. */
-  at: number;
-}
+export type Exit = ProcessExit;
 
 const live = new Set<Proc>();
 export const haveTime = fs.existsSync(TIME_BIN);
 
-export class Proc {
-  readonly child: ChildProcess;
-  readonly lines: string[] = [];
-  stderr = '';
-  readonly exited: Promise<Exit>;
-  exit: Exit | undefined;
-  private partial = '';
-  private readonly lineListeners = new Set<(line: string) => void>();
+/** A benchmarked process: the shared runner (__test__/helpers/process.ts) in its own process
+ * group, without FFSYNC_STATE_DIR, its peak RSS measured by GNU time (the child and the
+ * descendants it waited for) or else sampled from /proc, and killed by killAll() on failure. */
+export class Proc extends ChildRun {
   private readonly rssFile: string | undefined;
-  private pollPeakKb = 0;
-  private readonly poller: NodeJS.Timeout | undefined;
 
-  constructor(
-    readonly label: string,
-    argv: string[],
-    opts: { rssFile?: string; cwd?: string } = {},
-  ) {
-    const [cmd, ...args] = opts.rssFile && haveTime ? [TIME_BIN, '-f', '%M', '-o', opts.rssFile, ...argv] : argv;
-    this.rssFile = opts.rssFile && haveTime ? opts.rssFile : undefined;
+  constructor(label: string, argv: string[], opts: { rssFile?: string; cwd?: string } = {}) {
+    const timed = Boolean(opts.rssFile && haveTime);
     const env = { ...process.env };
     delete env.FFSYNC_STATE_DIR;
-    this.child = spawn(cmd!, args, { cwd: opts.cwd ?? REPO, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+    super(label, timed ? [TIME_BIN, '-f', '%M', '-o', opts.rssFile!, ...argv] : argv, {
+      cwd: opts.cwd ?? REPO,
+      env,
+      detached: true,
+      stderrLimit: 1 << 19,
+      // Without GNU time: poll VmHWM of the direct child (misses descendants and the last few ms).
+      sampleMs: opts.rssFile && !timed ? 20 : 0,
+    });
+    this.rssFile = timed ? opts.rssFile : undefined;
     live.add(this);
-    this.child.stdout!.setEncoding('utf8').on('data', (d: string) => {
-      const parts = (this.partial + d).split('\n');
-      this.partial = parts.pop() ?? '';
-      for (const l of parts) this.pushLine(l);
-    });
-    this.child.stderr!.setEncoding('utf8').on('data', (d: string) => {
-      this.stderr += d;
-      if (this.stderr.length > 1 << 20) this.stderr = this.stderr.slice(-(1 << 19));
-    });
-    if (opts.rssFile && !haveTime) {
-      // Fallback: poll VmHWM of the direct child (misses descendants and the last few ms).
-      this.poller = setInterval(() => {
-        const kb = readVmHwmKb(this.child.pid);
-        if (kb > this.pollPeakKb) this.pollPeakKb = kb;
-      }, 20);
-    }
-    let exitAt = 0;
-    this.child.once('exit', () => {
-      exitAt = performance.now();
-    });
-    this.exited = new Promise<Exit>((resolve) => {
-      this.child.once('error', (err) => {
-        this.stderr += `\nspawn error: ${err.message}`;
-        this.finish({ code: null, signal: null, at: performance.now() }, resolve);
-      });
-      this.child.once('close', (code, signal) => {
-        if (this.partial) this.pushLine(this.partial);
-        this.partial = '';
-        this.finish({ code, signal, at: exitAt || performance.now() }, resolve);
-      });
-    });
+    void this.exited.then(() => live.delete(this));
   }
 
-  private finish(e: Exit, resolve: (e: Exit) => void): void {
-    if (this.poller) clearInterval(this.poller);
-    live.delete(this);
-    this.exit = e;
-    resolve(e);
-  }
-
-  private pushLine(l: string): void {
-    this.lines.push(l);
-    for (const f of this.lineListeners) f(l);
-  }
-
-  waitForLine(pred: (line: string) => boolean, timeoutMs: number): Promise<string> {
-    return new Promise<string>((resolve, reject) => {
-      const found = this.lines.find(pred);
-      if (found !== undefined) return resolve(found);
-      const done = (err: Error | undefined, line?: string) => {
-        clearTimeout(timer);
-        this.lineListeners.delete(listener);
-        if (err) reject(err);
-        else resolve(line!);
-      };
-      const listener = (l: string) => {
-        if (pred(l)) done(undefined, l);
-      };
-      const timer = setTimeout(() => done(new Error(`${this.label}: no expected output within ${timeoutMs} ms; stderr: ${tail(this.stderr)}`)), timeoutMs);
-      this.lineListeners.add(listener);
-      void this.exited.then((e) => done(new Error(`${this.label}: exited (${describeExit(e)}) before the expected output; stderr: ${tail(this.stderr)}`)));
-    });
-  }
-
-  /** Peak RSS in KiB: GNU time's %M (ru_maxrss of the child and its waited-for descendants), else polled VmHWM. */
+  /** Peak RSS in KiB: GNU time's %M, else the sampled VmHWM. */
   async peakRssKb(): Promise<number | undefined> {
-    if (this.rssFile) {
-      try {
-        const txt = await fsp.readFile(this.rssFile, 'utf8');
-        const nums = txt.split('\n').map((s) => s.trim()).filter((s) => /^\d+$/.test(s));
-        return nums.length ? Number(nums[nums.length - 1]) : undefined;
-      } catch {
-        return undefined;
-      }
-    }
-    return this.pollPeakKb || undefined;
-  }
-
-  kill(): void {
-    const pid = this.child.pid;
-    if (pid === undefined) return;
-    try {
-      process.kill(-pid, 'SIGKILL');
-    } catch {
-      try {
-        this.child.kill('SIGKILL');
-      } catch {
-        /* already gone */
-      }
-    }
-  }
-}
-
-export function readVmHwmKb(pid: number | undefined): number {
-  if (pid === undefined) return 0;
-  try {
-    const m = /VmHWM:\s+(\d+)\s+kB/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
-    return m ? Number(m[1]) : 0;
-  } catch {
-    return 0;
+    return this.rssFile ? readRssFile(this.rssFile) : this.peakKiB || undefined;
   }
 }
 
 export function killAll(): void {
   for (const p of [...live]) p.kill();
+}
+
+/** A benchmark's options (node:util's parseArgs: strict, no positionals); `-h`/`--help`
+ * prints `help` and exits 0. */
+export function benchArgs<T extends Record<string, OptionSpec>>(argv: string[], options: T, help: string): ParsedOptions<T> {
+  const { values } = parseArgs({ args: argv, strict: true, allowPositionals: false, options: { ...options, help: { type: 'boolean', short: 'h' } } });
+  if ((values as { help?: boolean }).help) {
+    process.stdout.write(help);
+    process.exit(0);
+  }
+  return values as ParsedOptions<T>;
+}
+
+type OptionSpec = NonNullable<ParseArgsConfig['options']>[string];
+type ParsedOptions<T extends Record<string, OptionSpec>> = { [K in keyof T]?: T[K]['type'] extends 'boolean' ? boolean : string };
+
+/** A comma-separated list option (`--name a,b`) of names from `known`: `all` when absent, else
+ * the names given, in `known`'s order; a UsageError for an unknown name or an empty list. */
+export function pickList<T extends string>(name: string, v: string | undefined, known: readonly T[], all: readonly T[] = known): T[] {
+  if (v === undefined) return [...all];
+  const want = v.split(',').map((s) => s.trim()).filter(Boolean);
+  for (const w of want) {
+    if (!(known as readonly string[]).includes(w)) throw new UsageError(`--${name}: unknown name ${JSON.stringify(w)} (known: ${known.join(', ')})`);
+  }
+  if (want.length === 0) throw new UsageError(`--${name}: empty list`);
+  return known.filter((n) => want.includes(n));
 }
 
 /** An integer option's value (`--name`): `def` when absent, a UsageError outside [min, max]. */
@@ -170,6 +98,25 @@ export function intOption(name: string, v: string | undefined, def: number, min:
   const n = Number(v);
   if (!Number.isInteger(n) || n < min || n > max) throw new UsageError(`--${name}: expected an integer from ${min} to ${max}, got ${JSON.stringify(v)}`);
   return n;
+}
+
+/** A benchmark's exit code: 1, with one line naming each run that failed or did not verify,
+ * or 0 when there is none. `what` names the runs (`run(s)`, `cell(s)`). */
+export function failedRuns(failed: string[], what: string): number {
+  if (failed.length === 0) return 0;
+  process.stderr.write(`\n!!!!! ${failed.length} ${what} failed or did not verify: ${failed.join(', ')}\n`);
+  return 1;
+}
+
+/** On SIGINT or SIGTERM: `first` (say, stop starting runs), then `cleanup`, then exit 130. */
+export function cleanUpOnSignals(cleanup: () => Promise<void>, first: () => void = () => undefined): void {
+  for (const sig of ['SIGINT', 'SIGTERM'] as const) {
+    process.once(sig, () => {
+      first();
+      process.stderr.write(`\n${sig}: killing children and cleaning up\n`);
+      void cleanup().finally(() => process.exit(130));
+    });
+  }
 }
 
 /** Runs a benchmark's `main` and exits with its code (0 if none). On a throw: every child is
@@ -188,15 +135,6 @@ export function runMain(name: string, main: () => Promise<number | void>, cleanu
       process.exit(1);
     },
   );
-}
-
-export function tail(s: string, n = 1500): string {
-  const t = s.trim();
-  return t.length > n ? '…' + t.slice(-n) : t || '(empty)';
-}
-
-export function describeExit(e: Exit): string {
-  return e.signal ? `signal ${e.signal}` : `exit code ${e.code}`;
 }
 
 /** Runs body with a deadline; on expiry kills every live child and rejects. */
@@ -222,16 +160,7 @@ export async function withTimeout<T>(ms: number, label: string, body: () => Prom
 // ---------------------------------------------------------------------------------------------
 // Tool output and the file system
 
-export function parseJsonLine(l: string): Record<string, unknown> | undefined {
-  const t = l.trim();
-  if (!t.startsWith('{')) return undefined;
-  try {
-    const v: unknown = JSON.parse(t);
-    return v && typeof v === 'object' ? (v as Record<string, unknown>) : undefined;
-  } catch {
-    return undefined;
-  }
-}
+export const parseJsonLine = parseJson;
 
 export function parseRsyncStats(out: string): { sent: number; received: number; literal?: number; matched?: number } {
   const num = (re: RegExp): number | undefined => {

@@ -11,7 +11,7 @@
 //    (this build and, if present, the build in $FFSYNC_BENCH_OLD_DIST), ratio ≈ 4.
 // Prints a markdown table. FFSYNC_BENCH_CLI=<dist/cli/main.js> measures another build's CLI.
 
-import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -35,6 +35,8 @@ import {
 } from '../ts/protocol/messages';
 import { scanFile } from '../ts/native/binding';
 import { manifestChunkCount } from '../ts/utils/manifest';
+import { ChildRun, procCpuMs, procStatusKiB } from '../__test__/helpers/process';
+import { framesUntilClose, repeated } from '../__test__/helpers/raw-peer';
 
 const CLI = process.env.FFSYNC_BENCH_CLI ?? path.join(__dirname, '..', 'dist', 'cli', 'main.js');
 const work = fs.mkdtempSync(path.join(os.tmpdir(), 'ffsync-hostile-'));
@@ -47,23 +49,8 @@ const row = (...cells: (string | number)[]) => {
 };
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-function status(pid: number, field: string): number {
-  try {
-    const m = new RegExp(`${field}:\\s+(\\d+) kB`).exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
-    return m ? Number(m[1]) * 1024 : 0;
-  } catch {
-    return 0;
-  }
-}
-
-function cpuMs(pid: number): number {
-  try {
-    const f = fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
-    return ((Number(f[11]) + Number(f[12])) * 1000) / 100; // utime + stime, clock ticks of 10 ms
-  } catch {
-    return NaN;
-  }
-}
+/** A field of /proc/PID/status in bytes. */
+const status = (pid: number, field: string) => procStatusKiB(pid, field) * 1024;
 
 interface Proc {
   pid: number;
@@ -73,46 +60,13 @@ interface Proc {
   kill(): void;
 }
 
+/** Runs the CLI, sampling its peak RSS and CPU time until it exits. */
 function spawnCli(args: string[]): Proc {
-  const t0 = Date.now();
-  const child = spawn(process.execPath, [CLI, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let stderr = '';
-  let out = '';
-  let peak = 0;
-  let cpu = 0;
-  const events: Record<string, unknown>[] = [];
-  child.stderr!.on('data', (d: Buffer) => (stderr += d));
-  const port = new Promise<number>((resolve, reject) => {
-    child.stdout!.on('data', (d: Buffer) => {
-      out += d;
-      let nl;
-      while ((nl = out.indexOf('\n')) >= 0) {
-        const line = out.slice(0, nl);
-        out = out.slice(nl + 1);
-        try {
-          const e = JSON.parse(line) as Record<string, unknown>;
-          events.push(e);
-          if (e.event === 'listening') resolve(Number(e.port));
-        } catch {
-          // not JSON
-        }
-      }
-    });
-    child.once('exit', () => reject(new Error(`exited before listening: ${stderr}`)));
-  });
+  const p = new ChildRun('ffsync-native', [process.execPath, CLI, ...args], { sampleMs: 20 });
+  const port = p.listeningPort();
   port.catch(() => undefined);
-  const sampler = setInterval(() => {
-    peak = Math.max(peak, status(child.pid!, 'VmHWM'));
-    const c = cpuMs(child.pid!);
-    if (!Number.isNaN(c)) cpu = c;
-  }, 20);
-  const done = new Promise<{ code: number | null; stderr: string; ms: number; peak: number; cpuMs: number }>((resolve) =>
-    child.once('exit', (code) => {
-      clearInterval(sampler);
-      resolve({ code, stderr, ms: Date.now() - t0, peak, cpuMs: cpu });
-    }),
-  );
-  return { pid: child.pid!, port, events, done, kill: () => child.kill('SIGKILL') };
+  const done = p.exited.then((e) => ({ code: e.code, stderr: p.stderr, ms: e.ms, peak: p.peakKiB * 1024, cpuMs: p.cpuMs }));
+  return { pid: p.pid!, port, events: p.events, done, kill: () => p.kill() };
 }
 
 async function within<T>(p: Promise<T>, ms: number, onTimeout: () => void): Promise<T | 'timeout'> {
@@ -123,40 +77,8 @@ async function within<T>(p: Promise<T>, ms: number, onTimeout: () => void): Prom
   return r;
 }
 
-function framed(sock: net.Socket) {
-  sock.on('error', () => undefined);
-  let buf: Buffer = Buffer.alloc(0);
-  let ended = false;
-  const waiters: (() => void)[] = [];
-  sock.on('data', (d: Buffer) => {
-    buf = buf.length ? Buffer.concat([buf, d]) : d;
-    waiters.splice(0).forEach((w) => w());
-  });
-  sock.on('close', () => {
-    ended = true;
-    waiters.splice(0).forEach((w) => w());
-  });
-  return async (): Promise<{ type: number; payload: Buffer } | undefined> => {
-    for (;;) {
-      if (buf.length >= 5 && buf.length >= 4 + buf.readUInt32LE(0)) {
-        const len = buf.readUInt32LE(0);
-        const f = { type: buf[4], payload: Buffer.from(buf.subarray(5, 4 + len)) };
-        buf = buf.subarray(4 + len);
-        return f;
-      }
-      if (ended) return undefined;
-      await new Promise<void>((r) => waiters.push(r));
-    }
-  };
-}
-
 const hello = (role: number, caps = 0) => encodeFrame(FrameType.HELLO, encodeHello({ minVersion: 1, maxVersion: 1, capabilities: caps, role, software: 'hostile' }));
 const keepAlive = encodeFrame(FrameType.KEEPALIVE);
-function many(frame: Buffer, n: number): Buffer {
-  const b = Buffer.allocUnsafe(frame.length * n);
-  for (let i = 0; i < n; i++) frame.copy(b, i * frame.length);
-  return b;
-}
 
 async function source(len: number, name = 'src.bin') {
   const f = path.join(work, name);
@@ -172,7 +94,7 @@ async function receiver(timeoutS: number, target = path.join(work, `t${seq++}`))
   const p = spawnCli(['receive', target, '0', '--plaintext', '--json', '--timeout', String(timeoutS), '--state-dir', path.join(work, `s${seq++}`)]);
   const sock = net.connect({ host: '127.0.0.1', port: await p.port });
   await new Promise((r) => sock.once('connect', r));
-  return { p, sock, next: framed(sock) };
+  return { p, sock, next: framesUntilClose(sock) };
 }
 
 async function receiverAfterDecision(timeoutS: number) {
@@ -195,7 +117,7 @@ async function oneShot(): Promise<void> {
     for (const p of manifestFrames(r.src.scan.manifest)) r.sock.write(encodeFrame(FrameType.MANIFEST, p));
     let f;
     while ((f = await r.next()) && f.type !== FrameType.NEED_END);
-    r.sock.write(many(encodeFrame(FrameType.DATA), 8_000_000));
+    r.sock.write(repeated(encodeFrame(FrameType.DATA), 8_000_000));
     const res = await within(r.p.done, 60_000, r.p.kill);
     r.sock.destroy();
     const x = res === 'timeout' ? await r.p.done : res;
@@ -262,7 +184,7 @@ async function oneShot(): Promise<void> {
     const p = spawnCli(['send', src.file, `127.0.0.1:${(server.address() as net.AddressInfo).port}`, '--plaintext', '--json', '--timeout', '5', '--state-dir', path.join(work, `s${seq++}`)]);
     const sock = await accepted;
     server.close();
-    const next = framed(sock);
+    const next = framesUntilClose(sock);
     sock.write(hello(Role.RECEIVER));
     await next();
     await next();
@@ -272,7 +194,7 @@ async function oneShot(): Promise<void> {
     const chunks = manifestChunkCount(src.scan.manifest);
     for (const part of needFrames(Uint32Array.from({ length: chunks }, (_, i) => i), chunks)) sock.write(encodeFrame(FrameType.NEED, part));
     sock.write(encodeFrame(FrameType.NEED_END, encodeNeedEnd({ wireChunks: chunks, identical: false })));
-    sock.write(many(encodeFrame(FrameType.NEED, Buffer.from([0, 0, 0, 0, 1])), 4_000_000));
+    sock.write(repeated(encodeFrame(FrameType.NEED, Buffer.from([0, 0, 0, 0, 1])), 4_000_000));
     void (async () => {
       while (await next());
     })();
@@ -327,7 +249,7 @@ async function serve(): Promise<void> {
   const sessions = Array.from({ length: 64 }, async (_, i) => {
     // From 16 addresses (4 each): one address may open at most 2 × 16 connections in a burst.
     const sock = await rawTls(port, who, `127.0.2.${1 + (i % 16)}`);
-    const next = framed(sock);
+    const next = framesUntilClose(sock);
     const kind = i % 4 === 0 ? 'flood' : i % 4 === 1 ? 'keepalive' : 'pull';
     if (kind === 'pull') {
       sock.write(hello(Role.RECEIVER, 0));
@@ -352,7 +274,7 @@ async function serve(): Promise<void> {
       const chunks = manifestChunkCount(manifest);
       for (const part of needFrames(Uint32Array.from({ length: chunks }, (_, k) => k), chunks)) sock.write(encodeFrame(FrameType.NEED, part));
       sock.write(encodeFrame(FrameType.NEED_END, encodeNeedEnd({ wireChunks: chunks, identical: false })));
-      sock.write(many(encodeFrame(FrameType.NEED, Buffer.from([0, 0, 0, 0, 1])), 500_000));
+      sock.write(repeated(encodeFrame(FrameType.NEED, Buffer.from([0, 0, 0, 0, 1])), 500_000));
       while (await next());
     } else {
       sock.write(hello(Role.SENDER, 0));
@@ -363,7 +285,7 @@ async function serve(): Promise<void> {
       sock.write(encodeFrame(FrameType.OFFER, encodeOffer({ kind: OfferKind.FILE, size: BigInt(1 << 30), mtimeNs: 1n, mode: 0o644, flags: 0 })));
       await next(); // DECISION
       if (kind === 'flood') {
-        sock.write(many(encodeFrame(FrameType.DATA), 2_000_000));
+        sock.write(repeated(encodeFrame(FrameType.DATA), 2_000_000));
         while (await next());
       } else {
         const tick = setInterval(() => sock.writable && sock.write(keepAlive), 200);
@@ -413,9 +335,16 @@ async function serve(): Promise<void> {
         s.once('connect', () => r());
         s.once('close', () => r());
       });
-      if (s.destroyed) continue;
+      // Connected after the stop: the sockets to destroy were already destroyed.
+      if (s.destroyed || stop) {
+        s.destroy();
+        continue;
+      }
       const t = tls.connect({ socket: s, ...strangerId, rejectUnauthorized: false, minVersion: 'TLSv1.3', checkServerIdentity: () => undefined });
       t.on('error', () => undefined);
+      // Flowing, so that the daemon's close is read: a paused TLS socket never sees the end of
+      // its stream and would wait for 'close' forever.
+      t.resume();
       opened++;
       open.add(t);
       await new Promise<void>((r) => t.once('close', () => r()));
@@ -432,7 +361,7 @@ async function serve(): Promise<void> {
       const s0 = Date.now();
       try {
         const sock = await rawTls(port, who);
-        const next = framed(sock);
+        const next = framesUntilClose(sock);
         sock.write(hello(Role.RECEIVER, OUR_CAPABILITIES));
         await next();
         sock.write(encodeFrame(FrameType.REQUEST, encodeRequest({ op: RequestOp.PULL, path: 'pub/big.bin' })));
@@ -475,7 +404,7 @@ async function perFrame(modPath: string, n: number): Promise<number> {
   const hello0 = encodeFrame(FrameType.HELLO, Buffer.alloc(16));
   c.write(hello0);
   await conn.recv();
-  const flood = many(frame, n);
+  const flood = repeated(frame, n);
   const t0 = process.cpuUsage();
   c.write(flood);
   for (let i = 0; i < n; i++) await conn.recv();
@@ -503,8 +432,8 @@ async function cpu(): Promise<void> {
     for (const p of manifestFrames(r.src.scan.manifest)) r.sock.write(encodeFrame(FrameType.MANIFEST, p));
     let f;
     while ((f = await r.next()) && f.type !== FrameType.NEED_END);
-    const before = cpuMs(r.p.pid);
-    r.sock.write(many(encodeFrame(FrameType.DATA), n));
+    const before = procCpuMs(r.p.pid);
+    r.sock.write(repeated(encodeFrame(FrameType.DATA), n));
     const res = await within(r.p.done, 120_000, r.p.kill);
     r.sock.destroy();
     const x = res === 'timeout' ? await r.p.done : res;

@@ -22,26 +22,29 @@ import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { parseArgs } from 'node:util';
-import { KiB, MiB, REPO, commandLine, flushWorkFs, fmtBytes, fmtRatio, fmtRss, machineInfo, markdown, median, rmf, tail, textTable, withTimeout, writeResultsSection, runMain } from './common.js';
+import { benchArgs, intOption, KiB, MiB, pickList, REPO, commandLine, flushWorkFs, fmtBytes, fmtRatio, fmtRss, machineInfo, markdown, median, rmf, tail, textTable, withTimeout, writeResultsSection, runMain } from './common.js';
 import { XorShift128, sha256 } from '../__test__/helpers/data';
 import { runFfsyncPair, runRsync } from './runners.js';
 
 const BEGIN_MARK = '<!-- refine-bench:begin -->';
 const END_MARK = '<!-- refine-bench:end -->';
-const ALL = ['synthetic-32', 'synthetic-1024', 'esbuild', 'typescript-js', 'typescript-tgz', 'inplace-1024'];
+const ALL = ['synthetic-32', 'synthetic-1024', 'esbuild', 'typescript-js', 'typescript-tgz', 'inplace-1024'] as const;
 
-const { values } = parseArgs({
-  options: {
+const HELP = `Usage: node --import tsx bench/refine.ts [--only ${ALL.join(',')}] [--repeat N] [--dir DIR] [--no-write]
+The scenarios and what each measures: the comment at the top of bench/refine.ts.
+`;
+const values = benchArgs(
+  process.argv.slice(2),
+  {
     only: { type: 'string' },
     repeat: { type: 'string' },
     dir: { type: 'string' },
     'no-write': { type: 'boolean' },
   },
-});
-const repeat = Number(values.repeat ?? 2);
-const only = (values.only ?? ALL.join(',')).split(',');
-for (const s of only) if (!ALL.includes(s)) throw new Error(`unknown scenario ${s} (known: ${ALL.join(', ')})`);
+  HELP,
+);
+const repeat = intOption('repeat', values.repeat, 2, 1, 100);
+const only = pickList('only', values.only, ALL);
 const work = values.dir ?? fs.mkdtempSync(path.join(os.tmpdir(), 'ffsync-bench-refine-'));
 
 interface Run {

@@ -14,8 +14,7 @@ import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { parseArgs } from 'node:util';
-import { CLI, KiB, MiB, Proc, REPO, RSYNC_BIN, UsageError, commandLine, describeExit, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, rmf, sh, tail, textTable, withTimeout, type Machine, runMain, intOption } from './common.js';
+import { benchArgs, cleanUpOnSignals, CLI, failedRuns, KiB, MiB, pickList, Proc, REPO, RSYNC_BIN, UsageError, commandLine, describeExit, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, rmf, sh, tail, textTable, withTimeout, type Machine, runMain, intOption } from './common.js';
 import { XorShift128, sha256Async } from '../__test__/helpers/data';
 import { aggregate, runFfsyncPair, runRsync, type Aggregate, type TimedSample, type ToolRuns } from './runners.js';
 
@@ -103,11 +102,9 @@ const HELP = `usage: node --import tsx bench/run.ts [options]
 `;
 
 function parseOptions(argv: string[]): Options {
-  const { values } = parseArgs({
-    args: argv,
-    strict: true,
-    allowPositionals: false,
-    options: {
+  const values = benchArgs(
+    argv,
+    {
       'size-mib': { type: 'string' },
       scenarios: { type: 'string' },
       out: { type: 'string' },
@@ -121,26 +118,12 @@ function parseOptions(argv: string[]): Options {
       'no-ssh': { type: 'boolean' },
       'no-rsync-fsync': { type: 'boolean' },
       durability: { type: 'boolean' },
-      help: { type: 'boolean', short: 'h' },
     },
-  });
-  if (values.help) {
-    process.stdout.write(HELP);
-    process.exit(0);
-  }
+    HELP,
+  );
   const sizeMib = intOption('size-mib', values['size-mib'], 1024, MIN_SIZE_MIB, 1 << 20);
-  let scenarios: ScenarioDef[];
-  if (values.scenarios === undefined) {
-    scenarios = SCENARIOS.filter((s) => DEFAULT_SCENARIOS.includes(s.name));
-  } else {
-    scenarios = [];
-    for (const raw of values.scenarios.split(',').map((s) => s.trim()).filter(Boolean)) {
-      const def = SCENARIOS.find((s) => s.name === raw);
-      if (!def) throw new UsageError(`--scenarios: unknown scenario ${JSON.stringify(raw)} (known: ${SCENARIOS.map((s) => s.name).join(', ')})`);
-      if (!scenarios.includes(def)) scenarios.push(def);
-    }
-    if (scenarios.length === 0) throw new UsageError('--scenarios: empty list');
-  }
+  const names = pickList('scenarios', values.scenarios, SCENARIOS.map((s) => s.name), DEFAULT_SCENARIOS);
+  const scenarios = SCENARIOS.filter((s) => names.includes(s.name));
   let rssSizes: number[] | undefined;
   if (values['rss-sizes'] !== undefined) {
     rssSizes = values['rss-sizes'].split(',').map((s) => intOption('rss-sizes', s.trim(), 0, MIN_SIZE_MIB, 1 << 20));
@@ -849,19 +832,11 @@ async function main(): Promise<number> {
   process.stdout.write(`\nwrote ${path.relative(process.cwd(), opts.out) || opts.out}\n`);
   if (opts.keep) process.stderr.write(`kept work dir ${dirs.root}\n`);
 
-  const failed = results.flatMap((r) => r.tools.filter((t) => t.verified !== true).map((t) => `${r.scenario.name}@${r.sizeMib}MiB/${t.tool}`));
-  if (failed.length) {
-    process.stderr.write(`\n!!!!! ${failed.length} run(s) failed or did not verify: ${failed.join(', ')}\n`);
-    return 1;
-  }
-  return 0;
+  return failedRuns(
+    results.flatMap((r) => r.tools.filter((t) => t.verified !== true).map((t) => `${r.scenario.name}@${r.sizeMib}MiB/${t.tool}`)),
+    'run(s)',
+  );
 }
 
-for (const sig of ['SIGINT', 'SIGTERM'] as const) {
-  process.once(sig, () => {
-    process.stderr.write(`\n${sig}: killing children and cleaning up\n`);
-    void cleanup().finally(() => process.exit(130));
-  });
-}
-
+cleanUpOnSignals(cleanup);
 runMain('bench/run.ts', main, cleanup);

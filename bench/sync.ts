@@ -22,18 +22,23 @@ import * as fs from 'node:fs';
 import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { parseArgs } from 'node:util';
 import { type Sshd, sshdUnavailable, startSshd } from '../__test__/helpers/sshd';
 import { tcpDelayProxy } from '../__test__/helpers/delay-proxy';
-import { CLI, KiB, MiB, Proc, RSYNC_BIN, type Relay, commandLine, describeExit, ffsyncWire, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, machineInfo, markdown, median, parseJsonLine, parseRsyncStats, rmf, runTool, tail, textTable, udpRelay, withTimeout, writeResultsSection, runMain } from './common.js';
+import { benchArgs, CLI, intOption, KiB, MiB, pickList, Proc, RSYNC_BIN, type Relay, commandLine, describeExit, ffsyncWire, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, machineInfo, markdown, median, parseJsonLine, parseRsyncStats, rmf, runTool, tail, textTable, udpRelay, withTimeout, writeResultsSection, runMain } from './common.js';
 import { XorShift128, modifyScattered, sha256, treeDigest, writeSeededFile } from '../__test__/helpers/data';
 
 const BEGIN_MARK = '<!-- sync-bench:begin -->';
 const END_MARK = '<!-- sync-bench:end -->';
 const RTT_MS = 30;
 
-const { values } = parseArgs({
-  options: {
+const SCENARIOS = ['latency', 'sync-local', 'sync-ssh-tree', 'sync-ssh-file'] as const;
+const HELP = `Usage: node --import tsx bench/sync.ts [--quick] [--only ${SCENARIOS.join(',')}] [--repeat N]
+         [--file-mib N] [--latency-files N] [--dir DIR] [--no-write]
+The scenarios and what each measures: the comment at the top of bench/sync.ts.
+`;
+const values = benchArgs(
+  process.argv.slice(2),
+  {
     quick: { type: 'boolean' },
     only: { type: 'string' },
     repeat: { type: 'string' },
@@ -42,14 +47,15 @@ const { values } = parseArgs({
     dir: { type: 'string' },
     'no-write': { type: 'boolean' },
   },
-});
+  HELP,
+);
 const quick = Boolean(values.quick);
-const repeat = Number(values.repeat ?? (quick ? 1 : 2));
-const fileMiB = Number(values['file-mib'] ?? (quick ? 64 : 256));
+const repeat = intOption('repeat', values.repeat, quick ? 1 : 2, 1, 100);
+const fileMiB = intOption('file-mib', values['file-mib'], quick ? 64 : 256, 1, 1 << 20);
 /** Files in the latency trees (issue #18 asks for 100 and 1000: time must grow with bytes,
  * not with files × RTT). */
-const latencyFiles = Number(values['latency-files'] ?? 100);
-const only = new Set((values.only ?? 'latency,sync-local,sync-ssh-tree,sync-ssh-file').split(','));
+const latencyFiles = intOption('latency-files', values['latency-files'], 100, 1, 1_000_000);
+const only = new Set(pickList('only', values.only, SCENARIOS));
 const work = values.dir ?? fs.mkdtempSync(path.join(os.tmpdir(), 'ffsync-bench-sync-'));
 
 interface Run {

@@ -15,9 +15,8 @@ import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { parseArgs } from 'node:util';
 import { type Sshd, SSHD, sshdUnavailable, startSshd as startTestSshd } from '../__test__/helpers/sshd';
-import { CLI, KiB, MiB, REPO, RSYNC_BIN, UsageError, commandLine, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, maxOf, rmf, sh, tail, textTable, withTimeout, type Machine, runMain, intOption } from './common.js';
+import { benchArgs, cleanUpOnSignals, CLI, failedRuns, KiB, MiB, pickList, REPO, RSYNC_BIN, commandLine, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, maxOf, rmf, sh, tail, textTable, withTimeout, type Machine, runMain, intOption } from './common.js';
 import { XorShift128, sha256Async } from '../__test__/helpers/data';
 import { aggregate, runFfsyncPair, runRsync, type Aggregate, type TimedSample, type ToolRuns } from './runners.js';
 
@@ -125,11 +124,9 @@ const HELP = `usage: npx tsx bench/tree.ts [options]      (or: npm run bench:tre
 `;
 
 function parseOptions(argv: string[]): Options {
-  const { values } = parseArgs({
-    args: argv,
-    strict: true,
-    allowPositionals: false,
-    options: {
+  const values = benchArgs(
+    argv,
+    {
       quick: { type: 'boolean' },
       only: { type: 'string' },
       repeat: { type: 'string' },
@@ -140,22 +137,10 @@ function parseOptions(argv: string[]): Options {
       seed: { type: 'string' },
       'timeout-s': { type: 'string' },
       keep: { type: 'boolean' },
-      help: { type: 'boolean', short: 'h' },
     },
-  });
-  if (values.help) {
-    process.stdout.write(HELP);
-    process.exit(0);
-  }
-  let only: ScenarioName[] = [...SCENARIO_NAMES];
-  if (values.only !== undefined) {
-    const want = values.only.split(',').map((s) => s.trim()).filter(Boolean);
-    for (const w of want) {
-      if (!(SCENARIO_NAMES as readonly string[]).includes(w)) throw new UsageError(`--only: unknown scenario ${JSON.stringify(w)} (known: ${SCENARIO_NAMES.join(', ')})`);
-    }
-    only = SCENARIO_NAMES.filter((n) => want.includes(n));
-    if (only.length === 0) throw new UsageError('--only: empty list');
-  }
+    HELP,
+  );
+  const only = pickList('only', values.only, SCENARIO_NAMES);
   const quick = Boolean(values.quick);
   return {
     quick,
@@ -1307,20 +1292,12 @@ async function main(): Promise<number> {
   process.stdout.write(`\nwrote the tree-bench section of ${path.relative(process.cwd(), opts.out) || opts.out}\n`);
   if (opts.keep) process.stderr.write(`kept work dir ${root}\n`);
 
-  const failed = ctx.rows.flatMap((r) => [...r.cells.values()].filter((c) => c.error).map((c) => `${r.name}/${c.tool}`));
-  if (failed.length) {
-    process.stderr.write(`\n!!!!! ${failed.length} cell(s) failed or did not verify: ${failed.join(', ')}\n`);
-    return 1;
-  }
-  return 0;
+  return failedRuns(
+    ctx.rows.flatMap((r) => [...r.cells.values()].filter((c) => c.error).map((c) => `${r.name}/${c.tool}`)),
+    'cell(s)',
+  );
 }
 
-for (const sig of ['SIGINT', 'SIGTERM'] as const) {
-  process.once(sig, () => {
-    stopping = true;
-    process.stderr.write(`\n${sig}: killing children and cleaning up\n`);
-    void cleanup().finally(() => process.exit(130));
-  });
-}
+cleanUpOnSignals(cleanup, () => (stopping = true));
 
 runMain('bench/tree.ts', main, cleanup);

@@ -1,12 +1,13 @@
 // Runs real ffsync-native processes (the compiled CLI) over loopback and collects their
 // exit codes, JSON events and output.
 import assert from 'node:assert/strict';
-import { type ChildProcess, execFileSync, spawn, spawnSync, type SpawnSyncReturns } from 'node:child_process';
+import { type ChildProcess, execFileSync, spawnSync, type SpawnSyncReturns } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { sha256 } from './data';
+import { ChildRun } from './process';
 
 /** The CLI under test: this build's, or FFSYNC_TEST_CLI (another build's main.js, to show that a
  * new test fails there). */
@@ -32,50 +33,9 @@ export interface Peer {
 
 /** Run the CLI (`cli`: this build's, or another build's main.js to compare against). */
 export function run(args: string[], env: NodeJS.ProcessEnv = {}, cli = CLI): Peer {
-  const child = spawn(process.execPath, [cli, ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
-  let stdout = '';
-  let stderr = '';
-  const events: Record<string, any>[] = [];
-  const watchers: { pred: (e: Record<string, any>) => boolean; resolve: (e: Record<string, any>) => void }[] = [];
-  let partial = '';
-  child.stdout!.on('data', (d: Buffer) => {
-    stdout += d;
-    partial += d;
-    let nl;
-    while ((nl = partial.indexOf('\n')) >= 0) {
-      const line = partial.slice(0, nl);
-      partial = partial.slice(nl + 1);
-      try {
-        const e = JSON.parse(line);
-        events.push(e);
-        for (const w of [...watchers]) {
-          if (w.pred(e)) {
-            watchers.splice(watchers.indexOf(w), 1);
-            w.resolve(e);
-          }
-        }
-      } catch {
-        // human-mode output
-      }
-    }
-  });
-  child.stderr!.on('data', (d: Buffer) => (stderr += d));
-  const done = new Promise<PeerResult>((resolve) => {
-    child.on('close', (code, signal) => resolve({ code, signal, events, stdout, stderr, summary: events.find((e) => e.event === 'summary') }));
-  });
-  return {
-    child,
-    done,
-    events,
-    waitFor: (pred) => {
-      const hit = events.find(pred);
-      if (hit) return Promise.resolve(hit);
-      return new Promise((resolve, reject) => {
-        watchers.push({ pred, resolve });
-        void done.then(() => reject(new Error(`process exited before the awaited event; stderr: ${stderr}`)));
-      });
-    },
-  };
+  const p = new ChildRun('ffsync-native', [process.execPath, cli, ...args], { env: { ...process.env, ...env } });
+  const done = p.exited.then(({ code, signal }) => ({ code, signal, events: p.events, stdout: p.stdout, stderr: p.stderr, summary: p.events.find((e) => e.event === 'summary') }));
+  return { child: p.child, done, events: p.events, waitFor: (pred) => p.waitForEvent(pred) };
 }
 
 export async function startReceiver(target: string, args: string[] = [], env: NodeJS.ProcessEnv = {}): Promise<{ peer: Peer; port: number }> {

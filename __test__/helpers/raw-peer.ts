@@ -62,6 +62,21 @@ export function frameReaderOrEnd(sock: net.Socket | tls.TLSSocket): (ms?: number
   return (ms = 10_000) => take(ms);
 }
 
+/** A hostile peer's reader: the next frame, or `undefined` once the victim closed; socket
+ * errors (a reset from the victim) are an end like any other, and it waits up to 10 minutes. */
+export function framesUntilClose(sock: net.Socket | tls.TLSSocket): () => Promise<RawFrame | undefined> {
+  sock.on('error', () => undefined);
+  const take = reader(sock);
+  return () => take(600_000);
+}
+
+/** `n` copies of `frame` in one buffer: a flood written in one call. */
+export function repeated(frame: Buffer, n: number): Buffer {
+  const b = Buffer.allocUnsafe(frame.length * n);
+  for (let i = 0; i < n; i++) frame.copy(b, i * frame.length);
+  return b;
+}
+
 /**
  * A man in the middle's relay: frames from `from` go to `to` unchanged, except that every
  * FILTER frame also excludes `extra`. The receiver's walk then never looks at those paths,
