@@ -242,7 +242,7 @@ mod tests {
     #[test]
     fn future_mtime_entry_is_trusted_once_indexed_after_its_last_change() {
         // An mtime after the indexing moment must not leave the entry racy forever: a same-size
-        // change under that mtime would go unnoticed (found by the fault suite, future-mtime).
+        // change under that mtime would go unnoticed (docs/reliability.md, future-mtime).
         let dir = tempfile::tempdir().unwrap();
         let (mut id, m) = entry();
         let now = now_ns();
