@@ -413,197 +413,28 @@ export async function runFault(kind: FaultKind, shape: Shape, seed: number, o: R
       c.restore.push(() => execFileSync('mount', ['-o', 'remount,size=64m', c.mount!]));
     }
     const fx = buildFixture(c, seed);
-    const rand = c.rand;
     // Something beside the target root that no run may touch.
     const outside = path.join(dir, 'outside');
     writeAt(outside, 'neighbour.bin', seeded(64 * KiB, seed + 7));
     writeAt(outside, 'target.bin', 'a same-named file outside the root\n');
     const outsideBefore = JSON.stringify(snapshotTree(outside));
-    const stateS = path.join(dir, 'state-s');
-    const stateR = path.join(dir, 'state-r');
+    const states = { sender: path.join(dir, 'state-s'), receiver: path.join(dir, 'state-r') };
+    const skipped = makeImmutable(c, fx);
+    if (skipped) return { ...outcome, skipped };
 
-    // Faults that are a condition of the target, set before the run.
-    if (kind === 'permission-file' || kind === 'permission-dir') {
-      let victim: string;
-      if (kind === 'permission-file') victim = shape === 'file' ? fx.target : path.join(fx.root, 'big-a.bin');
-      else victim = shape === 'file' ? fx.root : path.join(fx.root, 'sub');
-      // Immutable (even root cannot replace, rename over or create inside): the tests run
-      // as root, where mode bits would not deny anything.
-      if (!chattr('+i', victim)) return { ...outcome, skipped: `chattr +i is not supported on ${path.dirname(victim)}` };
-      c.restore.push(() => chattr('-i', victim));
-    }
-
-    const recvArgs = ['receive', fx.target, '0', '--plaintext', '--json', '--timeout', String(timeoutS), '--state-dir', stateR];
-    const receiver = run(recvArgs);
-    const listening = await receiver.waitFor((e) => e.event === 'listening').catch(() => undefined);
-    let recvRes: PeerResult;
-    let sendRes: PeerResult;
-    if (!listening) {
-      // The receiver refused its target before listening (e.g. a non-writable directory).
-      recvRes = await receiver.done;
-      sendRes = { code: null, signal: null, events: [], stdout: '', stderr: '', summary: undefined };
-    } else {
-      // Every session goes through the relay: it tells when the sender has connected (the
-      // receiver hashes its old file before that, and waits for a sender as long as it takes).
-      const proxy = await faultProxy(listening.port);
-      if (kind === 'wire-corruption') {
-        // Past HELLO (so the flip tests the engine, not version negotiation), anywhere in the
-        // first MiB of the sender's stream.
-        proxy.corruptAt(between(rand, 64, MiB));
-      }
-      // A bandwidth cap spreads the transfer over ~1 s so a random point lands inside it.
-      const sendArgs = ['send', fx.source, `127.0.0.1:${proxy.port}`, '--plaintext', '--json', '--timeout', String(timeoutS), '--state-dir', stateS, '--bwlimit', '2048'];
-      const sender = run(sendArgs);
-      const timed = kind === 'sender-kill' || kind === 'receiver-kill' || kind === 'connection-reset' || kind === 'source-changed' || kind === 'old-file-changed' || kind === 'source-vanished';
-      let injected: Promise<void> = Promise.resolve();
-      if (timed) {
-        injected = (async () => {
-          // A random point of the session: after the sender connected, up to 1.2 s later
-          // (transfers take ~1 s at the cap). A changed old file matters while the receiver
-          // copies from it, early on.
-          const started = await Promise.race([proxy.connected.then(() => true), sender.done.then(() => false)]);
-          if (!started) return;
-          await sleep(between(rand, 0, kind === 'old-file-changed' ? 400 : 1200));
-          switch (kind) {
-            case 'sender-kill':
-              sender.child.kill('SIGKILL');
-              break;
-            case 'receiver-kill':
-              receiver.child.kill('SIGKILL');
-              break;
-            case 'connection-reset':
-              proxy.reset();
-              break;
-            case 'source-changed': {
-              const rel = shape === 'file' ? 'target.bin' : pick(rand, ['big-a.bin', 'sub/big-b.bin', 'z-big.bin']);
-              const file = shape === 'file' ? fx.source : path.join(fx.source, rel);
-              // The second half: the part that travels (the first is copied from the old file).
-              const now = scribble(file, rand, 0.5, 1);
-              if (now) fx.fresh.get(rel)!.add(now);
-              break;
-            }
-            case 'old-file-changed': {
-              const rel = shape === 'file' ? 'target.bin' : pick(rand, ['big-a.bin', 'sub/big-b.bin', 'z-big.bin']);
-              // The first half: the part the receiver copies from its old file.
-              const now = scribble(path.join(fx.root, rel), rand, 0, 0.5);
-              // The changed old file is a legitimate "old" content too (the user wrote it).
-              if (now) fx.old.get(rel)?.add(now);
-              break;
-            }
-            case 'source-vanished':
-              fs.rmSync(shape === 'file' ? fx.source : path.join(fx.source, 'z-big.bin'), { force: true });
-              fx.vanished.add(shape === 'file' ? 'target.bin' : 'z-big.bin');
-              break;
-          }
-        })();
-      }
-      const hangMs = (timeoutS + 20) * 1000;
-      [sendRes, recvRes] = await Promise.all([bounded(sender, hangMs, () => v('sender hung')), bounded(receiver, hangMs, () => v('receiver hung'))]);
-      await injected;
-      proxy.close();
-    }
+    const [sendRes, recvRes] = await session(c, fx, states, timeoutS, v);
     if (process.env.FFSYNC_FAULT_DEBUG) console.error(`sender ${sendRes.code}/${sendRes.signal}: ${sendRes.stderr}\nreceiver ${recvRes.code}/${recvRes.signal}: ${recvRes.stderr}`);
     outcome.senderCode = sendRes.signal ? null : sendRes.code;
     outcome.receiverCode = recvRes.signal ? null : recvRes.code;
-
-    // Invariant: every file is its old content or exactly one of the sender's versions.
-    const after = listFiles(fx.root);
-    // Every file the sender still has arrived with one of its contents.
-    const complete = [...fx.fresh].every(([rel, fresh]) => fx.vanished.has(rel) || fresh.has(after.files.get(rel) ?? ''));
-    for (const [rel, sha] of after.files) {
-      const ok = fx.old.get(rel)?.has(sha) || fx.fresh.get(rel)?.has(sha);
-      if (!ok) v(`${rel} is neither its old content nor the sender's (a mix or a stray file)`);
-    }
-    // No deletion in a failed session: a receiver that reports an error deleted nothing; one
-    // killed by the fault may have started deleting only after every transfer succeeded.
-    const receiverFailed = recvRes.code !== null && recvRes.code !== 0;
-    for (const rel of fx.receiverOnly) {
-      if (after.files.has(rel)) continue;
-      if (receiverFailed) v(`${rel} (receiver only) was deleted in a session that failed with exit ${recvRes.code}`);
-      else if (!complete) v(`${rel} (receiver only) was deleted although the session did not transfer everything`);
-    }
-    if (JSON.stringify(snapshotTree(outside)) !== outsideBefore) v('something outside the target root changed');
-    for (const t of after.temps) {
-      if (!t.endsWith('.ffsync-part')) v(`leftover temp state ${t}`);
-    }
+    const after = checkFailedRun(c, fx, sendRes, recvRes, v);
     outcome.partialKept = after.temps.some((t) => t.endsWith('.ffsync-part'));
-
-    // Invariant: exit codes are documented ones for this fault, with one error line each.
-    const byShape = EXPECTED_BY_SHAPE[kind]?.[shape];
-    const exp = byShape ? { sender: byShape, receiver: byShape } : EXPECTED[kind];
-    const checkPeer = (who: 'sender' | 'receiver', r: PeerResult, allowed: number[]) => {
-      if (r.signal) return; // killed by the fault itself
-      if (r.code === null) return; // never started (the receiver refused first)
-      if (r.code === 0) {
-        if (!complete) v(`${who} exited 0 but the target is not the sender's content`);
-        return;
-      }
-      if (!allowed.includes(r.code)) v(`${who} exit ${r.code} is not one documented for ${kind} (${allowed.join(', ') || 'success only'}): ${errorLines(r.stderr)[0] ?? r.stderr.trim().slice(-200)}`);
-      const lines = errorLines(r.stderr);
-      if (lines.length !== 1) v(`${who} printed ${lines.length} error lines, not 1: ${r.stderr.trim().slice(-300)}`);
-      else if (MESSAGE[r.code] && !MESSAGE[r.code].test(lines[0])) v(`${who} message does not say what exit ${r.code} means: ${lines[0]}`);
-      if (r.summary && r.summary.exitCode !== r.code) v(`${who} JSON summary says exit ${r.summary.exitCode}, the process ${r.code}`);
-    };
-    // A condition that cannot be worked around (no space, an immutable file or directory)
-    // must fail the session, not be silently skipped.
-    if ((kind === 'disk-full' || kind === 'permission-file' || kind === 'permission-dir') && recvRes.code === 0) v(`${kind} went unnoticed: the receiver exited 0`);
-    checkPeer('sender', sendRes, exp.sender);
-    checkPeer('receiver', recvRes, exp.receiver);
-    if (fx.receiverOnly.length && recvRes.code !== 0 && recvRes.summary?.tree && recvRes.summary.tree.deleted !== 0) v(`a failed session (exit ${recvRes.code}) reports ${recvRes.summary.tree.deleted} deletions`);
+    if (JSON.stringify(snapshotTree(outside)) !== outsideBefore) v('something outside the target root changed');
 
     // Take the fault away, then rerun: it must converge, leave no temp state and send only
-    // what is still missing.
+    // what is still missing. (A vanished single source has nothing to converge to; the
+    // target must still be intact, which is checked above.)
     for (const u of c.restore.splice(0)) u();
-    if (!fs.existsSync(fx.source)) {
-      // A vanished single source: nothing to converge to; the target must still be intact (checked).
-    } else {
-      // What the rerun still has to send: every source file whose current content is not
-      // in the target yet (a source changed after its transfer is missing again).
-      const sourceNow = (rel: string) => (shape === 'file' ? fx.source : path.join(fx.source, rel));
-      const missing = [...fx.freshSize].reduce((sum, [rel]) => {
-        if (!fs.existsSync(sourceNow(rel))) return sum;
-        const now = sha256(sourceNow(rel));
-        return sum + (after.files.get(rel) === now ? 0 : fs.statSync(sourceNow(rel)).size);
-      }, 0);
-      let present = 0;
-      for (const t of after.temps.filter((t) => t.endsWith('.ffsync-part'))) {
-        const owner = partialOwner(t);
-        if (fs.existsSync(sourceNow(owner))) present += bytesPresent(path.join(fx.root, t), fs.readFileSync(sourceNow(owner)));
-      }
-      const r2 = await rerun(fx, stateS, stateR, timeoutS);
-      if (r2.recv.code !== 0 || r2.send.code !== 0) v(`rerun failed: receiver ${r2.recv.code} sender ${r2.send.code}: ${errorLines(r2.recv.stderr + r2.send.stderr).join(' | ')}`);
-      else {
-        const srcSnap = shape === 'file' ? { 'target.bin': sha256(fx.source) } : Object.fromEntries(listFiles(fx.source).files);
-        const got = Object.fromEntries(listFiles(fx.root).files);
-        if (JSON.stringify(sortKeys(got)) !== JSON.stringify(sortKeys(srcSnap))) v('rerun did not converge: target differs from source');
-        if (shape === 'tree') {
-          const a = snapshotTree(fx.source, { root: false });
-          const b = snapshotTree(fx.root, { root: false });
-          for (const [rel, e] of Object.entries(a)) {
-            if (e.kind === 'file' && (b[rel]?.mtimeNs !== e.mtimeNs || b[rel]?.mode !== e.mode)) v(`rerun: ${rel} has not the source's mtime and mode`);
-          }
-        } else if (fs.statSync(fx.target).mtimeMs !== fs.statSync(fx.source).mtimeMs) v("rerun: the target has not the source's mtime");
-        const left = listFiles(fx.root).temps;
-        if (left.length) v(`temp state left after the rerun: ${left.join(', ')}`);
-        const literal = r2.recv.summary?.literalBytes ?? 0;
-        // Only what is still missing: files that already landed cost nothing, a kept partial
-        // is reused (slack: a max-size chunk at each end of every partial, plus headers).
-        const bound = Math.max(0, missing - present) + after.temps.length * 512 * KiB + 64 * KiB;
-        if (literal > bound) v(`rerun sent ${literal} literal bytes, more than what was missing (${missing} - ${present} in partials)`);
-        if (kind === 'future-mtime') {
-          // Also: a content change that keeps the size and the (future) mtime is still caught.
-          const rel = shape === 'file' ? 'target.bin' : 'big-a.bin';
-          const file = sourceNow(rel);
-          const st = fs.statSync(file);
-          scribble(file, rand);
-          fs.utimesSync(file, st.atime, st.mtime);
-          const r3 = await rerun(fx, stateS, stateR, timeoutS);
-          if (r3.recv.code !== 0 || sha256(shape === 'file' ? fx.target : path.join(fx.root, rel)) !== sha256(file)) v('a same-size, same-future-mtime change was not synced');
-          const r4 = await rerun(fx, stateS, stateR, timeoutS);
-          if (r4.recv.code !== 0 || (r4.recv.summary?.literalBytes ?? 1) !== 0) v('a no-op rerun with future mtimes sent data');
-        }
-      }
-    }
+    if (fs.existsSync(fx.source)) await checkRerun(c, fx, after, states, timeoutS, v);
   } catch (e) {
     v(`runner error: ${(e as Error).stack ?? e}`);
   } finally {
@@ -622,6 +453,201 @@ export async function runFault(kind: FaultKind, shape: Shape, seed: number, o: R
   }
   outcome.ms = Date.now() - t0;
   return outcome;
+}
+
+type Violation = (msg: string) => void;
+
+/** Faults that are a condition of the target, set before the run: an immutable file or
+ * directory (even root cannot replace, rename over or create inside it; the tests run as
+ * root, where mode bits would not deny anything). Returns why the run is skipped, if it is. */
+function makeImmutable(c: Ctx, fx: Fixture): string | undefined {
+  const { kind, shape } = c;
+  if (kind !== 'permission-file' && kind !== 'permission-dir') return undefined;
+  let victim: string;
+  if (kind === 'permission-file') victim = shape === 'file' ? fx.target : path.join(fx.root, 'big-a.bin');
+  else victim = shape === 'file' ? fx.root : path.join(fx.root, 'sub');
+  if (!chattr('+i', victim)) return `chattr +i is not supported on ${path.dirname(victim)}`;
+  c.restore.push(() => chattr('-i', victim));
+  return undefined;
+}
+
+/** The faulted session: a receiver, a sender through the fault relay, and the fault injected
+ * at a random point; each peer's result (a receiver that refused its target never listened,
+ * and then no sender ran). */
+async function session(c: Ctx, fx: Fixture, states: { sender: string; receiver: string }, timeoutS: number, v: Violation): Promise<[PeerResult, PeerResult]> {
+  const { kind, rand } = c;
+  const receiver = run(['receive', fx.target, '0', '--plaintext', '--json', '--timeout', String(timeoutS), '--state-dir', states.receiver]);
+  const listening = await receiver.waitFor((e) => e.event === 'listening').catch(() => undefined);
+  if (!listening) return [{ code: null, signal: null, events: [], stdout: '', stderr: '', summary: undefined }, await receiver.done];
+  // Every session goes through the relay: it tells when the sender has connected (the
+  // receiver hashes its old file before that, and waits for a sender as long as it takes).
+  const proxy = await faultProxy(listening.port);
+  if (kind === 'wire-corruption') {
+    // Past HELLO (so the flip tests the engine, not version negotiation), anywhere in the
+    // first MiB of the sender's stream.
+    proxy.corruptAt(between(rand, 64, MiB));
+  }
+  // A bandwidth cap spreads the transfer over ~1 s so a random point lands inside it.
+  const sender = run(['send', fx.source, `127.0.0.1:${proxy.port}`, '--plaintext', '--json', '--timeout', String(timeoutS), '--state-dir', states.sender, '--bwlimit', '2048']);
+  const timed = kind === 'sender-kill' || kind === 'receiver-kill' || kind === 'connection-reset' || kind === 'source-changed' || kind === 'old-file-changed' || kind === 'source-vanished';
+  let injected: Promise<void> = Promise.resolve();
+  if (timed) {
+    injected = (async () => {
+      // A random point of the session: after the sender connected, up to 1.2 s later
+      // (transfers take ~1 s at the cap). A changed old file matters while the receiver
+      // copies from it, early on.
+      const started = await Promise.race([proxy.connected.then(() => true), sender.done.then(() => false)]);
+      if (!started) return;
+      await sleep(between(rand, 0, kind === 'old-file-changed' ? 400 : 1200));
+      inject(c, fx, { sender, receiver, proxy });
+    })();
+  }
+  const hangMs = (timeoutS + 20) * 1000;
+  const results = await Promise.all([bounded(sender, hangMs, () => v('sender hung')), bounded(receiver, hangMs, () => v('receiver hung'))]);
+  await injected;
+  proxy.close();
+  return results;
+}
+
+/** The timed faults, at the moment the session reached. */
+function inject(c: Ctx, fx: Fixture, p: { sender: Peer; receiver: Peer; proxy: FaultProxy }): void {
+  const { kind, shape, rand } = c;
+  const { sender, receiver, proxy } = p;
+  switch (kind) {
+    case 'sender-kill':
+      sender.child.kill('SIGKILL');
+      break;
+    case 'receiver-kill':
+      receiver.child.kill('SIGKILL');
+      break;
+    case 'connection-reset':
+      proxy.reset();
+      break;
+    case 'source-changed': {
+      const rel = shape === 'file' ? 'target.bin' : pick(rand, ['big-a.bin', 'sub/big-b.bin', 'z-big.bin']);
+      const file = shape === 'file' ? fx.source : path.join(fx.source, rel);
+      // The second half: the part that travels (the first is copied from the old file).
+      const now = scribble(file, rand, 0.5, 1);
+      if (now) fx.fresh.get(rel)!.add(now);
+      break;
+    }
+    case 'old-file-changed': {
+      const rel = shape === 'file' ? 'target.bin' : pick(rand, ['big-a.bin', 'sub/big-b.bin', 'z-big.bin']);
+      // The first half: the part the receiver copies from its old file.
+      const now = scribble(path.join(fx.root, rel), rand, 0, 0.5);
+      // The changed old file is a legitimate "old" content too (the user wrote it).
+      if (now) fx.old.get(rel)?.add(now);
+      break;
+    }
+    case 'source-vanished':
+      fs.rmSync(shape === 'file' ? fx.source : path.join(fx.source, 'z-big.bin'), { force: true });
+      fx.vanished.add(shape === 'file' ? 'target.bin' : 'z-big.bin');
+      break;
+  }
+}
+
+/** The first (faulted) run's invariants: every file is its old content or exactly one of the
+ * sender's versions, a failed session deleted nothing, only partials are left, and each exit
+ * code is one documented for the fault, with one error line. Returns the target as it is. */
+function checkFailedRun(c: Ctx, fx: Fixture, sendRes: PeerResult, recvRes: PeerResult, v: Violation): ReturnType<typeof listFiles> {
+  const { kind, shape } = c;
+  // Invariant: every file is its old content or exactly one of the sender's versions.
+  const after = listFiles(fx.root);
+  // Every file the sender still has arrived with one of its contents.
+  const complete = [...fx.fresh].every(([rel, fresh]) => fx.vanished.has(rel) || fresh.has(after.files.get(rel) ?? ''));
+  for (const [rel, sha] of after.files) {
+    const ok = fx.old.get(rel)?.has(sha) || fx.fresh.get(rel)?.has(sha);
+    if (!ok) v(`${rel} is neither its old content nor the sender's (a mix or a stray file)`);
+  }
+  // No deletion in a failed session: a receiver that reports an error deleted nothing; one
+  // killed by the fault may have started deleting only after every transfer succeeded.
+  const receiverFailed = recvRes.code !== null && recvRes.code !== 0;
+  for (const rel of fx.receiverOnly) {
+    if (after.files.has(rel)) continue;
+    if (receiverFailed) v(`${rel} (receiver only) was deleted in a session that failed with exit ${recvRes.code}`);
+    else if (!complete) v(`${rel} (receiver only) was deleted although the session did not transfer everything`);
+  }
+  for (const t of after.temps) {
+    if (!t.endsWith('.ffsync-part')) v(`leftover temp state ${t}`);
+  }
+
+  // Invariant: exit codes are documented ones for this fault, with one error line each.
+  const byShape = EXPECTED_BY_SHAPE[kind]?.[shape];
+  const exp = byShape ? { sender: byShape, receiver: byShape } : EXPECTED[kind];
+  const checkPeer = (who: 'sender' | 'receiver', r: PeerResult, allowed: number[]) => {
+    if (r.signal) return; // killed by the fault itself
+    if (r.code === null) return; // never started (the receiver refused first)
+    if (r.code === 0) {
+      if (!complete) v(`${who} exited 0 but the target is not the sender's content`);
+      return;
+    }
+    if (!allowed.includes(r.code)) v(`${who} exit ${r.code} is not one documented for ${kind} (${allowed.join(', ') || 'success only'}): ${errorLines(r.stderr)[0] ?? r.stderr.trim().slice(-200)}`);
+    const lines = errorLines(r.stderr);
+    if (lines.length !== 1) v(`${who} printed ${lines.length} error lines, not 1: ${r.stderr.trim().slice(-300)}`);
+    else if (MESSAGE[r.code] && !MESSAGE[r.code].test(lines[0])) v(`${who} message does not say what exit ${r.code} means: ${lines[0]}`);
+    if (r.summary && r.summary.exitCode !== r.code) v(`${who} JSON summary says exit ${r.summary.exitCode}, the process ${r.code}`);
+  };
+  // A condition that cannot be worked around (no space, an immutable file or directory)
+  // must fail the session, not be silently skipped.
+  if ((kind === 'disk-full' || kind === 'permission-file' || kind === 'permission-dir') && recvRes.code === 0) v(`${kind} went unnoticed: the receiver exited 0`);
+  checkPeer('sender', sendRes, exp.sender);
+  checkPeer('receiver', recvRes, exp.receiver);
+  if (fx.receiverOnly.length && recvRes.code !== 0 && recvRes.summary?.tree && recvRes.summary.tree.deleted !== 0) v(`a failed session (exit ${recvRes.code}) reports ${recvRes.summary.tree.deleted} deletions`);
+  return after;
+}
+
+/** The rerun once the fault is gone: it converges (content, mtime, mode), leaves no temp
+ * state, and sends only what was still missing, a kept partial reused. */
+async function checkRerun(c: Ctx, fx: Fixture, after: ReturnType<typeof listFiles>, states: { sender: string; receiver: string }, timeoutS: number, v: Violation): Promise<void> {
+  const { kind, shape, rand } = c;
+  const stateS = states.sender;
+  const stateR = states.receiver;
+  // What the rerun still has to send: every source file whose current content is not
+  // in the target yet (a source changed after its transfer is missing again).
+  const sourceNow = (rel: string) => (shape === 'file' ? fx.source : path.join(fx.source, rel));
+  const missing = [...fx.freshSize].reduce((sum, [rel]) => {
+    if (!fs.existsSync(sourceNow(rel))) return sum;
+    const now = sha256(sourceNow(rel));
+    return sum + (after.files.get(rel) === now ? 0 : fs.statSync(sourceNow(rel)).size);
+  }, 0);
+  let present = 0;
+  for (const t of after.temps.filter((t) => t.endsWith('.ffsync-part'))) {
+    const owner = partialOwner(t);
+    if (fs.existsSync(sourceNow(owner))) present += bytesPresent(path.join(fx.root, t), fs.readFileSync(sourceNow(owner)));
+  }
+  const r2 = await rerun(fx, stateS, stateR, timeoutS);
+  if (r2.recv.code !== 0 || r2.send.code !== 0) v(`rerun failed: receiver ${r2.recv.code} sender ${r2.send.code}: ${errorLines(r2.recv.stderr + r2.send.stderr).join(' | ')}`);
+  else {
+    const srcSnap = shape === 'file' ? { 'target.bin': sha256(fx.source) } : Object.fromEntries(listFiles(fx.source).files);
+    const got = Object.fromEntries(listFiles(fx.root).files);
+    if (JSON.stringify(sortKeys(got)) !== JSON.stringify(sortKeys(srcSnap))) v('rerun did not converge: target differs from source');
+    if (shape === 'tree') {
+      const a = snapshotTree(fx.source, { root: false });
+      const b = snapshotTree(fx.root, { root: false });
+      for (const [rel, e] of Object.entries(a)) {
+        if (e.kind === 'file' && (b[rel]?.mtimeNs !== e.mtimeNs || b[rel]?.mode !== e.mode)) v(`rerun: ${rel} has not the source's mtime and mode`);
+      }
+    } else if (fs.statSync(fx.target).mtimeMs !== fs.statSync(fx.source).mtimeMs) v("rerun: the target has not the source's mtime");
+    const left = listFiles(fx.root).temps;
+    if (left.length) v(`temp state left after the rerun: ${left.join(', ')}`);
+    const literal = r2.recv.summary?.literalBytes ?? 0;
+    // Only what is still missing: files that already landed cost nothing, a kept partial
+    // is reused (slack: a max-size chunk at each end of every partial, plus headers).
+    const bound = Math.max(0, missing - present) + after.temps.length * 512 * KiB + 64 * KiB;
+    if (literal > bound) v(`rerun sent ${literal} literal bytes, more than what was missing (${missing} - ${present} in partials)`);
+    if (kind === 'future-mtime') {
+      // Also: a content change that keeps the size and the (future) mtime is still caught.
+      const rel = shape === 'file' ? 'target.bin' : 'big-a.bin';
+      const file = sourceNow(rel);
+      const st = fs.statSync(file);
+      scribble(file, rand);
+      fs.utimesSync(file, st.atime, st.mtime);
+      const r3 = await rerun(fx, stateS, stateR, timeoutS);
+      if (r3.recv.code !== 0 || sha256(shape === 'file' ? fx.target : path.join(fx.root, rel)) !== sha256(file)) v('a same-size, same-future-mtime change was not synced');
+      const r4 = await rerun(fx, stateS, stateR, timeoutS);
+      if (r4.recv.code !== 0 || (r4.recv.summary?.literalBytes ?? 1) !== 0) v('a no-op rerun with future mtimes sent data');
+    }
+  }
 }
 
 function sortKeys(o: Record<string, string>): [string, string][] {
