@@ -69,12 +69,23 @@ export function killAll(): void {
 /** A benchmark's options (node:util's parseArgs: strict, no positionals); `-h`/`--help`
  * prints `help` and exits 0. */
 export function benchArgs<T extends Record<string, OptionSpec>>(argv: string[], options: T, help: string): ParsedOptions<T> {
-  const { values } = parseArgs({ args: argv, strict: true, allowPositionals: false, options: { ...options, help: { type: 'boolean', short: 'h' } } });
+  const { values } = orUsage(help, () => parseArgs({ args: argv, strict: true, allowPositionals: false, options: { ...options, help: { type: 'boolean', short: 'h' } } }));
   if ((values as { help?: boolean }).help) {
     process.stdout.write(help);
     process.exit(0);
   }
   return values as ParsedOptions<T>;
+}
+
+/** parse()'s result; if it throws (an unknown option, a value out of range), the message and
+ * `help` on stderr and exit 1, as a command-line tool answers a usage error. */
+export function orUsage<T>(help: string, parse: () => T): T {
+  try {
+    return parse();
+  } catch (e) {
+    process.stderr.write(`${e instanceof Error ? e.message : String(e)}\n\n${help}`);
+    process.exit(1);
+  }
 }
 
 type OptionSpec = NonNullable<ParseArgsConfig['options']>[string];
@@ -285,10 +296,9 @@ export function commandLine(): string {
   return ['node', ...process.execArgv, script, ...process.argv.slice(2)].map(q).join(' ');
 }
 
-/** Replace this bench's section of bench/RESULTS.md (between `begin` and `end`, inclusive),
- * or append it; the rest of the file stays untouched. Returns the file's path. */
-export function writeResultsSection(begin: string, end: string, section: string): string {
-  const file = path.join(REPO, 'bench', 'RESULTS.md');
+/** Replace this bench's section of `file` (bench/RESULTS.md unless named; between `begin` and
+ * `end`, inclusive), or append it; the rest of the file stays untouched. Returns the file's path. */
+export function writeResultsSection(begin: string, end: string, section: string, file = path.join(REPO, 'bench', 'RESULTS.md')): string {
   const old = fs.existsSync(file) ? fs.readFileSync(file, 'utf8') : '';
   const i = old.indexOf(begin);
   const j = i >= 0 ? old.indexOf(end, i) : -1;

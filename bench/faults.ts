@@ -12,29 +12,33 @@
 
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { parseArgs } from 'node:util';
 import { FAULT_KINDS, type FaultKind, type RunOutcome, type Shape, SHAPES, plan, runFault } from '../__test__/helpers/faults.js';
-import { REPO, commandLine, machineInfo, markdown } from './common.js';
+import { REPO, benchArgs, intOption, orUsage, commandLine, machineInfo, markdown } from './common.js';
 
 const BEGIN_MARK = '<!-- faults:begin -->';
 const END_MARK = '<!-- faults:end -->';
 const FIG_BEGIN = '<!-- faults:figures:begin -->';
 const FIG_END = '<!-- faults:figures:end -->';
 
-const { values } = parseArgs({
-  options: {
+const HELP = `Usage: node --import tsx bench/faults.ts [--minutes 20 | --runs N] [--seed N] [--no-write] [--out docs/reliability.md]
+What it does: the comment at the top of bench/faults.ts.
+`;
+const values = benchArgs(
+  process.argv.slice(2),
+  {
     seed: { type: 'string' },
-    minutes: { type: 'string', default: '20' },
+    minutes: { type: 'string' },
     runs: { type: 'string' },
-    'no-write': { type: 'boolean', default: false },
-    out: { type: 'string', default: path.join(REPO, 'docs', 'reliability.md') },
+    'no-write': { type: 'boolean' },
+    out: { type: 'string' },
   },
-});
-
-const seed = values.seed !== undefined ? Number(values.seed) : Math.floor(Math.random() * 2 ** 31);
-const maxRuns = values.runs !== undefined ? Number(values.runs) : Infinity;
-const deadline = Date.now() + (values.runs !== undefined ? Infinity : Number(values.minutes) * 60_000);
-if (!Number.isFinite(seed) || !(maxRuns > 0)) throw new Error('usage: --seed N, --runs N (> 0), --minutes M');
+  HELP,
+);
+const seed = orUsage(HELP, () => intOption('seed', values.seed, Math.floor(Math.random() * 2 ** 31), 0, 0xffffffff));
+const maxRuns = values.runs !== undefined ? orUsage(HELP, () => intOption('runs', values.runs, 1, 1, 10_000_000)) : Infinity;
+const minutes = orUsage(HELP, () => intOption('minutes', values.minutes, 20, 1, 10_000));
+const deadline = Date.now() + (values.runs !== undefined ? Infinity : minutes * 60_000);
+const outFile = path.resolve(values.out ?? path.join(REPO, 'docs', 'reliability.md'));
 
 interface Cell {
   runs: number;
@@ -45,7 +49,7 @@ interface Cell {
 }
 
 async function main() {
-  console.log(`fault soak: seed ${seed}, ${values.runs !== undefined ? `${maxRuns} runs` : `${values.minutes} minutes`}`);
+  console.log(`fault soak: seed ${seed}, ${values.runs !== undefined ? `${maxRuns} runs` : `${minutes} minutes`}`);
   const cells = new Map<string, Cell>();
   const cell = (k: FaultKind, s: Shape) => {
     const key = `${k}/${s}`;
@@ -109,7 +113,7 @@ async function main() {
     FIG_END,
   ].join('\n');
   if (!values['no-write']) {
-    const file = values.out!;
+    const file = outFile;
     const old = fs.existsSync(file) ? fs.readFileSync(file, 'utf8') : '# Reliability\n';
     // Inside the faults section, only the figures (between the inner markers) are replaced:
     // the method and the bugs found around them are written by hand. Without the section,

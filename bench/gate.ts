@@ -10,7 +10,7 @@ import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { CLI, KiB, MiB, REPO, RSYNC_BIN, flushWorkFs, fmtBytes, killAll, markdown, median, rmf, textTable, withTimeout, runMain } from './common.js';
+import { benchArgs, intOption, orUsage, pickList, CLI, KiB, MiB, REPO, RSYNC_BIN, flushWorkFs, fmtBytes, killAll, markdown, median, rmf, textTable, withTimeout, runMain } from './common.js';
 import { XorShift128 } from '../__test__/helpers/data';
 import { runFfsyncPair, runRsync } from './runners';
 
@@ -251,32 +251,45 @@ async function runScenario(scn: Scenario, o: Options, work: string): Promise<Res
   return res;
 }
 
+const HELP = `Usage: node --import tsx bench/gate.ts [--repeat N] [--size-mib N] [--files N] [--seed N]
+         [--only NAME,...] [--all] [--keep] [--work-dir DIR]
+  --repeat N       timed runs per tool and scenario; the median counts (default 3)
+  --size-mib N     the single-file scenarios' size (default 1024)
+  --files N        the tree scenarios' file count, 4 KiB each (default 10000)
+  --seed N         fixture seed, unsigned 32-bit (default 1)
+  --only a,b       these scenarios (gated or not)
+  --all            every scenario, the ungated ones too (reported, never failing the run)
+  --keep           keep the work directory afterwards
+  --work-dir DIR   where fixtures go (default bench/work)
+  -h, --help       this text
+`;
+
 function parseOptions(argv: string[]): Options {
-  const o: Options = { repeat: 3, sizeMib: 1024, files: 10_000, seed: 1, all: false, keep: false, workDir: path.join(REPO, 'bench', 'work') };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]!;
-    const val = () => {
-      const v = argv[++i];
-      if (v === undefined) throw new Error(`${a} needs a value`);
-      return v;
-    };
-    const int = (min: number) => {
-      const n = Number(val());
-      if (!Number.isInteger(n) || n < min) throw new Error(`${a} must be an integer ≥ ${min}`);
-      return n;
-    };
-    if (a === '--repeat') o.repeat = int(1);
-    else if (a === '--size-mib') o.sizeMib = int(1);
-    else if (a === '--files') o.files = int(1);
-    else if (a === '--seed') o.seed = int(0);
-    else if (a === '--only') o.only = new Set(val().split(','));
-    else if (a === '--all') o.all = true;
-    else if (a === '--keep') o.keep = true;
-    else if (a === '--work-dir') o.workDir = path.resolve(val());
-    else throw new Error(`unknown option ${a} (options: --repeat N, --size-mib N, --files N, --seed N, --only a,b, --all, --keep, --work-dir DIR)`);
-  }
-  for (const n of o.only ?? []) if (!SCENARIOS.some((s) => s.name === n)) throw new Error(`unknown scenario ${n}: ${SCENARIOS.map((s) => s.name).join(', ')}`);
-  return o;
+  const values = benchArgs(
+    argv,
+    {
+      repeat: { type: 'string' },
+      'size-mib': { type: 'string' },
+      files: { type: 'string' },
+      seed: { type: 'string' },
+      only: { type: 'string' },
+      all: { type: 'boolean' },
+      keep: { type: 'boolean' },
+      'work-dir': { type: 'string' },
+    },
+    HELP,
+  );
+  const names = SCENARIOS.map((s) => s.name);
+  return {
+    repeat: intOption('repeat', values.repeat, 3, 1, 100),
+    sizeMib: intOption('size-mib', values['size-mib'], 1024, 1, 1 << 20),
+    files: intOption('files', values.files, 10_000, 1, 10_000_000),
+    seed: intOption('seed', values.seed, 1, 0, 0xffffffff),
+    only: values.only === undefined ? undefined : new Set(pickList('only', values.only, names)),
+    all: Boolean(values.all),
+    keep: Boolean(values.keep),
+    workDir: path.resolve(values['work-dir'] ?? path.join(REPO, 'bench', 'work')),
+  };
 }
 
 /** The run's work directory, removed on SIGINT/SIGTERM too (unless --keep). */
@@ -284,7 +297,7 @@ let workRoot: string | undefined;
 let keepWork = false;
 
 async function main(): Promise<number> {
-  const o = parseOptions(process.argv.slice(2));
+  const o = orUsage(HELP, () => parseOptions(process.argv.slice(2)));
   if (spawnSync(RSYNC_BIN, ['--version']).status !== 0) throw new Error(`rsync not found (${RSYNC_BIN}): the gate compares against it`);
   if (!fs.existsSync(CLI)) throw new Error(`${CLI} missing: run npm run build first`);
   const chosen = SCENARIOS.filter((s) => (o.only ? o.only.has(s.name) : o.all || s.gated));

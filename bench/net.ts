@@ -34,15 +34,21 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { parseArgs } from 'node:util';
 import { tcpDelayProxy } from '../__test__/helpers/delay-proxy';
 import { releaseTrees } from '../__test__/helpers/npm-fixtures';
 import { type Sshd, sshdUnavailable, startSshd } from '../__test__/helpers/sshd';
-import { CLI, KiB, MiB, Proc, REPO, RSYNC_BIN, type Relay, commandLine, describeExit, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, maxOf, median, parseJsonLine, readRssFile, rssPrefix, sh, tail, textTable, udpRelay, runMain } from './common.js';
+import { benchArgs, intOption, orUsage, pickList, CLI, KiB, MiB, Proc, REPO, RSYNC_BIN, type Relay, commandLine, describeExit, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, maxOf, median, parseJsonLine, readRssFile, rssPrefix, sh, tail, textTable, udpRelay, runMain, UsageError } from './common.js';
 import { XorShift128, diffHashes, hashTree, modifyScattered, writeSeededFile } from '../__test__/helpers/data';
 
-const { values } = parseArgs({
-  options: {
+const HELP = `Usage: npm run bench:net -- [--cli dist/cli/main.js] [--links 100mbit/30,1gbit/30,100mbit/0,1gbit/0]
+         [--scenarios artifact,files,big] [--tools tls,parallel,quic,ssh,rsync,rsync-z] [--files 200]
+         [--size-mib 1024] [--repeat 3] [--timeout-s 900] [--dir DIR] [--basis index|copy] [--keep]
+         [--no-write] [--out bench/RESULTS-net.md]
+The link, the scenarios and the tools: the comment at the top of bench/net.ts.
+`;
+const values = benchArgs(
+  process.argv.slice(2),
+  {
     cli: { type: 'string' },
     links: { type: 'string' },
     scenarios: { type: 'string' },
@@ -61,7 +67,8 @@ const { values } = parseArgs({
     'relay-delay': { type: 'string' },
     'relay-buffer': { type: 'string' },
   },
-});
+  HELP,
+);
 
 // ---------------------------------------------------------------------------------------------
 // Options
@@ -87,22 +94,20 @@ interface Link {
 
 function parseLink(s: string): Link {
   const m = /^(\d+(?:\.\d+)?)(k|m|g)bit\/(\d+)$/i.exec(s.trim());
-  if (!m) throw new Error(`--links: "${s}" is not RATE/RTT_MS (e.g. 100mbit/30)`);
+  if (!m) throw new UsageError(`--links: "${s}" is not RATE/RTT_MS (e.g. 100mbit/30)`);
   const rateBits = Number(m[1]) * { k: 1e3, m: 1e6, g: 1e9 }[m[2]!.toLowerCase() as 'k' | 'm' | 'g'];
   return { name: `${m[1]}${m[2]}bit/s${Number(m[3]) ? `, ${m[3]} ms RTT` : ', no added delay'}`, rate: `${m[1]}${m[2]!.toLowerCase()}bit`, rateBits, rttMs: Number(m[3]) };
 }
 
 const cli = path.resolve(values.cli ?? CLI);
-const links = (values.links ?? '100mbit/30,1gbit/30,100mbit/0,1gbit/0').split(',').map(parseLink);
-const scenarios = new Set((values.scenarios ?? 'artifact,files,big').split(','));
-const tools = (values.tools ?? TOOLS.join(',')).split(',') as Tool[];
-for (const t of tools) if (!TOOLS.includes(t)) throw new Error(`--tools: unknown tool ${t} (${TOOLS.join(', ')})`);
-const nFiles = Number(values.files ?? 200);
-const sizeMiB = Number(values['size-mib'] ?? 1024);
-const repeat = Number(values.repeat ?? 3);
-const timeoutMs = Number(values['timeout-s'] ?? 900) * 1000;
-const basisMode = values.basis ?? 'index';
-if (basisMode !== 'index' && basisMode !== 'copy') throw new Error('--basis: index or copy');
+const links = orUsage(HELP, () => (values.links ?? '100mbit/30,1gbit/30,100mbit/0,1gbit/0').split(',').map(parseLink));
+const scenarios = new Set(orUsage(HELP, () => pickList('scenarios', values.scenarios, ['artifact', 'files', 'big'])));
+const tools = orUsage(HELP, () => pickList('tools', values.tools, TOOLS));
+const nFiles = orUsage(HELP, () => intOption('files', values.files, 200, 1, 1_000_000));
+const sizeMiB = orUsage(HELP, () => intOption('size-mib', values['size-mib'], 1024, 1, 1 << 20));
+const repeat = orUsage(HELP, () => intOption('repeat', values.repeat, 3, 1, 100));
+const timeoutMs = orUsage(HELP, () => intOption('timeout-s', values['timeout-s'], 900, 1, 86400)) * 1000;
+const basisMode = orUsage(HELP, () => pickList('basis', values.basis, ['index', 'copy'], ['index']))[0]!;
 const outFile = path.resolve(values.out ?? path.join(REPO, 'bench', 'RESULTS-net.md'));
 let work = '';
 

@@ -14,7 +14,7 @@ import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { benchArgs, cleanUpOnSignals, CLI, failedRuns, KiB, MiB, pickList, Proc, REPO, RSYNC_BIN, UsageError, commandLine, describeExit, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, rmf, sh, tail, textTable, withTimeout, type Machine, runMain, intOption } from './common.js';
+import { benchArgs, orUsage, cleanUpOnSignals, CLI, failedRuns, KiB, MiB, pickList, Proc, REPO, RSYNC_BIN, UsageError, commandLine, describeExit, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, rmf, sh, tail, textTable, withTimeout, type Machine, runMain, intOption } from './common.js';
 import { XorShift128, sha256Async } from '../__test__/helpers/data';
 import { aggregate, runFfsyncPair, runRsync, type Aggregate, type TimedSample, type ToolRuns } from './runners.js';
 
@@ -720,13 +720,7 @@ function header(opts: Options, m: Machine, sshNote: string, extra: string[]): st
 }
 
 async function main(): Promise<number> {
-  let opts: Options;
-  try {
-    opts = parseOptions(process.argv.slice(2));
-  } catch (e) {
-    process.stderr.write(`${e instanceof Error ? e.message : String(e)}\n\n${HELP}`);
-    return 1;
-  }
+  const opts = orUsage(HELP, () => parseOptions(process.argv.slice(2)));
   keepWork = opts.keep;
   checkPrereqs();
   await fsp.mkdir(opts.workDir, { recursive: true }); // df -T needs it to exist

@@ -46,6 +46,8 @@ export interface PairOptions {
   wrap?: (peer: 'receiver' | 'sender', argv: string[]) => string[];
   /** The port the sender dials, given the receiver's (e.g. a delay relay in front of it). */
   via?: (port: number) => Promise<number>;
+  /** TLS with each peer pinning the other's fingerprint (`ffsync-native id`); omitted: --plaintext. */
+  tls?: { senderFingerprint: string; receiverFingerprint: string };
 }
 
 export interface PairRun {
@@ -61,15 +63,16 @@ export interface PairRun {
 }
 
 /**
- * One `receive` / `send --plaintext --json` pair on 127.0.0.1. Throws unless both peers exit 0
+ * One `receive` / `send --json` pair on 127.0.0.1, --plaintext unless `o.tls` pins the peers. Throws unless both peers exit 0
  * with an ok summary; if one fails, the other gets 10 s before it is killed.
  */
 export async function runFfsyncPair(o: PairOptions): Promise<PairRun> {
   const wrap = o.wrap ?? ((_peer, argv) => argv);
+  const security = (peer: 'receiver' | 'sender') => (o.tls ? ['--trust', peer === 'receiver' ? o.tls.senderFingerprint : o.tls.receiverFingerprint] : ['--plaintext']);
   const t0 = performance.now();
   const recv = new Proc(
     `${o.label} receiver`,
-    wrap('receiver', [process.execPath, CLI, 'receive', o.dst, '0', '--bind', '127.0.0.1', '--plaintext', '--json', '--state-dir', o.stateR, ...(o.recvArgs ?? [])]),
+    wrap('receiver', [process.execPath, CLI, 'receive', o.dst, '0', '--bind', '127.0.0.1', ...security('receiver'), '--json', '--state-dir', o.stateR, ...(o.recvArgs ?? [])]),
     { rssFile: o.rssFile?.('receiver') },
   );
   let send: Proc | undefined;
@@ -81,7 +84,7 @@ export async function runFfsyncPair(o: PairOptions): Promise<PairRun> {
     const t1 = performance.now();
     const sender = new Proc(
       `${o.label} sender`,
-      wrap('sender', [process.execPath, CLI, 'send', o.src, `127.0.0.1:${dial}`, '--plaintext', '--json', '--state-dir', o.stateS, ...(o.sendArgs ?? [])]),
+      wrap('sender', [process.execPath, CLI, 'send', o.src, `127.0.0.1:${dial}`, ...security('sender'), '--json', '--state-dir', o.stateS, ...(o.sendArgs ?? [])]),
       { rssFile: o.rssFile?.('sender') },
     );
     send = sender;

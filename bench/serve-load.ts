@@ -10,45 +10,51 @@
 // Writes its section of docs/reliability.md between <!-- serve-load:begin --> and
 // <!-- serve-load:end --> (the short version runs in npm test: __test__/serve.test.ts).
 
-import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { parseArgs } from 'node:util';
+import { REPO, benchArgs, intOption, orUsage, writeResultsSection } from './common.js';
 import { runServeLoad } from './serve-load-runner.js';
 
-const { values } = parseArgs({
-  options: {
-    trees: { type: 'string', default: '32' },
-    files: { type: 'string', default: '200' },
-    big: { type: 'string', default: '4' },
-    'big-mib': { type: 'string', default: '256' },
-    rounds: { type: 'string', default: '3' },
-    seed: { type: 'string', default: '2026' },
-    'no-write': { type: 'boolean', default: false },
+const HELP = `Usage: node --import tsx bench/serve-load.ts [--trees 32] [--files 200] [--big 4] [--big-mib 256]
+         [--rounds 3] [--seed 2026] [--no-write]
+What it measures: the comment at the top of bench/serve-load.ts.
+`;
+const values = benchArgs(
+  process.argv.slice(2),
+  {
+    trees: { type: 'string' },
+    files: { type: 'string' },
+    big: { type: 'string' },
+    'big-mib': { type: 'string' },
+    rounds: { type: 'string' },
+    seed: { type: 'string' },
+    'no-write': { type: 'boolean' },
   },
-});
+  HELP,
+);
+const bigMiB = orUsage(HELP, () => intOption('big-mib', values['big-mib'], 256, 1, 1 << 20));
 
 async function main(): Promise<void> {
   const p = {
-    treeSenders: Number(values.trees),
-    filesPerTree: Number(values.files),
-    bigSenders: Number(values.big),
-    bigBytes: Number(values['big-mib']) * 2 ** 20,
-    rounds: Number(values.rounds),
-    seed: Number(values.seed),
+    treeSenders: orUsage(HELP, () => intOption('trees', values.trees, 32, 0, 10_000)),
+    filesPerTree: orUsage(HELP, () => intOption('files', values.files, 200, 1, 1_000_000)),
+    bigSenders: orUsage(HELP, () => intOption('big', values.big, 4, 0, 10_000)),
+    bigBytes: bigMiB * 2 ** 20,
+    rounds: orUsage(HELP, () => intOption('rounds', values.rounds, 3, 1, 1000)),
+    seed: orUsage(HELP, () => intOption('seed', values.seed, 2026, 0, 0xffffffff)),
     log: (l: string) => console.log(l),
   };
   const f = await runServeLoad(p);
   const failed = f.rounds.some((r) => r.failures.length || r.mismatched.length) || f.daemonFdsAfter !== f.daemonFdsBaseline || f.daemonExitCode !== 0;
   const mib = (n: number) => (n / 2 ** 20).toFixed(1);
-  const cmd = `npx tsx bench/serve-load.ts --trees ${p.treeSenders} --files ${p.filesPerTree} --big ${p.bigSenders} --big-mib ${values['big-mib']} --rounds ${p.rounds} --seed ${p.seed}`;
+  const cmd = `npx tsx bench/serve-load.ts --trees ${p.treeSenders} --files ${p.filesPerTree} --big ${p.bigSenders} --big-mib ${bigMiB} --rounds ${p.rounds} --seed ${p.seed}`;
   const lines = [
     '<!-- serve-load:begin -->',
     '## Load test of `serve`',
     '',
     `Measured ${new Date().toISOString().slice(0, 10)} on ${os.cpus().length} cores (${os.cpus()[0]?.model ?? 'unknown CPU'}), loopback, TLS. Reproduce with \`${cmd}\` (\`npm run bench:serve\` runs the defaults).`,
     '',
-    `${p.treeSenders} concurrent senders each push a tree of ${p.filesPerTree} files (0.5–16.5 KiB) and ${p.bigSenders} push a ${values['big-mib']} MiB file, all at once, ${p.rounds} rounds; between rounds ~5% of each tree's files are rewritten, one added and one removed, and each big file gets 8 × 64 KiB overwrites. Clients share 4 identities, each authorized for \`load/\` in serve-clients.conf.`,
+    `${p.treeSenders} concurrent senders each push a tree of ${p.filesPerTree} files (0.5–16.5 KiB) and ${p.bigSenders} push a ${bigMiB} MiB file, all at once, ${p.rounds} rounds; between rounds ~5% of each tree's files are rewritten, one added and one removed, and each big file gets 8 × 64 KiB overwrites. Clients share 4 identities, each authorized for \`load/\` in serve-clients.conf.`,
     '',
     '| round | sessions | wall time | failed sessions | verified byte-identical | data sent by clients | literal bytes | daemon RSS after the round |',
     '|---|---|---|---|---|---|---|---|',
@@ -63,11 +69,7 @@ async function main(): Promise<void> {
   const section = lines.join('\n');
   console.log(section);
   if (!values['no-write']) {
-    const file = path.join(__dirname, '..', 'docs', 'reliability.md');
-    const old = fs.existsSync(file) ? fs.readFileSync(file, 'utf8') : '# Reliability\n';
-    const i = old.indexOf('<!-- serve-load:begin -->');
-    const j = i >= 0 ? old.indexOf('<!-- serve-load:end -->', i) : -1;
-    fs.writeFileSync(file, i >= 0 && j > i ? old.slice(0, i) + section + old.slice(j + '<!-- serve-load:end -->'.length) : `${old.trimEnd()}\n\n${section}\n`);
+    const file = writeResultsSection('<!-- serve-load:begin -->', '<!-- serve-load:end -->', section, path.join(REPO, 'docs', 'reliability.md'));
     console.log(`wrote ${file}`);
   }
   if (failed) process.exitCode = 1;

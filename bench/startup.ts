@@ -19,8 +19,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { parseArgs } from 'node:util';
-import { CLI, KiB, REPO, RSYNC_BIN, commandLine, flushWorkFs, machineInfo, markdown, median, textTable, runMain } from './common.js';
+import { benchArgs, intOption, orUsage, CLI, KiB, REPO, RSYNC_BIN, commandLine, flushWorkFs, machineInfo, markdown, median, textTable, runMain } from './common.js';
 import { XorShift128 } from '../__test__/helpers/data';
 
 const NPM_PKG = 'typescript';
@@ -29,21 +28,20 @@ const NPM_V2 = '5.6.3';
 /** Where the tests and benches keep npm tarballs (git-ignored). */
 const TARBALLS = path.join(REPO, 'node_modules', '.cache', 'ffsync-fixtures');
 
-const { values: opt } = parseArgs({
-  options: {
-    runs: { type: 'string', default: '9' },
-    dir: { type: 'string', default: os.tmpdir() },
+const HELP = 'usage: node --import tsx bench/startup.ts [--runs N (default 9, at least 5)] [--dir DIR] [--baseline OTHER_CLI [--baseline-note TEXT]] [--no-write]\n';
+const opt = benchArgs(
+  process.argv.slice(2),
+  {
+    runs: { type: 'string' },
+    dir: { type: 'string' },
     baseline: { type: 'string' },
     'baseline-note': { type: 'string' },
-    'no-write': { type: 'boolean', default: false },
-    help: { type: 'boolean', default: false },
+    'no-write': { type: 'boolean' },
   },
-});
-if (opt.help) {
-  process.stdout.write('usage: node --import tsx bench/startup.ts [--runs N (default 9, at least 5)] [--dir DIR] [--baseline OTHER_CLI [--baseline-note TEXT]] [--no-write]\n');
-  process.exit(0);
-}
-const RUNS = Math.max(5, Number(opt.runs));
+  HELP,
+);
+const RUNS = orUsage(HELP, () => intOption('runs', opt.runs, 9, 5, 1000));
+const DIR = opt.dir ?? os.tmpdir();
 
 /**
  * One timed command: wall clock of spawn to exit, and its CPU time (user + system, all
@@ -134,7 +132,7 @@ interface Case {
 }
 
 async function main(): Promise<void> {
-  const work = fs.mkdtempSync(path.join(opt.dir!, 'ffsync-startup-'));
+  const work = fs.mkdtempSync(path.join(DIR, 'ffsync-startup-'));
   errFile = path.join(work, 'stderr.txt');
   const node = process.execPath;
   const clis: [string, string][] = [['ffsync', CLI], ...(opt.baseline ? [['baseline', path.resolve(opt.baseline)] as [string, string]] : [])];

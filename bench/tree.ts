@@ -16,7 +16,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { type Sshd, SSHD, sshdUnavailable, startSshd as startTestSshd } from '../__test__/helpers/sshd';
-import { benchArgs, cleanUpOnSignals, CLI, failedRuns, KiB, MiB, pickList, REPO, RSYNC_BIN, commandLine, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, maxOf, rmf, sh, tail, textTable, withTimeout, type Machine, runMain, intOption } from './common.js';
+import { benchArgs, orUsage, cleanUpOnSignals, CLI, failedRuns, KiB, MiB, pickList, REPO, RSYNC_BIN, commandLine, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, maxOf, rmf, sh, tail, textTable, withTimeout, type Machine, runMain, intOption } from './common.js';
 import { XorShift128, sha256Async } from '../__test__/helpers/data';
 import { aggregate, runFfsyncPair, runRsync, type Aggregate, type TimedSample, type ToolRuns } from './runners.js';
 
@@ -1233,13 +1233,7 @@ async function cleanup(): Promise<void> {
 }
 
 async function main(): Promise<number> {
-  let opts: Options;
-  try {
-    opts = parseOptions(process.argv.slice(2));
-  } catch (e) {
-    process.stderr.write(`${e instanceof Error ? e.message : String(e)}\n\n${HELP}`);
-    return 1;
-  }
+  const opts = orUsage(HELP, () => parseOptions(process.argv.slice(2)));
   if (!fs.existsSync(CLI)) throw new Error(`${CLI} not found: build first (npm run build)`);
   if (!sh(RSYNC_BIN, ['--version'])) throw new Error('rsync not found');
   await fsp.mkdir(opts.dir, { recursive: true });
