@@ -132,6 +132,7 @@ interface Case {
 }
 
 async function main(): Promise<void> {
+  fs.mkdirSync(DIR, { recursive: true });
   const work = fs.mkdtempSync(path.join(DIR, 'ffsync-startup-'));
   errFile = path.join(work, 'stderr.txt');
   const node = process.execPath;

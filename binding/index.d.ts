@@ -200,8 +200,8 @@ export declare class NativeTreeSync {
   setMaxDelete(n?: number | undefined | null): void
   /** Entries of our walk (cheap; `stats()` counts by kind). */
   entryCount(): number
-  /** Our manifest in wire form (zstd-compressed). */
-  manifest(): Buffer
+  /** Our manifest in wire form (zstd-compressed), encoded on the pool. */
+  manifest(): Promise<Buffer>
   stats(): TreeStats
   /** The session is over: close the directory handle the receiver resolves paths from. */
   releaseHandles(): void
@@ -214,8 +214,8 @@ export declare class NativeTreeSync {
   /** Hash those entries on every core; resolves to the ROOTS payload. */
   hashEntries(indices: Uint32Array, onProgress?: ((doneBytes: number) => void) | undefined | null): Promise<Buffer>
   setPeerRoots(roots: Buffer): void
-  /** Run triage (identical on both peers) and count what the plan does. */
-  triage(checksum: boolean, deleteExtraneous: boolean, update?: boolean | undefined | null, wholeFile?: boolean | undefined | null, maxSize?: number | undefined | null, minSize?: number | undefined | null, omitTimes?: boolean | undefined | null, omitPerms?: boolean | undefined | null, sizeOnly?: boolean | undefined | null, ignoreExisting?: boolean | undefined | null, existingOnly?: boolean | undefined | null): PlanCounts
+  /** Run triage (identical on both peers) on the pool and count what the plan does. */
+  triage(checksum: boolean, deleteExtraneous: boolean, update?: boolean | undefined | null, wholeFile?: boolean | undefined | null, maxSize?: number | undefined | null, minSize?: number | undefined | null, omitTimes?: boolean | undefined | null, omitPerms?: boolean | undefined | null, sizeOnly?: boolean | undefined | null, ignoreExisting?: boolean | undefined | null, existingOnly?: boolean | undefined | null): Promise<PlanCounts>
   largeTransfers(): Array<LargeTransferInfo>
   /** What the plan does, one line per action (dry-run and verbose output). */
   describe(): string

@@ -48,7 +48,7 @@ async function recvManifest(conn: FramedConnection, tree: NativeTreeSync): Promi
  * candidates) and sends those roots. After this both can triage identically.
  */
 export async function exchangeManifestsAndRoots(conn: FramedConnection, tree: NativeTreeSync, checksum: boolean, events?: SyncEvents): Promise<void> {
-  const sent = sendParts(conn, FrameType.TREE_MANIFEST, tree.manifest());
+  const sent = call(tree.manifest()).then((m) => sendParts(conn, FrameType.TREE_MANIFEST, m));
   sent.catch(() => undefined);
   await conn.keepAlive(recvManifest(conn, tree));
   await sent;

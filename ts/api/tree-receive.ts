@@ -24,7 +24,7 @@ import {
   type Offer,
   OfferFlag,
 } from '../protocol/messages.js';
-import { call, type LargeTransferInfo, type NativeTreeSync, scanFile, type StepOutcome, walkTree } from '../native/binding.js';
+import { call, type LargeTransferInfo, type NativeTreeSync, type PlanCounts, scanFile, type StepOutcome, walkTree } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { joinTreePath, showTreePath } from '../utils/tree-path.js';
 import { countLaneBytes, expect, expectUnless, type Negotiated, reportError, senderVerdict } from './session.js';
@@ -108,7 +108,7 @@ interface Plan {
   large: Map<number, LargeTransferInfo>;
   done: Set<number>;
   summary: NonNullable<SyncSummary['tree']>;
-  counts: ReturnType<NativeTreeSync['triage']>;
+  counts: PlanCounts;
 }
 
 /**
@@ -204,7 +204,7 @@ class TreeReceiver {
     const stats = tree.stats();
     await exchangeManifestsAndRoots(this.conn, tree, this.checksum, o.events);
     const deleteExtraneous = (o.offer.flags & OfferFlag.NO_DELETE) === 0 && !o.tree?.noDelete;
-    const counts = tree.triage(this.checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0, limits.maxSize, limits.minSize, limits.omitTimes, limits.omitPerms, limits.sizeOnly, limits.ignoreExisting, limits.existingOnly);
+    const counts = await call(tree.triage(this.checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0, limits.maxSize, limits.minSize, limits.omitTimes, limits.omitPerms, limits.sizeOnly, limits.ignoreExisting, limits.existingOnly));
     const summary = treeSummary(stats, counts);
     o.summary.tree = summary;
     o.summary.size = counts.sourceBytes;
@@ -516,7 +516,7 @@ function applyTreeSettings(tree: NativeTreeSync, o: Context, dryRun: boolean): v
 
 interface TreeOutcome {
   summary: NonNullable<SyncSummary['tree']>;
-  counts: ReturnType<NativeTreeSync['triage']>;
+  counts: PlanCounts;
   fin: StepOutcome;
   deleteOk: boolean;
   errors: string[];

@@ -23,7 +23,7 @@ import {
   OfferFlag,
   OfferKind,
 } from '../protocol/messages.js';
-import { call, type DirMergeSpec, type LargeTransferInfo, type NativeTreeSync, type SmallBatch, validateExcludes, walkTree } from '../native/binding.js';
+import { call, type DirMergeSpec, type LargeTransferInfo, type NativeTreeSync, type PlanCounts, type SmallBatch, validateExcludes, walkTree } from '../native/binding.js';
 import type { Duplex } from 'node:stream';
 import { openLane } from './lanes.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
@@ -129,7 +129,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   }
   const lanes = lanesWanted > 1 ? decodeLanes((await expect(conn, FrameType.LANES)).payload) : undefined;
   await exchangeManifestsAndRoots(conn, tree, Boolean(o.checksum), o.events);
-  const counts = tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile), t.maxSize, t.minSize, options.omitTimes, options.omitPerms, options.sizeOnly, options.ignoreExisting, options.existingOnly);
+  const counts = await call(tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile), t.maxSize, t.minSize, options.omitTimes, options.omitPerms, options.sizeOnly, options.ignoreExisting, options.existingOnly));
   o.summary.size = counts.sourceBytes;
   o.summary.tree = treeSummary(stats, counts);
   const listing = () => listingLines(tree, t.listing);
@@ -302,7 +302,7 @@ function sendOnStreams(physical: FramedConnection[], s: LargeSending): Promise<v
 
 /** The receiver's TREE_RESULT: the summary's counts, the session's exit code, and
  * --remove-source-files once the receiver has everything. */
-async function settleTreeResult(conn: FramedConnection, o: Context, tree: NativeTreeSync, counts: ReturnType<NativeTreeSync['triage']>): Promise<void> {
+async function settleTreeResult(conn: FramedConnection, o: Context, tree: NativeTreeSync, counts: PlanCounts): Promise<void> {
   const t = o.tree ?? {};
   const result = decodeTreeResult((await expect(conn, FrameType.TREE_RESULT)).payload);
   await call(tree.finishSender());

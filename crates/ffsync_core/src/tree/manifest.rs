@@ -223,9 +223,7 @@ impl TreeManifest {
 
     /// Wire form: zstd-compressed (paths compress well), prefixed by the raw length.
     pub fn encode_compressed(&self) -> Vec<u8> {
-        let mut out = (self.buf.len() as u64).to_le_bytes().to_vec();
-        out.extend_from_slice(&zstd::bulk::compress(&self.buf, 1).expect("zstd compress"));
-        out
+        compress_encoded(&self.buf)
     }
 
     /// Inverse of [`encode_compressed`], refusing to inflate beyond `max_len` bytes.
@@ -234,6 +232,13 @@ impl TreeManifest {
         r.push(wire)?;
         r.finish()
     }
+}
+
+/// The wire form of an encoded manifest: its raw length (u64 LE), then the zstd frame.
+pub fn compress_encoded(raw: &[u8]) -> Vec<u8> {
+    let mut out = (raw.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&zstd::bulk::compress(raw, 1).expect("zstd compress"));
+    out
 }
 
 /// Smallest encoded entry: path_len, an empty path (only the root's) and the fixed fields.
