@@ -7,7 +7,8 @@
 import crypto from 'node:crypto';
 import type { Duplex } from 'node:stream';
 import { FramedConnection } from '../transport/connection.js';
-import type { Listener } from '../transport/tcp.js';
+import { type Listener, SocketQueue } from '../transport/tcp.js';
+import { pipePair } from '../transport/stream-pair.js';
 import { peerFingerprint, type SecureStream } from '../transport/peer-identity.js';
 import { FrameType, protocolError } from '../protocol/frames.js';
 import { Role } from '../protocol/messages.js';
@@ -39,34 +40,82 @@ export async function openLane(o: { dial: () => Promise<Duplex>; label: string; 
   }
 }
 
+/** Sender: open `count` lanes at once. Each costs round trips to open (TCP, TLS, HELLO,
+ * JOIN): one after another they would delay the session by `count` times that before a
+ * file moved on any of them. If any fails, the others are closed and its error thrown. */
+export async function openLanes(count: number, o: Parameters<typeof openLane>[0]): Promise<FramedConnection[]> {
+  const opened = await Promise.allSettled(Array.from({ length: Math.max(0, count) }, () => openLane(o)));
+  const lanes = opened.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
+  const failed = opened.find((r) => r.status === 'rejected');
+  if (failed) {
+    for (const l of lanes) l.destroy();
+    throw failed.reason;
+  }
+  return lanes;
+}
+
+/** Lanes of a local tree sync: each one more in-memory pipe pair, so large files are
+ * copied in parallel (`--jobs`, default LOCAL_LANES) with no socket anywhere. */
+export function localLanes(): { listener: Listener; dial: () => Promise<Duplex> } {
+  const queue = new SocketQueue<Duplex>();
+  return {
+    listener: { host: 'local', port: 0, accept: () => queue.next(), close: () => queue.close() },
+    dial: async () => {
+      const [a, b] = pipePair();
+      queue.push(b);
+      return a;
+    },
+  };
+}
+
 /**
  * Receiver: accept lanes until the listener is closed, handing each joined one to
  * `onLane`. A connection that fails to authenticate is dropped (and reported), never
- * allowed to disturb the session; at most `maxAttempts` are looked at.
+ * allowed to disturb the session; at most `maxAttempts` are looked at. Connections
+ * authenticate side by side, since each waits a round trip for its peer's HELLO and JOIN
+ * (one after another, K lanes cost K round trips before the last can work), but never more
+ * at once than lanes still to join: a refused one frees its place. Resolves once the
+ * accepting stopped and every connection taken has joined or been refused.
  */
 export async function acceptLanes(
   listener: Listener,
   o: { token: Buffer; peerFingerprint?: string; timeoutMs: number; maxLanes: number; onLane: (c: FramedConnection) => void; onRefused: (why: string) => void },
 ): Promise<void> {
   let joined = 0;
-  for (let attempts = 0; joined < o.maxLanes && attempts < 4 * o.maxLanes + 16; attempts++) {
+  const pending = new Set<Promise<void>>();
+  for (let attempts = 0; attempts < 4 * o.maxLanes + 16; attempts++) {
+    while (pending.size > 0 && joined + pending.size >= o.maxLanes) await Promise.race(pending);
+    if (joined >= o.maxLanes) break;
     let sock: SecureStream;
     try {
       sock = await listener.accept();
     } catch {
-      return; // listener closed: the session is past the point where lanes join
+      break; // listener closed: the session is past the point where lanes join
     }
-    const conn = new FramedConnection(sock, o.timeoutMs);
-    try {
-      checkFingerprint(sock, o.peerFingerprint, `${sock.remoteAddress}:${sock.remotePort}`);
-      await handshake(conn, Role.RECEIVER);
-      const f = await expect(conn, FrameType.JOIN);
-      if (f.payload.length !== LANE_TOKEN_BYTES || !crypto.timingSafeEqual(f.payload, o.token)) throw protocolError('lane presented a wrong session token');
-      joined++;
-      o.onLane(conn);
-    } catch (e) {
-      o.onRefused((e as Error).message);
-      conn.destroy();
-    }
+    const p: Promise<void> = joinLane(sock, o).then(
+      (conn) => {
+        joined++;
+        o.onLane(conn);
+      },
+      (e: Error) => o.onRefused(e.message),
+    );
+    const settled = p.finally(() => pending.delete(settled));
+    pending.add(settled);
+  }
+  await Promise.all(pending);
+}
+
+/** One accepted connection: the session's fingerprint, the handshake, and its token. */
+async function joinLane(sock: SecureStream, o: { token: Buffer; peerFingerprint?: string; timeoutMs: number }): Promise<FramedConnection> {
+  const conn = new FramedConnection(sock, o.timeoutMs);
+  try {
+    checkFingerprint(sock, o.peerFingerprint, `${sock.remoteAddress}:${sock.remotePort}`);
+    await handshake(conn, Role.RECEIVER);
+    const f = await expect(conn, FrameType.JOIN);
+    if (f.payload.length !== LANE_TOKEN_BYTES || !crypto.timingSafeEqual(f.payload, o.token)) throw protocolError('lane presented a wrong session token');
+    return conn;
+  } catch (e) {
+    conn.destroy();
+    throw e;
   }
 }

@@ -11,10 +11,9 @@ import type { ChildProcess } from 'node:child_process';
 import type { BigIntStats } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import type { Duplex } from 'node:stream';
 import { FramedConnection } from '../transport/connection.js';
 import { joinStreams, pipePair } from '../transport/stream-pair.js';
-import { type Listener, SocketQueue } from '../transport/tcp.js';
+import { localLanes } from './lanes.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { decodeQuicOffer, decodeQuicReady, encodeQuicOffer, encodeQuicReady, Role } from '../protocol/messages.js';
 import { FrameType } from '../protocol/frames.js';
@@ -284,20 +283,6 @@ function listingOf(o: SyncOptions, src: Location, dest: Location, push: boolean,
     rootCreated: rootExisted === false,
     createdDir: destExisted === false ? dest.path.replace(/[/\\]+$/, '') : undefined,
     maxDelete: o.maxDelete,
-  };
-}
-
-/** Lanes of a local tree sync: each one more in-memory pipe pair, so large files are
- * copied in parallel (`--jobs`, default LOCAL_LANES) with no socket anywhere. */
-function localLanes(): { listener: Listener; dial: () => Promise<Duplex> } {
-  const queue = new SocketQueue<Duplex>();
-  return {
-    listener: { host: 'local', port: 0, accept: () => queue.next(), close: () => queue.close() },
-    dial: async () => {
-      const [a, b] = pipePair();
-      queue.push(b);
-      return a;
-    },
   };
 }
 

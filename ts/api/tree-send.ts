@@ -25,7 +25,7 @@ import {
 } from '../protocol/messages.js';
 import { call, type DirMergeSpec, type LargeTransferInfo, type NativeTreeSync, type PlanCounts, type SmallBatch, validateExcludes, walkTree } from '../native/binding.js';
 import type { Duplex } from 'node:stream';
-import { openLane } from './lanes.js';
+import { openLanes } from './lanes.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { BufferPool } from '../utils/buffer-pool.js';
 import { joinTreePath, showTreePath } from '../utils/tree-path.js';
@@ -212,8 +212,8 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
   const extra = lanes && o.dialLane ? Math.min(lanes.granted, large.length) - 1 : 0;
   const laneConns: FramedConnection[] = [];
   try {
-    for (let i = 0; i < extra; i++) {
-      const lane = await openLane({ dial: o.dialLane!, label: `${o.host}:${o.port}`, peerFingerprint: o.summary.peerFingerprint, token: lanes!.token, timeoutMs: o.timeoutMs ?? 60_000 });
+    const opened = extra > 0 ? await openLanes(extra, { dial: o.dialLane!, label: `${o.host}:${o.port}`, peerFingerprint: o.summary.peerFingerprint, token: lanes!.token, timeoutMs: o.timeoutMs ?? 60_000 }) : [];
+    for (const lane of opened) {
       laneConns.push(lane);
       link?.add(lane);
     }
