@@ -7,7 +7,6 @@
 import assert from 'node:assert/strict';
 import crypto from 'node:crypto';
 import { describe, it } from 'node:test';
-import type { Duplex } from 'node:stream';
 import { acceptLanes, LANE_TOKEN_BYTES, localLanes, openLanes } from '../ts/api/lanes';
 import { expect, handshake } from '../ts/api/session';
 import { FramedConnection } from '../ts/transport/connection';
@@ -20,7 +19,7 @@ const TIMEOUT_MS = 10_000;
 function within<T>(p: Promise<T>, what: string): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${what}: not within ${TIMEOUT_MS} ms (lanes handled one at a time?)`)), TIMEOUT_MS);
+    timer = setTimeout(() => reject(new Error(`${what}: not within ${TIMEOUT_MS} ms (lanes handled one at a time, or waiting for the slowest?)`)), TIMEOUT_MS);
   });
   return Promise.race([p, late]).finally(() => clearTimeout(timer));
 }
@@ -68,37 +67,44 @@ describe('lanes open side by side', () => {
     for (const c of [intruder, honest, late, ...joined]) c.destroy();
   });
 
-  it('the sender dials every lane before any has been answered', async () => {
+  it('the sender dials every lane before any has been answered, and a lane works as soon as it joined', async () => {
     const { listener, dial } = localLanes();
     const token = crypto.randomBytes(LANE_TOKEN_BYTES);
-    const opening = openLanes(4, { dial, label: 'local', token, timeoutMs: TIMEOUT_MS });
-    opening.catch(() => undefined);
-    // The barrier: the receiver we play answers nobody until all four connections are here.
+    const working: FramedConnection[] = [];
+    let firstAtWork!: () => void;
+    const oneWorking = new Promise<void>((resolve) => (firstAtWork = resolve));
+    const opening = openLanes(4, { dial, label: 'local', token, timeoutMs: TIMEOUT_MS }, async (lane) => {
+      working.push(lane);
+      firstAtWork();
+    });
+    // First barrier: the receiver we play answers nobody until all four connections are here.
     const socks = await within(Promise.all(Array.from({ length: 4 }, () => listener.accept())), 'four lanes dialled');
     const conns = socks.map((s) => new FramedConnection(s, TIMEOUT_MS));
-    const tokens = await Promise.all(
-      conns.map(async (c) => {
-        await handshake(c, Role.RECEIVER);
-        return (await expect(c, FrameType.JOIN)).payload;
-      }),
-    );
-    const lanes = await within(opening, 'openLanes resolving');
-    assert.equal(lanes.length, 4);
+    const join = async (c: FramedConnection) => {
+      await handshake(c, Role.RECEIVER);
+      return (await expect(c, FrameType.JOIN)).payload;
+    };
+    // Second barrier: one lane joins, and it must be at work before the others are answered.
+    const tokens = [await join(conns[0]!)];
+    await within(oneWorking, 'the first lane at work while the others wait');
+    assert.equal(working.length, 1);
+    tokens.push(...(await Promise.all(conns.slice(1).map(join))));
+    await within(opening.settled, 'every lane opened');
+    await opening.work;
+    assert.equal(opening.lanes.length, 4);
+    assert.equal(working.length, 4);
     for (const t of tokens) assert.ok(t.equals(token), 'each lane presents the session token');
     listener.close();
-    for (const c of [...conns, ...lanes]) c.destroy();
+    for (const c of [...conns, ...opening.lanes]) c.destroy();
   });
 
-  it('one lane failing to open fails the call and closes the lanes that opened', async () => {
+  it('one lane failing to open fails the work of the lanes; the lanes that opened are listed for the caller to close', async () => {
     const { listener, dial } = localLanes();
     const token = crypto.randomBytes(LANE_TOKEN_BYTES);
-    const dialled: Duplex[] = [];
     let calls = 0;
     const flaky = async () => {
       if (++calls === 2) throw new Error('connection refused (test)');
-      const s = await dial();
-      dialled.push(s);
-      return s;
+      return dial();
     };
     const serving = (async () => {
       const conns: FramedConnection[] = [];
@@ -110,10 +116,11 @@ describe('lanes open side by side', () => {
       }
       return conns;
     })();
-    await assert.rejects(within(openLanes(3, { dial: flaky, label: 'local', token, timeoutMs: TIMEOUT_MS }), 'openLanes settling'), /connection refused \(test\)/);
-    assert.equal(dialled.length, 2);
-    for (const s of dialled) assert.ok(s.destroyed, 'a lane that opened is closed when another failed');
+    const opening = openLanes(3, { dial: flaky, label: 'local', token, timeoutMs: TIMEOUT_MS }, async () => undefined);
+    await assert.rejects(within(opening.work, 'the work of the lanes settling'), /connection refused \(test\)/);
+    await within(opening.settled, 'every open settled');
+    assert.equal(opening.lanes.length, 2, 'the two lanes that opened are there to close');
     listener.close();
-    for (const c of await serving) c.destroy();
+    for (const c of [...(await serving), ...opening.lanes]) c.destroy();
   });
 });

@@ -40,18 +40,31 @@ export async function openLane(o: { dial: () => Promise<Duplex>; label: string; 
   }
 }
 
-/** Sender: open `count` lanes at once. Each costs round trips to open (TCP, TLS, HELLO,
- * JOIN): one after another they would delay the session by `count` times that before a
- * file moved on any of them. If any fails, the others are closed and its error thrown. */
-export async function openLanes(count: number, o: Parameters<typeof openLane>[0]): Promise<FramedConnection[]> {
-  const opened = await Promise.allSettled(Array.from({ length: Math.max(0, count) }, () => openLane(o)));
-  const lanes = opened.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
-  const failed = opened.find((r) => r.status === 'rejected');
-  if (failed) {
-    for (const l of lanes) l.destroy();
-    throw failed.reason;
-  }
-  return lanes;
+/** Lanes being opened by `openLanes`. */
+export interface LaneOpening {
+  /** The lanes that have joined so far (all of them once `settled`): the caller closes them. */
+  readonly lanes: FramedConnection[];
+  /** Every lane has joined or failed to. */
+  readonly settled: Promise<void>;
+  /** Each lane's work, begun as it joined; rejects with the first failure, an open's included. */
+  readonly work: Promise<void>;
+}
+
+/** Sender: open `count` lanes at once and hand each to `use` as soon as it has joined. Each
+ * costs round trips to open (TCP, TLS, HELLO, JOIN): one after another they would hold the
+ * session back by `count` times that, and waiting for all before any works by the slowest. */
+export function openLanes(count: number, o: Parameters<typeof openLane>[0], use: (lane: FramedConnection) => Promise<void>): LaneOpening {
+  const lanes: FramedConnection[] = [];
+  const opens = Array.from({ length: Math.max(0, count) }, () =>
+    openLane(o).then((lane) => {
+      lanes.push(lane);
+      return lane;
+    }),
+  );
+  const settled = Promise.allSettled(opens).then(() => undefined);
+  const work = Promise.all(opens.map((p) => p.then(use))).then(() => undefined);
+  work.catch(() => undefined); // the caller awaits it; a failure before that is not unhandled
+  return { lanes, settled, work };
 }
 
 /** Lanes of a local tree sync: each one more in-memory pipe pair, so large files are

@@ -210,25 +210,29 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
   const shared: LargeSending = { tree, gov, problems, o, queue: [...large], limiter, buffers };
   // Lanes only pay off with more than one large file to spread.
   const extra = lanes && o.dialLane ? Math.min(lanes.granted, large.length) - 1 : 0;
-  const laneConns: FramedConnection[] = [];
+  // Files start on the first connection at once; each lane takes its share of the streams
+  // (or, in version 1, its turn at the queue) as soon as it has joined.
+  const streamsEach = Math.ceil(MUX_WINDOW / (1 + Math.max(0, extra)));
+  const streams = multiplexed ? streamSender(shared) : undefined;
+  const worker = async (c: FramedConnection) => {
+    if (streams) return streams(c, streamsEach);
+    for (let lt = shared.queue.shift(); lt; lt = shared.queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter, buffers })).rest;
+  };
+  const opening =
+    extra > 0
+      ? openLanes(extra, { dial: o.dialLane!, label: `${o.host}:${o.port}`, peerFingerprint: o.summary.peerFingerprint, token: lanes!.token, timeoutMs: o.timeoutMs ?? 60_000 }, async (lane) => {
+          link?.add(lane);
+          await worker(lane);
+          await lane.send(FrameType.LANE_END);
+        })
+      : undefined;
   try {
-    const opened = extra > 0 ? await openLanes(extra, { dial: o.dialLane!, label: `${o.host}:${o.port}`, peerFingerprint: o.summary.peerFingerprint, token: lanes!.token, timeoutMs: o.timeoutMs ?? 60_000 }) : [];
-    for (const lane of opened) {
-      laneConns.push(lane);
-      link?.add(lane);
-    }
-    o.summary.tree!.lanes = 1 + laneConns.length;
-    if (multiplexed) {
-      await conn.keepAlive(Promise.all([smallSent, ...sendOnStreams([conn, ...laneConns], shared)]));
-    } else {
-      const worker = async (c: FramedConnection) => {
-        for (let lt = shared.queue.shift(); lt; lt = shared.queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter, buffers })).rest;
-      };
-      // The first connection works too, and keeps the session alive while lanes finish.
-      await conn.keepAlive(Promise.all([worker(conn), ...laneConns.map(worker)]));
-    }
-    for (const l of laneConns) await l.send(FrameType.LANE_END);
+    // The first connection works too, and keeps the session alive while lanes finish.
+    await conn.keepAlive(Promise.all([...(multiplexed ? [smallSent] : []), worker(conn), opening?.work]));
   } finally {
+    await opening?.settled;
+    const laneConns = opening?.lanes ?? [];
+    o.summary.tree!.lanes = 1 + laneConns.length;
     for (const l of laneConns) {
       countLaneBytes(o.summary, l);
       await l.close();
@@ -253,9 +257,10 @@ interface LargeSending {
 
 /** Version 2: large files on up to MUX_WINDOW streams spread over the connections (lanes add
  * bandwidth; the window of streams is what hides the round trips). Each stream pipelines its
- * files: the next starts while the previous waits for its RESULT. */
-function sendOnStreams(physical: FramedConnection[], s: LargeSending): Promise<void>[] {
-  const muxes = physical.map((p) => new Multiplexer(p, { opener: true }));
+ * files: the next starts while the previous waits for its RESULT. The result adds a
+ * connection, with its number of streams, whenever it joins; files are taken from one queue
+ * in plan order whichever connection's stream is free. */
+function streamSender(s: LargeSending): (conn: FramedConnection, streams: number) => Promise<void> {
   const turns = new DataTurns(DATA_BUFFERS);
   const hashing = new WorkLimit(HASHING_AT_ONCE);
   let started = 0;
@@ -297,7 +302,10 @@ function sendOnStreams(physical: FramedConnection[], s: LargeSending): Promise<v
       throw e;
     }
   };
-  return Array.from({ length: Math.min(MUX_WINDOW, s.queue.length) }, (_, i) => run(muxes[i % muxes.length]!));
+  return async (conn, streams) => {
+    const mux = new Multiplexer(conn, { opener: true });
+    await Promise.all(Array.from({ length: Math.min(streams, s.queue.length + again.length) }, () => run(mux)));
+  };
 }
 
 /** The receiver's TREE_RESULT: the summary's counts, the session's exit code, and
