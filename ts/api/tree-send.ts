@@ -218,9 +218,13 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
     if (streams) return streams(c, streamsEach);
     for (let lt = shared.queue.shift(); lt; lt = shared.queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter, buffers })).rest;
   };
+  // Set once the session's work has ended (done or failed): a lane joining after that starts
+  // nothing; it is only closed.
+  let ended = false;
   const opening =
     extra > 0
       ? openLanes(extra, { dial: o.dialLane!, label: `${o.host}:${o.port}`, peerFingerprint: o.summary.peerFingerprint, token: lanes!.token, timeoutMs: o.timeoutMs ?? 60_000 }, async (lane) => {
+          if (ended) return;
           link?.add(lane);
           await worker(lane);
           await lane.send(FrameType.LANE_END);
@@ -230,6 +234,7 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
     // The first connection works too, and keeps the session alive while lanes finish.
     await conn.keepAlive(Promise.all([...(multiplexed ? [smallSent] : []), worker(conn), opening?.work]));
   } finally {
+    ended = true;
     await opening?.settled;
     const laneConns = opening?.lanes ?? [];
     o.summary.tree!.lanes = 1 + laneConns.length;
