@@ -3,69 +3,18 @@
 // its filesystem before it reports success); with --no-fsync nothing is fsynced, synced or
 // handed to writeback, and the result is still verified and identical.
 import assert from 'node:assert/strict';
-import { execFileSync, spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { assertSameTree, CLI, run, type PeerResult, seeded, sha256, T0, tmpdir, writeAt } from './helpers/peers';
 import { type Sshd, startSshd, sshdUnavailable } from './helpers/sshd';
+import { type Call, calls, straceMissing, traced as tracedWith } from './helpers/strace';
 
 const MiB = 1024 * 1024;
 const TRACED = 'fsync,fdatasync,syncfs,sync_file_range,rename,renameat,renameat2';
 
-function straceMissing(): string | false {
-  try {
-    execFileSync('strace', ['-V'], { stdio: 'ignore' });
-    return false;
-  } catch {
-    return 'strace is not installed (.ci/run installs it)';
-  }
-}
-
-/** The CLI under strace (-f: every thread; -y: descriptors shown with their paths). */
-function traced(log: string, args: string[]): { done: Promise<PeerResult>; listening: Promise<number> } {
-  const child = spawn('strace', ['-f', '-y', '-qq', '-e', `trace=${TRACED}`, '-o', log, process.execPath, CLI, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let stdout = '';
-  let stderr = '';
-  let onPort!: (p: number) => void;
-  const listening = new Promise<number>((resolve) => (onPort = resolve));
-  child.stdout.on('data', (d: Buffer) => {
-    stdout += d;
-    const m = /"event":"listening"[^\n]*"port":(\d+)/.exec(stdout);
-    if (m) onPort(Number(m[1]));
-  });
-  child.stderr.on('data', (d: Buffer) => (stderr += d));
-  const done = new Promise<PeerResult>((resolve) =>
-    child.on('close', (code, signal) => {
-      const events = stdout.split('\n').flatMap((l) => {
-        try {
-          return [JSON.parse(l) as Record<string, any>];
-        } catch {
-          return [];
-        }
-      });
-      resolve({ code, signal, events, stdout, stderr, summary: events.find((e) => e.event === 'summary') });
-    }),
-  );
-  return { done, listening };
-}
-
-interface Call {
-  pid: string;
-  name: string;
-  line: string;
-}
-
-/** The calls strace logged, in order (an interrupted call counts where it started). */
-function calls(log: string): Call[] {
-  return fs
-    .readFileSync(log, 'utf8')
-    .split('\n')
-    .flatMap((line) => {
-      const m = /^(\d+)\s+(\w+)\(/.exec(line);
-      return m ? [{ pid: m[1]!, name: m[2]!, line }] : [];
-    });
-}
+/** The CLI under strace, tracing the calls that flush or rename. */
+const traced = (log: string, args: string[]) => tracedWith(log, TRACED, args);
 
 const isFlush = (c: Call) => c.name === 'fsync' || c.name === 'fdatasync';
 

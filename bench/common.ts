@@ -19,7 +19,11 @@ export const KiB = 1024;
 export const MiB = 1024 * KiB;
 /** The repository root (this file lives in bench/). */
 export const REPO = path.resolve(__dirname, '..');
-export const CLI = path.join(REPO, 'dist', 'cli', 'main.js');
+/** The CLI every benchmark runs: this checkout's build, or another build's
+ * (`FFSYNC_BENCH_CLI=<that checkout>/dist/cli/main.js`) for a before/after pair run side by side. */
+export const CLI = process.env.FFSYNC_BENCH_CLI ? path.resolve(process.env.FFSYNC_BENCH_CLI) : path.join(REPO, 'dist', 'cli', 'main.js');
+/** How a results file names the CLI it measured. */
+export const CLI_SHOWN = path.relative(REPO, CLI);
 export const TIME_BIN = '/usr/bin/time';
 export const RSYNC_BIN = fs.existsSync('/usr/bin/rsync') ? '/usr/bin/rsync' : 'rsync';
 

@@ -37,8 +37,8 @@ import { scanFile } from '../ts/native/binding';
 import { manifestChunkCount } from '../ts/utils/manifest';
 import { ChildRun, procCpuMs, procStatusKiB } from '../__test__/helpers/process';
 import { framesUntilClose, repeated } from '../__test__/helpers/raw-peer';
+import { CLI } from './common.js';
 
-const CLI = process.env.FFSYNC_BENCH_CLI ?? path.join(__dirname, '..', 'dist', 'cli', 'main.js');
 const work = fs.mkdtempSync(path.join(os.tmpdir(), 'ffsync-hostile-'));
 process.once('exit', () => fs.rmSync(work, { recursive: true, force: true }));
 const MiB = 1024 * 1024;

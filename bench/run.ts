@@ -14,7 +14,7 @@ import * as fsp from 'node:fs/promises';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { benchArgs, orUsage, cleanUpOnSignals, CLI, failedRuns, KiB, MiB, pickList, Proc, REPO, RSYNC_BIN, UsageError, commandLine, describeExit, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, rmf, sh, tail, textTable, withTimeout, type Machine, runMain, intOption } from './common.js';
+import { benchArgs, orUsage, cleanUpOnSignals, CLI, CLI_SHOWN, failedRuns, KiB, MiB, pickList, Proc, REPO, RSYNC_BIN, UsageError, commandLine, describeExit, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, rmf, sh, tail, textTable, withTimeout, type Machine, runMain, intOption } from './common.js';
 import { XorShift128, sha256Async } from '../__test__/helpers/data';
 import { aggregate, runFfsyncPair, runRsync, type Aggregate, type TimedSample, type ToolRuns } from './runners.js';
 
@@ -711,7 +711,7 @@ function header(opts: Options, m: Machine, sshNote: string, extra: string[]): st
     `- machine: ${m.nproc} CPUs (${m.cpu}), ${m.memory} RAM, kernel ${m.kernel}, load average at start ${m.load}`,
     `- work dir: ${opts.workDir} on ${m.fs}`,
     `- rsync: ${m.rsync} (${RSYNC_BIN})`,
-    `- node: ${m.node}; ffsync-native ${m.ffsync} (dist/cli/main.js), commit ${m.commit}`,
+    `- node: ${m.node}; ffsync-native ${m.ffsync} (${CLI_SHOWN}), commit ${m.commit}`,
     `- peak RSS measured with ${m.rssMethod}`,
     `- ${sshNote}`,
     `- seed ${opts.seed}, ${opts.repeat} timed run(s) per tool and scenario (median shown)`,

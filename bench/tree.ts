@@ -16,7 +16,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { type Sshd, SSHD, sshdUnavailable, startSshd as startTestSshd } from '../__test__/helpers/sshd';
-import { benchArgs, orUsage, cleanUpOnSignals, CLI, failedRuns, KiB, MiB, pickList, REPO, RSYNC_BIN, commandLine, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, maxOf, rmf, sh, tail, textTable, withTimeout, type Machine, runMain, intOption } from './common.js';
+import { benchArgs, orUsage, cleanUpOnSignals, CLI, CLI_SHOWN, failedRuns, KiB, MiB, pickList, REPO, RSYNC_BIN, commandLine, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, maxOf, rmf, sh, tail, textTable, withTimeout, type Machine, runMain, intOption } from './common.js';
 import { XorShift128, sha256Async } from '../__test__/helpers/data';
 import { aggregate, runFfsyncPair, runRsync, type Aggregate, type TimedSample, type ToolRuns } from './runners.js';
 
@@ -1168,7 +1168,7 @@ function section(ctx: Ctx, m: Machine): string {
     `- date: ${m.date}`,
     `- machine: ${m.nproc} cores (${m.cpu}), ${m.memory} RAM, kernel ${m.kernel}, load average at start ${m.load}`,
     `- bench dir: ${ctx.dirs.root} on ${m.fs}`,
-    `- rsync: ${m.rsync} (${RSYNC_BIN}); node ${m.node}; ffsync-native ${m.ffsync} (dist/cli/main.js), commit ${m.commit}`,
+    `- rsync: ${m.rsync} (${RSYNC_BIN}); node ${m.node}; ffsync-native ${m.ffsync} (${CLI_SHOWN}), commit ${m.commit}`,
     `- peak RSS measured with ${m.rssMethod}, one wrapper per ffsync peer; for rsync the largest of its local processes`,
     `- ${ctx.ssh.note}`,
     `- ${o.repeat} timed run(s) per tool and step (median shown), seed ${o.seed}${o.quick ? '; **--quick: 1/10 of the file counts, not the scale of the targets**' : ''}`,

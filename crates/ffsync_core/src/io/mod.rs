@@ -9,10 +9,12 @@ pub mod positional;
 pub mod reserve;
 #[cfg(target_os = "linux")]
 mod uring;
+pub mod write_turn;
 pub mod writeback;
 
 pub use clone::{clone_to_new, clone_to_new_at};
 pub use copy::copy_range;
 pub use offset_io::{read_exact_at, write_at};
 pub use positional::{hash_range, PositionalWriter};
+pub use write_turn::WriteTurn;
 pub use writeback::Writeback;

@@ -55,6 +55,8 @@ pub struct Prefill {
     reservation: crate::io::reserve::Reservation,
     /// Writeback started as data lands (crate::io::writeback), unless `--no-fsync`.
     writeback: crate::io::Writeback,
+    /// One writer at a time into `file` (crate::io::write_turn).
+    write_turn: crate::io::WriteTurn,
     file: Option<File>,
     size: u64,
     params: ChunkParams,
@@ -163,6 +165,7 @@ impl Prefill {
             temp,
             reservation: crate::io::reserve::Reservation::new(size),
             writeback: crate::io::Writeback::new(fsync),
+            write_turn: crate::io::WriteTurn::new(),
             file: Some(file),
             size,
             params,
@@ -241,6 +244,12 @@ impl Prefill {
         let chunks = &self.view.chunks;
         let sources = &self.sources;
         let writeback = &self.writeback;
+        let turn = &self.write_turn;
+        // Copied one at a time, verified side by side (crate::io::write_turn).
+        let copy_range_in_turn = |src: &File, so: u64, file: &File, doff: u64, len: u64| {
+            let _turn = turn.take();
+            copy_range(src, so, file, doff, len)
+        };
         let done: Vec<Vec<(usize, Anchor)>> = runs
             .par_iter()
             .map(|&(source, so, first, count, len, prove)| {
@@ -248,7 +257,7 @@ impl Prefill {
                     return Vec::new();
                 };
                 let doff = chunks[first].offset;
-                if !prove && copy_range(src, so, file, doff, len).is_err() {
+                if !prove && copy_range_in_turn(src, so, file, doff, len).is_err() {
                     return Vec::new();
                 }
                 let mut ok = Vec::with_capacity(count);
@@ -311,6 +320,8 @@ impl Prefill {
                 .before_write(file, first, last)
                 .map_err(|e| CoreError::io(self.temp.shown(), e))?;
         }
+        // Hashed side by side, written one at a time (crate::io::write_turn).
+        let turn = &self.write_turn;
         records.par_iter().try_for_each(|r| {
             let mut buf = Vec::new();
             let data = r.raw(&mut buf)?;
@@ -321,7 +332,11 @@ impl Prefill {
                     origin: "received from the peer",
                 });
             }
-            write_at(file, data, c.offset).map_err(|e| CoreError::io(self.temp.shown(), e))?;
+            {
+                let _turn = turn.take();
+                write_at(file, data, c.offset).map_err(|e| CoreError::io(self.temp.shown(), e))?;
+            }
+            // Outside the turn: a full writeback window may wait for the disk here.
             writeback.wrote(file, c.offset, c.len as u64);
             Ok(())
         })?;

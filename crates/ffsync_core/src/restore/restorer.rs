@@ -144,6 +144,9 @@ pub struct Reconstruction {
     origins: Vec<Origin>,
     received: Mutex<Vec<bool>>,
     writer: PositionalWriter,
+    /// One writer at a time into `file`, copies and received batches alike
+    /// (crate::io::write_turn).
+    write_turn: crate::io::WriteTurn,
     /// Space reserved just ahead of the data written (crate::io::reserve).
     reservation: crate::io::reserve::Reservation,
     /// Fsync before the rename (see [`BeginOptions::fsync`]).
@@ -375,6 +378,7 @@ impl Reconstruction {
             origins,
             received: Mutex::new(vec![false; n]),
             writer: PositionalWriter::new(),
+            write_turn: crate::io::WriteTurn::new(),
             reservation: crate::io::reserve::Reservation::new(size),
             fsync,
             backup,
@@ -589,7 +593,12 @@ impl Reconstruction {
         runs.par_iter().try_for_each(|&(source, so, first, count, len)| {
             let (path, f) = &self.sources[source];
             let doff = self.manifest.chunks[first].offset;
-            copy_range(f, so, &self.file, doff, len).map_err(|e| {
+            // Copied one at a time, verified side by side (crate::io::write_turn).
+            let copied = {
+                let _turn = self.write_turn.take();
+                copy_range(f, so, &self.file, doff, len)
+            };
+            copied.map_err(|e| {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     CoreError::VerifyFailed(format!("{} changed during the sync", path.display()))
                 } else {
@@ -718,9 +727,12 @@ impl Reconstruction {
                     .before_write(&self.file, first, last)
                     .map_err(|e| CoreError::io(self.temp.shown(), e))?;
             }
-            self.writer
-                .write_batch(&self.file, &writes)
-                .map_err(|e| CoreError::io(self.temp.shown(), e))?;
+            {
+                let _turn = self.write_turn.take();
+                self.writer
+                    .write_batch(&self.file, &writes)
+                    .map_err(|e| CoreError::io(self.temp.shown(), e))?;
+            }
             for (off, data) in &writes {
                 self.writeback.wrote(&self.file, *off, data.len() as u64);
             }
