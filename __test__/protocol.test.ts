@@ -34,8 +34,33 @@ import { garbageRelief, RELIEF_STEP } from '../ts/utils/gc';
 import { pipePair } from '../ts/transport/stream-pair';
 import { seeded } from './helpers/peers';
 import { rng } from './helpers/faults';
+import { FfsyncError } from '../ts/utils/errors';
 
 describe('frame decoder', () => {
+  it('a first frame whose length bytes read 16 03 0x is a frame, not TLS; a TLS ClientHello is refused at its fifth byte', () => {
+    // Bodies of 790, 66,326, ... bytes start with the bytes of a TLS record header; the decoder
+    // once refused them as the first frame of a connection or of a multiplexed stream.
+    for (let minor = 0; minor <= 4; minor++) {
+      const body = 0x16 + 0x0300 + minor * 0x10000;
+      const frame = encodeFrame(FrameType.DATA, seeded(body - 1, minor));
+      assert.deepEqual([...frame.subarray(0, 3)], [0x16, 0x03, minor]);
+      for (const cut of [3, 5, 6, frame.length]) {
+        const d = new FrameDecoder();
+        const got = [...d.push(frame.subarray(0, cut)), ...d.push(frame.subarray(cut))];
+        assert.equal(got.length, 1, `body ${body}, cut at ${cut}`);
+        assert.ok(got[0]!.payload.equals(frame.subarray(5)));
+        got[0]!.release?.();
+      }
+    }
+    // A TLS 1.2/1.3 ClientHello record of 517 bytes (Node's): 16 03 01 02 05 01 …
+    const hello = Buffer.concat([Buffer.from([0x16, 0x03, 0x01, 0x02, 0x05, 0x01]), Buffer.alloc(20)]);
+    const d = new FrameDecoder();
+    assert.deepEqual(d.push(hello.subarray(0, 4)), [], 'four bytes decide nothing');
+    assert.throws(() => d.push(hello.subarray(4, 5)), (e: FfsyncError) => e.code === 'ETLSPEER' && e.exitCode === 2);
+    // One of 200 bytes (16 03 03 00 c8): the body would fit, but 0xc8 is no frame type.
+    assert.throws(() => new FrameDecoder().push(Buffer.from([0x16, 0x03, 0x03, 0x00, 0xc8, 0x01])), (e: FfsyncError) => e.code === 'ETLSPEER');
+  });
+
   it('reassembles frames split at every possible byte boundary', () => {
     const frames = [encodeFrame(FrameType.HELLO, Buffer.from('abc')), encodeFrame(FrameType.DATA, seeded(300_000, 1)), encodeFrame(FrameType.DATA_END, Buffer.alloc(12))];
     const stream = Buffer.concat(frames);
