@@ -3,6 +3,8 @@
 import assert from 'node:assert/strict';
 import { it } from 'node:test';
 import { DataTurns } from '../ts/utils/data-turns';
+import { SEND_BUFFERS } from '../ts/api/content-send';
+import { dataBuffers } from '../ts/api/tree-send';
 
 const tick = () => new Promise((r) => setImmediate(r));
 
@@ -71,4 +73,28 @@ it('a turn holds the units it asked for: a big file waits until enough are free,
   assert.equal(await Promise.race([overAsking, tick().then(() => 'waiting')]), 'waiting');
   after.done();
   assert.equal(await Promise.race([overAsking, tick().then(() => 'still waiting')]), 'granted');
+});
+
+it("a session's budget: one big file's read-ahead at a time on one connection, two with lanes (decisions §78)", async () => {
+  for (const [connections, atOnce] of [
+    [1, 1],
+    [4, 2],
+  ] as const) {
+    const turns = new DataTurns(dataBuffers(connections));
+    const t = [0, 1, 2].map((i) => turns.turn(i));
+    const granted: number[] = [];
+    for (const i of [0, 1, 2]) void t[i]!.take(SEND_BUFFERS).then(() => granted.push(i));
+    await tick();
+    assert.deepEqual(granted, [0, 1].slice(0, atOnce), `${connections} connection(s): big files sending at once`);
+    t[0]!.done();
+    await tick();
+    assert.deepEqual(granted, [0, 1, 2].slice(0, atOnce + 1), `${connections} connection(s): the next file goes when one is done`);
+  }
+  // Small deltas (one buffer each) still go several at once on one connection.
+  const turns = new DataTurns(dataBuffers(1));
+  const small = [0, 1, 2, 3, 4].map((i) => turns.turn(i));
+  let going = 0;
+  for (const s of small) void s.take(1).then(() => going++);
+  await tick();
+  assert.equal(going, 4, 'four small deltas at once');
 });

@@ -531,10 +531,58 @@ describe('multiplexed streams', () => {
     }
   });
 
+  it('a lane\'s first MUX frames may come in the read that brings its JOIN: held until its multiplexer attaches', async () => {
+    // What a lane's sender writes right behind JOIN: a MUX frame opening its first stream,
+    // captured from a real opener (its bytes never reach a peer).
+    const [x, y] = pipePair();
+    const opener = new FramedConnection(x, 0);
+    const muxFrames: Buffer[] = [];
+    opener.sendParts = (type, ps, onWritten) => {
+      if (type === FrameType.MUX) muxFrames.push(encodeFrame(FrameType.MUX, Buffer.concat(ps)));
+      onWritten?.();
+      return Promise.resolve();
+    };
+    void new Multiplexer(opener, { opener: true }).open().send(FrameType.DATA, Buffer.from('the first stream\'s bytes'));
+    await new Promise((r) => setTimeout(r, 50));
+    x.destroy();
+    y.destroy();
+    assert.ok(muxFrames.length >= 1, 'the opener wrote its stream');
+    const joinAndStream = Buffer.concat([encodeFrame(FrameType.JOIN, Buffer.alloc(16, 7)), ...muxFrames]);
+    for (const expecting of [true, false]) {
+      const [a, b] = pipePair();
+      const lane = new FramedConnection(b, 0);
+      if (expecting) lane.expectMux();
+      a.write(joinAndStream); // one read: JOIN and the stream behind it
+      try {
+        if (!expecting) {
+          // Without being told, the connection refuses a MUX frame it has no multiplexer for
+          // (the defect this guards against: a lane failed with exit 12 when both came at once).
+          assert.equal((await lane.recv()).type, FrameType.JOIN, 'frames before the violation are delivered');
+          await assert.rejects(lane.recv(), /MUX frame outside a multiplexed tree session/);
+          continue;
+        }
+        const join = await lane.recv();
+        assert.equal(join.type, FrameType.JOIN);
+        const accepted = new Promise<FramedConnection>((resolve) => new Multiplexer(lane, { opener: false, onStream: resolve }));
+        const stream = await accepted;
+        const f = await stream.recv();
+        assert.equal(f.type, FrameType.DATA);
+        assert.equal(f.payload.toString(), 'the first stream\'s bytes');
+        assert.equal(lane.pendingBytes, 0, 'the held frame no longer counts against the connection');
+      } finally {
+        a.destroy();
+        b.destroy();
+      }
+    }
+  });
+
   it('a connection stops reading at its window of unread stream bytes; lanes share the session\'s window', async () => {
+    const STREAM_MARK = 4 * 1024 * 1024;
     assert.equal(laneWindow(1), MUX_HIGH_WATER);
-    assert.equal(laneWindow(4), MUX_HIGH_WATER / 4, 'four lanes read ahead as much as one connection');
-    assert.equal(laneWindow(16), 4 * 1024 * 1024, 'never under one stream\'s high-water mark');
+    for (const n of [2, 4, 16]) {
+      assert.ok(laneWindow(n) <= Math.max(STREAM_MARK, MUX_HIGH_WATER / n), `${n} lanes read ahead no more than one connection does`);
+      assert.ok(laneWindow(n) >= STREAM_MARK, 'never under one stream\'s high-water mark');
+    }
     const [a, b] = pipePair();
     const ca = new FramedConnection(a, 0);
     const cb = new FramedConnection(b, 0);
@@ -556,10 +604,11 @@ describe('multiplexed streams', () => {
       assert.ok(b.isPaused(), 'the connection stopped reading');
       // One 1 MiB frame (and its MUX frame) may land past the mark before the pause.
       assert.ok(first <= laneWindow(4) + 2 * 1024 * 1024, `${first} bytes read ahead with a window of ${laneWindow(4)}`);
-      mux.setWindow(MUX_HIGH_WATER);
+      const wider = 4 * laneWindow(4);
+      mux.setWindow(wider);
       await settle();
       assert.ok(read() > first, `a wider window reads on: ${first} then ${read()}, paused ${b.isPaused()}`);
-      assert.ok(read() <= MUX_HIGH_WATER + 2 * 1024 * 1024);
+      assert.ok(read() <= wider + 2 * 1024 * 1024);
       for (let k = 0; k < 24; k++) {
         const f = await inn.recv();
         assert.equal(f.payload[0], k);

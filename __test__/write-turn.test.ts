@@ -13,9 +13,10 @@ import { modify, run, seeded, sha256, tmpdir } from './helpers/peers';
 import { straceMissing, traced } from './helpers/strace';
 
 const MiB = 1024 * 1024;
-const WRITES = 'pwrite64,pwritev,pwritev2,copy_file_range';
+// fallocate: reserving space ahead of the data takes the inode lock as a write does.
+const WRITES = 'pwrite64,pwritev,pwritev2,copy_file_range,fallocate';
 
-/** The file a traced write goes into: the first descriptor's path for pwrite*, the second
+/** The file a traced write goes into: the first descriptor's path for pwrite* and fallocate, the second
  * (the destination) for copy_file_range. */
 function writtenFile(name: string, args: string): string | undefined {
   const paths = [...args.matchAll(/\d+<([^>]*)>/g)].map((m) => m[1]!);

@@ -18,8 +18,9 @@
 //   artifact  consecutive releases of npm packages with native binaries and big JS bundles
 //             (__test__/helpers/npm-fixtures.ts: esbuild, typescript, prettier, biome, semver):
 //             cold (empty target) and release A -> release B.
-//   files     N files of 1-8 MiB (seeded), each with a 4 KiB overwrite and every 4th also a 1 KiB
-//             insertion; the receiver holds the old version.
+//   files     N files of 1-8 MiB (seeded): cold (empty target, incompressible: the link's rate and
+//             the peers' read-ahead decide), then each with a 4 KiB overwrite and every 4th also a
+//             1 KiB insertion, the receiver holding the old version.
 //   big       one file (default 1 GiB) with scattered 64 KiB overwrites, one per 16 MiB.
 // Delta targets: rsync's is a `cp -a` of the old version; ffsync-native's (--basis index, the
 // default) the old version written by an untimed local `ffsync-native sync` with the receiver's
@@ -269,8 +270,9 @@ function artifactSteps(): Step[] {
 }
 
 /** N files of 1–8 MiB; the new version has a 4 KiB overwrite in each and a 1 KiB insertion in every
- * 4th, and a newer mtime (so rsync's quick check sees every file as changed). */
-function filesStep(): Step {
+ * 4th, and a newer mtime (so rsync's quick check sees every file as changed). Sent cold first (random
+ * data, incompressible: the link's rate and the peers' read-ahead decide), then over the old version. */
+function filesSteps(): Step[] {
   const oldDir = path.join(work, 'files-old');
   const newDir = path.join(work, 'files-new');
   const rng = new XorShift128(1800, 5);
@@ -300,7 +302,13 @@ function filesStep(): Step {
     }
     bytes += next.length;
   }
-  return { scenario: `${nFiles} files of 1–8 MiB`, step: 'small edits', src: newDir, tree: true, basis: oldDir, want: hashTree(newDir), describe: `${nFiles} files, ${fmtBytes(bytes)}` };
+  const scenario = `${nFiles} files of 1–8 MiB`;
+  const want = hashTree(newDir);
+  const describe = `${nFiles} files, ${fmtBytes(bytes)}`;
+  return [
+    { scenario, step: 'cold (empty target)', src: newDir, tree: true, want, describe },
+    { scenario, step: 'small edits', src: newDir, tree: true, basis: oldDir, want, describe },
+  ];
 }
 
 function bigStep(): Step {
@@ -566,7 +574,7 @@ async function main(): Promise<number> {
   process.stderr.write(`work dir ${work}; building fixtures…\n`);
   const steps: Step[] = [];
   if (scenarios.has('artifact')) steps.push(...artifactSteps());
-  if (scenarios.has('files')) steps.push(filesStep());
+  if (scenarios.has('files')) steps.push(...filesSteps());
   if (scenarios.has('big')) steps.push(bigStep());
   const describe = [...new Set(steps.map((s) => `${s.scenario}: ${s.describe}`))];
 

@@ -92,7 +92,16 @@ export function localLanes(): { listener: Listener; dial: () => Promise<Duplex> 
  */
 export async function acceptLanes(
   listener: Listener,
-  o: { token: Buffer; peerFingerprint?: string; timeoutMs: number; maxLanes: number; onLane: (c: FramedConnection) => void; onRefused: (why: string) => void },
+  o: {
+    token: Buffer;
+    peerFingerprint?: string;
+    timeoutMs: number;
+    maxLanes: number;
+    /** A version 2 session: the sender's streams start right behind its JOIN. */
+    multiplexed?: boolean;
+    onLane: (c: FramedConnection) => void;
+    onRefused: (why: string) => void;
+  },
 ): Promise<void> {
   let joined = 0;
   const pending = new Set<Promise<void>>();
@@ -119,8 +128,11 @@ export async function acceptLanes(
 }
 
 /** One accepted connection: the session's fingerprint, the handshake, and its token. */
-async function joinLane(sock: SecureStream, o: { token: Buffer; peerFingerprint?: string; timeoutMs: number }): Promise<FramedConnection> {
+async function joinLane(sock: SecureStream, o: { token: Buffer; peerFingerprint?: string; timeoutMs: number; multiplexed?: boolean }): Promise<FramedConnection> {
   const conn = new FramedConnection(sock, o.timeoutMs);
+  // Its first MUX frames may arrive in the very read that brings JOIN: held until onLane
+  // attaches the multiplexer (dropped with the connection if JOIN is refused).
+  if (o.multiplexed) conn.expectMux();
   try {
     checkFingerprint(sock, o.peerFingerprint, `${sock.remoteAddress}:${sock.remotePort}`);
     await handshake(conn, Role.RECEIVER);

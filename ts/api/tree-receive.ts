@@ -334,6 +334,7 @@ class TreeReceiver {
       peerFingerprint: o.peerFingerprint,
       timeoutMs: o.timeoutMs ?? 60_000,
       maxLanes: granted - 1,
+      multiplexed: this.multiplexed,
       onLane: (c) => {
         this.lanes.push(c);
         this.carryStreams(c);

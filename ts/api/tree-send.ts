@@ -46,9 +46,17 @@ import { type DataTurn, DataTurns, WorkLimit } from '../utils/data-turns.js';
  * a 30 ms RTT at ~700 files/s); each waiting file costs only its manifest and an open file. */
 export const MUX_WINDOW = 64;
 /** Batch buffers (2 MiB each) the files sending DATA at once in a multiplexed session may
- * hold in all: two big files (SEND_BUFFERS each), or up to eight small deltas (one each). A
- * file holds its buffers only while it sends, so memory does not grow with the window. */
-export const DATA_BUFFERS = 2 * SEND_BUFFERS;
+ * hold in all, on one connection: one big file's read-ahead (SEND_BUFFERS), or up to four
+ * small deltas (one each). A file holds its buffers only while it sends, so memory does not
+ * grow with the window. Two big files at once on one connection only held twice the batches
+ * in both peers, the wire or the receiver's disk no faster (decisions §78); with lanes two
+ * files send at once (`dataBuffers`), each on its own connection. */
+export const DATA_BUFFERS = SEND_BUFFERS;
+
+/** The session's DATA budget: DATA_BUFFERS on one connection, twice that once a lane joins. */
+export function dataBuffers(connections: number): number {
+  return connections > 1 ? 2 * DATA_BUFFERS : DATA_BUFFERS;
+}
 
 /** Lanes a `--quic` tree session asks for unless --parallel says otherwise. */
 export const QUIC_LANES = 16;
@@ -206,14 +214,15 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
   smallSent.catch(() => undefined);
   const large = tree.largeTransfers();
   // The turns bound how many buffers are in use at once; these are recycled across files.
-  const buffers = new BufferPool(BATCH_BUFFER, multiplexed ? DATA_BUFFERS : SEND_BUFFERS * Math.max(1, lanes?.granted ?? 1));
-  const shared: LargeSending = { tree, gov, problems, o, queue: [...large], limiter, buffers };
   // Lanes only pay off with more than one large file to spread.
   const extra = lanes && o.dialLane ? Math.min(lanes.granted, large.length) - 1 : 0;
+  const budget = dataBuffers(1 + Math.max(0, extra));
+  const buffers = new BufferPool(BATCH_BUFFER, multiplexed ? budget : SEND_BUFFERS * Math.max(1, lanes?.granted ?? 1));
+  const shared: LargeSending = { tree, gov, problems, o, queue: [...large], limiter, buffers };
   // Files start on the first connection at once; each lane takes its share of the streams
   // (or, in version 1, its turn at the queue) as soon as it has joined.
   const streamsEach = Math.ceil(MUX_WINDOW / (1 + Math.max(0, extra)));
-  const streams = multiplexed ? streamSender(shared) : undefined;
+  const streams = multiplexed ? streamSender(shared, budget) : undefined;
   const worker = async (c: FramedConnection) => {
     if (streams) return streams(c, streamsEach);
     for (let lt = shared.queue.shift(); lt; lt = shared.queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter, buffers })).rest;
@@ -265,8 +274,8 @@ interface LargeSending {
  * files: the next starts while the previous waits for its RESULT. The result adds a
  * connection, with its number of streams, whenever it joins; files are taken from one queue
  * in plan order whichever connection's stream is free. */
-function streamSender(s: LargeSending): (conn: FramedConnection, streams: number) => Promise<void> {
-  const turns = new DataTurns(DATA_BUFFERS);
+function streamSender(s: LargeSending, budget: number): (conn: FramedConnection, streams: number) => Promise<void> {
+  const turns = new DataTurns(budget);
   const hashing = new WorkLimit(HASHING_AT_ONCE);
   let started = 0;
   // Files are taken in plan order, each with its DATA turn; a file put back (its stream was

@@ -164,6 +164,10 @@ export class FramedConnection {
   private readonly changeWaiters = new Set<() => void>();
   /** Streams multiplexed on this connection, if any (protocol version 2). */
   private mux: MuxHooks | undefined;
+  /** MUX frames that arrived before the multiplexer attached, on a connection told to expect
+   * one (`expectMux`): a lane's sender starts its streams right behind JOIN, so they can be
+   * decoded in the same read as the JOIN the receiver has not yet checked. */
+  private early: Frame[] | undefined;
   /** The conversations running on those streams (their waits keep this one's timer armed). */
   private readonly children = new Set<FramedConnection>();
   private readonly parent: FramedConnection | undefined;
@@ -311,6 +315,12 @@ export class FramedConnection {
         // (its conversation touches this connection when they do; a KEEPALIVE does not).
         this.peerSpoke = true;
         try {
+          if (!this.mux && this.early) {
+            // Held (and counted, so flow control still pauses) until the multiplexer attaches.
+            this.early.push(f);
+            this.queuedBytes += f.payload.length;
+            return false;
+          }
           if (!this.mux) throw protocolError('MUX frame outside a multiplexed tree session');
           this.mux.deliver(f.payload, f.release);
         } catch (e) {
@@ -491,6 +501,28 @@ export class FramedConnection {
   attachMux(hooks: MuxHooks): void {
     if (this.mux) throw new Error('a connection carries one multiplexer');
     this.mux = hooks;
+    const held = this.early;
+    this.early = undefined;
+    if (!held?.length) return;
+    // After the caller has finished setting up (a microtask: before any further read), in order.
+    queueMicrotask(() => {
+      for (const f of held) {
+        this.queuedBytes -= f.payload.length;
+        try {
+          hooks.deliver(f.payload, f.release);
+        } catch (e) {
+          this.fail(e as Error);
+          return;
+        }
+      }
+      this.maybeResume();
+    });
+  }
+
+  /** A multiplexer will attach once this connection's first frames are checked (a lane of a
+   * version 2 session, after its JOIN): hold MUX frames until then instead of refusing them. */
+  expectMux(): void {
+    if (!this.mux) this.early ??= [];
   }
 
   /** Received bytes not yet taken (a multiplexed stream's share of its parent's budget). */

@@ -13,7 +13,7 @@ pub mod write_turn;
 pub mod writeback;
 
 pub use clone::{clone_to_new, clone_to_new_at};
-pub use copy::copy_range;
+pub use copy::{copy_range, copy_range_in_turn};
 pub use offset_io::{read_exact_at, write_at};
 pub use positional::{hash_range, PositionalWriter};
 pub use write_turn::WriteTurn;

@@ -28,7 +28,7 @@ use crate::beneath::Target;
 use crate::chunk_batch;
 use crate::chunker::{Chunk, Hash};
 use crate::error::{CoreError, Result};
-use crate::io::{copy_range, hash_range, write_at};
+use crate::io::{copy_range_in_turn, hash_range, write_at};
 use crate::manifest::{Manifest, ENTRY_LEN};
 use crate::params::ChunkParams;
 use rayon::prelude::*;
@@ -253,7 +253,7 @@ impl Prefill {
                 };
                 let doff = chunks[first].offset;
                 // Copied one at a time, verified side by side (crate::io::write_turn).
-                if !prove && turn.with(|| copy_range(src, so, file, doff, len)).is_err() {
+                if !prove && copy_range_in_turn(src, so, file, doff, len, turn).is_err() {
                     return Vec::new();
                 }
                 let mut ok = Vec::with_capacity(count);
@@ -306,18 +306,18 @@ impl Prefill {
             .ok_or_else(|| CoreError::Usage("early placement already handed over".into()))?;
         let view = &self.view;
         let writeback = &self.writeback;
-        // Space just ahead of the data (crate::io::reserve): this batch's span.
+        // Space just ahead of the data (crate::io::reserve): this batch's span. Reserving takes
+        // the inode lock as a write does, so it waits for its turn too.
+        let turn = &self.write_turn;
         let span = records.iter().map(|r| {
             let c = &view.chunks[r.index as usize];
             (c.offset, c.offset + c.len as u64)
         });
         if let (Some(first), Some(last)) = (span.clone().map(|s| s.0).min(), span.map(|s| s.1).max()) {
-            self.reservation
-                .before_write(file, first, last)
+            turn.with(|| self.reservation.before_write(file, first, last))
                 .map_err(|e| CoreError::io(self.temp.shown(), e))?;
         }
         // Hashed side by side, written one at a time (crate::io::write_turn).
-        let turn = &self.write_turn;
         records.par_iter().try_for_each(|r| {
             let mut buf = Vec::new();
             let data = r.raw(&mut buf)?;

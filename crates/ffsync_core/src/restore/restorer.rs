@@ -24,7 +24,7 @@ use crate::beneath::Target;
 use crate::chunker::Hash;
 use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
-use crate::io::{copy_range, hash_range, PositionalWriter};
+use crate::io::{copy_range_in_turn, hash_range, PositionalWriter};
 use crate::manifest::Manifest;
 use crate::refine::{self, RefineRun};
 use crate::sparse::Hole;
@@ -594,7 +594,7 @@ impl Reconstruction {
             let (path, f) = &self.sources[source];
             let doff = self.manifest.chunks[first].offset;
             // Copied one at a time, verified side by side (crate::io::write_turn).
-            let copied = self.write_turn.with(|| copy_range(f, so, &self.file, doff, len));
+            let copied = copy_range_in_turn(f, so, &self.file, doff, len, &self.write_turn);
             copied.map_err(|e| {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     CoreError::VerifyFailed(format!("{} changed during the sync", path.display()))
@@ -720,8 +720,9 @@ impl Reconstruction {
                 writes.iter().map(|w| w.0).min(),
                 writes.iter().map(|w| w.0 + w.1.len() as u64).max(),
             ) {
-                self.reservation
-                    .before_write(&self.file, first, last)
+                // Reserving takes the inode lock as a write does: in turn too.
+                self.write_turn
+                    .with(|| self.reservation.before_write(&self.file, first, last))
                     .map_err(|e| CoreError::io(self.temp.shown(), e))?;
             }
             self.write_turn
