@@ -49,11 +49,12 @@ export const MUX_WINDOW = 64;
  * hold in all, on one connection: one big file's read-ahead (SEND_BUFFERS), or up to four
  * small deltas (one each). A file holds its buffers only while it sends, so memory does not
  * grow with the window. Two big files at once on one connection only held twice the batches
- * in both peers, the wire or the receiver's disk no faster (decisions §78); with lanes two
- * files send at once (`dataBuffers`), each on its own connection. */
+ * in both peers, the wire or the receiver's disk no faster (decisions §78). */
 export const DATA_BUFFERS = SEND_BUFFERS;
 
-/** The session's DATA budget: DATA_BUFFERS on one connection, twice that once a lane joins. */
+/** The session's DATA budget: DATA_BUFFERS on one connection; twice that when lanes were
+ * granted, as before §78 (two files at once, on whichever connections carry their streams:
+ * files are placed on streams in plan order, so both are often on the first connection). */
 export function dataBuffers(connections: number): number {
   return connections > 1 ? 2 * DATA_BUFFERS : DATA_BUFFERS;
 }

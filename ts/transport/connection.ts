@@ -166,8 +166,10 @@ export class FramedConnection {
   private mux: MuxHooks | undefined;
   /** MUX frames that arrived before the multiplexer attached, on a connection told to expect
    * one (`expectMux`): a lane's sender starts its streams right behind JOIN, so they can be
-   * decoded in the same read as the JOIN the receiver has not yet checked. */
+   * decoded in the same read as the JOIN the receiver has not yet checked. Held only behind a
+   * JOIN (`joinSeen`); before it a MUX frame is refused as on any connection without streams. */
   private early: Frame[] | undefined;
+  private joinSeen = false;
   /** The conversations running on those streams (their waits keep this one's timer armed). */
   private readonly children = new Set<FramedConnection>();
   private readonly parent: FramedConnection | undefined;
@@ -296,7 +298,7 @@ export class FramedConnection {
     // Track how long a frame has been incomplete (see the idle timer).
     if (this.decoder.bufferedBytes === 0) this.partialSince = 0;
     else if (frames.length > 0 || this.partialSince === 0) this.partialSince = Date.now();
-    if (this.queuedBytes > HIGH_WATER || this.queued > HIGH_FRAMES || this.mux?.buffered()) this.stream.pause();
+    if (this.queuedBytes > HIGH_WATER || this.queued + (this.early?.length ?? 0) > HIGH_FRAMES || this.mux?.buffered()) this.stream.pause();
     this.wake();
     this.wakeChangeWaiters();
   }
@@ -315,8 +317,9 @@ export class FramedConnection {
         // (its conversation touches this connection when they do; a KEEPALIVE does not).
         this.peerSpoke = true;
         try {
-          if (!this.mux && this.early) {
-            // Held (and counted, so flow control still pauses) until the multiplexer attaches.
+          if (!this.mux && this.early && this.joinSeen) {
+            // Held (counted in bytes and frames, so flow control still pauses) until the
+            // multiplexer attaches; dropped with the connection if its JOIN is refused.
             this.early.push(f);
             this.queuedBytes += f.payload.length;
             return false;
@@ -328,6 +331,7 @@ export class FramedConnection {
         }
         return false;
       default: {
+        if (f.type === FrameType.JOIN) this.joinSeen = true;
         this.peerSpoke = true;
         this.touch(now);
         const pointless = f.type === FrameType.ERROR ? undefined : pointlessFrame(f.type, f.payload);
@@ -504,23 +508,32 @@ export class FramedConnection {
     const held = this.early;
     this.early = undefined;
     if (!held?.length) return;
-    // After the caller has finished setting up (a microtask: before any further read), in order.
-    queueMicrotask(() => {
-      for (const f of held) {
+    // Now, in order, before any later read can deliver behind them: as if the multiplexer had
+    // been there when they arrived.
+    let k = 0;
+    try {
+      for (; k < held.length; k++) {
+        const f = held[k]!;
         this.queuedBytes -= f.payload.length;
-        try {
-          hooks.deliver(f.payload, f.release);
-        } catch (e) {
-          this.fail(e as Error);
-          return;
-        }
+        hooks.deliver(f.payload, f.release);
       }
-      this.maybeResume();
-    });
+    } catch (e) {
+      for (const f of held.slice(k + 1)) {
+        this.queuedBytes -= f.payload.length;
+        f.release?.();
+      }
+      this.fail(e as Error); // closes the streams (this.mux is set)
+      return;
+    }
+    // The connection failed or ended while they were held: what would have closed the streams
+    // then closes them now, not their idle timers later.
+    if (this.failure) hooks.closeAll(this.failure);
+    else if (this.ended) hooks.closeAll(new PeerClosedError('before the session finished'));
+    else this.maybeResume();
   }
 
-  /** A multiplexer will attach once this connection's first frames are checked (a lane of a
-   * version 2 session, after its JOIN): hold MUX frames until then instead of refusing them. */
+  /** A multiplexer will attach once this connection's JOIN is checked (a lane of a version 2
+   * session): hold the MUX frames that come behind the JOIN until then instead of refusing them. */
   expectMux(): void {
     if (!this.mux) this.early ??= [];
   }

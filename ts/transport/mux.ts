@@ -19,7 +19,8 @@ import { FRAME_HEADER, FRAME_POOL_BUFFER, FrameType, protocolError } from '../pr
 export const MUX_MAX_STREAMS = 64;
 /** Bytes received for streams but not yet taken by their conversations: above this the
  * connection stops reading (every stream waits) until they drain below half of it. A session
- * on lanes divides it between its connections (`laneWindow`). Two DATA batches beyond the two
+ * on lanes divides it between its connections (`laneWindow`), never under STREAM_HIGH_WATER
+ * each, so today each connection has 4 MiB. Two DATA batches beyond the two
  * each file has in its writes: bytes wait here only when the receiver's disk or CPU is slower
  * than the wire, where more read-ahead buys nothing, and the socket's own buffers keep the wire
  * busy while it drains (decisions §78: 16 MiB measured no faster on a 1 Gbit/s, 30 ms link and

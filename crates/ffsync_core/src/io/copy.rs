@@ -8,7 +8,7 @@
 //! fallback's reads do not, so reads of an uncached source still overlap (decisions §76).
 
 use super::offset_io::{read_exact_at, write_at};
-use super::WriteTurn;
+use super::write_turn::WriteTurn;
 use std::fs::File;
 use std::io;
 
