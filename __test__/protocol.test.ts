@@ -542,8 +542,7 @@ describe('multiplexed streams', () => {
       onWritten?.();
       return Promise.resolve();
     };
-    void new Multiplexer(opener, { opener: true }).open().send(FrameType.DATA, Buffer.from('the first stream\'s bytes'));
-    await new Promise((r) => setTimeout(r, 50));
+    await new Multiplexer(opener, { opener: true }).open().send(FrameType.DATA, Buffer.from('the first stream\'s bytes'));
     x.destroy();
     y.destroy();
     assert.ok(muxFrames.length >= 1, 'the opener wrote its stream');

@@ -217,12 +217,13 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
   // The turns bound how many buffers are in use at once; these are recycled across files.
   // Lanes only pay off with more than one large file to spread.
   const extra = lanes && o.dialLane ? Math.min(lanes.granted, large.length) - 1 : 0;
-  const budget = dataBuffers(1 + Math.max(0, extra));
+  const connections = 1 + Math.max(0, extra);
+  const budget = dataBuffers(connections);
   const buffers = new BufferPool(BATCH_BUFFER, multiplexed ? budget : SEND_BUFFERS * Math.max(1, lanes?.granted ?? 1));
   const shared: LargeSending = { tree, gov, problems, o, queue: [...large], limiter, buffers };
   // Files start on the first connection at once; each lane takes its share of the streams
   // (or, in version 1, its turn at the queue) as soon as it has joined.
-  const streamsEach = Math.ceil(MUX_WINDOW / (1 + Math.max(0, extra)));
+  const streamsEach = Math.ceil(MUX_WINDOW / connections);
   const streams = multiplexed ? streamSender(shared, budget) : undefined;
   const worker = async (c: FramedConnection) => {
     if (streams) return streams(c, streamsEach);

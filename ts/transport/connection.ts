@@ -298,7 +298,7 @@ export class FramedConnection {
     // Track how long a frame has been incomplete (see the idle timer).
     if (this.decoder.bufferedBytes === 0) this.partialSince = 0;
     else if (frames.length > 0 || this.partialSince === 0) this.partialSince = Date.now();
-    if (this.queuedBytes > HIGH_WATER || this.queued + (this.early?.length ?? 0) > HIGH_FRAMES || this.mux?.buffered()) this.stream.pause();
+    if (this.queuedBytes > HIGH_WATER || this.waitingFrames > HIGH_FRAMES || this.mux?.buffered()) this.stream.pause();
     this.wake();
     this.wakeChangeWaiters();
   }
@@ -425,6 +425,12 @@ export class FramedConnection {
     return this.queue.length - this.qHead;
   }
 
+  /** Frames received and not yet taken, the MUX frames held for a multiplexer included: what
+   * flow control counts, as `queuedBytes` counts their bytes. */
+  private get waitingFrames(): number {
+    return this.queued + (this.early?.length ?? 0);
+  }
+
   private fail(e: Error): void {
     if (!this.failure) this.failure = e;
     this.mux?.closeAll(e);
@@ -495,7 +501,7 @@ export class FramedConnection {
 
   /** Read again if flow control paused the stream and everything queued has drained. */
   maybeResume(): void {
-    if (this.queuedBytes < LOW_WATER && this.queued < LOW_FRAMES && !this.mux?.buffered() && this.stream.isPaused()) {
+    if (this.queuedBytes < LOW_WATER && this.waitingFrames < LOW_FRAMES && !this.mux?.buffered() && this.stream.isPaused()) {
       if (this.partialSince > 0) this.partialSince = Date.now();
       this.stream.resume();
     }
