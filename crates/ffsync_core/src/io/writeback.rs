@@ -14,6 +14,15 @@
 //! receiver's critical path, and small ranges make the filesystem allocate (delayed
 //! allocation) in small extents.
 //!
+//! Handing pages to the device is not enough where the device has a volatile write cache
+//! (a VM's virtual disk backed by the host's page cache, most SSDs): the fsync at the end
+//! then flushes that cache, and the flush costs about as much as the data written since the
+//! last one (measured on this project's VM: 1 GiB written and waited for with
+//! `sync_file_range`, then `fdatasync` took 0.8-1.3 s, the same as after a plain `cp`). So
+//! every `FLUSH` bytes handed to writeback, across all files of the process, one
+//! `fdatasync` runs on its own thread ([`DeviceFlush`]), unless one is running: the device
+//! empties its cache while the transfer goes on, and the last fsync pays for one window.
+//!
 //! Elsewhere than Linux nothing is started early: macOS and Windows have no equivalent
 //! that only starts writeback; the final `F_FULLFSYNC` / `FlushFileBuffers` does it all.
 //!
@@ -22,12 +31,83 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Start writeback once this many bytes were written since the last kick.
 pub const KICK: u64 = 8 << 20;
 /// Wait for ranges kicked this many bytes ago: bounds the dirty pages of one file.
 pub const BEHIND: u64 = 64 << 20;
+/// Flush the device's cache in the background every this many bytes handed to writeback.
+/// Measured (1 GiB written at 490 MB/s, `fdatasync` on a second thread): 64 MiB 2.59 s,
+/// 128 MiB 2.35-2.54 s, 256 MiB 2.68 s, never 2.33-3.18 s; each flush also commits the
+/// filesystem's journal, so smaller windows cost more flushes for no gain.
+pub const FLUSH: u64 = 128 << 20;
+
+/// Flushes of the device's write cache while data is still arriving: one at a time, on
+/// their own thread, each an `fdatasync` of the file whose writeback crossed the window
+/// (the device flush it issues covers every write that already reached the device, from
+/// any file). Early work only: errors are left to the fsync before the commit, which
+/// reports them.
+pub struct DeviceFlush {
+    every: u64,
+    since: AtomicU64,
+    running: AtomicBool,
+    done: AtomicU64,
+}
+
+/// The process's device flusher: sessions share it, as they share the disks.
+pub static DEVICE_FLUSH: DeviceFlush = DeviceFlush::new(FLUSH);
+
+impl DeviceFlush {
+    /// A flusher that flushes every `every` bytes handed to writeback.
+    pub const fn new(every: u64) -> DeviceFlush {
+        DeviceFlush {
+            every,
+            since: AtomicU64::new(0),
+            running: AtomicBool::new(false),
+            done: AtomicU64::new(0),
+        }
+    }
+
+    /// `bytes` of `file` were just handed to writeback: start a flush when a window filled
+    /// and none is running (a window that fills meanwhile waits for the next hand-over).
+    pub fn handed(&'static self, file: &File, bytes: u64) {
+        if self.since.fetch_add(bytes, Ordering::Relaxed) + bytes < self.every {
+            return;
+        }
+        if self.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.since.store(0, Ordering::Relaxed);
+        // Its own descriptor: the thread may outlive the caller's handle (a file renamed
+        // into place and closed, a failed temp file unlinked: flushing them is harmless).
+        let Ok(file) = file.try_clone() else {
+            self.running.store(false, Ordering::Release);
+            return;
+        };
+        let spawned = std::thread::Builder::new()
+            .name("ffsync-device-flush".into())
+            .spawn(move || {
+                let _ = file.sync_data();
+                self.done.fetch_add(1, Ordering::Relaxed);
+                self.running.store(false, Ordering::Release);
+            });
+        if spawned.is_err() {
+            self.running.store(false, Ordering::Release);
+        }
+    }
+
+    /// Flushes finished so far.
+    pub fn flushes(&self) -> u64 {
+        self.done.load(Ordering::Relaxed)
+    }
+
+    /// A flush is running now.
+    pub fn running(&self) -> bool {
+        self.running.load(Ordering::Acquire)
+    }
+}
 
 #[derive(Default)]
 struct State {
@@ -47,6 +127,7 @@ pub struct Writeback {
     on: bool,
     kick: u64,
     behind: u64,
+    device: &'static DeviceFlush,
     state: Mutex<State>,
 }
 
@@ -58,10 +139,16 @@ impl Writeback {
 
     /// As `new`, with other window sizes (tests).
     pub fn with_windows(durable: bool, kick: u64, behind: u64) -> Writeback {
+        Self::with_device(durable, kick, behind, &DEVICE_FLUSH)
+    }
+
+    /// As `with_windows`, flushing the device through `device` (tests count its flushes).
+    pub fn with_device(durable: bool, kick: u64, behind: u64, device: &'static DeviceFlush) -> Writeback {
         Writeback {
             on: durable && cfg!(target_os = "linux"),
             kick: kick.max(1),
             behind,
+            device,
             state: Mutex::new(State::default()),
         }
     }
@@ -77,7 +164,7 @@ impl Writeback {
         if !self.on || len == 0 {
             return;
         }
-        let (kick, wait) = {
+        let (kick, wait, kicked) = {
             let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
             let end = offset.saturating_add(len);
             if s.pending == 0 {
@@ -92,6 +179,7 @@ impl Writeback {
                 return;
             }
             let range = (s.lo, s.hi - s.lo);
+            let kicked = s.pending;
             s.covered += s.pending;
             s.in_flight += s.pending;
             s.kicked.push_back((range.0, range.1));
@@ -102,12 +190,13 @@ impl Writeback {
                 s.in_flight = s.in_flight.saturating_sub(old.1);
                 wait.push(old);
             }
-            (range, wait)
+            (range, wait, kicked)
         };
         range_write(file, kick.0, kick.1, false);
         for (off, len) in wait {
             range_write(file, off, len, true);
         }
+        self.device.handed(file, kicked);
     }
 
     /// Bytes handed to writeback early so far.
@@ -141,6 +230,8 @@ fn range_write(file: &File, offset: u64, len: u64, wait: bool) {
 pub fn start(file: &File, offset: u64, len: u64) {
     if len > 0 {
         range_write(file, offset, len, false);
+        #[cfg(target_os = "linux")]
+        DEVICE_FLUSH.handed(file, len);
     }
 }
 
@@ -182,9 +273,58 @@ mod tests {
     #[test]
     fn not_durable_starts_nothing() {
         let (_d, f) = file();
-        let wb = Writeback::with_windows(false, 1, 1);
+        let device: &'static DeviceFlush = Box::leak(Box::new(DeviceFlush::new(1)));
+        let wb = Writeback::with_device(false, 1, 1, device);
         wb.wrote(&f, 0, 10 << 20);
         assert!(!wb.active());
         assert_eq!(wb.covered(), 0);
+        assert!(!device.running());
+        assert_eq!(device.flushes(), 0);
+    }
+
+    /// Waits for the flusher's thread (a flush of a few MiB in a temp dir).
+    fn settle(device: &DeviceFlush) {
+        let t = std::time::Instant::now();
+        while device.running() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(60), "flush never finished");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn the_device_is_flushed_while_data_arrives() {
+        let (_d, f) = file();
+        let (_d2, g) = file();
+        let device: &'static DeviceFlush = Box::leak(Box::new(DeviceFlush::new(8 << 20)));
+        // Two files share one flusher: their hand-overs add up to its window.
+        let a = Writeback::with_device(true, 1 << 20, 4 << 20, device);
+        let b = Writeback::with_device(true, 1 << 20, 4 << 20, device);
+        let block = vec![3u8; 1 << 20];
+        for k in 0..5u64 {
+            for (w, file) in [(&a, &f), (&b, &g)] {
+                std::os::unix::fs::FileExt::write_at(file, &block, k << 20).unwrap();
+                w.wrote(file, k << 20, 1 << 20);
+            }
+        }
+        settle(device);
+        if !cfg!(target_os = "linux") {
+            assert_eq!(device.flushes(), 0);
+            return;
+        }
+        // 10 MiB handed over: one window of 8 filled, one flush ran; the next 2 MiB wait.
+        assert_eq!(device.flushes(), 1);
+        assert_eq!(device.since.load(Ordering::Relaxed), 2 << 20);
+        // A window that fills while a flush runs does not start a second one.
+        device.running.store(true, Ordering::Release);
+        for k in 5..20u64 {
+            std::os::unix::fs::FileExt::write_at(&f, &block, k << 20).unwrap();
+            a.wrote(&f, k << 20, 1 << 20);
+        }
+        assert_eq!(device.flushes(), 1);
+        device.running.store(false, Ordering::Release);
+        std::os::unix::fs::FileExt::write_at(&f, &block, 20 << 20).unwrap();
+        a.wrote(&f, 20 << 20, 1 << 20);
+        settle(device);
+        assert_eq!(device.flushes(), 2);
     }
 }
