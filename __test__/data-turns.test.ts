@@ -2,9 +2,9 @@
 // given in plan order whatever order the files ask in, a file that needs no data passes.
 import assert from 'node:assert/strict';
 import { it } from 'node:test';
-import { DataTurns } from '../ts/utils/data-turns';
+import { ConnectionShare, DataTurns, LANE_AHEAD_BYTES, LANE_AHEAD_FILES, SharedUnits } from '../ts/utils/data-turns';
 import { SEND_BUFFERS } from '../ts/api/content-send';
-import { dataBuffers } from '../ts/api/tree-send';
+import { DATA_BUFFERS, dataBuffers } from '../ts/api/tree-send';
 
 const tick = () => new Promise((r) => setImmediate(r));
 
@@ -97,4 +97,71 @@ it("a session's budget: one big file's read-ahead at a time on one connection, t
   for (const s of small) void s.take(1).then(() => going++);
   await tick();
   assert.equal(going, 4, 'four small deltas at once');
+});
+
+it('with lanes, a connection takes files only a little ahead of its DATA (decisions §81)', async () => {
+  const MiB = 1024 * 1024;
+  const share = new ConnectionShare(DATA_BUFFERS, new SharedUnits(dataBuffers(4)));
+  assert.equal(LANE_AHEAD_FILES, 2);
+  assert.equal(LANE_AHEAD_BYTES, 16 * MiB);
+  // Two big files: the connection is full (before §81 its streams took every file at once).
+  const a = share.turn(64 * MiB);
+  assert.ok(share.hasRoom(), 'one file: room for the next, whose round trips cross its DATA');
+  const b = share.turn(64 * MiB);
+  assert.equal(share.hasRoom(), false, 'two big files ahead: the next file waits for another connection');
+  let changed = false;
+  void share.changed().then(() => (changed = true));
+  // Small files fill it up to the bytes bound: 1 MiB files, sixteen of them.
+  const small = new ConnectionShare(DATA_BUFFERS, new SharedUnits(dataBuffers(4)));
+  const t = Array.from({ length: 16 }, () => small.turn(MiB));
+  assert.equal(small.hasRoom(), false, '16 MiB of files ahead');
+  // Their needs come back small (4 KiB deltas): room again, so deltas keep the window full.
+  await t[0]!.take(1, 4096);
+  assert.ok(small.hasRoom(), `expected ${small.load.bytes} bytes after one need`);
+  // A file that needs nothing leaves the share at once.
+  t[1]!.done();
+  assert.equal(small.load.files, 15);
+  for (const x of t) x.done();
+  assert.deepEqual(small.load, { files: 0, bytes: 0 });
+  // A file whose DATA is out frees its place, and wakes the streams waiting for one.
+  await a.take(DATA_BUFFERS);
+  a.done();
+  await tick();
+  assert.ok(changed, 'waiting streams are told');
+  assert.ok(share.hasRoom());
+  b.done();
+  // Without lanes (one connection, QUIC, in-process): always room.
+  const one = new ConnectionShare(DATA_BUFFERS);
+  for (let i = 0; i < 10; i++) one.turn(64 * MiB);
+  assert.ok(one.hasRoom());
+});
+
+it("lanes: each connection sends one big file at a time, two at once in the session, from the session's units", async () => {
+  const units = new SharedUnits(dataBuffers(3));
+  const conns = [0, 1, 2].map(() => new ConnectionShare(DATA_BUFFERS, units));
+  const granted: string[] = [];
+  // Two big files on each connection, asked for together.
+  const t = conns.map((c, ci) => [0, 1].map((fi) => ({ name: `c${ci}f${fi}`, turn: c.turn(64 * 1024 * 1024) })));
+  for (const row of t) for (const f of row) void f.turn.take(SEND_BUFFERS).then(() => granted.push(f.name));
+  await tick();
+  assert.deepEqual(granted, ['c0f0', 'c1f0'], 'two big files at once, on two connections (each connection in its own order)');
+  t[0]![0]!.turn.done();
+  await tick();
+  assert.deepEqual(granted, ['c0f0', 'c1f0', 'c2f0'], 'the waiting connection goes next, first come first served');
+  assert.equal(units.available, 0);
+  for (const row of t) for (const f of row) f.turn.done();
+  await tick();
+  // Units held by files that were granted go back; files passed while waiting return theirs.
+  for (const row of t) for (const f of row) f.turn.done();
+  await tick();
+  assert.equal(units.available, dataBuffers(3), 'every unit back');
+  // Small deltas: up to four at once per connection, eight in the session.
+  const small = conns.flatMap((c) => Array.from({ length: 4 }, () => c.turn(1024 * 1024)));
+  let going = 0;
+  for (const s of small) void s.take(1, 4096).then(() => going++);
+  await tick();
+  assert.equal(going, 8);
+  for (const s of small) s.done();
+  await tick();
+  assert.equal(units.available, dataBuffers(3));
 });

@@ -787,6 +787,30 @@ describe('tree sync', { skip: POSIX_ONLY }, () => {
     assertOk(again, 'rerun');
     assertSameTree(dst, src);
   });
+
+  it('--parallel: every lane carries large files, not only the connection that was open first', async () => {
+    // Fewer large files than streams: before decisions §81 the first connection's streams took
+    // all of them before any lane had joined, and the lanes carried nothing.
+    const dir = tmpdir();
+    const src = path.join(dir, 'src');
+    const dst = path.join(dir, 'dst');
+    for (let i = 0; i < 6; i++) write(src, `big${i}.bin`, seeded(8 * MiB, 720 + i));
+    const { peer, port } = await startReceiver(dst, ['--state-dir', path.join(dir, 'state-r')]);
+    // The limit is the session's: however the files are spread, they take about 1.5 s in all,
+    // long after the lanes joined.
+    const s = sender(src, port, ['--state-dir', path.join(dir, 'state-s'), '--parallel', '3', '--bwlimit', '32768']);
+    const [sr, rr] = await Promise.all([s.done, peer.done]);
+    assert.equal(sr.code, 0, sr.stderr);
+    assert.equal(rr.code, 0, rr.stderr);
+    assertSameTree(dst, src);
+    const t = sr.summary!.tree;
+    assert.equal(t.lanes, 3);
+    const sent = t.laneBytesSent as number[];
+    assert.equal(sent.length, 3);
+    // Each connection sent at least one whole file (random data: 8 MiB on the wire).
+    for (const [i, b] of sent.entries()) assert.ok(b >= 8 * MiB, `connection ${i} sent ${b} bytes: ${sent.join(', ')}`);
+    assert.ok(sent.reduce((a, b) => a + b, 0) >= 48 * MiB);
+  });
 });
 
 describe('protocol versions', () => {

@@ -2,7 +2,7 @@
 // Reach benchmark (issue #5): the rsync-style `sync` front door and the transports, side by side
 // with rsync in the same run, every result verified against its source.
 //
-//   npx tsx bench/sync.ts [--quick] [--only latency,sync-local,sync-ssh-tree,sync-ssh-file] [--repeat N]
+//   npx tsx bench/sync.ts [--quick] [--only latency,lanes,sync-local,sync-ssh-tree,sync-ssh-file] [--repeat N]
 //                         [--file-mib N] [--dir DIR] [--no-write]
 //   npm run bench:sync
 //
@@ -11,6 +11,10 @@
 //                  (__test__/helpers/delay-proxy.ts), cold and modified (4 KiB changed per file):
 //                  one TLS connection, --parallel 8, --quic (one QUIC connection, 16 streams by default), and
 //                  rsync -a over ssh through the same delay.
+//   lanes          8 files x 16 MiB (4 with --quick), cold, through a TCP relay adding 30 ms RTT that
+//                  queues at most 256 KiB per connection and direction, so one connection moves
+//                  ~17 MB/s whatever the link (a window- or per-flow-limited long path, where
+//                  --parallel is for): one TLS connection, --parallel 4, rsync -a over ssh.
 //   sync-local     `sync -a src/ dst` vs `rsync -a src/ dst`, 10,000 x 4 KiB, cold.
 //   sync-ssh-tree  the same tree over ssh to a throwaway sshd on loopback (cold and no-op),
 //                  `sync` and `sync --quic` vs rsync -a -e ssh.
@@ -31,7 +35,9 @@ const BEGIN_MARK = '<!-- sync-bench:begin -->';
 const END_MARK = '<!-- sync-bench:end -->';
 const RTT_MS = 30;
 
-const SCENARIOS = ['latency', 'sync-local', 'sync-ssh-tree', 'sync-ssh-file'] as const;
+const SCENARIOS = ['latency', 'lanes', 'sync-local', 'sync-ssh-tree', 'sync-ssh-file'] as const;
+/** The lanes scenario's relay: bytes queued per connection and direction (decisions §81). */
+const LANE_PATH_QUEUE = 256 * KiB;
 const HELP = `Usage: node --import tsx bench/sync.ts [--quick] [--only ${SCENARIOS.join(',')}] [--repeat N]
          [--file-mib N] [--latency-files N] [--dir DIR] [--no-write]
 The scenarios and what each measures: the comment at the top of bench/sync.ts.
@@ -109,13 +115,13 @@ async function id(state: string): Promise<string> {
 }
 
 /** One `send`/`receive` pair through a delay proxy; the receiver's time is the session's. */
-async function sendThroughProxy(src: string, dst: string, mode: 'tls1' | 'tls8' | 'quic' | 'quic1', states: { s: string; r: string; fpS: string; fpR: string }): Promise<Run> {
+async function sendThroughProxy(src: string, dst: string, mode: 'tls1' | 'tls4' | 'tls8' | 'quic' | 'quic1', states: { s: string; r: string; fpS: string; fpR: string }, relayQueue?: number): Promise<Run> {
   const quic = mode === 'quic' || mode === 'quic1' ? ['--quic'] : [];
   const recv = new Proc('receive', ffsync('receive', dst, '0', '--bind', '127.0.0.1', '--json', '--state-dir', states.r, '--trust', states.fpS, ...quic));
   const l = parseJsonLine(await recv.waitForLine((x) => parseJsonLine(x)?.event === 'listening', 20_000)) as { port: number };
-  const proxy: Relay = quic.length ? await udpRelay(l.port, RTT_MS / 2) : await tcpDelayProxy(l.port, RTT_MS / 2);
+  const proxy: Relay = quic.length ? await udpRelay(l.port, RTT_MS / 2) : await tcpDelayProxy(l.port, RTT_MS / 2, relayQueue ? { maxQueuedBytes: relayQueue } : {});
   try {
-    const lanes = mode === 'tls8' ? ['--parallel', '8'] : mode === 'tls1' || mode === 'quic1' ? ['--parallel', '1'] : [];
+    const lanes = mode === 'tls8' ? ['--parallel', '8'] : mode === 'tls4' ? ['--parallel', '4'] : mode === 'tls1' || mode === 'quic1' ? ['--parallel', '1'] : [];
     const run = await timed(`send ${mode}`, ffsync('send', src, `127.0.0.1:${proxy.port}`, '--json', '--state-dir', states.s, '--trust', states.fpR, ...quic, ...lanes), 'ffsync');
     const e = await recv.exited;
     if (e.code !== 0) throw new Error(`receive ${mode}: ${describeExit(e)}: ${tail(recv.stderr)}`);
@@ -200,6 +206,43 @@ async function latency(sshd: Sshd | undefined): Promise<void> {
       verdicts.push([`30 ms RTT, ${n}: --parallel 8 vs rsync -a over ssh (context)`, fmtRatio(med(rs), med(p8)), '—']);
       verdicts.push([`30 ms RTT, ${n}: --quic vs rsync -a over ssh (context)`, fmtRatio(med(rs), med(quic)), '—']);
       verdicts.push([`30 ms RTT, ${n}: --quic --parallel 1 vs rsync -a over ssh (context)`, fmtRatio(med(rs), med(quic1)), '—']);
+    }
+  }
+}
+
+async function lanes(sshd: Sshd | undefined): Promise<void> {
+  // Issue 18, item 1: lanes carry the conversation for bandwidth. They pay off where one TCP
+  // connection cannot fill the link (its window, or a per-flow limit, on a long path); the relay
+  // models that by queuing at most LANE_PATH_QUEUE bytes per connection and direction, so each
+  // connection moves about that much per one-way delay. Decisions §81: before it, every file of
+  // a tree with fewer large files than streams went to the first connection.
+  const src = path.join(work, 'lanes-src');
+  const dst = path.join(work, 'lanes-dst');
+  const files = quick ? 4 : 8;
+  writeTree(src, files, 16 * MiB, 54);
+  const digest = treeDigest(src);
+  const states = { s: path.join(work, 'lanes-s'), r: path.join(work, 'lanes-r'), fpS: '', fpR: '' };
+  states.fpS = await id(states.s);
+  states.fpR = await id(states.r);
+  const prepare = async () => {
+    await rmf(dst);
+    for (const d of [states.r, states.s]) for (const n of fs.readdirSync(d)) if (n !== 'identity' && n !== 'pins.conf') await rmf(path.join(d, n));
+  };
+  const verify = () => {
+    if (treeDigest(dst) !== digest) throw new Error('lanes: result differs from the source');
+  };
+  const scenario = `lanes ${files} x 16 MiB cold, 30 ms, ${LANE_PATH_QUEUE / KiB} KiB per connection`;
+  const one = await measure(scenario, 'ffsync TLS, 1 connection', repeat, prepare, () => sendThroughProxy(src, dst, 'tls1', states, LANE_PATH_QUEUE), verify);
+  const four = await measure(scenario, 'ffsync TLS --parallel 4', repeat, prepare, () => sendThroughProxy(src, dst, 'tls4', states, LANE_PATH_QUEUE), verify);
+  verdicts.push([`${scenario}: --parallel 4 vs one connection (context: lanes add bandwidth)`, fmtRatio(med(one), med(four)), '—']);
+  if (sshd) {
+    const proxy = await tcpDelayProxy(sshd.port, RTT_MS / 2, { maxQueuedBytes: LANE_PATH_QUEUE });
+    try {
+      const rsh = sshd.rsh.replace(`-p ${sshd.port}`, `-p ${proxy.port}`);
+      const rs = await measure(scenario, 'rsync -a over ssh', repeat, prepare, () => timed('rsync', [RSYNC_BIN, '-a', '--stats', '-e', rsh, `${src}/`, `127.0.0.1:${dst}/`], 'rsync'), verify);
+      verdicts.push([`${scenario}: --parallel 4 vs rsync -a over ssh (context)`, fmtRatio(med(rs), med(four)), '—']);
+    } finally {
+      await proxy.close();
     }
   }
 }
@@ -335,6 +378,7 @@ async function main(): Promise<void> {
   const machine = machineInfo(work);
   const notes: string[] = [
     `latency: loopback relays add ${RTT_MS / 2} ms each way: TCP in the bench's Node process (__test__/helpers/delay-proxy.ts) for TLS and ssh, UDP in a native relay (crates/ffsync_core/examples/udp_delay_relay.rs) for QUIC — the Node UDP relay drops datagrams above ~20 MB/s and would measure itself`,
+    `lanes: the same TCP relay, queuing at most ${LANE_PATH_QUEUE / KiB} KiB per connection and direction: each connection moves at most that per one-way delay (~17 MB/s), as one TCP connection on a window- or per-flow-limited long path; --parallel adds connections, rsync has one`,
     'latency caveat: the TCP relay terminates TCP on each side, so TCP congestion control (TLS, ssh) runs over ~0 ms loopback legs and never sees the 30 ms — optimistic for TCP wherever bandwidth matters (the cold rows); QUIC packets carry the delay end to end, so its slow start and congestion window do. The "modified" rows are round-trip bound and compare fairly; "one QUIC stream" is the like-for-like baseline for --quic',
   ];
   let sshd: Sshd | undefined;
@@ -343,6 +387,7 @@ async function main(): Promise<void> {
   else sshd = await startSshd();
   try {
     if (only.has('latency')) await latency(sshd);
+    if (only.has('lanes')) await lanes(sshd);
     if (only.has('sync-local')) await syncLocal();
     if (sshd && only.has('sync-ssh-tree')) await syncSshTree(sshd);
     if (sshd && only.has('sync-ssh-file')) await syncSshFile(sshd);

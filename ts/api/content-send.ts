@@ -197,7 +197,8 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
   // The DATA turn comes before the source is checked again: a file that changed while it
   // waited is caught here. It holds one unit per batch buffer this file will use.
   const batches = batchByBytes(scan.manifest, needed, BATCH_BYTES);
-  if (needed.length > 0) await turn.take(Math.min(batches.length, SEND_BUFFERS));
+  const total = needed.reduce((a, i) => a + manifestChunkLength(scan.manifest, i), 0);
+  if (needed.length > 0) await turn.take(Math.min(batches.length, SEND_BUFFERS), total);
   else turn.done();
   // The chunk source must read the version that was scanned: the file is re-checked
   // against the identity it had before the scan (a change during or after it is exit 24).
@@ -211,7 +212,6 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
   // file open until the object is collected (`unchanged()` still answers afterwards).
   try {
     if (refinement) await conn.keepAlive(call(src.setRefinement(refinement)));
-    const total = needed.reduce((a, i) => a + manifestChunkLength(scan.manifest, i), 0);
     // The phase started with the early DATA continues (its count includes it), else one starts.
     let raw = 0;
     const sendingPhase = (run: (progress: (n: number) => void) => Promise<void>): Promise<void> =>

@@ -87,6 +87,9 @@ export interface TreeSummary {
   created: { files: number; dirs: number; symlinks: number };
   /** Connections or streams that carried large files (1 + the extra lanes that joined). */
   lanes: number;
+  /** Sender with lanes: bytes sent on each connection by the time the large files were out, the
+   * first connection first (it also carried the small files and the file list). */
+  laneBytesSent?: number[];
   /** What happened (receiver's count). */
   written: number;
   deleted: number;

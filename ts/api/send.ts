@@ -118,7 +118,7 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   const dial = (): Promise<Duplex> => (identity ? tls!.tlsConnect(o.host, o.port, identity) : connect(o.host, o.port));
   const sock = await dial();
   const conn = new FramedConnection(sock, timeoutMs);
-  return runSender(conn, { ...o, stateDir, st, walking, secure: identity ? sock : undefined, dialLane: dial, t0, handshakeMs: handshakeMs(sock) });
+  return runSender(conn, { ...o, stateDir, st, walking, secure: identity ? sock : undefined, dialLane: dial, lanesOwnConnections: true, t0, handshakeMs: handshakeMs(sock) });
 }
 
 /** What runSender needs besides the user's options. */
@@ -131,6 +131,10 @@ export interface SenderContext extends SendOptions {
   /** Vouched-for peer fingerprint (`sync --quic`, learnt over ssh). */
   expectFingerprint?: string;
   dialLane?: () => Promise<Duplex>;
+  /** Each lane `dialLane` opens is a network connection of its own (TCP, TLS), with its own
+   * congestion window: files are spread over them (decisions §81). QUIC streams share one
+   * connection's, and in-process lanes no network at all. */
+  lanesOwnConnections?: boolean;
   t0: number;
   /** `serve` daemon answering a pull: the client is authenticated and HELLO is done. */
   negotiated?: Negotiated;

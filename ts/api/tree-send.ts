@@ -39,22 +39,22 @@ import { rateLimiter } from '../utils/rate-limit.js';
 import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, sendParts, treeSummary } from './tree-common.js';
 import { Multiplexer } from '../transport/mux.js';
 import { NOTHING_REMOVED, removeSourceTree } from './remove-sources.js';
-import { type DataTurn, DataTurns, WorkLimit } from '../utils/data-turns.js';
+import { ConnectionShare, type DataTurn, SharedUnits, WorkLimit } from '../utils/data-turns.js';
 
 /** Large files whose conversations run at once in a multiplexed (version 2) session: enough
  * to hide ~3 round trips per file behind the data of the others (64 files in flight cover
  * a 30 ms RTT at ~700 files/s); each waiting file costs only its manifest and an open file. */
 export const MUX_WINDOW = 64;
-/** Batch buffers (2 MiB each) the files sending DATA at once in a multiplexed session may
- * hold in all, on one connection: one big file's read-ahead (SEND_BUFFERS), or up to four
- * small deltas (one each). A file holds its buffers only while it sends, so memory does not
- * grow with the window. Two big files at once on one connection only held twice the batches
- * in both peers, the wire or the receiver's disk no faster (decisions §78). */
+/** Batch buffers (2 MiB each) the files sending DATA at once on one connection may hold in
+ * all: one big file's read-ahead (SEND_BUFFERS), or up to four small deltas (one each). A file
+ * holds its buffers only while it sends, so memory does not grow with the window. Two big files
+ * at once on one connection only held twice the batches in both peers, the wire or the
+ * receiver's disk no faster (decisions §78). */
 export const DATA_BUFFERS = SEND_BUFFERS;
 
-/** The session's DATA budget: DATA_BUFFERS on one connection; twice that when lanes were
- * granted, as before §78 (two files at once, on whichever connections carry their streams:
- * files are placed on streams in plan order, so both are often on the first connection). */
+/** The batch buffers a session's sender holds at most: DATA_BUFFERS on one connection; twice that
+ * with lanes, whose files send at once, each connection in its own turns (decisions §81), and
+ * share these buffers (a file waits for one when they are all in use). */
 export function dataBuffers(connections: number): number {
   return connections > 1 ? 2 * DATA_BUFFERS : DATA_BUFFERS;
 }
@@ -114,6 +114,8 @@ interface Context extends SendOptions {
   st: BigIntStats;
   /** Opens one more connection or stream to the receiver for a lane. */
   dialLane?: () => Promise<Duplex>;
+  /** Lanes are network connections of their own (see SenderContext). */
+  lanesOwnConnections?: boolean;
   /** The walk, started before connecting (`startWalk`). */
   walking: Promise<NativeTreeSync>;
 }
@@ -224,7 +226,7 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
   // Files start on the first connection at once; each lane takes its share of the streams
   // (or, in version 1, its turn at the queue) as soon as it has joined.
   const streamsEach = Math.ceil(MUX_WINDOW / connections);
-  const streams = multiplexed ? streamSender(shared, budget) : undefined;
+  const streams = multiplexed ? streamSender(shared, budget, extra > 0 && o.lanesOwnConnections === true) : undefined;
   const worker = async (c: FramedConnection) => {
     if (streams) return streams(c, streamsEach);
     for (let lt = shared.queue.shift(); lt; lt = shared.queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter, buffers })).rest;
@@ -249,6 +251,7 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
     await opening?.settled;
     const laneConns = opening?.lanes ?? [];
     o.summary.tree!.lanes = 1 + laneConns.length;
+    if (laneConns.length) o.summary.tree!.laneBytesSent = [conn.bytesSent, ...laneConns.map((l) => l.bytesSent)];
     for (const l of laneConns) {
       countLaneBytes(o.summary, l);
       await l.close();
@@ -275,25 +278,24 @@ interface LargeSending {
  * bandwidth; the window of streams is what hides the round trips). Each stream pipelines its
  * files: the next starts while the previous waits for its RESULT. The result adds a
  * connection, with its number of streams, whenever it joins; files are taken from one queue
- * in plan order whichever connection's stream is free. */
-function streamSender(s: LargeSending, budget: number): (conn: FramedConnection, streams: number) => Promise<void> {
-  const turns = new DataTurns(budget);
+ * in plan order by whichever connection's stream is free.
+ *
+ * `perConnection` (TCP lanes, each a network path of its own): each connection has its own
+ * DATA turns (DATA_BUFFERS, one big file at a time) drawing on the session's `budget`, and takes
+ * files only a little ahead of what it sends (ConnectionShare.hasRoom), so the files go to the
+ * connections as they have room, and two big files send at once on two connections (decisions
+ * §81). Otherwise (one connection; QUIC lanes, which share one connection's bandwidth; in-process
+ * lanes) one set of DATA turns with the `budget` serves the session. */
+function streamSender(s: LargeSending, budget: number, perConnection: boolean): (conn: FramedConnection, streams: number) => Promise<void> {
   const hashing = new WorkLimit(HASHING_AT_ONCE);
-  let started = 0;
-  // Files are taken in plan order, each with its DATA turn; a file put back (its stream was
-  // spent under it before it read anything) goes first, turn and all.
-  const again: { lt: LargeTransferInfo; turn: DataTurn }[] = [];
-  const take = () => {
-    if (again.length) return again.shift();
-    const lt = s.queue.shift();
-    return lt && { lt, turn: turns.turn(started++) };
-  };
-  const run = async (mux: Multiplexer) => {
+  const units = perConnection ? new SharedUnits(budget) : undefined;
+  const sessionShare = perConnection ? undefined : new ConnectionShare(budget);
+  const run = async (mux: Multiplexer, take: () => Promise<Taken | undefined>, putBack: (item: Taken) => void) => {
     let c = mux.open();
     // The previous file on this stream: its RESULT is still to come (pipelined).
     let prior: Promise<boolean> = Promise.resolve(false);
     try {
-      for (let item = take(); item; item = take()) {
+      for (let item = await take(); item; item = await take()) {
         try {
           prior = (await sendLarge(c, s.tree, item.lt, s.gov, s.problems, s.o, { limiter: s.limiter, turn: item.turn, stream: true, prior, hashing, buffers: s.buffers })).rest;
         } catch (e) {
@@ -301,7 +303,7 @@ function streamSender(s: LargeSending, budget: number): (conn: FramedConnection,
           if (e.fatal) throw e.cause;
           // The previous file's conversation ended with an ERROR on its stream (it changed
           // on our side): the stream is spent, this file goes again on a fresh one.
-          again.unshift(item);
+          putBack(item);
           c.destroy();
           c = mux.open();
           prior = Promise.resolve(false);
@@ -319,9 +321,30 @@ function streamSender(s: LargeSending, budget: number): (conn: FramedConnection,
     }
   };
   return async (conn, streams) => {
+    const share = sessionShare ?? new ConnectionShare(DATA_BUFFERS, units);
+    // Files are taken in plan order, each with its DATA turn on this connection; a file put
+    // back (its stream was spent under it before it read anything) goes first, turn and all.
+    const again: Taken[] = [];
+    const take = async (): Promise<Taken | undefined> => {
+      for (;;) {
+        if (again.length) return again.shift();
+        if (!s.queue.length) return undefined;
+        if (share.hasRoom()) {
+          const lt = s.queue.shift()!;
+          return { lt, turn: share.turn(lt.size) };
+        }
+        await share.changed();
+      }
+    };
     const mux = new Multiplexer(conn, { opener: true });
-    await Promise.all(Array.from({ length: Math.min(streams, s.queue.length + again.length) }, () => run(mux)));
+    await Promise.all(Array.from({ length: Math.min(streams, s.queue.length) }, () => run(mux, take, (item) => again.unshift(item))));
   };
+}
+
+/** A large file taken by a stream, with its DATA turn. */
+interface Taken {
+  lt: LargeTransferInfo;
+  turn: DataTurn;
 }
 
 /** The receiver's TREE_RESULT: the summary's counts, the session's exit code, and
