@@ -130,6 +130,17 @@ it('with lanes, a connection takes files only a little ahead of its DATA (decisi
   assert.ok(changed, 'waiting streams are told');
   assert.ok(share.hasRoom());
   b.done();
+  // The first connection while its lanes join: one file at a time, however small.
+  const first = new ConnectionShare(DATA_BUFFERS, new SharedUnits(dataBuffers(2)));
+  first.holdOne(true);
+  const f0 = first.turn(MiB);
+  assert.equal(first.hasRoom(), false, 'a second file waits for a lane');
+  let woke = false;
+  void first.changed().then(() => (woke = true));
+  first.holdOne(false);
+  await tick();
+  assert.ok(woke && first.hasRoom(), 'once the lanes joined, the usual room');
+  f0.done();
   // Without lanes (one connection, QUIC, in-process): always room.
   const one = new ConnectionShare(DATA_BUFFERS);
   for (let i = 0; i < 10; i++) one.turn(64 * MiB);

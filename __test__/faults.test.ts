@@ -158,12 +158,16 @@ describe('regressions found by fault injection', () => {
     // Both peers' accounts in every message: a failure says which side ended first, and why.
     const both = `sender exit ${sr.code}: ${sr.stderr}\nreceiver exit ${rr.code}: ${rr.stderr}`;
     assert.equal(sr.summary?.tree?.lanes, 2, `the session used a lane\n${both}`);
+    // And the lane carried one of the files (before decisions §81 the first connection took both
+    // and the lane sent nothing but its handshake).
+    const perLane = sr.summary?.tree?.laneBytesSent ?? [];
+    assert.ok((perLane[1] ?? 0) > 256 * 1024, `the lane carried a file: ${JSON.stringify(perLane)}\n${both}`);
     assert.equal(sr.code, 24, both);
     assert.equal(rr.code, 24, both);
     // Version 2 (multiplexed streams) fails each changed file alone and says so per file;
     // version 1 fails the session at the first one.
     assert.match(rr.stderr, /ffsync-native: error: .*(changed during the sync|source files vanished during the run)/);
-    assert.match(rr.stderr, /a\.bin changed/);
+    assert.match(rr.stderr, /a\.bin changed/, both);
     assert.equal(fs.readFileSync(path.join(dst, 'extra.txt'), 'utf8'), 'receiver only\n', 'nothing deleted');
     assert.deepEqual(fs.readdirSync(dst).filter((n) => n.endsWith('.bin')), [], 'nothing committed');
     fs.rmSync(dir, { recursive: true, force: true });

@@ -227,8 +227,8 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
   // (or, in version 1, its turn at the queue) as soon as it has joined.
   const streamsEach = Math.ceil(MUX_WINDOW / connections);
   const streams = multiplexed ? streamSender(shared, budget, extra > 0 && o.lanesOwnConnections === true) : undefined;
-  const worker = async (c: FramedConnection) => {
-    if (streams) return streams(c, streamsEach);
+  const worker = async (c: FramedConnection, lanesJoining?: Promise<void>) => {
+    if (streams) return streams(c, streamsEach, lanesJoining);
     for (let lt = shared.queue.shift(); lt; lt = shared.queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter, buffers })).rest;
   };
   // Set once the session's work has ended (done or failed): a lane joining after that starts
@@ -245,7 +245,7 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
       : undefined;
   try {
     // The first connection works too, and keeps the session alive while lanes finish.
-    await conn.keepAlive(Promise.all([...(multiplexed ? [smallSent] : []), worker(conn), opening?.work]));
+    await conn.keepAlive(Promise.all([...(multiplexed ? [smallSent] : []), worker(conn, opening?.settled), opening?.work]));
   } finally {
     ended = true;
     await opening?.settled;
@@ -286,7 +286,7 @@ interface LargeSending {
  * connections as they have room, and two big files send at once on two connections (decisions
  * §81). Otherwise (one connection; QUIC lanes, which share one connection's bandwidth; in-process
  * lanes) one set of DATA turns with the `budget` serves the session. */
-function streamSender(s: LargeSending, budget: number, perConnection: boolean): (conn: FramedConnection, streams: number) => Promise<void> {
+function streamSender(s: LargeSending, budget: number, perConnection: boolean): (conn: FramedConnection, streams: number, lanesJoining?: Promise<void>) => Promise<void> {
   const hashing = new WorkLimit(HASHING_AT_ONCE);
   const units = perConnection ? new SharedUnits(budget) : undefined;
   const sessionShare = perConnection ? undefined : new ConnectionShare(budget);
@@ -320,8 +320,14 @@ function streamSender(s: LargeSending, budget: number, perConnection: boolean): 
       throw e;
     }
   };
-  return async (conn, streams) => {
+  return async (conn, streams, lanesJoining) => {
     const share = sessionShare ?? new ConnectionShare(DATA_BUFFERS, units);
+    // The first connection: one file ahead until every lane has joined (or failed to), so the
+    // lanes find files to take (a tree of two big files would otherwise be its alone).
+    if (!sessionShare && lanesJoining) {
+      share.holdOne(true);
+      void lanesJoining.then(() => share.holdOne(false));
+    }
     // Files are taken in plan order, each with its DATA turn on this connection; a file put
     // back (its stream was spent under it before it read anything) goes first, turn and all.
     const again: Taken[] = [];

@@ -124,6 +124,8 @@ export class ConnectionShare {
   /** Files taken whose DATA is not out yet, and the DATA they are expected to send. */
   private files = 0;
   private ahead = 0;
+  /** The first connection while its lanes are joining: one file at a time (`holdOne`). */
+  private one = false;
   private waiting: (() => void)[] = [];
 
   /** `shared`: the session has lanes; a file sends once it has both its turn here and its units
@@ -141,7 +143,17 @@ export class ConnectionShare {
   /** Whether this connection may take another file now. Take it in the same synchronous step
    * (`turn`): streams that all found room before any of them took a file would take them all. */
   hasRoom(): boolean {
-    return !this.shared || this.files < LANE_AHEAD_FILES || this.ahead < this.aheadBytes;
+    if (!this.shared) return true;
+    if (this.one) return this.files === 0;
+    return this.files < LANE_AHEAD_FILES || this.ahead < this.aheadBytes;
+  }
+
+  /** While `on`, take one file at a time whatever its size: the first connection, while its
+   * lanes are still joining, so that a tree of a few big files does not go to it whole before
+   * a lane can take one. */
+  holdOne(on: boolean): void {
+    this.one = on;
+    this.wake();
   }
 
   /** Resolves when a file of this connection sent its DATA or learnt it needs less: ask
