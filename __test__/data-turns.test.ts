@@ -39,6 +39,25 @@ it('turns go in plan order, two units at a time, whatever order the files ask in
   await t[4].take(); // after done: no wait
 });
 
+it('a turn given back between its grant and the taker resuming returns its units (not passed twice)', async () => {
+  const turns = new DataTurns(1);
+  const a = turns.turn(0);
+  const b = turns.turn(1);
+  const taking = a.take(1); // granted at once: its promise resolves on a later tick
+  a.done(); // before the taker resumed
+  let bGranted = false;
+  void b.take(1).then(() => (bGranted = true));
+  await taking;
+  await tick();
+  assert.equal(bGranted, true, "a's unit came back: b goes");
+  b.done();
+  // The budget is whole again: a third file gets it at once.
+  let cGranted = false;
+  void turns.turn(2).take(1).then(() => (cGranted = true));
+  await tick();
+  assert.equal(cGranted, true);
+});
+
 it('a turn given back before it was asked for lets later files go (a file that failed early)', async () => {
   const turns = new DataTurns(1);
   const a = turns.turn(0);
@@ -160,9 +179,9 @@ it("lanes: each connection sends one big file at a time, two at once in the sess
   await tick();
   assert.deepEqual(granted, ['c0f0', 'c1f0', 'c2f0'], 'the waiting connection goes next, first come first served');
   assert.equal(units.available, 0);
-  for (const row of t) for (const f of row) f.turn.done();
-  await tick();
-  // Units held by files that were granted go back; files passed while waiting return theirs.
+  // One done() each: units held by files that were granted go back; a file granted its
+  // connection's turn but still waiting for the session's units gives both back; the ones
+  // not granted anything pass their turns.
   for (const row of t) for (const f of row) f.turn.done();
   await tick();
   assert.equal(units.available, dataBuffers(3), 'every unit back');

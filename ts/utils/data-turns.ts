@@ -18,17 +18,25 @@ export class DataTurns {
 
   /** The turn of the file started `seq`-th (0, 1, 2, … in plan order). */
   turn(seq: number): DataTurn {
-    let state: 'waiting' | 'holding' | 'done' = 'waiting';
+    // 'holding' is set when the turn is granted (in `grant`), not when `take` resumes: a `done`
+    // in between gives the units back instead of passing a turn that was already given.
+    let state: 'idle' | 'asking' | 'holding' | 'done' = 'idle';
     let held = 0;
     return {
       take: async (units = this.budget) => {
-        if (state !== 'waiting') return;
+        if (state !== 'idle') return;
+        state = 'asking';
         held = Math.max(1, Math.min(this.budget, units));
-        await new Promise<void>((go) => {
-          this.waiting.set(seq, { units: held, go });
+        await new Promise<void>((resolve) => {
+          this.waiting.set(seq, {
+            units: held,
+            go: () => {
+              state = 'holding';
+              resolve();
+            },
+          });
           this.grant();
         });
-        state = 'holding';
       },
       done: () => {
         if (state === 'done') return;
@@ -36,6 +44,8 @@ export class DataTurns {
         state = 'done';
         if (holding) this.free += held;
         else {
+          // Not granted (asked or not): the turn is passed. A `take` still asking stays
+          // pending: its file gave up.
           this.waiting.delete(seq);
           this.passed.add(seq);
         }

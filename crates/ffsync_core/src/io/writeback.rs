@@ -32,7 +32,7 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 /// Start writeback once this many bytes were written since the last kick.
 pub const KICK: u64 = 8 << 20;
@@ -79,10 +79,13 @@ impl DeviceFlush {
         if self.running.swap(true, Ordering::AcqRel) {
             return;
         }
-        self.since.store(0, Ordering::Relaxed);
-        // Its own descriptor: the thread may outlive the caller's handle (a file renamed
-        // into place and closed, a failed temp file unlinked: flushing them is harmless).
-        let Ok(file) = file.try_clone() else {
+        let _ = self.since.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            Some(n.saturating_sub(self.every))
+        });
+        // Its own open file description, not a `dup` (see `own_description`); the thread may
+        // outlive the caller's handle (a file renamed into place and closed, a failed temp file
+        // unlinked: flushing them is harmless).
+        let Some(file) = own_description(file) else {
             self.running.store(false, Ordering::Release);
             return;
         };
@@ -128,6 +131,9 @@ pub struct Writeback {
     kick: u64,
     behind: u64,
     device: &'static DeviceFlush,
+    /// The file's own read-only description for the waits (`own_description`), opened at the
+    /// first wait; `None` inside: none could be opened, so nothing waits.
+    waiter: OnceLock<Option<File>>,
     state: Mutex<State>,
 }
 
@@ -149,6 +155,7 @@ impl Writeback {
             kick: kick.max(1),
             behind,
             device,
+            waiter: OnceLock::new(),
             state: Mutex::new(State::default()),
         }
     }
@@ -193,8 +200,14 @@ impl Writeback {
             (range, wait, kicked)
         };
         range_write(file, kick.0, kick.1, false);
-        for (off, len) in wait {
-            range_write(file, off, len, true);
+        if !wait.is_empty() {
+            // Waits consume writeback errors: on a description of their own (see
+            // `own_description`), never on the writer's.
+            if let Some(waiter) = self.waiter.get_or_init(|| own_description(file)) {
+                for (off, len) in wait {
+                    range_write(waiter, off, len, true);
+                }
+            }
         }
         self.device.handed(file, kicked);
     }
@@ -203,6 +216,26 @@ impl Writeback {
     pub fn covered(&self) -> u64 {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).covered
     }
+}
+
+/// A second open file description of `file`, read-only, for the calls that wait for its
+/// writeback (`sync_file_range` with `WAIT_AFTER`, the background `fdatasync`). Not a `dup`:
+/// Linux reports a writeback error (EIO, ENOSPC) once per open file description, and a call
+/// that waits consumes the report. On the writer's own description (or a `dup` of it, which
+/// shares it) an early wait that met an error would leave the fsync before the commit to
+/// return success over lost pages; on a description of its own, the writer's fsync still
+/// sees the error. Read-only, so it does not keep the file open for writing (`ETXTBSY` for a
+/// program run right after the sync). `None` where `/proc` is not mounted (or the file is not
+/// readable): the waits are skipped, and the final fsync does all the work.
+#[cfg(target_os = "linux")]
+pub(crate) fn own_description(file: &File) -> Option<File> {
+    use std::os::unix::io::AsRawFd;
+    File::open(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn own_description(_file: &File) -> Option<File> {
+    None
 }
 
 /// Start writing `[offset, offset + len)` back (Linux); with `wait`, also wait for what
@@ -268,6 +301,34 @@ mod tests {
         assert_eq!(s.pending, 1 << 20);
         // Dirty pages stay bounded: ranges older than `behind` were waited for.
         assert!(s.in_flight <= (16 << 20) + (4 << 20), "{}", s.in_flight);
+    }
+
+    /// The waits and the background flush run on a description of their own, not on the
+    /// writer's (a `dup` would share it, and the writeback error a wait consumes would be lost
+    /// to the fsync before the commit): read-only where the writer's is read-write.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn waits_use_a_description_of_their_own() {
+        use std::os::unix::io::AsRawFd;
+        let (_d, f) = file();
+        let flags = |fd: i32| unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_ACCMODE;
+        assert_eq!(flags(f.as_raw_fd()), libc::O_RDWR);
+        let own = own_description(&f).expect("/proc/self/fd is there");
+        assert_eq!(
+            flags(own.as_raw_fd()),
+            libc::O_RDONLY,
+            "a new open file description, not a dup"
+        );
+        let dup = f.try_clone().unwrap();
+        assert_eq!(flags(dup.as_raw_fd()), libc::O_RDWR, "(a dup shares the writer's)");
+        // The windowed waits open theirs on first use, once.
+        let wb = Writeback::with_device(true, 1 << 20, 2 << 20, Box::leak(Box::new(DeviceFlush::new(u64::MAX))));
+        for k in 0..6u64 {
+            std::os::unix::fs::FileExt::write_at(&f, &vec![1u8; 1 << 20], k << 20).unwrap();
+            wb.wrote(&f, k << 20, 1 << 20);
+        }
+        let waiter = wb.waiter.get().expect("a wait happened").as_ref().expect("opened");
+        assert_eq!(flags(waiter.as_raw_fd()), libc::O_RDONLY);
     }
 
     #[test]
