@@ -90,8 +90,9 @@ export const LANE_AHEAD_FILES = 2;
  * the connection that happened to be open first (decisions §81). */
 export const LANE_AHEAD_BYTES = 16 * 1024 * 1024;
 
-/** Units of a budget that several connections' DATA turns draw on (a session with lanes): first
- * come, first served; a request waits until enough are free, and those behind it wait too. */
+/** Units of a budget, first come, first served; a request waits until enough are free, and
+ * those behind it wait too: what several connections' DATA turns draw on (a session with lanes),
+ * and, one unit at a time, WorkLimit. */
 export class SharedUnits {
   private readonly waiting: { units: number; go: () => void }[] = [];
 
@@ -145,7 +146,6 @@ export class ConnectionShare {
   constructor(
     private readonly budget: number,
     private readonly shared?: SharedUnits,
-    private readonly aheadBytes = LANE_AHEAD_BYTES,
   ) {
     this.turns = new DataTurns(budget);
   }
@@ -155,7 +155,7 @@ export class ConnectionShare {
   hasRoom(): boolean {
     if (!this.shared) return true;
     if (this.one) return this.files === 0;
-    return this.files < LANE_AHEAD_FILES || this.ahead < this.aheadBytes;
+    return this.files < LANE_AHEAD_FILES || this.ahead < LANE_AHEAD_BYTES;
   }
 
   /** While `on`, take one file at a time whatever its size: the first connection, while its
@@ -231,20 +231,13 @@ export class ConnectionShare {
  * conversations run at once in a multiplexed session, so that 64 files in flight do not map
  * and hash 64 files at once (more than the cores gain nothing, and mapped pages count as
  * resident memory). */
-export class WorkLimit {
-  private readonly waiting: (() => void)[] = [];
-
-  constructor(private free: number) {}
-
+export class WorkLimit extends SharedUnits {
   async run<T>(work: () => Promise<T>): Promise<T> {
-    if (this.free > 0) this.free--;
-    else await new Promise<void>((go) => this.waiting.push(go));
+    await this.acquire(1);
     try {
       return await work();
     } finally {
-      const next = this.waiting.shift();
-      if (next) next();
-      else this.free++;
+      this.release(1);
     }
   }
 }
