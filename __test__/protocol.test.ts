@@ -29,7 +29,7 @@ import net from 'node:net';
 import v8 from 'node:v8';
 import vm from 'node:vm';
 import { FramedConnection } from '../ts/transport/connection';
-import { laneWindow, Multiplexer, MUX_FRAME_DATA, MUX_HIGH_WATER, muxGroups } from '../ts/transport/mux';
+import { laneWindow, Multiplexer, MUX_FRAME_DATA, MUX_HIGH_WATER, muxGroups, SessionWindow } from '../ts/transport/mux';
 import { garbageRelief, RELIEF_STEP } from '../ts/utils/gc';
 import { pipePair } from '../ts/transport/stream-pair';
 import { seeded } from './helpers/peers';
@@ -77,7 +77,8 @@ describe('frame decoder', () => {
   it('a large frame is copied together as its reads arrive once half of it is here; before that a claim reserves nothing', () => {
     const payload = seeded(2 * 1024 * 1024, 3);
     const stream = Buffer.concat([encodeFrame(FrameType.DATA, payload), encodeFrame(FrameType.RESULT, Buffer.alloc(9, 1))]);
-    const d = new FrameDecoder();
+    // A pool of its own with no idle buffer: every buffer the frame gets is a new one.
+    const d = new FrameDecoder(new FramePool(FRAME_POOL_BUFFER, FRAME_POOL_KEPT));
     const READ = 64 * 1024;
     const got = [];
     // A header alone, and the first reads: kept as they are, no 2 MiB buffer taken for a claim.
@@ -107,6 +108,66 @@ describe('frame decoder', () => {
     for (let k = 0; k < again.length; k += 1000) frames.push(...d.push(again.subarray(k, k + 1000)));
     assert.equal(frames.length, 1);
     assert.ok(frames[0].payload.equals(next));
+  });
+
+  it('small reads between large ones share one 64 KiB accumulator, not one each (decisions §82)', () => {
+    // Frames of 3000 bytes, read alternately 8 KiB and 100 bytes at a time.
+    const frames = Array.from({ length: 400 }, (_, i) => encodeFrame(FrameType.DATA, Buffer.alloc(2995, i)));
+    const stream = Buffer.concat(frames);
+    const d = new FrameDecoder();
+    const slow = Buffer.allocUnsafeSlow;
+    let accumulators = 0;
+    let smallReads = 0;
+    Buffer.allocUnsafeSlow = (n: number) => {
+      if (n === 64 * 1024) accumulators++;
+      return slow(n);
+    };
+    const got = [];
+    try {
+      for (let at = 0, k = 0; at < stream.length; k++) {
+        const n = k % 2 === 0 ? 8192 : 100;
+        if (n === 100) smallReads++;
+        got.push(...d.push(Buffer.from(stream.subarray(at, at + n))));
+        at += n;
+      }
+    } finally {
+      Buffer.allocUnsafeSlow = slow;
+    }
+    assert.equal(got.length, frames.length);
+    for (const [i, f] of got.entries()) assert.ok(f.payload.equals(Buffer.alloc(2995, i)), `frame ${i}`);
+    // 100 bytes each: a 64 KiB accumulator holds 655 of them (before, one per small read).
+    assert.ok(smallReads > 100);
+    assert.ok(accumulators <= Math.ceil((smallReads * 100) / (64 * 1024)) + 1, `${accumulators} accumulators for ${smallReads} small reads`);
+  });
+
+  it('an idle pooled buffer is taken at the first read of a large frame: no read is held, nothing new is allocated (decisions §82)', () => {
+    const pool = new FramePool(FRAME_POOL_BUFFER, FRAME_POOL_KEPT);
+    pool.join(); // another connection uses the pool: its idle buffers are kept
+    pool.release(pool.take(FRAME_POOL_BUFFER));
+    assert.equal(pool.idle, 1);
+    assert.equal(pool.allocated, 1);
+    const d = new FrameDecoder(pool);
+    const payload = seeded(2 * 1024 * 1024, 7);
+    const stream = encodeFrame(FrameType.DATA, payload);
+    const READ = 64 * 1024;
+    // The header and a first read: the idle buffer holds them already (before §82 both reads
+    // were kept until a megabyte had arrived, outliving scavenges when lanes read at once).
+    assert.equal(d.push(stream.subarray(0, READ)).length, 0);
+    assert.equal(d.assemblingBytes, stream.length);
+    assert.equal(d.heldReads, 0);
+    assert.equal(pool.idle, 0);
+    const got = [];
+    for (let at = READ; at < stream.length; at += READ) got.push(...d.push(stream.subarray(at, at + READ)));
+    assert.equal(got.length, 1);
+    assert.ok(got[0].payload.equals(payload));
+    assert.equal(pool.allocated, 1, 'the idle buffer served; none was made');
+    // With the pool empty (its buffer out), the next frame's claim reserves nothing until half is here.
+    d.push(stream.subarray(0, READ));
+    assert.equal(d.assemblingBytes, 0);
+    assert.equal(pool.allocated, 1);
+    got[0].release?.();
+    d.dispose();
+    pool.leave();
   });
 
   it('a lent chunk of whole frames is decoded in place: large frames keep it until the last is released, small ones get copies', () => {
@@ -594,6 +655,56 @@ describe('multiplexed streams', () => {
       );
       assert.ok(Date.now() - t0 < 5_000, 'failed with its connection, not by a timer');
     });
+  });
+
+  it("a session's connections share one window of unread bytes; a connection with none unread still reads (decisions §82)", async () => {
+    const MiB = 1024 * 1024;
+    const session = new SessionWindow(4 * MiB);
+    // Two lanes of one session, each with a window of its own far above the session's.
+    const lanes = [0, 1].map(() => {
+      const [a, b] = pipePair();
+      const ca = new FramedConnection(a, 0);
+      const cb = new FramedConnection(b, 0);
+      const accepted = new Promise<FramedConnection>((resolve) => new Multiplexer(cb, { opener: false, onStream: resolve, window: 64 * MiB, session }));
+      const out = new Multiplexer(ca, { opener: true }).open();
+      const sending = (async () => {
+        for (let k = 0; k < 16; k++) await out.send(FrameType.DATA, Buffer.alloc(MiB, k));
+      })();
+      sending.catch(() => undefined);
+      return { a, b, accepted, sending };
+    });
+    const settle = () => new Promise((r) => setTimeout(r, 300));
+    const unread = (c: FramedConnection) => c.pendingBytes + (c as unknown as { stream: { readableLength: number } }).stream.readableLength;
+    try {
+      const [first, second] = await Promise.all(lanes.map((l) => l.accepted));
+      await settle();
+      // Both stopped with the session's window between them (each may land one frame past it).
+      assert.ok(lanes[0]!.b.isPaused() && lanes[1]!.b.isPaused(), 'both connections stopped reading');
+      const both = unread(first!) + unread(second!);
+      assert.ok(both <= 4 * MiB + 2 * 2 * MiB, `${both} bytes unread in the session`);
+      // The second lane's reader takes everything it has; the first keeps its backlog. The second
+      // reads on (it holds nothing unread), frame after frame, to its end.
+      for (let k = 0; k < 16; k++) {
+        const f = await second!.recv();
+        assert.equal(f.payload[0], k, `lane 2 frame ${k}`);
+        f.release?.();
+      }
+      await lanes[1]!.sending;
+      assert.ok(lanes[0]!.b.isPaused(), "the first lane still waits for its own reader");
+      const backlog = unread(first!);
+      assert.ok(backlog > 0 && backlog <= 4 * MiB + 2 * MiB, `${backlog} bytes wait on the first lane`);
+      for (let k = 0; k < 16; k++) {
+        const f = await first!.recv();
+        assert.equal(f.payload[0], k, `lane 1 frame ${k}`);
+        f.release?.();
+      }
+      await lanes[0]!.sending;
+    } finally {
+      for (const l of lanes) {
+        l.a.destroy();
+        l.b.destroy();
+      }
+    }
   });
 
   it('a connection stops reading at its window of unread stream bytes; each lane has 4 MiB', async () => {

@@ -37,6 +37,7 @@ import { expect, expectUnless } from './session.js';
 import { inPhase, type SyncEvents } from './events.js';
 import { type ContentResult } from './content-send.js';
 import { EarlyPlacement, WRITES_IN_FLIGHT } from './early-placement.js';
+import { type SlottedFrame, takeWithSlot } from './write-slots.js';
 
 export { WRITES_IN_FLIGHT };
 
@@ -159,18 +160,24 @@ async function readManifest(conn: FramedConnection, o: ReceiveContentOptions, as
   let streamedSize = 0;
   const size = Number(o.size);
   while (!manifest) {
-    let f;
+    let taken: SlottedFrame;
     try {
-      f = o.stream ? await expectUnless(conn, early.failed, FrameType.MANIFEST_STREAM, FrameType.MANIFEST, FrameType.DATA) : await expect(conn, FrameType.MANIFEST);
+      taken = o.stream ? await takeWithSlot(conn, () => expectUnless(conn, early.failed, FrameType.MANIFEST_STREAM, FrameType.MANIFEST, FrameType.DATA)) : { frame: await expect(conn, FrameType.MANIFEST), done: () => undefined };
     } catch (e) {
       throw await early.failureOr(e);
     }
+    const f = taken.frame;
     if (f.type === FrameType.MANIFEST) {
       manifest = assembler.push(f.payload);
       continue;
     }
     if (f.type === FrameType.DATA) {
-      await early.addBatch(f.payload, f.release);
+      // The write slot goes back with the frame, when its batch was placed or dropped.
+      const slot = taken.done;
+      await early.addBatch(f.payload, () => {
+        f.release?.();
+        slot();
+      });
       continue;
     }
     const entries = Buffer.from(f.payload);
@@ -333,7 +340,8 @@ async function receiveData(conn: FramedConnection, o: ReceiveContentOptions, r: 
     const failed = new Promise<never>((_, reject) => (writeFailed = reject));
     failed.catch(() => undefined);
     for (;;) {
-      const f = await expectUnless(conn, failed, FrameType.DATA, FrameType.DATA_END);
+      // With a write slot of the process's (write-slots.ts): the batches of every file at once.
+      const { frame: f, done } = await takeWithSlot(conn, () => expectUnless(conn, failed, FrameType.DATA, FrameType.DATA_END));
       if (f.type === FrameType.DATA_END) {
         const end = decodeDataEnd(f.payload);
         await Promise.all(inflight);
@@ -344,7 +352,8 @@ async function receiveData(conn: FramedConnection, o: ReceiveContentOptions, r: 
         if (end.rawBytes !== BigInt(raw)) throw protocolError(`sender claims ${end.rawBytes} bytes, ${raw} arrived`);
         return;
       }
-      const w = call(r.writeBatch(f.payload)).then((n) => {
+      // The slot goes back however the write ends (a synchronous throw included).
+      const w = (async () => call(r.writeBatch(f.payload)))().finally(done).then((n) => {
         f.release?.();
         received += n;
         progress(received);

@@ -36,7 +36,7 @@ import { hashWithin } from './content-send.js';
 import { receiveFileContent, WRITES_IN_FLIGHT } from './content-receive.js';
 import { WorkLimit } from '../utils/data-turns.js';
 import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, treeSummary } from './tree-common.js';
-import { laneWindow, Multiplexer } from '../transport/mux.js';
+import { laneWindow, Multiplexer, SessionWindow } from '../transport/mux.js';
 
 export interface TreeReceiveOptions {
   /** The receiver's own patterns: matching paths are never deleted. */
@@ -138,6 +138,8 @@ class TreeReceiver {
   private readonly lanes: FramedConnection[] = [];
   private readonly streams: FramedConnection[] = [];
   private readonly muxes: Multiplexer[] = [];
+  /** The unread stream bytes of all the session's connections, bounded together (decisions §82). */
+  private readonly receiveWindow = new SessionWindow();
   private readonly laneWork: Promise<void>[] = [];
   private laneFailure: FfsyncError | undefined;
   private failLanes: (e: FfsyncError) => void = () => undefined;
@@ -310,6 +312,7 @@ class TreeReceiver {
     const mux = new Multiplexer(c, {
       opener: false,
       window: laneWindow(this.connections),
+      session: this.receiveWindow,
       onStream: (s) => {
         this.streams.push(s);
         this.serveLane(s);

@@ -88,12 +88,14 @@ export function wholeFrames(chunk: Buffer): boolean {
 }
 
 /** Buffers kept for reuse by every connection in the process, for frames of POOLED_MIN or more:
- * as many as a receiving session has in flight at once (one being assembled, up to two queued,
- * two being verified and written). With fewer, every frame beyond them allocates a fresh 2 MiB
- * buffer and drops one, promoted to the old generation before it dies, where dead buffers wait
- * for a major GC (decisions §45). One pool for the process, not one per connection: a pool per
- * lane would keep buffers idle on one lane while another allocates (decisions §71). */
-export const FRAME_POOL_KEPT = 6;
+ * as many as a receiving session has in flight at once (the process's four write slots, and on
+ * each busy lane one frame being assembled and one queued; one connection reaches eight). With
+ * fewer, every frame beyond them allocates a fresh 2 MiB buffer and drops one, promoted to the old
+ * generation before it dies, where dead buffers wait for a major GC (decisions §45, §82). A cap,
+ * not a reserve: buffers are made only as frames need them. One pool for the process, not one per
+ * connection: a pool per lane would keep buffers idle on one lane while another allocates
+ * (decisions §71). */
+export const FRAME_POOL_KEPT = 12;
 /** One DATA batch (content-send.ts, BATCH_BUFFER) and the frame headers around it. */
 export const FRAME_POOL_BUFFER = 2 * 1024 * 1024 + 64 * 1024;
 
@@ -333,10 +335,15 @@ export class FrameDecoder {
   }
 
   /** A frame of `n` bytes is incomplete: once half of it is here, move what is buffered into
-   * a pooled buffer and copy the rest in as it arrives. Not before: a buffer is then never
-   * more than twice what the peer actually sent (a header alone claims nothing). */
+   * a pooled buffer and copy the rest in as it arrives. Not before, if that needs a new buffer:
+   * what is allocated is then never more than twice what the peer actually sent (a header alone
+   * claims nothing). An idle buffer of the pool is taken at once: it is resident already, and
+   * reads kept until half the frame is here outlive the scavenges when several connections read
+   * at once — four lanes each reading their first megabyte while 4 MiB arrive for the process —
+   * and wait for a full GC as dead memory (decisions §82). */
   private assemble(n: number): void {
-    if (n < FrameDecoder.POOLED_MIN || this.buffered * 2 < n) return;
+    if (n < FrameDecoder.POOLED_MIN) return;
+    if (this.buffered * 2 < n && !(n <= this.framePool.size && this.framePool.idle > 0)) return;
     const filled = this.buffered;
     const pooled = this.takePooled(n);
     const frame = pooled.subarray(0, n);
@@ -353,8 +360,10 @@ export class FrameDecoder {
   private append(chunk: Buffer): void {
     this.buffered += chunk.length;
     if (chunk.length >= FrameDecoder.SMALL_READ) {
+      // The accumulator stays for the small reads after it: dropped here, a connection whose
+      // reads alternate large and small made a fresh 64 KiB one for nearly every small read
+      // (307 in a 100 × 16 MiB session on four lanes, 71 when kept; decisions §82).
       this.parts.push(chunk);
-      this.tail = undefined;
       return;
     }
     const t = this.tail;

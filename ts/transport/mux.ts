@@ -95,6 +95,38 @@ export interface MultiplexerOptions {
   /** Unread stream bytes above which the connection stops reading (default MUX_HIGH_WATER;
    * reading resumes below half of it). A session on lanes gives each a share (`laneWindow`). */
   window?: number;
+  /** The window this connection's session shares with its other connections (lanes). */
+  session?: SessionWindow;
+}
+
+/**
+ * The unread stream bytes of one session's connections (a receiver's lanes), bounded together:
+ * one connection's window each let four busy lanes hold four windows of DATA when the receiver
+ * was the slower side (decisions §82). A connection stops reading when the session's unread
+ * bytes exceed `bytes` and some of them are its own; one with nothing unread always reads, so a
+ * lane never waits for another lane's backlog to drain, only for its own.
+ */
+export class SessionWindow {
+  readonly members = new Set<Multiplexer>();
+
+  constructor(readonly bytes: number = MUX_HIGH_WATER) {}
+
+  /** Unread stream bytes of every connection of the session. */
+  unread(): number {
+    let total = 0;
+    for (const m of this.members) total += m.unread;
+    return total;
+  }
+
+  /** Whether the session's window binds a connection holding `own` unread bytes. */
+  binds(own: number, ratio = 1): boolean {
+    return own > 0 && this.members.size > 1 && this.unread() > this.bytes * ratio;
+  }
+
+  /** A member's reader took bytes: members paused by the session's window may read again. */
+  drained(from: Multiplexer): void {
+    for (const m of this.members) if (m !== from) m.maybeResume(true);
+  }
 }
 
 /** Each connection's window when a session runs on `connections` of them: MUX_HIGH_WATER for
@@ -167,6 +199,7 @@ export class Multiplexer {
     private readonly o: MultiplexerOptions,
   ) {
     this.window = o.window ?? MUX_HIGH_WATER;
+    o.session?.members.add(this);
     parent.attachMux({
       deliver: (payload, release) => this.deliver(payload, release),
       buffered: () => this.over,
@@ -236,6 +269,13 @@ export class Multiplexer {
     this.over = this.isOver();
   }
 
+  /** Received stream bytes not yet taken by their conversations. */
+  get unread(): number {
+    let total = 0;
+    for (const s of this.streams.values()) total += s.readableLength + s.conn.pendingBytes;
+    return total;
+  }
+
   private isOver(): boolean {
     let total = 0;
     for (const s of this.streams.values()) {
@@ -243,18 +283,21 @@ export class Multiplexer {
       if (s.readableLength > STREAM_HIGH_WATER) return true;
       total += unread;
     }
-    return total > this.window;
+    return total > this.window || this.o.session?.binds(total) === true;
   }
 
-  /** A stream's reader took bytes: the connection may read again. */
-  maybeResume(): void {
-    if (!this.over) return;
-    let total = 0;
-    for (const s of this.streams.values()) total += s.readableLength + s.conn.pendingBytes;
-    if (total < this.window / 2) {
-      this.over = false;
-      this.parent.maybeResume();
+  /** A stream's reader took bytes: the connection may read again (below half of its window and,
+   * holding unread bytes, of its session's). `fromSession`: asked by another connection of the
+   * session, which does not pass the word on. */
+  maybeResume(fromSession = false): void {
+    if (this.over) {
+      const own = this.unread;
+      if (own < this.window / 2 && !this.o.session?.binds(own, 0.5)) {
+        this.over = false;
+        this.parent.maybeResume();
+      }
     }
+    if (!fromSession) this.o.session?.drained(this);
   }
 
   /** Stream `id` writes `parts` (none: FIN); `cb` runs once the connection no longer
@@ -287,5 +330,7 @@ export class Multiplexer {
   /** The connection failed or closed: every stream's conversation ends with it. */
   private closeAll(why: Error): void {
     for (const s of [...this.streams.values()]) s.conn.failWith(why);
+    // Its unread bytes no longer count against the session's other connections.
+    if (this.o.session?.members.delete(this)) this.o.session.drained(this);
   }
 }

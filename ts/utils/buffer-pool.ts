@@ -40,6 +40,11 @@ export class BufferPool {
     else if (this.free.length < this.max && b.length === this.size) this.free.push(b);
   }
 
+  /** Buffers made so far (`take` and `acquire`), reused ones not counted again. */
+  get allocated(): number {
+    return this.created;
+  }
+
   /** Buffers kept for reuse now. */
   get idle(): number {
     return this.free.length;

@@ -106,6 +106,13 @@ export class SharedUnits {
     return new Promise<void>((go) => this.waiting.push({ units, go }));
   }
 
+  /** `acquire` if the units are free now and nobody waits before us; false otherwise. */
+  tryAcquire(units: number): boolean {
+    if (this.waiting.length || this.free < units) return false;
+    this.free -= units;
+    return true;
+  }
+
   release(units: number): void {
     this.free += units;
     while (this.waiting.length && this.free >= this.waiting[0]!.units) {
