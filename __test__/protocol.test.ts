@@ -673,12 +673,16 @@ describe('multiplexed streams', () => {
       sending.catch(() => undefined);
       return { a, b, accepted, sending };
     });
-    const settle = () => new Promise((r) => setTimeout(r, 300));
     const unread = (c: FramedConnection) => c.pendingBytes + (c as unknown as { stream: { readableLength: number } }).stream.readableLength;
     try {
       const [first, second] = await Promise.all(lanes.map((l) => l.accepted));
-      await settle();
-      // Both stopped with the session's window between them (each may land one frame past it).
+      // Both stop with the session's window between them (each may land one frame past it).
+      for (const t0 = Date.now(); !(lanes[0]!.b.isPaused() && lanes[1]!.b.isPaused()); ) {
+        assert.ok(Date.now() - t0 < 10_000, `both connections stop reading: ${lanes.map((l) => l.b.isPaused()).join(', ')}`);
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      // And stay stopped (nothing more is read while nobody reads).
+      await new Promise((r) => setTimeout(r, 200));
       assert.ok(lanes[0]!.b.isPaused() && lanes[1]!.b.isPaused(), 'both connections stopped reading');
       const both = unread(first!) + unread(second!);
       assert.ok(both <= 4 * MiB + 2 * 2 * MiB, `${both} bytes unread in the session`);

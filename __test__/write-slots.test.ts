@@ -1,5 +1,5 @@
 // The receiver's write slots (decisions §82): DATA batches being written natively are bounded for
-// the whole process, and a batch waiting for a slot stays in its connection's queue, where flow
+// a whole session, and a batch waiting for a slot stays in its connection's queue, where flow
 // control counts it, instead of in the hands of its conversation.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
@@ -7,7 +7,7 @@ import { FrameType } from '../ts/protocol/frames';
 import { FramedConnection } from '../ts/transport/connection';
 import { pipePair } from '../ts/transport/stream-pair';
 import { SharedUnits } from '../ts/utils/data-turns';
-import { freeWriteSlots, takeWithSlot, WRITE_SLOTS } from '../ts/api/write-slots';
+import { takeWithSlot, WRITE_SLOTS, writeSlots } from '../ts/api/write-slots';
 
 function pair(): { out: FramedConnection; inn: FramedConnection; close: () => void } {
   const [a, b] = pipePair();
@@ -24,9 +24,9 @@ function pair(): { out: FramedConnection; inn: FramedConnection; close: () => vo
 const tick = () => new Promise((r) => setTimeout(r, 50));
 
 describe('write slots', () => {
-  it('the process has four, all free between sessions', () => {
+  it('a session has four', () => {
     assert.equal(WRITE_SLOTS, 4);
-    assert.equal(freeWriteSlots(), WRITE_SLOTS);
+    assert.equal(writeSlots().available, 4);
   });
 
   it('a DATA batch waits for a slot in its connection’s queue, counted there, and is the batch taken once one is free', async () => {
@@ -81,19 +81,38 @@ describe('write slots', () => {
     }
   });
 
-  it('a connection that fails while its batch waits for a slot gives nothing back twice and keeps no slot', async () => {
+  it('a connection that fails while its batch waits for a slot ends the wait; the slot, when it comes, goes straight back', async () => {
+    const { out, inn, close } = pair();
+    const slots = new SharedUnits(1);
+    try {
+      await slots.acquire(1); // another file's write holds the only slot
+      await out.send(FrameType.DATA, Buffer.alloc(10));
+      const waiting = takeWithSlot(inn, () => inn.recv(), slots);
+      waiting.catch(() => undefined);
+      await tick();
+      inn.failWith(new Error('connection lost'));
+      await assert.rejects(waiting, /connection lost/);
+      assert.equal(slots.available, 0);
+      slots.release(1); // the write finishes: its slot goes to the abandoned wait, which gives it back
+      await tick();
+      assert.equal(slots.available, 1, 'no slot kept by a conversation that is gone');
+    } finally {
+      close();
+    }
+  });
+
+  it('a re-take that fails after the grant gives the slot back', async () => {
     const { out, inn, close } = pair();
     const slots = new SharedUnits(1);
     try {
       await slots.acquire(1);
       await out.send(FrameType.DATA, Buffer.alloc(10));
-      // The receive after the slot is granted fails (the connection broke meanwhile).
       let calls = 0;
-      const take = () => (++calls === 1 ? inn.recv() : Promise.reject(new Error('connection lost')));
+      const take = () => (++calls === 1 ? inn.recv() : Promise.reject(new Error('receive failed')));
       const waiting = takeWithSlot(inn, take, slots);
       await tick();
       slots.release(1);
-      await assert.rejects(waiting, /connection lost/);
+      await assert.rejects(waiting, /receive failed/);
       assert.equal(slots.available, 1, 'the slot went back with the failure');
     } finally {
       close();

@@ -37,7 +37,8 @@ import { expect, expectUnless } from './session.js';
 import { inPhase, type SyncEvents } from './events.js';
 import { type ContentResult } from './content-send.js';
 import { EarlyPlacement, WRITES_IN_FLIGHT } from './early-placement.js';
-import { type SlottedFrame, takeWithSlot } from './write-slots.js';
+import { takeWithSlot, writeSlots } from './write-slots.js';
+import type { SharedUnits } from '../utils/data-turns.js';
 
 export { WRITES_IN_FLIGHT };
 
@@ -82,6 +83,8 @@ export interface ReceiveContentOptions {
   /** rsync's --partial-dir (crates/ffsync_core/src/restore/partial_dir.rs): partials of this file
    * kept by an earlier attempt are taken from there first, and one this attempt keeps goes there. */
   partialDir?: string;
+  /** The session's write slots (write-slots.ts), shared by its files; a file alone has its own. */
+  writeSlots?: SharedUnits;
 }
 
 /** Receiver half. A dropped connection keeps the verified partial for a resume. */
@@ -160,24 +163,18 @@ async function readManifest(conn: FramedConnection, o: ReceiveContentOptions, as
   let streamedSize = 0;
   const size = Number(o.size);
   while (!manifest) {
-    let taken: SlottedFrame;
+    let f;
     try {
-      taken = o.stream ? await takeWithSlot(conn, () => expectUnless(conn, early.failed, FrameType.MANIFEST_STREAM, FrameType.MANIFEST, FrameType.DATA)) : { frame: await expect(conn, FrameType.MANIFEST), done: () => undefined };
+      f = o.stream ? await expectUnless(conn, early.failed, FrameType.MANIFEST_STREAM, FrameType.MANIFEST, FrameType.DATA) : await expect(conn, FrameType.MANIFEST);
     } catch (e) {
       throw await early.failureOr(e);
     }
-    const f = taken.frame;
     if (f.type === FrameType.MANIFEST) {
       manifest = assembler.push(f.payload);
       continue;
     }
     if (f.type === FrameType.DATA) {
-      // The write slot goes back with the frame, when its batch was placed or dropped.
-      const slot = taken.done;
-      await early.addBatch(f.payload, () => {
-        f.release?.();
-        slot();
-      });
+      await early.addBatch(f.payload, f.release);
       continue;
     }
     const entries = Buffer.from(f.payload);
@@ -331,6 +328,7 @@ async function requestData(conn: FramedConnection, o: ReceiveContentOptions, r: 
  * DATA_END's totals must match what arrived, early DATA included. */
 async function receiveData(conn: FramedConnection, o: ReceiveContentOptions, r: NativeReconstruction, wireBytes: number, wireChunks: number, early: EarlyPlacement): Promise<void> {
   let received = 0;
+  const slots = o.writeSlots ?? writeSlots();
   await inPhase(o.events, 'receiving', wireBytes, async (progress) => {
     const inflight = new Set<Promise<number>>();
     // A batch that fails (a chunk failing its hash, a full disk) ends the loop at once, not
@@ -340,8 +338,8 @@ async function receiveData(conn: FramedConnection, o: ReceiveContentOptions, r: 
     const failed = new Promise<never>((_, reject) => (writeFailed = reject));
     failed.catch(() => undefined);
     for (;;) {
-      // With a write slot of the process's (write-slots.ts): the batches of every file at once.
-      const { frame: f, done } = await takeWithSlot(conn, () => expectUnless(conn, failed, FrameType.DATA, FrameType.DATA_END));
+      // With one of the session's write slots (write-slots.ts): its files' batches, all at once.
+      const { frame: f, done } = await takeWithSlot(conn, () => expectUnless(conn, failed, FrameType.DATA, FrameType.DATA_END), slots);
       if (f.type === FrameType.DATA_END) {
         const end = decodeDataEnd(f.payload);
         await Promise.all(inflight);

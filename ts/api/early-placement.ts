@@ -119,6 +119,10 @@ export class EarlyPlacement {
     }
     this.pending++;
     const p = (this.chain = this.chain.then(async () => {
+      // One of the session's write slots for the write itself, not while the batch waits in this
+      // chain behind the one before it (decisions §82).
+      const slots = this.o.writeSlots;
+      if (slots) await slots.acquire(1);
       try {
         if (this.failure) return;
         if (this.discarding) {
@@ -138,6 +142,7 @@ export class EarlyPlacement {
         if (code === 'ECHUNK') this.fail(new FfsyncError('ECHUNK', ExitCode.PROTOCOL_STREAM, `bad early DATA: ${(e as Error).message}`));
         else this.fail(code === 'EMALFORMED' ? protocolError(`bad early DATA: ${(e as Error).message}`) : (e as Error));
       } finally {
+        slots?.release(1);
         release?.();
         this.pending--;
       }

@@ -37,6 +37,7 @@ import { receiveFileContent, WRITES_IN_FLIGHT } from './content-receive.js';
 import { WorkLimit } from '../utils/data-turns.js';
 import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, treeSummary } from './tree-common.js';
 import { laneWindow, Multiplexer, SessionWindow } from '../transport/mux.js';
+import { writeSlots } from './write-slots.js';
 
 export interface TreeReceiveOptions {
   /** The receiver's own patterns: matching paths are never deleted. */
@@ -140,6 +141,8 @@ class TreeReceiver {
   private readonly muxes: Multiplexer[] = [];
   /** The unread stream bytes of all the session's connections, bounded together (decisions §82). */
   private readonly receiveWindow = new SessionWindow();
+  /** The DATA batches the session's files write at once (decisions §82). */
+  private readonly writeSlots = writeSlots();
   private readonly laneWork: Promise<void>[] = [];
   private laneFailure: FfsyncError | undefined;
   private failLanes: (e: FfsyncError) => void = () => undefined;
@@ -442,6 +445,7 @@ class TreeReceiver {
       fsync: o.fsync,
       backup: o.backup,
       partialDir: o.partialDir,
+      writeSlots: this.writeSlots,
     };
   }
 

@@ -1,17 +1,21 @@
-// The receiver's DATA batches being verified and written natively, counted for the whole
-// process: each file has at most WRITES_IN_FLIGHT of its own, and without a bound across files a
-// session whose DATA arrives for five files at once (on lanes) held ten 2 MiB batches in native
-// writes, where two cores finish no more than four at a time (decisions §82).
+// The receiver's DATA batches being verified and written natively, counted for a whole session:
+// each file has at most WRITES_IN_FLIGHT of its own, and without a bound across files a session
+// whose DATA arrives for five files at once (on lanes) held ten 2 MiB batches in native writes,
+// where two cores finish no more than four at a time (decisions §82). Per session, not per
+// process: in `serve`, a session writing to a hung mount holds its own slots, never another's.
 
 import { type Frame, FrameType } from '../protocol/frames.js';
-import type { FramedConnection } from '../transport/connection.js';
+import { type FramedConnection, PeerClosedError } from '../transport/connection.js';
 import { SharedUnits } from '../utils/data-turns.js';
 
-/** Batches being written at once in this process: two files' worth (WRITES_IN_FLIGHT each), what
- * one connection's session reaches. */
+/** Batches one session writes at once: two files' worth (WRITES_IN_FLIGHT each), what a session on
+ * one connection reaches. */
 export const WRITE_SLOTS = 4;
 
-const processSlots = new SharedUnits(WRITE_SLOTS);
+/** A session's write slots (tree-receive.ts makes one per session). */
+export function writeSlots(): SharedUnits {
+  return new SharedUnits(WRITE_SLOTS);
+}
 
 /** A frame taken with a write slot when it is DATA: `done` gives the slot back (once; a no-op
  * for other frames). Call it when the batch's write has finished, failed or was dropped. */
@@ -20,44 +24,53 @@ export interface SlottedFrame {
   done: () => void;
 }
 
+const none = (): void => undefined;
+
 /**
- * The next frame from `take` (a receive on `conn`), holding a write slot if it is DATA. The slot
+ * The next frame from `take` (a receive on `conn`), holding one of `slots` if it is DATA. The slot
  * is held only while a batch is in hand, never while waiting for the peer: when none is free the
  * frame goes back to the front of `conn`'s queue, where it still counts against the connection's
  * window (so the connection stops reading, as it would behind a slow disk), and is taken again
- * once a slot is free. Slots are held only by writes in progress, which finish without the
- * network, so waiting for one cannot wait on another connection's peer.
+ * once a slot is free. Slots are held by writes in progress, which finish without the network, so
+ * waiting for one never waits on a peer. The wait ends with `conn`: a connection that fails or
+ * closes meanwhile rejects, and the slot, when it comes, goes straight back.
  */
-export async function takeWithSlot(conn: FramedConnection, take: () => Promise<Frame>, slots: SharedUnits = processSlots): Promise<SlottedFrame> {
-  let frame = await take();
-  if (frame.type !== FrameType.DATA) return { frame, done: () => undefined };
+export async function takeWithSlot(conn: FramedConnection, take: () => Promise<Frame>, slots: SharedUnits): Promise<SlottedFrame> {
+  const first = await take();
+  if (first.type !== FrameType.DATA) return { frame: first, done: none };
   if (!slots.tryAcquire(1)) {
-    conn.unshift(frame);
-    await slots.acquire(1);
+    conn.unshift(first);
+    let granted = false;
+    const grant = slots.acquire(1).then(() => {
+      granted = true;
+    });
+    await conn.orFailure(grant);
+    if (!granted) {
+      void grant.then(() => slots.release(1));
+      first.release?.();
+      throw conn.failedWith ?? new PeerClosedError('while a batch waited to be written');
+    }
+    let again: Frame;
     try {
-      // The same frame: only this conversation takes from `conn`, and the queue's front is kept.
-      frame = await take();
+      again = await take();
     } catch (e) {
       slots.release(1);
       throw e;
     }
-    if (frame.type !== FrameType.DATA) {
+    // Only this conversation takes from `conn`, and the queue's front is kept: anything else
+    // would be a batch skipped, surfacing later as the sender's fault in DATA_END.
+    if (again !== first) {
       slots.release(1);
-      return { frame, done: () => undefined };
+      throw new Error('internal: the batch put back for a write slot was not the one taken again');
     }
   }
   let held = true;
   return {
-    frame,
+    frame: first,
     done: () => {
       if (!held) return;
       held = false;
       slots.release(1);
     },
   };
-}
-
-/** Write slots free now (tests). */
-export function freeWriteSlots(): number {
-  return processSlots.available;
 }

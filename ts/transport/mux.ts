@@ -103,8 +103,11 @@ export interface MultiplexerOptions {
  * The unread stream bytes of one session's connections (a receiver's lanes), bounded together:
  * one connection's window each let four busy lanes hold four windows of DATA when the receiver
  * was the slower side (decisions §82). A connection stops reading when the session's unread
- * bytes exceed `bytes` and some of them are its own; one with nothing unread always reads, so a
- * lane never waits for another lane's backlog to drain, only for its own.
+ * bytes exceed `bytes` and some of them are its own; one with nothing unread always reads. So the
+ * session holds a lane back only while bytes of that lane wait for their own readers (which wait
+ * on local work, never on a peer), and the lane reads again once they are taken, whatever the other
+ * lanes hold. (Within one connection, as before §82, a stream's reader may wait behind another
+ * stream's unread bytes.)
  */
 export class SessionWindow {
   readonly members = new Set<Multiplexer>();
