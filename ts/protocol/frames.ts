@@ -173,9 +173,14 @@ export class FrameDecoder {
   private readonly scratch = Buffer.alloc(8);
   /** Frames larger than this that span several reads are assembled in pooled buffers. */
   static readonly POOLED_MIN = 256 * 1024;
-  /** Reads shorter than this are coalesced into 64 KiB accumulators. */
+  /** Reads shorter than this are coalesced into accumulators (4 KiB, doubling up to 64 KiB). */
   static readonly SMALL_READ = 4096;
+  /** Accumulators grow from FIRST_TAIL to TAIL_SIZE, doubling: a multiplexed stream's decoder
+   * (64 per connection) that only ever sees a few small frames holds 4 KiB, not 64 (decisions §82:
+   * 64 streams' first accumulators were 4 MiB of each peer's peak). */
+  private static readonly FIRST_TAIL = 4 * 1024;
   private static readonly TAIL_SIZE = 64 * 1024;
+  private nextTail = FrameDecoder.FIRST_TAIL;
   /** A large frame being assembled in a pooled buffer as its reads arrive, once at least half
    * of it has (`assemble`). Each read is copied in and dropped at once, so socket buffers die
    * young: kept until their frame was whole, they outlived scavenges and only a full GC freed
@@ -379,7 +384,8 @@ export class FrameDecoder {
       this.tailEnd += chunk.length;
       return;
     }
-    const fresh = Buffer.allocUnsafeSlow(FrameDecoder.TAIL_SIZE);
+    const fresh = Buffer.allocUnsafeSlow(this.nextTail);
+    this.nextTail = Math.min(2 * this.nextTail, FrameDecoder.TAIL_SIZE);
     chunk.copy(fresh, 0);
     this.tail = fresh;
     this.tailEnd = chunk.length;
