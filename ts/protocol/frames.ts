@@ -291,7 +291,8 @@ export class FrameDecoder {
    * whatever the decoder or a frame holds on to is its own (decisions §39, §70). */
   private pushLent(chunk: Buffer, out: Frame[], lent: () => void): Frame[] {
     if (this.assembly || this.buffered > 0 || !wholeFrames(chunk)) {
-      const own = Buffer.from(chunk);
+      const own = Buffer.allocUnsafe(chunk.length);
+      own.set(chunk);
       lent();
       return this.push(own, out);
     }

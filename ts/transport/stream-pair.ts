@@ -22,6 +22,15 @@ function epipe(): Error {
   return Object.assign(new Error('write to a pipe whose reading end is closed'), { code: 'EPIPE' });
 }
 
+/** A copy of `chunk` in a buffer of its own, not zero-filled first: `Buffer.from` of a large
+ * buffer allocates it zeroed and then copies, two passes over every byte a local sync moves
+ * (79 ms of a 70 MB tree's 378 ms of CPU, decisions §83). */
+export function copyOf(chunk: Uint8Array): Buffer {
+  const b = Buffer.allocUnsafe(chunk.length);
+  b.set(chunk);
+  return b;
+}
+
 /** One end of `pipePair()`: what it writes is copied into the other end's read buffer. */
 class PipeEnd extends Duplex {
   peer!: PipeEnd;
@@ -43,7 +52,7 @@ class PipeEnd extends Duplex {
   override _write(chunk: Buffer, _enc: BufferEncoding, cb: Callback): void {
     const peer = this.peer;
     if (peer.destroyed || peer.eof) return cb(epipe());
-    if (peer.push(Buffer.from(chunk))) cb();
+    if (peer.push(copyOf(chunk))) cb();
     else this.held = cb; // released by the peer's next _read
   }
 
