@@ -3,7 +3,7 @@
 // buffer is allocated. See docs/protocol.md.
 
 import { ExitCode, FfsyncError } from '../utils/errors.js';
-import { BufferPool } from '../utils/buffer-pool.js';
+import { BufferPool, copyOf } from '../utils/buffer-pool.js';
 
 export const FrameType = {
   HELLO: 0x01,
@@ -88,7 +88,7 @@ export function wholeFrames(chunk: Buffer): boolean {
 }
 
 /** Buffers kept for reuse by every connection in the process, for frames of POOLED_MIN or more:
- * as many as a receiving session has in flight at once (the process's four write slots, and on
+ * as many as a receiving session has in flight at once (the session's four write slots, and on
  * each busy lane one frame being assembled and one queued; one connection reaches eight). With
  * fewer, every frame beyond them allocates a fresh 2 MiB buffer and drops one, promoted to the old
  * generation before it dies, where dead buffers wait for a major GC (decisions §45, §82). A cap,
@@ -291,8 +291,7 @@ export class FrameDecoder {
    * whatever the decoder or a frame holds on to is its own (decisions §39, §70). */
   private pushLent(chunk: Buffer, out: Frame[], lent: () => void): Frame[] {
     if (this.assembly || this.buffered > 0 || !wholeFrames(chunk)) {
-      const own = Buffer.allocUnsafe(chunk.length);
-      own.set(chunk);
+      const own = copyOf(chunk);
       lent();
       return this.push(own, out);
     }

@@ -55,3 +55,12 @@ export class BufferPool {
     this.free.length = 0;
   }
 }
+
+/** A copy of `chunk` in a buffer of its own, not zero-filled first: `Buffer.from` of a large
+ * buffer allocates it zeroed and then copies, two passes over every byte a local sync moves
+ * (79 ms of a 70 MB tree's 378 ms of CPU, decisions §83). */
+export function copyOf(chunk: Uint8Array): Buffer {
+  const b = Buffer.allocUnsafe(chunk.length);
+  b.set(chunk);
+  return b;
+}
