@@ -70,30 +70,68 @@ impl Cutter {
     }
 
     /// Chunks whose start lies in `[from, until)`; the last one may extend past `until`.
-    fn chunk_range(&self, data: &[u8], from: usize, until: usize, progress: &dyn Fn(u64)) -> Vec<Chunk> {
+    /// The input is prepared RESIDENT_STEP ahead of the cut being searched and released
+    /// behind it as the scan moves on (the caller releases whatever is left at the end).
+    fn chunk_range(
+        &self,
+        data: &[u8],
+        from: usize,
+        until: usize,
+        progress: &dyn Fn(u64),
+        mem: &dyn Residency,
+    ) -> Vec<Chunk> {
         let mut out = Vec::with_capacity((until - from) / self.p.avg as usize + 2);
         let mut pos = from;
+        let mut ready = from;
+        let mut kept = from;
         while pos < until {
+            // A cut reads at most `max` bytes from its start: have those ready, and the next
+            // step's worth with them (one populate call per step, not a fault per page). Not
+            // past `until`: the few bytes the last chunk reads beyond it fault in on demand
+            // (populated, they would stay resident when the next segment is already done).
+            let need = data.len().min(pos + self.p.max as usize);
+            if need > ready {
+                let to = until.min(need.max(pos + RESIDENT_STEP)).max(ready);
+                if to > ready {
+                    mem.prepare(ready, to);
+                }
+                ready = need.max(to);
+            }
             let c = self.chunk_at(data, pos);
             pos += c.len as usize;
             progress(c.len as u64);
             out.push(c);
+            if pos - kept >= RESIDENT_STEP {
+                mem.release_behind(kept, pos);
+                kept = pos;
+            }
         }
         out
     }
 }
 
+/// How far the chunker prepares its input ahead, and how much it reads before releasing
+/// what lies behind: a scanning thread keeps about this plus one chunk (and the large
+/// folio it ends in) resident, not its whole segment (decisions §84).
+pub const RESIDENT_STEP: usize = 1024 * 1024;
+
 /// Sequential reference implementation.
 pub fn chunk_sequential(data: &[u8], params: ChunkParams) -> Vec<Chunk> {
-    Cutter::new(params).chunk_range(data, 0, data.len(), &|_| {})
+    Cutter::new(params).chunk_range(data, 0, data.len(), &|_| {}, &InMemory)
 }
 
 /// How the chunker tells its caller which bytes it is about to read and which it is done
 /// with, so a memory-mapped input can be populated ahead and dropped behind (keeping
-/// resident memory at about threads x segment length however large the file is).
+/// resident memory at about threads x RESIDENT_STEP however large the file is).
 pub trait Residency: Sync {
     fn prepare(&self, _from: usize, _to: usize) {}
+    /// Done with `[from, to)` and with everything before it that was released already.
     fn release(&self, _from: usize, _to: usize) {}
+    /// Done with `[from, to)` while reading on from `to`: unlike `release`, what shares a
+    /// page (or a large folio) with the bytes at `to` stays.
+    fn release_behind(&self, from: usize, to: usize) {
+        self.release(from, to)
+    }
 }
 
 /// For plain in-memory inputs.
@@ -132,8 +170,7 @@ pub fn chunk_parallel(
 ) -> Vec<Chunk> {
     let cutter = Cutter::new(params);
     if data.len() <= segment_len {
-        mem.prepare(0, data.len());
-        let out = cutter.chunk_range(data, 0, data.len(), progress);
+        let out = cutter.chunk_range(data, 0, data.len(), progress, mem);
         mem.release(0, data.len());
         return out;
     }
@@ -144,11 +181,7 @@ pub fn chunk_parallel(
     let spec: Vec<Vec<Chunk>> = bounds
         .par_iter()
         .map(|&(s, e)| {
-            // Populate only the segment itself: the few bytes the last chunk reads beyond it
-            // fault in on demand and fall inside the release below. Populating the overlap
-            // would leave it resident whenever the next segment was already done.
-            mem.prepare(s, e);
-            let v = cutter.chunk_range(data, s, e, progress);
+            let v = cutter.chunk_range(data, s, e, progress, mem);
             mem.release(s, v.last().map_or(e, |c| c.end() as usize));
             v
         })
@@ -355,5 +388,88 @@ mod tests {
         })
         .is_empty());
         assert_eq!(calls, 0);
+    }
+
+    /// Replays what a chunker asked of its `Residency`, page by page (per thread: each
+    /// thread's scan is bounded on its own), and keeps the most any one thread held.
+    struct Recorder {
+        len: usize,
+        held: std::sync::Mutex<std::collections::HashMap<std::thread::ThreadId, (Vec<bool>, usize)>>,
+        prepared: std::sync::Mutex<Vec<bool>>,
+    }
+
+    const PAGE: usize = 4096;
+
+    impl Recorder {
+        fn new(len: usize) -> Self {
+            let pages = len.div_ceil(PAGE);
+            Recorder {
+                len,
+                held: Default::default(),
+                prepared: std::sync::Mutex::new(vec![false; pages]),
+            }
+        }
+        fn mark(&self, from: usize, to: usize, on: bool) {
+            assert!(from <= to && to <= self.len, "range {from}..{to} of {}", self.len);
+            let mut held = self.held.lock().unwrap();
+            let (pages, peak) = held
+                .entry(std::thread::current().id())
+                .or_insert_with(|| (vec![false; self.len.div_ceil(PAGE)], 0));
+            // Whole pages: prepared outward, released inward (a page is dropped only when all of it is done).
+            let (a, b) = if on {
+                (from / PAGE, to.div_ceil(PAGE))
+            } else {
+                (from.div_ceil(PAGE), to / PAGE)
+            };
+            let range = a..b.max(a);
+            pages[range.clone()].fill(on);
+            if on {
+                self.prepared.lock().unwrap()[range].fill(true);
+            }
+            *peak = (*peak).max(pages.iter().filter(|&&x| x).count() * PAGE);
+        }
+        fn peak(&self) -> usize {
+            self.held.lock().unwrap().values().map(|v| v.1).max().unwrap_or(0)
+        }
+        fn all_prepared(&self) -> bool {
+            self.prepared.lock().unwrap().iter().all(|&x| x)
+        }
+    }
+
+    impl Residency for Recorder {
+        fn prepare(&self, from: usize, to: usize) {
+            self.mark(from, to, true)
+        }
+        fn release(&self, from: usize, to: usize) {
+            self.mark(from, to, false)
+        }
+    }
+
+    #[test]
+    fn a_scanning_thread_holds_a_step_ahead_and_behind_not_its_segment() {
+        // Decisions §84: a whole segment (8 MiB) used to be populated before its first cut.
+        let data = pseudo_random(3 * SEGMENT_LEN + 12345, 41);
+        for p in [SMALL, LARGE] {
+            let bound = 2 * RESIDENT_STEP + 2 * p.max as usize;
+            assert!(bound <= SEGMENT_LEN / 2);
+            // One segment (the sequential path), then several on rayon's threads.
+            for len in [SEGMENT_LEN - 1, data.len()] {
+                let rec = Recorder::new(len);
+                let chunks = chunk_parallel(&data[..len], p, SEGMENT_LEN, &|_| {}, &rec);
+                assert_eq!(chunks, chunk_sequential(&data[..len], p));
+                assert!(
+                    rec.peak() <= bound,
+                    "{len} bytes, max {}: a thread held {} bytes, bound {bound}",
+                    p.max,
+                    rec.peak()
+                );
+                assert!(rec.peak() >= RESIDENT_STEP, "nothing was prepared ahead");
+                // Every page was populated ahead of the cut that read it, bar the few bytes a
+                // segment's last chunk reads past its end (faulted in on demand).
+                if len < SEGMENT_LEN {
+                    assert!(rec.all_prepared());
+                }
+            }
+        }
     }
 }

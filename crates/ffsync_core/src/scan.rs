@@ -115,6 +115,10 @@ pub fn manifest_with_params(
     )
 }
 
+/// The largest folio the page cache may hold a file's pages in (a PMD on x86-64 and arm64).
+#[cfg(unix)]
+const FOLIO: usize = 2 << 20;
+
 /// Populates page tables ahead of the chunker (one system call instead of a fault per
 /// page) and drops consumed ranges from this process's mapping; the pages stay in the
 /// page cache, so resident memory stays flat however large the file is.
@@ -134,7 +138,6 @@ impl Residency for MapResidency<'_> {
         // Widen to 2 MiB: the page cache may hold the file in large folios, which stay
         // mapped (and resident) unless the whole folio is dropped. Dropping a neighbour's
         // pages too is harmless: a read-only shared mapping simply faults them back in.
-        const FOLIO: usize = 2 << 20;
         let a = from / FOLIO * FOLIO;
         let b = to.div_ceil(FOLIO).saturating_mul(FOLIO).min(self.0.len());
         if b > a {
@@ -144,6 +147,15 @@ impl Residency for MapResidency<'_> {
                 self.0
                     .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, b - a)
             };
+        }
+    }
+
+    #[cfg(unix)]
+    fn release_behind(&self, from: usize, to: usize) {
+        // The folio holding `to` is being read: only whole folios before it go.
+        let end = to / FOLIO * FOLIO;
+        if end > from {
+            self.release(from, end);
         }
     }
 }
