@@ -800,7 +800,17 @@ impl TreeSync {
             .enumerate()
             .filter(|(_, a)| a.op == Op::LocalCopy)
             .collect();
+        let flush = self.batch_flush()?;
         let made: Vec<(usize, Result<Target>)> = copies.par_iter().map(|&(k, a)| (k, self.copy_local(a))).collect();
+        // Durable before any is renamed (see `BatchFlush`).
+        if let Err(e) = self.flushed(flush, made.iter().any(|(_, r)| r.is_ok())) {
+            for (_, r) in &made {
+                if let Ok(tmp) = r {
+                    let _ = tmp.unlink();
+                }
+            }
+            return Err(e);
+        }
         for (k, r) in made {
             let a = &plan.actions[k];
             let rel = self.sender_manifest().entry(a.sender_entry as usize).path;
@@ -934,38 +944,72 @@ impl TreeSync {
             self.claim_once(k)?;
         }
         file_batch::inflate_streams(&mut records)?;
-        let results: Vec<Result<Outcome>> = records
+        // Temps first, all of them, then one flush, then the renames: nothing is renamed into
+        // place before the device has its data (see `BatchFlush`).
+        let flush = self.batch_flush()?;
+        let written: Vec<Result<(Outcome, Option<Written>)>> = records
             .par_iter()
             .map(|r| {
                 let a = &self.plan().actions[r.action as usize];
                 let rel = display(s.entry(a.sender_entry as usize).path);
                 let mut o = Outcome::default();
+                let mut made = None;
                 match r.status {
                     FileStatus::Vanished => o.vanished.push(format!("{rel} vanished or changed on the sender")),
                     FileStatus::Unreadable => o.errors.push(format!("{rel}: the sender could not read it")),
                     FileStatus::Ok => {
                         let data = r.content()?;
-                        match self.write_whole(a, &data, &r.root) {
-                            Ok(()) => {
-                                o.files = 1;
-                                o.bytes = data.len() as u64;
-                            }
+                        match self.write_temp(a, &data, &r.root) {
+                            Ok(tmp) => made = Some((r.action as usize, tmp, r.root, data.len() as u64)),
                             Err(e) if is_fatal(&e) => return Err(e),
                             Err(e) => o.errors.push(format!("cannot write {rel}: {e}")),
                         }
                     }
                 }
-                Ok(o)
+                Ok((o, made))
             })
             .collect();
         let mut out = Outcome::default();
-        for r in results {
-            out.merge(r?);
+        let mut temps = Vec::new();
+        let mut failed = None;
+        for w in written {
+            match w {
+                Ok((o, made)) => {
+                    out.merge(o);
+                    temps.extend(made);
+                }
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        if let Some(e) = failed.or_else(|| self.flushed(flush, !temps.is_empty()).err()) {
+            for (_, tmp, _, _) in &temps {
+                let _ = tmp.unlink();
+            }
+            return Err(e);
+        }
+        let committed: Vec<(Result<u64>, u64, String)> = temps
+            .par_iter()
+            .map(|(k, tmp, root, len)| {
+                let a = &self.plan().actions[*k];
+                let rel = display(s.entry(a.sender_entry as usize).path);
+                (self.commit_with_root(a, tmp, *root), *len, rel)
+            })
+            .collect();
+        for (c, len, rel) in committed {
+            match c {
+                Ok(_) => {
+                    out.files += 1;
+                    out.bytes += len;
+                }
+                Err(e) if is_fatal(&e) => return Err(e),
+                Err(e) => out.errors.push(format!("cannot write {rel}: {e}")),
+            }
         }
         Ok(out)
     }
 
-    fn write_whole(&self, a: &Action, data: &[u8], root: &[u8; 32]) -> Result<()> {
+    /// A small file's content in a temp beside its target (metadata set), not yet renamed.
+    fn write_temp(&self, a: &Action, data: &[u8], root: &[u8; 32]) -> Result<Target> {
         let (mtime_ns, mode) = self.metadata_for(a);
         let shown = self.shown(a);
         let target = self.target(a).map_err(|err| CoreError::io(&shown, err))?;
@@ -979,7 +1023,35 @@ impl TreeSync {
             let _ = tmp.unlink();
             CoreError::io(&shown, err)
         })?;
-        self.commit_with_root(a, &tmp, *root).map(|_| ())
+        Ok(tmp)
+    }
+
+    /// Taken before a batch of files is written whole (small files, local copies): see
+    /// `BatchFlush`. None where there is nothing to watch (`--no-fsync`; elsewhere than Linux,
+    /// where each file is fsynced before its rename by `flush_file`).
+    fn batch_flush(&self) -> Result<Option<BatchFlush>> {
+        #[cfg(target_os = "linux")]
+        if self.fsync {
+            let root = self.root_dir().map_err(|e| CoreError::io(&self.local.root, e))?;
+            return BatchFlush::watch(&root)
+                .map(Some)
+                .map_err(|e| CoreError::io(&self.local.root, e));
+        }
+        Ok(None)
+    }
+
+    /// The batch's files are on the device (when any were written), or the error that says
+    /// they may not be.
+    fn flushed(&self, flush: Option<BatchFlush>, wrote: bool) -> Result<()> {
+        match flush {
+            Some(f) if wrote => f.sync().map_err(|e| {
+                CoreError::io(
+                    &self.local.root,
+                    std::io::Error::new(e.kind(), format!("written files could not be made durable: {e}")),
+                )
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// A file of this session was just written whole (a small file, a local copy). On Linux
@@ -1013,14 +1085,19 @@ impl TreeSync {
     /// One `syncfs` of the tree's filesystem on its own thread, unless one is running.
     #[cfg(target_os = "linux")]
     fn flush_in_background(&self) {
-        let Ok(root) = self.root_dir() else { return };
+        // Its own open file description: a syncfs consumes the writeback errors it reports for
+        // the description it was called on, and this one's result is not looked at (§85).
+        let Ok(watch) = self.root_dir().and_then(|root| BatchFlush::watch(&root)) else {
+            return;
+        };
         if self.flushing.swap(true, Ordering::SeqCst) {
             return;
         }
         let flushing = self.flushing.clone();
         let spawned = std::thread::Builder::new().name("ffsync-flush".into()).spawn(move || {
-            // Early writeback only: the session's last flush (finish_receiver) reports errors.
-            let _ = sync_tree(&root);
+            // Early writeback only: each batch's own flush, and the session's last
+            // (finish_receiver), report errors.
+            let _ = watch.sync();
             flushing.store(false, Ordering::SeqCst);
         });
         if spawned.is_err() {
@@ -1431,6 +1508,63 @@ fn op_verb(op: Op) -> &'static str {
         Op::FileMeta => "cannot set attributes of",
         Op::Delete => "cannot delete",
         _ => "cannot handle",
+    }
+}
+
+/// A small file written to its temp: its action, the temp, its root, its length.
+type Written = (usize, Target, [u8; 32], u64);
+
+/// A flush of the files a batch wrote whole (small files, local copies) before any of them is
+/// renamed into place (decisions §85). A rename may reach the disk before the data it names
+/// whatever the filesystem promises about ordering: ext4 ignores a failed data write in
+/// ordered mode by default (`data_err=ignore`) and commits the rename over blocks that were never
+/// written, so a device that fails writeback turned old files into zeros. One `syncfs` per batch
+/// makes the batch durable (a per-file fsync costs a journal commit per file). The descriptor is
+/// a directory description of its own, opened before the batch is written: `syncfs` then
+/// reports every writeback error on the filesystem since (Linux ≥ 5.8), which a description the
+/// background flush or another batch also syncs through could have consumed first. An error
+/// from another writer's file fails the batch too: nothing is replaced on a device that fails.
+#[cfg(target_os = "linux")]
+struct BatchFlush(fs::File);
+
+#[cfg(target_os = "linux")]
+impl BatchFlush {
+    fn watch(root: &Dir) -> std::io::Result<BatchFlush> {
+        use std::os::fd::FromRawFd;
+        // Safety: a valid directory fd; "." opens a new description of the same directory.
+        let fd = unsafe {
+            libc::openat(
+                root.raw_fd(),
+                c".".as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // Safety: we own the descriptor just opened.
+        Ok(BatchFlush(unsafe { fs::File::from_raw_fd(fd) }))
+    }
+
+    fn sync(&self) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // Safety: valid fd.
+        if unsafe { libc::syncfs(self.0.as_raw_fd()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// Elsewhere each file written whole is fsynced before its rename (`flush_file`): there is
+/// never a batch flush.
+#[cfg(not(target_os = "linux"))]
+enum BatchFlush {}
+
+#[cfg(not(target_os = "linux"))]
+impl BatchFlush {
+    fn sync(&self) -> std::io::Result<()> {
+        match *self {}
     }
 }
 
