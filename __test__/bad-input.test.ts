@@ -6,17 +6,11 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
-import { canMount, run, seeded, sender, snapshot, startReceiver, sync, tmpdir } from './helpers/peers';
+import { canMount, oneErrorLine, run, seeded, sender, snapshot, startReceiver, sync, tmpdir } from './helpers/peers';
 import { encodeFrame, FrameType } from '../ts/protocol/frames';
 import { encodeHello, Role } from '../ts/protocol/messages';
 
 const MiB = 1024 * 1024;
-
-function oneErrorLine(stderr: string): string {
-  const lines = stderr.trim().split('\n').filter((l) => l.startsWith('ffsync-native: error:'));
-  assert.equal(lines.length, 1, `expected one error line, got: ${stderr}`);
-  return lines[0];
-}
 
 /** Connect to a receiver and play a scripted (hostile) sender. */
 async function fakeSender(port: number, script: (sock: net.Socket) => void): Promise<void> {

@@ -11,7 +11,7 @@ import { execFileSync, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
-import { assertSameTree, canMount, run, seeded, snapshot, startReceiver, tmpdir, writeAt } from './helpers/peers';
+import { assertSameTree, canMount, oneErrorLine, run, seeded, snapshot, startReceiver, tmpdir, writeAt } from './helpers/peers';
 
 const MiB = 1024 * 1024;
 
@@ -81,12 +81,6 @@ function device(dir: string): Device {
       execFileSync('mount', ['-o', 'loop', img, mnt]);
     },
   };
-}
-
-function oneErrorLine(stderr: string): string {
-  const lines = stderr.trim().split('\n').filter((l) => l.startsWith('ffsync-native: error:'));
-  assert.equal(lines.length, 1, `expected one error line, got: ${stderr}`);
-  return lines[0]!;
 }
 
 /** Files under `dir` that look like our temps (`.name.<root>.ffsync-part`). */

@@ -121,6 +121,13 @@ export function snapshot(dir: string): Record<string, string> {
   return out;
 }
 
+/** The one `ffsync-native: error:` line a failed run prints (asserts there is exactly one). */
+export function oneErrorLine(stderr: string): string {
+  const lines = stderr.trim().split('\n').filter((l) => l.startsWith('ffsync-native: error:'));
+  assert.equal(lines.length, 1, `expected one error line, got: ${stderr}`);
+  return lines[0]!;
+}
+
 export function canMount(): boolean {
   return process.platform === 'linux' && process.getuid?.() === 0;
 }

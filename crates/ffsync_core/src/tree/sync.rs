@@ -1548,12 +1548,19 @@ impl BatchFlush {
 
     fn sync(&self) -> std::io::Result<()> {
         use std::os::fd::AsRawFd;
-        // Safety: valid fd.
-        if unsafe { libc::syncfs(self.0.as_raw_fd()) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
+        syncfs(self.0.as_raw_fd())
     }
+}
+
+/// `syncfs` through `fd`: its errors are the writeback errors of the filesystem since `fd`'s
+/// open file description was opened or last synced.
+#[cfg(target_os = "linux")]
+fn syncfs(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    // Safety: a valid fd owned by the caller.
+    if unsafe { libc::syncfs(fd) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Elsewhere each file written whole is fsynced before its rename (`flush_file`): there is
@@ -1575,11 +1582,7 @@ impl BatchFlush {
 fn sync_tree(root: &Dir) -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
     {
-        // Safety: valid fd.
-        if unsafe { libc::syncfs(root.raw_fd()) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
+        syncfs(root.raw_fd())
     }
     #[cfg(not(target_os = "linux"))]
     root.sync_entries()
