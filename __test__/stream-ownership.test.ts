@@ -101,6 +101,18 @@ function tcpPair(): Promise<[net.Socket, net.Socket]> {
   });
 }
 
+/** A TLS 1.3 connection over loopback: the client's socket and the server's. */
+async function tlsPair(id: { keyPem: string; certPem: string }): Promise<[tls.TLSSocket, tls.TLSSocket]> {
+  const server = tls.createServer({ key: id.keyPem, cert: id.certPem, minVersion: 'TLSv1.3' });
+  const accepted = new Promise<tls.TLSSocket>((resolve) => server.once('secureConnection', resolve));
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  const client = tls.connect({ port: (server.address() as net.AddressInfo).port, host: '127.0.0.1', rejectUnauthorized: false, minVersion: 'TLSv1.3' });
+  await new Promise<void>((r, j) => client.once('secureConnect', () => r()).once('error', j));
+  const b = await accepted;
+  server.close();
+  return [client, b];
+}
+
 describe('transport ownership: a write callback means the transport let go of the bytes', () => {
   const state = tmpdir('ffsync-own-');
   const id = loadOrCreateIdentity(state);
@@ -130,13 +142,7 @@ describe('transport ownership: a write callback means the transport let go of th
   });
 
   it('TLS 1.3', async () => {
-    const server = tls.createServer({ key: id.keyPem, cert: id.certPem, minVersion: 'TLSv1.3' });
-    const accepted = new Promise<tls.TLSSocket>((resolve) => server.once('secureConnection', resolve));
-    await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
-    const client = tls.connect({ port: (server.address() as net.AddressInfo).port, host: '127.0.0.1', rejectUnauthorized: false, minVersion: 'TLSv1.3' });
-    await new Promise<void>((r, j) => client.once('secureConnect', () => r()).once('error', j));
-    const b = await accepted;
-    server.close();
+    const [client, b] = await tlsPair(id);
     await overPair(client, b);
   });
 
@@ -211,5 +217,94 @@ describe('pipePair: a socket-like in-memory connection', () => {
       d.write(Buffer.from('x'));
     });
     assert.equal(err.code, 'EPIPE');
+  });
+});
+
+// Node's TLS socket copies every write of several buffers into one fresh buffer before it
+// encrypts it, and writes queued behind a busy socket reach it together: written as header
+// and payload (or queued behind another), every 2 MiB DATA frame cost a 2 MiB allocation, its
+// page faults and a copy on the sender's JS thread (decisions §86). FramedConnection gives a
+// TLS socket one buffer at a time: a large payload as it is, small chunks joined.
+describe('FramedConnection over TLS: one buffer per socket write, a large payload never copied', () => {
+  const state = tmpdir('ffsync-tlsw-');
+  const id = loadOrCreateIdentity(state);
+
+  /** Record what the socket is handed: each `_write` chunk, and how many buffers each `_writev` got. */
+  function spy(sock: tls.TLSSocket): { writes: Buffer[]; writevs: number[] } {
+    const seen = { writes: [] as Buffer[], writevs: [] as number[] };
+    const s = sock as unknown as { _write: (c: Buffer, e: string, cb: () => void) => void; _writev: (cs: { chunk: Buffer }[], cb: () => void) => void };
+    const write = s._write.bind(sock);
+    const writev = s._writev.bind(sock);
+    s._write = (c, e, cb) => {
+      seen.writes.push(c);
+      write(c, e, cb);
+    };
+    s._writev = (cs, cb) => {
+      seen.writevs.push(cs.length);
+      writev(cs, cb);
+    };
+    return seen;
+  }
+
+  it('frames of every size, sent without waiting, from parts: in order, intact, each large part handed over by identity', async () => {
+    const [a, b] = await tlsPair(id);
+    const seen = spy(a);
+    const tx = new FramedConnection(a, 30_000);
+    const rx = new FramedConnection(b, 30_000);
+    const large: Buffer[] = [];
+    const sent: Buffer[] = [];
+    let called = 0;
+    for (let i = 0; i < 60; i++) {
+      const n = i % 5 === 0 ? 2 * 1024 * 1024 + i : i % 5 === 1 ? 70 * 1024 + i : 10 + i * 37;
+      const body = Buffer.alloc(n, 1 + (i % 200));
+      body.writeUInt32LE(i, 0);
+      sent.push(body);
+      // Some frames in two parts (a record header and its bytes, as MUX frames are written).
+      const parts = i % 3 === 0 && n > 100 ? [body.subarray(0, 8), body.subarray(8)] : [body];
+      for (const p of parts) if (p.length >= 64 * 1024) large.push(p);
+      void tx.sendParts(FrameType.DATA, parts, () => called++, false);
+    }
+    for (let i = 0; i < sent.length; i++) {
+      const f = await rx.recv();
+      assert.ok(f.payload.equals(sent[i]), `frame ${i} arrived intact and in order`);
+      f.release?.();
+    }
+    assert.equal(called, 60, 'every frame called back once');
+    assert.deepEqual(seen.writevs, [], 'the socket was never given several buffers at once');
+    for (const p of large) assert.ok(seen.writes.some((w) => w === p || (w.buffer === p.buffer && w.byteOffset === p.byteOffset && w.length === p.length)), `a ${p.length}-byte part was handed to the socket as it is`);
+    assert.ok(seen.writes.length < 60 * 3, `small chunks were joined: ${seen.writes.length} writes`);
+    await Promise.all([tx.close(), rx.close()]);
+  });
+
+  it('close right after sending: the peer gets every queued frame, then the end', async () => {
+    const [a, b] = await tlsPair(id);
+    const tx = new FramedConnection(a, 30_000);
+    const rx = new FramedConnection(b, 30_000);
+    const big = Buffer.alloc(3 * 1024 * 1024, 9);
+    for (let i = 0; i < 4; i++) void tx.send(FrameType.DATA, big).catch(() => undefined);
+    const closing = tx.close(5000);
+    for (let i = 0; i < 4; i++) {
+      const f = await rx.recv();
+      assert.ok(f.payload.equals(big), `frame ${i} whole`);
+    }
+    await assert.rejects(rx.recv(), /closed by peer/);
+    await closing;
+    await rx.close();
+  });
+
+  it('destroyed with writes still queued: each calls back once (its owner gets the buffer back), a later send rejects', async () => {
+    const [a, b] = await tlsPair(id);
+    b.pause(); // the peer reads nothing: our writes queue up
+    const tx = new FramedConnection(a, 30_000);
+    let called = 0;
+    const big = Buffer.alloc(2 * 1024 * 1024, 3);
+    for (let i = 0; i < 8; i++) void tx.send(FrameType.DATA, big, () => called++).catch(() => undefined);
+    await sleep(50);
+    tx.destroy();
+    await new Promise<void>((r) => (a.destroyed && a.closed ? r() : a.once('close', () => r())));
+    await sleep(20);
+    assert.equal(called, 8);
+    await assert.rejects(tx.send(FrameType.DATA, big), /closed/);
+    b.destroy();
   });
 });

@@ -32,6 +32,9 @@ const LOW_WATER = 1024 * 1024;
  * but ~150 bytes of bookkeeping each (docs/protocol.md §8). */
 const HIGH_FRAMES = 1024;
 const LOW_FRAMES = 256;
+/** On a TLS socket, chunks shorter than this are joined with their neighbours (up to this much)
+ * into one write; longer ones are written alone (see `writeTls`). */
+export const TLS_JOIN_MAX = 64 * 1024;
 /** How often a peer busy with local work proves it is alive. */
 export const KEEPALIVE_MS = 5000;
 /** A peer that only proves it is alive (empty KEEPALIVE frames, or a work counter that does
@@ -103,6 +106,13 @@ function recentProcessWork(): ProcessWork {
 function keepAliveBeforeHello(): FfsyncError {
   return protocolError("KEEPALIVE before the peer's HELLO: a peer may only say it is alive once the session started");
 }
+
+/** A write waiting in a TLS connection's outbox; `done` once the socket no longer needs it. */
+interface OutboxEntry {
+  chunk: Uint8Array;
+  done: (() => void) | undefined;
+}
+const SPENT: OutboxEntry = { chunk: Buffer.alloc(0), done: undefined };
 
 export class PeerClosedError extends FfsyncError {
   constructor(detail: string) {
@@ -177,6 +187,21 @@ export class FramedConnection {
   /** The peer's first ERROR, decoded, kept apart from the queue: a reader that gave up (an
    * `expect` abandoned in a race) may take the queued frame. */
   private peerFailure: FfsyncError | undefined;
+  /** A TLS socket's writes not yet handed to it, from `outHead` (undefined: not a TLS socket).
+   * Node's TLS socket copies every write of several buffers into one fresh buffer before it
+   * encrypts it: a 2 MiB DATA frame written as header and payload cost a 2 MiB allocation, its
+   * page faults and a copy, and writes queued behind a busy socket are written together, so
+   * every DATA frame paid it. Here the socket is given one buffer at a time: a large chunk as
+   * it is, small ones joined (decisions §86). */
+  private readonly outbox: OutboxEntry[] | undefined;
+  private outHead = 0;
+  private outboxBytes = 0;
+  /** A write handed to the TLS socket has not called back yet. */
+  private tlsWriting = false;
+  /** `close` asked to end the stream while the outbox still held writes. */
+  private endWhenWritten = false;
+  /** Waiting for the outbox to empty (what 'drain' is for other streams). */
+  private readonly outboxDrained = new Set<() => void>();
 
   constructor(
     private readonly stream: Duplex,
@@ -185,6 +210,7 @@ export class FramedConnection {
   ) {
     this.parent = options.parent;
     this.onConsume = options.onConsume;
+    this.outbox = (stream as { encrypted?: boolean }).encrypted === true ? [] : undefined;
     this.keepAliveMs = this.parent
       ? this.parent.keepAliveMs
       : idleTimeoutMs > 0
@@ -245,6 +271,7 @@ export class FramedConnection {
     stream.on('close', () => {
       this.ended = true;
       this.closed = true;
+      this.dropOutbox();
       // Nothing more will arrive: partial input and the reassembly pool go now, not when
       // this object is collected (64 finished serve sessions held ~250 MiB for 10 s).
       this.decoder.dispose();
@@ -601,20 +628,24 @@ export class FramedConnection {
   sendParts(type: FrameType, parts: Uint8Array[], onWritten?: () => void, wait = true): Promise<void> {
     // After a local failure only an ERROR frame may still go out (to tell the peer why).
     if (this.failure && type !== FrameType.ERROR) return Promise.reject(this.failure);
-    if (this.closed || this.stream.destroyed || this.stream.writableEnded) {
+    if (this.closed || this.stream.destroyed || this.stream.writableEnded || this.endWhenWritten) {
       return Promise.reject(new PeerClosedError(`before we could send ${frameName(type)}`));
     }
     let length = 0;
     for (const p of parts) length += p.length;
     const header = encodeFrameHeader(type, length);
     this.bytesSent += header.length + length;
-    this.stream.cork();
-    let ok = this.stream.write(header);
-    for (let i = 0; i < parts.length; i++) {
-      const last = i === parts.length - 1;
-      ok = this.stream.write(parts[i], last && onWritten ? () => onWritten() : undefined);
+    let ok: boolean;
+    if (this.outbox) ok = this.queueTls(header, parts, onWritten);
+    else {
+      this.stream.cork();
+      ok = this.stream.write(header);
+      for (let i = 0; i < parts.length; i++) {
+        const last = i === parts.length - 1;
+        ok = this.stream.write(parts[i], last && onWritten ? () => onWritten() : undefined);
+      }
+      this.stream.uncork();
     }
-    this.stream.uncork();
     // Our own KEEPALIVE is not the peer's progress, nor our DELIVERED (the peer's bytes, not
     // its progress); nor is a stream's frame (the stream's own conversation says whether it
     // was: a KEEPALIVE on a stream is not).
@@ -633,14 +664,102 @@ export class FramedConnection {
       };
       const cleanup = () => {
         this.drainWaiters--;
-        this.stream.off('drain', onDrain);
+        if (this.outbox) this.outboxDrained.delete(onDrain);
+        else this.stream.off('drain', onDrain);
         this.stream.off('close', onClose);
         this.stream.off('ffsync-failed', onClose);
       };
-      this.stream.on('drain', onDrain);
+      if (this.outbox) this.outboxDrained.add(onDrain);
+      else this.stream.on('drain', onDrain);
       this.stream.on('close', onClose);
       this.stream.on('ffsync-failed', onClose);
     });
+  }
+
+  /** A frame for a TLS socket: queued, and the socket given the next write if it is idle.
+   * True while the socket and the outbox together hold less than the socket's high-water mark
+   * (what `write` returns on other streams). */
+  private queueTls(header: Buffer, parts: Uint8Array[], onWritten?: () => void): boolean {
+    const box = this.outbox!;
+    box.push({ chunk: header, done: undefined });
+    this.outboxBytes += header.length;
+    for (let i = 0; i < parts.length; i++) {
+      box.push({ chunk: parts[i], done: i === parts.length - 1 ? onWritten : undefined });
+      this.outboxBytes += parts[i].length;
+    }
+    this.writeTls();
+    return this.outboxBytes + this.stream.writableLength < this.stream.writableHighWaterMark;
+  }
+
+  /** Hand the TLS socket its next write, once the one before it called back: a chunk of
+   * TLS_JOIN_MAX or more alone, or the small chunks in front joined into one buffer. With one
+   * write at a time nothing queues inside the socket, so it never joins (copies) writes itself;
+   * the only copies left are of small chunks (frame headers, control frames). */
+  private writeTls(): void {
+    const box = this.outbox!;
+    if (this.tlsWriting || this.stream.destroyed) return;
+    if (this.outHead === box.length) {
+      box.length = 0;
+      this.outHead = 0;
+      if (this.endWhenWritten) {
+        this.endWhenWritten = false;
+        this.stream.end();
+      }
+      for (const f of [...this.outboxDrained]) f();
+      return;
+    }
+    const done: (() => void)[] = [];
+    let chunk: Uint8Array;
+    const first = box[this.outHead]!;
+    if (first.chunk.length >= TLS_JOIN_MAX) {
+      chunk = first.chunk;
+      if (first.done) done.push(first.done);
+      box[this.outHead++] = SPENT;
+    } else {
+      let end = this.outHead;
+      let n = 0;
+      while (end < box.length && box[end]!.chunk.length < TLS_JOIN_MAX && n + box[end]!.chunk.length <= TLS_JOIN_MAX) n += box[end++]!.chunk.length;
+      const joined = Buffer.allocUnsafe(n);
+      let at = 0;
+      for (; this.outHead < end; this.outHead++) {
+        const e = box[this.outHead]!;
+        joined.set(e.chunk, at);
+        at += e.chunk.length;
+        if (e.done) done.push(e.done);
+        box[this.outHead] = SPENT;
+      }
+      chunk = joined;
+    }
+    if (this.outHead > 64 && this.outHead * 2 > box.length) {
+      box.splice(0, this.outHead);
+      this.outHead = 0;
+    }
+    this.outboxBytes -= chunk.length;
+    this.tlsWriting = true;
+    this.stream.write(chunk, () => {
+      this.tlsWriting = false;
+      for (const d of done) d();
+      this.writeTls();
+    });
+  }
+
+  /** The TLS socket closed: writes still queued will never go; their owners get their buffers
+   * back (as a closed socket calls back the writes it still held). */
+  private dropOutbox(): void {
+    const box = this.outbox;
+    if (!box) return;
+    const left = box.slice(this.outHead);
+    box.length = 0;
+    this.outHead = 0;
+    this.outboxBytes = 0;
+    this.endWhenWritten = false;
+    for (const e of left) e.done?.();
+  }
+
+  /** Half-close the stream, after the writes still in the outbox (TLS). */
+  private endStream(): void {
+    if (this.outbox && (this.tlsWriting || this.outHead < this.outbox.length)) this.endWhenWritten = true;
+    else this.stream.end();
   }
 
   /** Flush and half-close; resolves when the peer has closed too (or after a grace period). */
@@ -661,7 +780,7 @@ export class FramedConnection {
         clearTimeout(t);
         resolve();
       });
-      this.stream.end();
+      this.endStream();
       this.stream.resume();
     });
   }
