@@ -14,7 +14,7 @@ import net from 'node:net';
 import tls from 'node:tls';
 import { describe, it } from 'node:test';
 import type { Duplex } from 'node:stream';
-import { FramedConnection } from '../ts/transport/connection';
+import { FramedConnection, TLS_JOIN_MAX } from '../ts/transport/connection';
 import { joinStreams, pipePair } from '../ts/transport/stream-pair';
 import { QuicListener, QuicSession } from '../ts/transport/quic';
 import { loadOrCreateIdentity } from '../ts/security/identity';
@@ -261,7 +261,7 @@ describe('FramedConnection over TLS: one buffer per socket write, a large payloa
       sent.push(body);
       // Some frames in two parts (a record header and its bytes, as MUX frames are written).
       const parts = i % 3 === 0 && n > 100 ? [body.subarray(0, 8), body.subarray(8)] : [body];
-      for (const p of parts) if (p.length >= 64 * 1024) large.push(p);
+      for (const p of parts) if (p.length >= TLS_JOIN_MAX) large.push(p);
       void tx.sendParts(FrameType.DATA, parts, () => called++, false);
     }
     for (let i = 0; i < sent.length; i++) {
@@ -300,6 +300,7 @@ describe('FramedConnection over TLS: one buffer per socket write, a large payloa
     const big = Buffer.alloc(2 * 1024 * 1024, 3);
     for (let i = 0; i < 8; i++) void tx.send(FrameType.DATA, big, () => called++).catch(() => undefined);
     await sleep(50);
+    assert.ok(called < 8, `writes were still queued when the connection was destroyed (${called} of 8 called back)`);
     tx.destroy();
     await new Promise<void>((r) => (a.destroyed && a.closed ? r() : a.once('close', () => r())));
     await sleep(20);

@@ -112,7 +112,6 @@ interface OutboxEntry {
   chunk: Uint8Array;
   done: (() => void) | undefined;
 }
-const SPENT: OutboxEntry = { chunk: Buffer.alloc(0), done: undefined };
 
 export class PeerClosedError extends FfsyncError {
   constructor(detail: string) {
@@ -187,14 +186,13 @@ export class FramedConnection {
   /** The peer's first ERROR, decoded, kept apart from the queue: a reader that gave up (an
    * `expect` abandoned in a race) may take the queued frame. */
   private peerFailure: FfsyncError | undefined;
-  /** A TLS socket's writes not yet handed to it, from `outHead` (undefined: not a TLS socket).
+  /** A TLS socket's writes not yet handed to it, in order (undefined: not a TLS socket).
    * Node's TLS socket copies every write of several buffers into one fresh buffer before it
    * encrypts it: a 2 MiB DATA frame written as header and payload cost a 2 MiB allocation, its
    * page faults and a copy, and writes queued behind a busy socket are written together, so
    * every DATA frame paid it. Here the socket is given one buffer at a time: a large chunk as
    * it is, small ones joined (decisions §86). */
   private readonly outbox: OutboxEntry[] | undefined;
-  private outHead = 0;
   private outboxBytes = 0;
   /** A write handed to the TLS socket has not called back yet. */
   private tlsWriting = false;
@@ -664,16 +662,24 @@ export class FramedConnection {
       };
       const cleanup = () => {
         this.drainWaiters--;
-        if (this.outbox) this.outboxDrained.delete(onDrain);
-        else this.stream.off('drain', onDrain);
+        stopWaiting();
         this.stream.off('close', onClose);
         this.stream.off('ffsync-failed', onClose);
       };
-      if (this.outbox) this.outboxDrained.add(onDrain);
-      else this.stream.on('drain', onDrain);
+      const stopWaiting = this.whenDrained(onDrain);
       this.stream.on('close', onClose);
       this.stream.on('ffsync-failed', onClose);
     });
+  }
+
+  /** Run `f` when the stream can take more (TLS: the outbox emptied); returns the undo. */
+  private whenDrained(f: () => void): () => void {
+    if (this.outbox) {
+      this.outboxDrained.add(f);
+      return () => this.outboxDrained.delete(f);
+    }
+    this.stream.on('drain', f);
+    return () => this.stream.off('drain', f);
   }
 
   /** A frame for a TLS socket: queued, and the socket given the next write if it is idle.
@@ -698,9 +704,7 @@ export class FramedConnection {
   private writeTls(): void {
     const box = this.outbox!;
     if (this.tlsWriting || this.stream.destroyed) return;
-    if (this.outHead === box.length) {
-      box.length = 0;
-      this.outHead = 0;
+    if (box.length === 0) {
       if (this.endWhenWritten) {
         this.endWhenWritten = false;
         this.stream.end();
@@ -708,37 +712,20 @@ export class FramedConnection {
       for (const f of [...this.outboxDrained]) f();
       return;
     }
-    const done: (() => void)[] = [];
-    let chunk: Uint8Array;
-    const first = box[this.outHead]!;
-    if (first.chunk.length >= TLS_JOIN_MAX) {
-      chunk = first.chunk;
-      if (first.done) done.push(first.done);
-      box[this.outHead++] = SPENT;
-    } else {
-      let end = this.outHead;
-      let n = 0;
-      while (end < box.length && box[end]!.chunk.length < TLS_JOIN_MAX && n + box[end]!.chunk.length <= TLS_JOIN_MAX) n += box[end++]!.chunk.length;
-      const joined = Buffer.allocUnsafe(n);
-      let at = 0;
-      for (; this.outHead < end; this.outHead++) {
-        const e = box[this.outHead]!;
-        joined.set(e.chunk, at);
-        at += e.chunk.length;
-        if (e.done) done.push(e.done);
-        box[this.outHead] = SPENT;
-      }
-      chunk = joined;
+    // The outbox holds a few entries per frame in flight (a writer waits for its callbacks):
+    // taking them off the front with splice is cheap.
+    let n = 1;
+    let bytes = box[0]!.chunk.length;
+    if (bytes < TLS_JOIN_MAX) {
+      while (n < box.length && box[n]!.chunk.length < TLS_JOIN_MAX && bytes + box[n]!.chunk.length <= TLS_JOIN_MAX) bytes += box[n++]!.chunk.length;
     }
-    if (this.outHead > 64 && this.outHead * 2 > box.length) {
-      box.splice(0, this.outHead);
-      this.outHead = 0;
-    }
-    this.outboxBytes -= chunk.length;
+    const taken = box.splice(0, n);
+    const chunk = n === 1 ? taken[0]!.chunk : Buffer.concat(taken.map((e) => e.chunk), bytes);
+    this.outboxBytes -= bytes;
     this.tlsWriting = true;
     this.stream.write(chunk, () => {
       this.tlsWriting = false;
-      for (const d of done) d();
+      for (const e of taken) e.done?.();
       this.writeTls();
     });
   }
@@ -748,9 +735,7 @@ export class FramedConnection {
   private dropOutbox(): void {
     const box = this.outbox;
     if (!box) return;
-    const left = box.slice(this.outHead);
-    box.length = 0;
-    this.outHead = 0;
+    const left = box.splice(0);
     this.outboxBytes = 0;
     this.endWhenWritten = false;
     for (const e of left) e.done?.();
@@ -758,7 +743,7 @@ export class FramedConnection {
 
   /** Half-close the stream, after the writes still in the outbox (TLS). */
   private endStream(): void {
-    if (this.outbox && (this.tlsWriting || this.outHead < this.outbox.length)) this.endWhenWritten = true;
+    if (this.outbox && (this.tlsWriting || this.outbox.length > 0)) this.endWhenWritten = true;
     else this.stream.end();
   }
 
