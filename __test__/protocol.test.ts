@@ -1,7 +1,7 @@
 // Unit tests of the TypeScript frame decoder and message codecs (no processes).
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { encodeFrame, encodeFrameHeader, FRAME_POOL_BUFFER, FRAME_POOL_KEPT, FrameDecoder, FramePool, FrameType, MAX_FRAME_BODY, wholeFrames } from '../ts/protocol/frames';
+import { dropIdleFrameBuffers, encodeFrame, encodeFrameHeader, FRAME_POOL_BUFFER, FRAME_POOL_KEPT, FrameDecoder, FramePool, FrameType, MAX_FRAME_BODY, wholeFrames } from '../ts/protocol/frames';
 import {
   Decision,
   DecisionReason,
@@ -143,6 +143,27 @@ describe('frame decoder', () => {
     // accumulator per small read).
     assert.ok(smallReads > 100);
     assert.deepEqual(sizes, [4096, 8192, 16384], `${accumulators} accumulators for ${smallReads} small reads`);
+  });
+
+  it("the process pool's idle buffers can be let go after a burst of large frames (a big tree's manifests, decisions §87)", () => {
+    dropIdleFrameBuffers();
+    const d = new FrameDecoder(); // the process pool, as every connection uses
+    const payload = seeded(2 * 1024 * 1024, 8);
+    const stream = encodeFrame(FrameType.TREE_MANIFEST, payload);
+    const got = [];
+    for (let at = 0; at < stream.length; at += 64 * 1024) got.push(...d.push(stream.subarray(at, at + 64 * 1024)));
+    assert.equal(got.length, 1);
+    assert.ok(got[0].payload.equals(payload));
+    got[0].release?.();
+    // The decoder still uses the pool, so its buffer is kept for the next frame...
+    assert.equal(dropIdleFrameBuffers(), 1, 'the released frame buffer was kept idle, and is dropped');
+    assert.equal(dropIdleFrameBuffers(), 0, 'nothing is kept after the drop');
+    // ...and a later large frame simply makes one again.
+    const again = [];
+    for (let at = 0; at < stream.length; at += 64 * 1024) again.push(...d.push(stream.subarray(at, at + 64 * 1024)));
+    assert.ok(again[0].payload.equals(payload));
+    again[0].release?.();
+    d.dispose();
   });
 
   it('an idle pooled buffer is taken at the first read of a large frame: no read is held, nothing new is allocated (decisions §82)', () => {

@@ -3,7 +3,8 @@
 
 import os from 'node:os';
 import { FramedConnection, workMeter } from '../transport/connection.js';
-import { FrameType, protocolError } from '../protocol/frames.js';
+import { dropIdleFrameBuffers, FrameType, protocolError } from '../protocol/frames.js';
+import { collectGarbage } from '../utils/gc.js';
 import { ManifestAssembler, manifestFrames, MAX_TREE_WIRE_BYTES } from '../protocol/messages.js';
 import { call, type NativeTreeSync, type PlanCounts, type TreeStats } from '../native/binding.js';
 import { expect } from './session.js';
@@ -23,8 +24,8 @@ async function recvParts(conn: FramedConnection, type: FrameType, minLength: num
 }
 
 /** The peer's TREE_MANIFEST parts go straight into the native decoder as they arrive
- * (framed like MANIFEST: `total u32 | part`), never assembled here. */
-async function recvManifest(conn: FramedConnection, tree: NativeTreeSync): Promise<void> {
+ * (framed like MANIFEST: `total u32 | part`), never assembled here. Returns the bytes received. */
+async function recvManifest(conn: FramedConnection, tree: NativeTreeSync): Promise<number> {
   let total = -1;
   let filled = 0;
   for (;;) {
@@ -38,7 +39,10 @@ async function recvManifest(conn: FramedConnection, tree: NativeTreeSync): Promi
     await call(() => tree.pushPeerManifestPart(p.subarray(4)));
     filled += p.length - 4;
     f.release?.();
-    if (filled === total) return call(() => tree.finishPeerManifest());
+    if (filled === total) {
+      await call(() => tree.finishPeerManifest());
+      return total;
+    }
   }
 }
 
@@ -48,9 +52,10 @@ async function recvManifest(conn: FramedConnection, tree: NativeTreeSync): Promi
  * candidates) and sends those roots. After this both can triage identically.
  */
 export async function exchangeManifestsAndRoots(conn: FramedConnection, tree: NativeTreeSync, checksum: boolean, events?: SyncEvents): Promise<void> {
-  const sent = call(tree.manifest()).then((m) => sendParts(conn, FrameType.TREE_MANIFEST, m));
+  let moved = 0;
+  const sent = call(tree.manifest()).then((m) => ((moved += m.length), sendParts(conn, FrameType.TREE_MANIFEST, m)));
   sent.catch(() => undefined);
-  await conn.keepAlive(recvManifest(conn, tree));
+  moved += await conn.keepAlive(recvManifest(conn, tree));
   await sent;
   const mine = tree.rootsToSupply(checksum);
   const hashed = workMeter();
@@ -60,7 +65,19 @@ export async function exchangeManifestsAndRoots(conn: FramedConnection, tree: Na
   const theirs = await conn.keepAlive(recvParts(conn, FrameType.ROOTS, 4));
   await rootsSent;
   await call(() => tree.setPeerRoots(theirs));
+  moved += roots.length + theirs.length;
+  if (moved >= EXCHANGE_RELIEF) {
+    // The exchange's buffers, the frame pool's among them, are all garbage now, and a session
+    // that sends few large frames from here on would keep them resident to its end (a
+    // 100,000-file tree: ~14 MiB; decisions §87). Frames that need buffers later make them.
+    dropIdleFrameBuffers();
+    collectGarbage();
+  }
 }
+
+/** Bytes of manifests and roots, both ways, from which a tree's exchange lets its buffers go:
+ * ~50,000 files. Below it they are a few pool buffers at most, kept for the DATA to come. */
+export const EXCHANGE_RELIEF = 4 * 1024 * 1024;
 
 export function treeSummary(stats: TreeStats, c: PlanCounts): TreeSummary {
   return {

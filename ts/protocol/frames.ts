@@ -122,6 +122,15 @@ export class FramePool extends BufferPool {
 
 const processFramePool = new FramePool(FRAME_POOL_BUFFER, FRAME_POOL_KEPT);
 
+/** Let the process's idle frame buffers go (they are made again as frames need them): after a
+ * burst of large frames that will not come again, such as a big tree's manifests and roots.
+ * Returns how many were dropped. */
+export function dropIdleFrameBuffers(): number {
+  const n = processFramePool.idle;
+  processFramePool.dropIdle();
+  return n;
+}
+
 /** A decoder collected without dispose() (its stream never closed) still leaves its pool:
  * otherwise the pool would count a user forever and keep its idle buffers for good. */
 const leaveOnCollect = new FinalizationRegistry<FramePool>((pool) => pool.leave());

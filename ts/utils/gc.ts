@@ -57,3 +57,12 @@ export function relieveGarbage(bytes: number): void {
     if (gc && process.memoryUsage.rss() > RSS_BUDGET) gc({ type: 'major', execution: 'async' });
   }
 }
+
+/** Large buffers just became garbage all at once (a big tree's manifests and roots, exchanged):
+ * collect them now. V8 schedules GCs by heap pressure, and a session of few objects may not reach
+ * the next one before it ends, keeping them resident for good (decisions §87). Incremental, so
+ * the JS thread is not stopped for it. */
+export function collectGarbage(): void {
+  if (gc === null) gc = load();
+  gc?.({ type: 'major', execution: 'async' });
+}

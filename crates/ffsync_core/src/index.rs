@@ -140,12 +140,20 @@ pub fn store(state_dir: &Path, file: &Path, id: &FileIdentity, manifest: &Manife
 /// Write `bytes` to `p` through a temp file and a rename (creating its directory), so a
 /// crash never leaves a torn index. Shared by the per-file and the tree index.
 pub(crate) fn write_atomically(p: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomically_with(p, |w| w.write_all(bytes))
+}
+
+/// `write_atomically` for a file produced piece by piece (through a buffer of its own), so a
+/// large one is never held in memory whole.
+pub(crate) fn write_atomically_with(p: &Path, fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<()> {
     let dir = p.parent().unwrap();
     fs::create_dir_all(dir).map_err(|e| CoreError::io(dir, e))?;
     let tmp = p.with_extension(format!("tmp{}", std::process::id()));
     let write = || -> std::io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
+        let mut f = std::io::BufWriter::with_capacity(64 * 1024, fs::File::create(&tmp)?);
+        fill(&mut f)?;
+        f.flush()?;
+        drop(f);
         fs::rename(&tmp, p)
     };
     write().map_err(|e| {

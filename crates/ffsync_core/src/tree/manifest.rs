@@ -236,8 +236,15 @@ impl TreeManifest {
 
 /// The wire form of an encoded manifest: its raw length (u64 LE), then the zstd frame.
 pub fn compress_encoded(raw: &[u8]) -> Vec<u8> {
+    // Compressed straight behind the length (the one-shot API would return a buffer of the
+    // worst case's size to be copied behind it).
+    use std::io::Write;
     let mut out = (raw.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&zstd::bulk::compress(raw, 1).expect("zstd compress"));
+    let mut z = zstd::stream::Encoder::new(&mut out, 1).expect("zstd encoder");
+    z.set_pledged_src_size(Some(raw.len() as u64))
+        .expect("zstd pledged size");
+    z.write_all(raw).expect("zstd into memory");
+    z.finish().expect("zstd into memory");
     out
 }
 

@@ -655,7 +655,7 @@ impl TreeSync {
             ));
         }
         let (m, idx) = if self.is_sender {
-            (&self.local.manifest, a.sender_entry)
+            (&*self.local.manifest, a.sender_entry)
         } else {
             (self.sender_manifest(), a.sender_entry)
         };
@@ -1371,9 +1371,7 @@ impl TreeSync {
         if new.is_empty() && plan_touches_nothing {
             return; // nothing learned, nothing changed: the stored index is still right
         }
-        let mut claims = self.local.claims();
-        claims.extend(new);
-        let _ = index::store(state_dir, &self.local.root, claims);
+        let _ = index::store(state_dir, &self.local.root, || self.local.claim_refs(), new);
     }
 
     /// What the plan creates that the receiver does not have: regular files, directories and

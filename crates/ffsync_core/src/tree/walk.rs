@@ -5,7 +5,7 @@
 
 use super::dir_merge::{rebase, DirMerge};
 use super::filter::Filter;
-use super::index::{Claim, TreeIndex};
+use super::index::{ClaimRef, TreeIndex};
 use super::manifest::{flags, Kind, NewEntry, TreeBuilder, TreeManifest};
 use super::path::{display, is_under, name_bytes};
 use super::selection::Selection;
@@ -53,7 +53,8 @@ pub struct WalkOptions<'a> {
 /// A walked local tree: its manifest plus what only this machine needs.
 pub struct LocalTree {
     pub root: PathBuf,
-    pub manifest: TreeManifest,
+    /// Shared, so the encoder of the wire copy reads it without holding the session's lock or copying it.
+    pub manifest: std::sync::Arc<TreeManifest>,
     /// The part of each entry's stat identity the manifest does not hold (size and mtime
     /// are in the entry), and its owner: 32 bytes per path instead of 48.
     stat_rest: Vec<StatRest>,
@@ -536,7 +537,7 @@ pub fn walk(root: &Path, o: &WalkOptions) -> Result<LocalTree> {
     }
     let mut tree = LocalTree {
         root: root_buf,
-        manifest: b.finish(),
+        manifest: b.finish().into(),
         stat_rest,
         problems,
         notices,
@@ -602,7 +603,7 @@ impl LocalTree {
             });
             rest.push(self.stat_rest[i]);
         }
-        self.manifest = b.finish();
+        self.manifest = b.finish().into();
         self.stat_rest = rest;
     }
 
@@ -625,19 +626,16 @@ impl LocalTree {
         (r.uid, r.gid)
     }
 
-    /// Index claims for every file whose root is known from the walk.
-    pub fn claims(&self) -> Vec<Claim> {
-        self.manifest
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| {
-                e.root.map(|r| Claim {
-                    path: e.path.to_vec(),
-                    identity: self.identity(i),
-                    root: *r,
-                })
+    /// Index claims for every file whose root is known from the walk, in tree order, read
+    /// in place from the manifest.
+    pub fn claim_refs(&self) -> impl Iterator<Item = ClaimRef<'_>> + '_ {
+        self.manifest.iter().enumerate().filter_map(|(i, e)| {
+            e.root.map(|r| ClaimRef {
+                path: e.path,
+                identity: self.identity(i),
+                root: *r,
             })
-            .collect()
+        })
     }
 }
 
