@@ -6,7 +6,7 @@
 //! bytes live at once, for this process only.
 
 use ffsync_core::file_identity::FileIdentity;
-use ffsync_core::tree::index::{self, Claim, ClaimRef};
+use ffsync_core::tree::index::{self, ClaimRef};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,6 +33,12 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static A: Counting = Counting;
 
+struct Claim {
+    path: Vec<u8>,
+    identity: FileIdentity,
+    root: [u8; 32],
+}
+
 fn claim(i: u32, root: u8) -> Claim {
     Claim {
         // Tree order: "d0000/f00000" < "d0000/f00001" < ... as zero-padded names sort.
@@ -48,6 +54,14 @@ fn claim(i: u32, root: u8) -> Claim {
     }
 }
 
+fn refs(c: &[Claim]) -> impl Iterator<Item = ClaimRef<'_>> {
+    c.iter().map(|c| ClaimRef {
+        path: &c.path,
+        identity: c.identity,
+        root: c.root,
+    })
+}
+
 #[test]
 fn rewriting_a_large_index_does_not_hold_it_in_memory() {
     let dir = tempfile::tempdir().unwrap();
@@ -61,7 +75,7 @@ fn rewriting_a_large_index_does_not_hold_it_in_memory() {
 
     let before = LIVE.load(Ordering::Relaxed);
     PEAK.store(before, Ordering::Relaxed);
-    index::store(dir.path(), tree, || known.iter().map(ClaimRef::from), changed).unwrap();
+    index::store(dir.path(), tree, || refs(&known), || refs(&changed)).unwrap();
     let extra = PEAK.load(Ordering::Relaxed) - before;
     assert!(
         extra < 1024 * 1024,

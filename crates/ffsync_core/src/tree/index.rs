@@ -26,14 +26,6 @@ pub fn tree_index_path(state_dir: &Path, tree: &Path) -> PathBuf {
         .join(format!("{}.tidx", &hex(key.as_bytes())[..32]))
 }
 
-/// A content root someone established for a file in its current state.
-#[derive(Clone, Debug)]
-pub struct Claim {
-    pub path: Vec<u8>,
-    pub identity: FileIdentity,
-    pub root: [u8; 32],
-}
-
 /// A verified index file, read entry by entry (never held in memory as a whole: on a
 /// 100,000-file tree it is ~10 MB that the walk needs only as a sorted stream).
 pub struct TreeIndex {
@@ -191,8 +183,8 @@ pub fn load(state_dir: &Path, tree: &Path) -> Option<TreeIndex> {
     idx
 }
 
-/// A claim read in place, from the walk's manifest: the index is rewritten from these and
-/// the session's new claims without a copy of either.
+/// A file's content root at a stat identity, its path read in place from a manifest: the
+/// index is rewritten from these without a copy of the tree.
 #[derive(Clone, Copy)]
 pub struct ClaimRef<'a> {
     pub path: &'a [u8],
@@ -200,34 +192,19 @@ pub struct ClaimRef<'a> {
     pub root: [u8; 32],
 }
 
-impl<'a> From<&'a Claim> for ClaimRef<'a> {
-    fn from(c: &'a Claim) -> Self {
-        ClaimRef {
-            path: &c.path,
-            identity: c.identity,
-            root: c.root,
-        }
-    }
-}
-
-/// Replace the index of `tree` with the roots the walk already knew (`known`, in tree order:
-/// a walk's manifest) and this session's `claims` (any order; a claim replaces a known entry
-/// of its path, and for a repeated path the last claim wins). The two are merged as the file
-/// is written, never gathered into one list or one buffer: on a 100,000-file tree that was
-/// ~20 MB more resident at the end of a session (decisions §87). `known` is called twice,
-/// to count the entries for the header and to write them. Written to a temp file and
-/// renamed: a crash never leaves a torn index.
-pub fn store<'a, I>(state_dir: &Path, tree: &Path, known: impl Fn() -> I, mut claims: Vec<Claim>) -> Result<()>
+/// Replace the index of `tree` with the roots the walk already knew (`known`) and what this
+/// session learnt (`learnt`), both in tree order: a learnt entry replaces a known one of its
+/// path, and of learnt entries with the same path (next to each other) the last wins. The two
+/// are merged as the file is written, never gathered into one list or one buffer: on a
+/// 100,000-file tree that was ~20 MB more resident at the end of a session (decisions §87).
+/// Each is called twice, to count the entries for the header and to write them. Written to a
+/// temp file and renamed: a crash never leaves a torn index.
+pub fn store<'a, I, J>(state_dir: &Path, tree: &Path, known: impl Fn() -> I, learnt: impl Fn() -> J) -> Result<()>
 where
     I: Iterator<Item = ClaimRef<'a>>,
+    J: Iterator<Item = ClaimRef<'a>>,
 {
-    // Stable sort keeps claim order among equal paths; reversed, `dedup` keeps the first of
-    // each run, which was the last claim made.
-    claims.sort_by(|a, b| cmp_tree_path(&a.path, &b.path));
-    claims.reverse();
-    claims.dedup_by(|later, kept| later.path == kept.path);
-    claims.reverse();
-    let count = Merged::new(known(), &claims).count();
+    let count = Merged::new(known(), learnt()).count();
     let name = tree.to_string_lossy();
     write_atomically_with(&tree_index_path(state_dir, tree), |w| {
         let mut w = Hashing {
@@ -241,7 +218,7 @@ where
         w.write_all(name.as_bytes())?;
         w.write_all(&(count as u32).to_le_bytes())?;
         let mut written = 0;
-        for c in Merged::new(known(), &claims) {
+        for c in Merged::new(known(), learnt()) {
             w.write_all(&(c.path.len() as u16).to_le_bytes())?;
             w.write_all(c.path)?;
             w.write_all(&c.identity.to_bytes())?;
@@ -249,36 +226,37 @@ where
             written += 1;
         }
         if written != count {
-            return Err(std::io::Error::other("the walk changed while its index was written"));
+            return Err(std::io::Error::other("the claims changed while the index was written"));
         }
         let sum = w.hasher.finalize();
         w.inner.write_all(sum.as_bytes())
     })
 }
 
-/// Two sequences in tree order merged into one; on equal paths the claim (`b`) wins.
-struct Merged<'b, 'a: 'b, I: Iterator<Item = ClaimRef<'a>>> {
+/// Two sequences in tree order merged into one; on equal paths the learnt entry (`b`) wins,
+/// and of a run of learnt entries with one path, the last.
+struct Merged<'a, I: Iterator<Item = ClaimRef<'a>>, J: Iterator<Item = ClaimRef<'a>>> {
     a: std::iter::Peekable<I>,
-    b: std::iter::Peekable<std::slice::Iter<'b, Claim>>,
+    b: std::iter::Peekable<J>,
 }
 
-impl<'b, 'a: 'b, I: Iterator<Item = ClaimRef<'a>>> Merged<'b, 'a, I> {
-    fn new(a: I, b: &'b [Claim]) -> Self {
+impl<'a, I: Iterator<Item = ClaimRef<'a>>, J: Iterator<Item = ClaimRef<'a>>> Merged<'a, I, J> {
+    fn new(a: I, b: J) -> Self {
         Merged {
             a: a.peekable(),
-            b: b.iter().peekable(),
+            b: b.peekable(),
         }
     }
 }
 
-impl<'b, 'a: 'b, I: Iterator<Item = ClaimRef<'a>>> Iterator for Merged<'b, 'a, I> {
-    type Item = ClaimRef<'b>;
-    fn next(&mut self) -> Option<ClaimRef<'b>> {
+impl<'a, I: Iterator<Item = ClaimRef<'a>>, J: Iterator<Item = ClaimRef<'a>>> Iterator for Merged<'a, I, J> {
+    type Item = ClaimRef<'a>;
+    fn next(&mut self) -> Option<ClaimRef<'a>> {
         let order = match (self.a.peek(), self.b.peek()) {
             (None, None) => return None,
             (Some(_), None) => Ordering::Less,
             (None, Some(_)) => Ordering::Greater,
-            (Some(a), Some(b)) => cmp_tree_path(a.path, &b.path),
+            (Some(a), Some(b)) => cmp_tree_path(a.path, b.path),
         };
         if order != Ordering::Greater {
             let a = self.a.next();
@@ -286,7 +264,11 @@ impl<'b, 'a: 'b, I: Iterator<Item = ClaimRef<'a>>> Iterator for Merged<'b, 'a, I
                 return a;
             }
         }
-        self.b.next().map(ClaimRef::from)
+        let mut b = self.b.next()?;
+        while let Some(later) = self.b.next_if(|n| n.path == b.path) {
+            b = later;
+        }
+        Some(b)
     }
 }
 
@@ -310,6 +292,27 @@ impl<W: Write> Write for Hashing<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct Claim {
+        path: Vec<u8>,
+        identity: FileIdentity,
+        root: [u8; 32],
+    }
+
+    fn refs(c: &[Claim]) -> impl Iterator<Item = ClaimRef<'_>> {
+        c.iter().map(|c| ClaimRef {
+            path: &c.path,
+            identity: c.identity,
+            root: c.root,
+        })
+    }
+
+    /// `store` with `known` in tree order and `claims` in the order they were made (sorted
+    /// here as a session sorts its own: stably, so the last of a path stays last).
+    fn store_claims(dir: &Path, tree: &Path, known: &[Claim], mut claims: Vec<Claim>) -> Result<()> {
+        claims.sort_by(|a, b| cmp_tree_path(&a.path, &b.path));
+        store(dir, tree, || refs(known), || refs(&claims))
+    }
 
     fn id(size: u64, mtime: i64) -> FileIdentity {
         FileIdentity {
@@ -347,7 +350,7 @@ mod tests {
                 root: [9; 32],
             },
         ];
-        store(dir.path(), tree, std::iter::empty, claims).unwrap();
+        store_claims(dir.path(), tree, &[], claims).unwrap();
         let idx = load(dir.path(), tree).unwrap();
         assert_eq!(idx.len(), 3);
         let mut c = idx.cursor();
@@ -375,7 +378,7 @@ mod tests {
             claim(b"b", 10, 10),
             claim(b"a", 5, 5),
         ];
-        store(dir.path(), tree, || known.iter().map(ClaimRef::from), claims).unwrap();
+        store_claims(dir.path(), tree, &known, claims).unwrap();
         let idx = load(dir.path(), tree).unwrap();
         assert_eq!(
             idx.len(),
@@ -391,9 +394,9 @@ mod tests {
         assert_eq!(c.root_for(b"b", &id(10, 10)), Some([10; 32]), "the last claim wins");
         assert_eq!(c.root_for(b"c", &id(4, 10)), Some([4; 32]), "known, kept");
         // Only known entries (a no-op session that still rewrites its index) and nothing at all.
-        store(dir.path(), tree, || known.iter().map(ClaimRef::from), Vec::new()).unwrap();
+        store_claims(dir.path(), tree, &known, Vec::new()).unwrap();
         assert_eq!(load(dir.path(), tree).unwrap().len(), 3);
-        store(dir.path(), tree, std::iter::empty, Vec::new()).unwrap();
+        store_claims(dir.path(), tree, &[], Vec::new()).unwrap();
         assert!(load(dir.path(), tree).unwrap().is_empty());
     }
 
@@ -402,10 +405,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let tree = Path::new("/t");
         let fresh = now_ns();
-        store(
+        store_claims(
             dir.path(),
             tree,
-            std::iter::empty,
+            &[],
             vec![Claim {
                 path: b"f".to_vec(),
                 identity: id(1, fresh),

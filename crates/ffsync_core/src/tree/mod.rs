@@ -3,6 +3,7 @@
 
 pub mod attrs;
 pub mod chmod;
+pub mod claims;
 pub mod dir_merge;
 pub mod file_batch;
 pub mod filter;

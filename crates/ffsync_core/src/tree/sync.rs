@@ -4,8 +4,9 @@
 //! The TypeScript shell only moves frames between two of these.
 
 use super::attrs::{self, AttrTable};
+use super::claims::{Claim, ClaimPaths, ClaimedEntry};
 use super::file_batch::{self, FileStatus};
-use super::index::{self, Claim};
+use super::index;
 use super::manifest::{flags, CompressedManifestReader, EntryRef, Kind, TreeManifest};
 use super::path::{display, join};
 use super::triage::{self, action_flags, Action, ExtraRoots, Op, Plan, TriageOptions};
@@ -375,7 +376,7 @@ impl TreeSync {
             out.extend_from_slice(&i.to_le_bytes());
             out.extend_from_slice(&root);
             claims.push(Claim {
-                path: self.local.manifest.entry(i as usize).path.to_vec(),
+                entry: ClaimedEntry::Own(i),
                 identity: self.local.identity(i as usize),
                 root,
             });
@@ -548,11 +549,10 @@ impl TreeSync {
             .map(|&k| {
                 let a = &plan.actions[k];
                 let i = a.sender_entry as usize;
-                let e = s.entry(i);
                 match self.read_whole(i) {
                     Ok(data) => {
                         let claim = Claim {
-                            path: e.path.to_vec(),
+                            entry: ClaimedEntry::Own(i as u32),
                             identity: self.local.identity(i),
                             root: [0; 32],
                         };
@@ -671,7 +671,11 @@ impl TreeSync {
             return Ok(()); // changed since the walk: the root may be of another version
         }
         self.claims.lock().unwrap().push(Claim {
-            path: rel,
+            entry: if self.is_sender {
+                ClaimedEntry::Own(idx)
+            } else {
+                ClaimedEntry::Senders(idx)
+            },
             identity,
             root,
         });
@@ -900,7 +904,7 @@ impl TreeSync {
             .map_err(|e| CoreError::io(&shown, e))?;
         if root != [0; 32] {
             self.claims.lock().unwrap().push(Claim {
-                path: self.sender_manifest().entry(a.sender_entry as usize).path.to_vec(),
+                entry: ClaimedEntry::Senders(a.sender_entry),
                 identity: FileIdentity::of(&meta),
                 root,
             });
@@ -1206,7 +1210,6 @@ impl TreeSync {
             let res: std::io::Result<()> = match a.op {
                 Op::Symlink => self.make_link(a, &s.entry(a.sender_entry as usize)),
                 Op::FileMeta => {
-                    let e = s.entry(a.sender_entry as usize);
                     let p = self.shown(a);
                     (|| {
                         let f = self.target(a)?.open_read()?;
@@ -1215,7 +1218,7 @@ impl TreeSync {
                         if let Some(root) = self.sender_root_of(a) {
                             let identity = FileIdentity::of(&f.metadata()?);
                             self.claims.lock().unwrap().push(Claim {
-                                path: e.path.to_vec(),
+                                entry: ClaimedEntry::Senders(a.sender_entry),
                                 identity,
                                 root,
                             });
@@ -1371,7 +1374,17 @@ impl TreeSync {
         if new.is_empty() && plan_touches_nothing {
             return; // nothing learned, nothing changed: the stored index is still right
         }
-        let _ = index::store(state_dir, &self.local.root, || self.local.claim_refs(), new);
+        let paths = ClaimPaths {
+            own: &self.local.manifest,
+            senders: self.sender_manifest(),
+        };
+        let order = paths.tree_order(&new);
+        let _ = index::store(
+            state_dir,
+            &self.local.root,
+            || self.local.claim_refs(),
+            || paths.refs(&new, &order),
+        );
     }
 
     /// What the plan creates that the receiver does not have: regular files, directories and
