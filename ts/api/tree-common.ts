@@ -46,6 +46,10 @@ async function recvManifest(conn: FramedConnection, tree: NativeTreeSync): Promi
   }
 }
 
+/** Bytes of manifests and roots, both ways, from which a tree's exchange lets its buffers go:
+ * ~50,000 files. Below it they are a few pool buffers at most, kept for the DATA to come. */
+const EXCHANGE_RELIEF = 4 * 1024 * 1024;
+
 /**
  * Both peers send their manifest without waiting for the other's, then each hashes the
  * files triage needs a root for (same-size files the other side's index covers, rename
@@ -55,7 +59,9 @@ export async function exchangeManifestsAndRoots(conn: FramedConnection, tree: Na
   let moved = 0;
   const sent = call(tree.manifest()).then((m) => ((moved += m.length), sendParts(conn, FrameType.TREE_MANIFEST, m)));
   sent.catch(() => undefined);
-  moved += await conn.keepAlive(recvManifest(conn, tree));
+  // Not `moved += await …`: that reads `moved` before the wait, losing what `sent` adds meanwhile.
+  const received = await conn.keepAlive(recvManifest(conn, tree));
+  moved += received;
   await sent;
   const mine = tree.rootsToSupply(checksum);
   const hashed = workMeter();
@@ -74,10 +80,6 @@ export async function exchangeManifestsAndRoots(conn: FramedConnection, tree: Na
     collectGarbage();
   }
 }
-
-/** Bytes of manifests and roots, both ways, from which a tree's exchange lets its buffers go:
- * ~50,000 files. Below it they are a few pool buffers at most, kept for the DATA to come. */
-export const EXCHANGE_RELIEF = 4 * 1024 * 1024;
 
 export function treeSummary(stats: TreeStats, c: PlanCounts): TreeSummary {
   return {

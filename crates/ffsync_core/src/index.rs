@@ -138,7 +138,8 @@ pub fn store(state_dir: &Path, file: &Path, id: &FileIdentity, manifest: &Manife
 }
 
 /// Write `bytes` to `p` through a temp file and a rename (creating its directory), so a
-/// crash never leaves a torn index. Shared by the per-file and the tree index.
+/// crash never leaves a torn index (the per-file index; the tree index writes its entries
+/// as it merges them, through `write_atomically_with`).
 pub(crate) fn write_atomically(p: &Path, bytes: &[u8]) -> Result<()> {
     write_atomically_with(p, |w| w.write_all(bytes))
 }
