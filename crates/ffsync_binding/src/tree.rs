@@ -264,8 +264,8 @@ impl Task for ManifestTask {
     type Output = Vec<u8>;
     type JsValue = Buffer;
     fn compute(&mut self) -> Result<Vec<u8>> {
-        // Taken under the lock (a shared reference, not a copy: ~7 MB on a 100,000-file
-        // tree), compressed without it: the peer's manifest parts, pushed from the JS thread
+        // Taken under the lock (a shared reference, not a copy: several MB on a
+        // 100,000-file tree), compressed without it: the peer's manifest parts, pushed from the JS thread
         // meanwhile, take the write lock.
         let manifest = self.t.read().unwrap().local.manifest.clone();
         Ok(ffsync_core::tree::manifest::compress_encoded(manifest.encoded()))
