@@ -34,6 +34,12 @@ pub const ENC_DELTA_STREAM_CONT: u8 = 7;
 fn max_delta_len(raw_len: u32) -> usize {
     raw_len as usize + raw_len as usize / 8 + 1024
 }
+/// From this level a batch is one group, one zstd stream: each chunk compresses against
+/// every chunk before it in the batch (a group per core saw only its own half). The governor
+/// reaches such levels only while the link, not the encoder, is the bottleneck, and the
+/// sender encodes two batches at once (`READ_AHEAD`), so both cores stay busy. Measured on
+/// the artifact release over 100 Mbit/s (decisions §88): about 1% fewer bytes, no slower.
+pub const ONE_GROUP_LEVEL: i32 = 8;
 const GIVE_UP_AFTER: u32 = 8;
 const RETRY_EVERY: u32 = 16;
 
@@ -84,8 +90,9 @@ impl CompressPolicy {
 
     /// Encode chunks whose raw bytes sit in their slots (as for [`Self::encode_in_slot`]),
     /// consecutive ones sharing a zstd stream: about one group per core, each compressed in
-    /// order. A chunk that does not shrink by 1/32 goes raw (and the next one of its group
-    /// starts a new stream). Returns each record's final length, in order.
+    /// order, or one group for the whole batch from [`ONE_GROUP_LEVEL`]. A chunk that does not
+    /// shrink by 1/32 goes raw (and the next one of its group starts a new stream). Returns
+    /// each record's final length, in order.
     ///
     /// A slot given with `Some(delta_len)` holds `delta_len u32 | delta` instead of the
     /// chunk (see [`Self::stage_delta_in_slot`]): it goes as encoding 6/7, or as a plain delta.
@@ -94,7 +101,12 @@ impl CompressPolicy {
             .iter()
             .map(|(_, s, d)| d.unwrap_or(s.len() - RECORD_HEADER) as u64)
             .collect();
-        let ranges = crate::zstream::groups(&sizes);
+        let level = self.level();
+        let ranges = if level >= ONE_GROUP_LEVEL {
+            vec![(0, sizes.len())]
+        } else {
+            crate::zstream::groups(&sizes)
+        };
         let mut parts: Vec<&mut [GroupSlot<'_>]> = Vec::with_capacity(ranges.len());
         let mut rest = slots;
         let mut at = 0;
@@ -105,7 +117,6 @@ impl CompressPolicy {
             rest = tail;
             at = b;
         }
-        let level = self.level();
         let lens: Vec<Vec<usize>> = parts
             .into_par_iter()
             .map(|group| {
@@ -738,6 +749,27 @@ mod tests {
             data.len() + RECORD_HEADER * m.chunks.len()
         );
         assert!(decode(&framed, &m).unwrap().iter().all(|r| r.encoding <= ENC_ZSTD));
+    }
+
+    #[test]
+    fn from_one_group_level_a_batch_is_one_stream() {
+        // Two cores, as CI has: below ONE_GROUP_LEVEL the batch is cut into a group per core.
+        let (data, m) = texty();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let starts = |level: i32| {
+            pool.install(|| {
+                let b = stream_batch(&data, &m, level);
+                check(&b, &data, &m).unwrap();
+                decode(&b, &m)
+                    .unwrap()
+                    .iter()
+                    .filter(|r| r.encoding == ENC_STREAM_START)
+                    .count()
+            })
+        };
+        assert_eq!(starts(ONE_GROUP_LEVEL - 1), 2, "a group per core");
+        assert_eq!(starts(ONE_GROUP_LEVEL), 1, "one stream for the batch");
+        assert_eq!(starts(19), 1, "one stream for the batch");
     }
 
     #[test]

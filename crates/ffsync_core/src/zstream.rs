@@ -20,17 +20,24 @@ use zstd::zstd_safe::{
 /// A group's window: every batch fits (2 MiB + 64 KiB), so a record can match any earlier
 /// record of its group.
 pub const WINDOW_LOG: u32 = 22;
-/// zstd's match tables above level 8 are sized for inputs far larger than a batch (level 9:
+/// zstd's match tables above level 6 are sized for inputs far larger than a batch (level 9:
 /// 8 MiB of hash and 4 MiB of chain per context, more at higher levels), and a sender keeps
-/// a context per core and per stream while the governor may raise the level on a slow link
-/// (peak RSS went from 95 to 125 MiB). Above level 8 they are capped at level 8's sizes;
-/// each level keeps its own search strategy and depth, which is where its ratio comes from.
-pub const MAX_HASH_LOG: u32 = 20;
-pub const MAX_CHAIN_LOG: u32 = 20;
+/// a context per core and per stream (and one per thread for single chunks) while the
+/// governor raises the level on a slow link (peak RSS went from 95 to 125 MiB). Above level
+/// 6 they are capped at level 6's hash size, 2^19 entries: a group is at most one batch
+/// (2 MiB), whose positions such a table still covers at one slot for four, and each level
+/// keeps its own search strategy and depth, which is where its ratio comes from. Measured on
+/// the artifact release over 100 Mbit/s (decisions §88): the sender of release A → B peaked
+/// at 94–103 MiB with caps of 2^20 from level 9, at 88–90 with these, its bytes within their
+/// spread.
+pub const MAX_HASH_LOG: u32 = 19;
+pub const MAX_CHAIN_LOG: u32 = 19;
+/// The first level whose default tables are over the caps (level 7: hash 2^20).
+pub const CAPPED_FROM_LEVEL: i32 = 7;
 
-/// The table caps for `level` (none up to level 8, whose tables are at most these).
+/// The table caps for `level` (none up to level 6, whose tables are at most these).
 pub fn table_caps(level: i32) -> &'static [CParameter] {
-    if level > 8 {
+    if level >= CAPPED_FROM_LEVEL {
         &[CParameter::HashLog(MAX_HASH_LOG), CParameter::ChainLog(MAX_CHAIN_LOG)]
     } else {
         &[]
@@ -344,13 +351,13 @@ mod tests {
     #[test]
     fn high_levels_keep_their_context_small_and_still_round_trip() {
         let data = sample(2 << 20);
-        for level in [1, 6, 9, 12, 19] {
+        for level in [1, 6, 7, 9, 12, 19] {
             let mut enc = GroupEncoder::new(level);
             let mut out = Vec::new();
             assert_eq!(enc.push(&data, &mut out, usize::MAX), Some(true));
             let size = enc.cctx.as_ref().unwrap().sizeof();
-            // Window 4 MiB + hash 4 MiB + chain 4 MiB + buffers, at most.
-            assert!(size < 14 << 20, "level {level}: context of {} MiB", size >> 20);
+            // Window 4 MiB + hash 2 MiB + chain 2 MiB + buffers, at most.
+            assert!(size < 10 << 20, "level {level}: context of {} MiB", size >> 20);
             let mut back = vec![0u8; data.len()];
             GroupDecoder::default().next(true, &out, &mut back).unwrap();
             assert!(back == data, "level {level} round trip");
