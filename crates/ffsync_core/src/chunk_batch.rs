@@ -753,7 +753,8 @@ mod tests {
 
     #[test]
     fn from_one_group_level_a_batch_is_one_stream() {
-        // Two cores, as CI has: below ONE_GROUP_LEVEL the batch is cut into a group per core.
+        // On a pool of two threads (the test's own, whatever the machine): below ONE_GROUP_LEVEL
+        // the batch is cut into a group per thread.
         let (data, m) = texty();
         let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
         let starts = |level: i32| {
