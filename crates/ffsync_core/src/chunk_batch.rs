@@ -36,9 +36,11 @@ fn max_delta_len(raw_len: u32) -> usize {
 }
 /// From this level a batch is one group, one zstd stream: each chunk compresses against
 /// every chunk before it in the batch (a group per core saw only its own half). The governor
-/// reaches such levels only while the link, not the encoder, is the bottleneck, and the
-/// sender encodes two batches at once (`READ_AHEAD`), so both cores stay busy. Measured on
-/// the artifact release over 100 Mbit/s (decisions §88): about 1% fewer bytes, no slower.
+/// reaches such levels only while the link, not the encoder, is the bottleneck (or the user
+/// pins one with `--compress-level`); the sender encodes two batches at once (`READ_AHEAD`),
+/// or, for a file the receiver lacks (early DATA), on a thread of its own beside the scan,
+/// so both cores stay busy. Measured on the artifact release over 100 Mbit/s (decisions
+/// §88, whose cold copies are early DATA): about 1% fewer bytes, no slower.
 pub const ONE_GROUP_LEVEL: i32 = 8;
 const GIVE_UP_AFTER: u32 = 8;
 const RETRY_EVERY: u32 = 16;
