@@ -770,7 +770,7 @@ mod tests {
                     .count()
             })
         };
-        assert_eq!(starts(ONE_GROUP_LEVEL - 1), 2, "a group per core");
+        assert_eq!(starts(ONE_GROUP_LEVEL - 1), 2, "a group per thread");
         assert_eq!(starts(ONE_GROUP_LEVEL), 1, "one stream for the batch");
         assert_eq!(starts(19), 1, "one stream for the batch");
     }
