@@ -16,8 +16,10 @@ export declare class NativeChunkSource {
   /**
    * Encode the chunks into `out` (a buffer the caller recycles; it must hold at least
    * `batchCapacity(indices)` bytes and must not be touched until the promise settles).
+   * `previous`: the chunks of the DATA frame sent just before this one, when the receiver
+   * negotiated `BATCH_PREFIX` (on a slow link the batch compresses against them too).
    */
-  readBatch(indices: Uint32Array, out: Buffer): Promise<EncodedBatch>
+  readBatch(indices: Uint32Array, out: Buffer, previous?: Uint32Array | undefined | null): Promise<EncodedBatch>
   /**
    * Install the receiver's refinement table: chunks it describes go as deltas when
    * smaller. Validated against the manifest (a bad table is a protocol error).
@@ -131,6 +133,11 @@ export declare class NativeReconstruction {
    */
   refinement(): Promise<Buffer>
   copyLocal(): Promise<number>
+  /**
+   * Verify and write one DATA frame. Call in the order the frames arrived (the frame's
+   * place is taken here, on the JS thread); a frame that refers to the previous one
+   * (`batchRefersToPrevious`) only once every earlier write has settled.
+   */
   writeBatch(batch: Buffer): Promise<number>
   finish(mtimeNs?: bigint | undefined | null, mode?: number | undefined | null, stateDir?: string | undefined | null): Promise<void>
   /** Abandon the reconstruction; keep the partial file only for a later resume. */
@@ -382,6 +389,8 @@ export interface NativeConstants {
   manifestHeader: number
   manifestEntry: number
   recordHeader: number
+  /** Chunk record encodings whose stream starts with the previous DATA frame (BATCH_PREFIX). */
+  prefixEncodings: Array<number>
   /** Largest REFINE table a receiver sends (bytes). */
   refineTableMax: number
   /** TREE_OPTIONS' attribute bits: owner, group, xattrs, numeric ids. */

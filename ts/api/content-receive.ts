@@ -6,6 +6,7 @@
 
 import { FramedConnection, PeerClosedError, workMeter } from '../transport/connection.js';
 import { FrameType, protocolError } from '../protocol/frames.js';
+import { refersToPrevious } from '../protocol/chunk-records.js';
 import {
   decodeDataEnd,
   encodeBasis,
@@ -350,6 +351,10 @@ async function receiveData(conn: FramedConnection, o: ReceiveContentOptions, r: 
         if (end.rawBytes !== BigInt(raw)) throw protocolError(`sender claims ${end.rawBytes} bytes, ${raw} arrived`);
         return;
       }
+      // A batch compressed against the one before it (§4.7, encodings 8 and 9) is decoded
+      // with that one's bytes, read back from the file: every earlier write must be done.
+      // (Sent only on a slow link, where this wait costs nothing the link does not.)
+      if (refersToPrevious(f.payload)) await Promise.all(inflight);
       // The slot goes back however the write ends (a synchronous throw included).
       const w = (async () => call(r.writeBatch(f.payload)))().finally(done).then((n) => {
         f.release?.();

@@ -103,6 +103,9 @@ export interface SendContentOptions {
   resultLater?: boolean;
   /** Capability BATCH_STREAM was negotiated: chunks of a batch may share zstd streams. */
   batchStream?: boolean;
+  /** Capability BATCH_PREFIX was negotiated (with BATCH_STREAM): a batch's stream may start
+   * with the previous batch's chunks as history. */
+  batchPrefix?: boolean;
   /** Adapts the level batch by batch (shared by the session's files); else `level` stays. */
   governor?: LevelGovernor;
 }
@@ -290,7 +293,10 @@ async function sendBatches(conn: FramedConnection, o: SendContentOptions, src: N
   const read = async (k: number) => {
     const buf = await pool.acquire();
     if (gov) src.setLevel(gov.level);
-    const res = await call(src.readBatch(batches[k], buf));
+    // The receiver holds the batch before this one once it is written: from level 8 (the
+    // core decides) the batch compresses against it too (§4.7, encodings 8 and 9).
+    const previous = o.batchStream && o.batchPrefix && k > 0 ? batches[k - 1] : undefined;
+    const res = await call(src.readBatch(batches[k], buf, previous));
     return { buf, res };
   };
   const ahead: Promise<{ buf: Buffer; res: { length: number; rawBytes: number } }>[] = [];

@@ -11,6 +11,7 @@ import {
   type ScanResult,
 } from '../native/binding.js';
 import { MANIFEST_HEADER } from '../utils/manifest.js';
+import { countRecords } from '../protocol/chunk-records.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import type { ReceiveContentOptions } from './content-receive.js';
 
@@ -126,7 +127,7 @@ export class EarlyPlacement {
       try {
         if (this.failure) return;
         if (this.discarding) {
-          const n = countRecords(batch);
+          const n = countRecords(batch, 'early DATA');
           this.received.chunks += n.chunks;
           this.received.raw += n.raw;
           return;
@@ -206,20 +207,4 @@ export class EarlyPlacement {
     await this.stop();
     this.prefill?.release(keep);
   }
-}
-
-/** A chunk record's header (§4.7): index u32 | encoding u8 | raw length u32 | payload length u32. */
-export const RECORD_HEADER = 13;
-
-/** Chunks and raw bytes in a chunk batch, from its record headers alone (§4.7). */
-function countRecords(batch: Buffer): { chunks: number; raw: number } {
-  let chunks = 0;
-  let raw = 0;
-  for (let at = 0; at < batch.length; chunks++) {
-    if (batch.length - at < RECORD_HEADER) throw protocolError('bad early DATA: truncated record header');
-    raw += batch.readUInt32LE(at + 5);
-    at += RECORD_HEADER + batch.readUInt32LE(at + 9);
-    if (at > batch.length) throw protocolError('bad early DATA: a record runs past the frame');
-  }
-  return { chunks, raw };
 }

@@ -203,7 +203,7 @@ async function sendFile(conn: FramedConnection, o: SenderContext, negotiated: Ne
     const governor = new LevelGovernor(level, o.compressLevel === undefined, startLevel(level, o.handshakeMs), { link: deliveryMeter(conn, negotiated) });
     const r = await sendFileContent(
       conn,
-      { path: o.path, st, scan, stateDir, checksum: o.checksum, level, bwlimitKiBps: o.bwlimitKiBps, events: o.events, label: o.path, refine: Boolean(caps & Capability.REFINE), sparse: Boolean(caps & Capability.SPARSE), stream: Boolean(caps & Capability.STREAM), overlap: o.overlap, batchStream: Boolean(caps & Capability.BATCH_STREAM), governor },
+      { path: o.path, st, scan, stateDir, checksum: o.checksum, level, bwlimitKiBps: o.bwlimitKiBps, events: o.events, label: o.path, refine: Boolean(caps & Capability.REFINE), sparse: Boolean(caps & Capability.SPARSE), stream: Boolean(caps & Capability.STREAM), overlap: o.overlap, batchStream: Boolean(caps & Capability.BATCH_STREAM), batchPrefix: Boolean(caps & Capability.BATCH_PREFIX), governor },
       holder,
     );
     summary.root = r.root;

@@ -444,6 +444,7 @@ async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: Larg
       level: gov.level,
       governor: gov,
       batchStream: Boolean(caps & Capability.BATCH_STREAM),
+      batchPrefix: Boolean(caps & Capability.BATCH_PREFIX),
       bwlimitKiBps: o.bwlimitKiBps,
       events: o.events,
       label: showTreePath(lt.path),

@@ -65,8 +65,12 @@ export const Capability = {
    * connection (§4.16): the sender's compression governor sees the link through the socket
    * buffers that otherwise take the first megabytes at memory speed. */
   DELIVERY: 1 << 14,
+  /** DATA records may use encodings 8 and 9: a zstd stream that starts with the raw bytes of
+   * the file's previous DATA frame as history (§4.7), so on a slow link a batch compresses
+   * against the one before it too; the receiver reads that history back from what it wrote. */
+  BATCH_PREFIX: 1 << 15,
 } as const;
-export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM | Capability.BATCH_STREAM | Capability.OMIT_ATTRS | Capability.TRIAGE_CHOICES | Capability.DELETE_LIMIT | Capability.DELIVERY;
+export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM | Capability.BATCH_STREAM | Capability.OMIT_ATTRS | Capability.TRIAGE_CHOICES | Capability.DELETE_LIMIT | Capability.DELIVERY | Capability.BATCH_PREFIX;
 /** Most REFINE bytes one file transfer may carry (the core's refine::MAX_TABLE_BYTES;
  * __test__/native-constants.test.ts checks they agree). */
 export const MAX_REFINE_TABLE = 64 * 1024 * 1024;

@@ -98,6 +98,8 @@ pub struct NativeConstants {
     pub manifest_header: u32,
     pub manifest_entry: u32,
     pub record_header: u32,
+    /// Chunk record encodings whose stream starts with the previous DATA frame (BATCH_PREFIX).
+    pub prefix_encodings: Vec<u32>,
     /// Largest REFINE table a receiver sends (bytes).
     pub refine_table_max: u32,
     /// TREE_OPTIONS' attribute bits: owner, group, xattrs, numeric ids.
@@ -111,6 +113,10 @@ pub fn native_constants() -> NativeConstants {
         manifest_header: ffsync_core::manifest::HEADER_LEN as u32,
         manifest_entry: ffsync_core::manifest::ENTRY_LEN as u32,
         record_header: ffsync_core::chunk_batch::RECORD_HEADER as u32,
+        prefix_encodings: (0..=u8::MAX)
+            .filter(|&e| ffsync_core::chunk_batch::refers_to_previous(e))
+            .map(u32::from)
+            .collect(),
         refine_table_max: ffsync_core::refine::MAX_TABLE_BYTES as u32,
         attr_flags: {
             use ffsync_core::tree::attrs::attr_flags::*;

@@ -148,12 +148,13 @@ impl Task for CopyTask {
 pub struct WriteTask {
     r: Arc<Reconstruction>,
     batch: Buffer,
+    ticket: u64,
 }
 impl Task for WriteTask {
     type Output = u64;
     type JsValue = f64;
     fn compute(&mut self) -> Result<u64> {
-        self.r.write_batch(&self.batch).map_err(to_napi)
+        self.r.write_frame(&self.batch, self.ticket).map_err(to_napi)
     }
     fn resolve(&mut self, _env: Env, n: u64) -> Result<f64> {
         Ok(n as f64)
@@ -278,9 +279,14 @@ impl NativeReconstruction {
         Ok(AsyncTask::new(CopyTask(self.get()?)))
     }
 
+    /// Verify and write one DATA frame. Call in the order the frames arrived (the frame's
+    /// place is taken here, on the JS thread); a frame that refers to the previous one
+    /// (`batchRefersToPrevious`) only once every earlier write has settled.
     #[napi(ts_return_type = "Promise<number>")]
     pub fn write_batch(&self, batch: Buffer) -> Result<AsyncTask<WriteTask>> {
-        Ok(AsyncTask::new(WriteTask { r: self.get()?, batch }))
+        let r = self.get()?;
+        let ticket = r.ticket();
+        Ok(AsyncTask::new(WriteTask { r, batch, ticket }))
     }
 
     #[napi(ts_return_type = "Promise<void>")]

@@ -27,6 +27,7 @@ pub struct EncodedBatch {
 
 pub struct ReadTask {
     source: Arc<ChunkSource>,
+    previous: Vec<u32>,
     indices: Vec<u32>,
     out: Buffer,
 }
@@ -37,7 +38,7 @@ impl Task for ReadTask {
 
     fn compute(&mut self) -> Result<(usize, u64)> {
         self.source
-            .read_batch_into(&self.indices, &mut self.out)
+            .read_batch_after(&self.previous, &self.indices, &mut self.out)
             .map_err(to_napi)
     }
 
@@ -96,10 +97,18 @@ impl NativeChunkSource {
 
     /// Encode the chunks into `out` (a buffer the caller recycles; it must hold at least
     /// `batchCapacity(indices)` bytes and must not be touched until the promise settles).
+    /// `previous`: the chunks of the DATA frame sent just before this one, when the receiver
+    /// negotiated `BATCH_PREFIX` (on a slow link the batch compresses against them too).
     #[napi(ts_return_type = "Promise<EncodedBatch>")]
-    pub fn read_batch(&self, indices: Uint32Array, out: Buffer) -> Result<AsyncTask<ReadTask>> {
+    pub fn read_batch(
+        &self,
+        indices: Uint32Array,
+        out: Buffer,
+        previous: Option<Uint32Array>,
+    ) -> Result<AsyncTask<ReadTask>> {
         Ok(AsyncTask::new(ReadTask {
             source: self.get()?,
+            previous: previous.map(|p| p.to_vec()).unwrap_or_default(),
             indices: indices.to_vec(),
             out,
         }))

@@ -7,7 +7,9 @@
 //! see [`crate::refine`]), 3 zstd delta (`delta_len u32` + zstd of the delta), 4 zstd
 //! stream start and 5 zstd stream continued (capability `BATCH_STREAM`: consecutive
 //! chunks of a batch share one zstd stream per group, see [`crate::zstream`]; the receiver
-//! decodes them in order when it splits the batch), 6 and 7 the same for a delta.
+//! decodes them in order when it splits the batch), 6 and 7 the same for a delta, 8 and 9
+//! a stream start (4, 6) whose history is the file's previous DATA frame (capability
+//! `BATCH_PREFIX`: the batch compresses against the batch before it as well).
 //! zstd is used only where it pays: a chunk that does not shrink by at least 1/32 is sent
 //! raw, and after a run of incompressible chunks only chunks whose index is a multiple of 16
 //! are tried (the miss counter is shared by the threads encoding a source), so random data
@@ -30,6 +32,21 @@ pub const ENC_STREAM_CONT: u8 = 5;
 /// continuing the group's stream (the same stream as encodings 4 and 5).
 pub const ENC_DELTA_STREAM_START: u8 = 6;
 pub const ENC_DELTA_STREAM_CONT: u8 = 7;
+/// Stream starts (as 4 and 6) whose stream has the raw bytes of the previous DATA frame of
+/// the same transfer as history (capability `BATCH_PREFIX`, [`decode_after`]).
+pub const ENC_PREFIX_STREAM_START: u8 = 8;
+pub const ENC_PREFIX_DELTA_STREAM_START: u8 = 9;
+/// True for an encoding that opens a stream (with or without the previous frame).
+fn starts_stream(encoding: u8) -> bool {
+    matches!(
+        encoding,
+        ENC_STREAM_START | ENC_DELTA_STREAM_START | ENC_PREFIX_STREAM_START | ENC_PREFIX_DELTA_STREAM_START
+    )
+}
+/// True for an encoding whose stream starts with the previous frame's bytes.
+pub fn refers_to_previous(encoding: u8) -> bool {
+    matches!(encoding, ENC_PREFIX_STREAM_START | ENC_PREFIX_DELTA_STREAM_START)
+}
 /// A delta is never worth more than its chunk; bound what a peer can make us decompress.
 fn max_delta_len(raw_len: u32) -> usize {
     raw_len as usize + raw_len as usize / 8 + 1024
@@ -38,10 +55,42 @@ fn max_delta_len(raw_len: u32) -> usize {
 /// every chunk before it in the batch (a group per core saw only its own half). The governor
 /// reaches such levels only while the link, not the encoder, is the bottleneck (or the user
 /// pins one with `--compress-level`); the sender encodes two batches at once (`READ_AHEAD`),
-/// or, for a file the receiver lacks (early DATA), on a thread of its own beside the scan,
-/// so both cores stay busy. Measured on the artifact release over 100 Mbit/s (decisions
-/// §88, whose cold copies are early DATA): about 1% fewer bytes, no slower.
+/// or, for a file over 64 MiB the receiver lacks (early DATA), on a thread of its own beside
+/// the scan, so both cores stay busy. Measured on the artifact release over 100 Mbit/s
+/// (decisions §88; its files are under 64 MiB, so cold too is DATA answering NEED): about 1%
+/// fewer bytes, no slower.
 pub const ONE_GROUP_LEVEL: i32 = 8;
+/// From this level a batch's stream starts with the previous batch's bytes as history
+/// (`BATCH_PREFIX`). zstd indexes the history before the stream's first byte: with all of
+/// the previous batch as history from level 6 (release A → B, decisions §89), 2.4% fewer bytes
+/// at a pinned level 6 but 20% more sender CPU, and under the governor, where the encoder is
+/// often the bottleneck at levels 6 and 7 (two streams a batch, each with the history), the
+/// level settled lower and a cold copy sent more. From this level the link is the bottleneck.
+pub const PREFIX_FROM_LEVEL: i32 = ONE_GROUP_LEVEL;
+/// Of the previous frame's bytes, a stream's history is the last this many (or all of them,
+/// when fewer). Most of the gain is in the nearest bytes, and zstd's cost of indexing the
+/// history grows with it: release A → B at level 9, 1.6% fewer bytes with 1 MiB, 1.8% with
+/// all 2 MiB; at level 19, 1.6% for 22% more sender CPU, 2.0% for 35% (decisions §89).
+pub const HISTORY_BYTES: usize = 1 << 20;
+
+/// The history a stream that refers to the previous frame starts with: the last
+/// [`HISTORY_BYTES`] of `tail`, which ends with that frame's bytes.
+pub fn history(tail: &[u8]) -> &[u8] {
+    &tail[tail.len().saturating_sub(HISTORY_BYTES)..]
+}
+
+/// The chunks of the previous frame (`indices`, in its records' order) that hold its history:
+/// the fewest last ones whose bytes cover [`HISTORY_BYTES`] (all of them when they do not).
+pub fn history_chunks<'i>(indices: &'i [u32], manifest: &Manifest) -> &'i [u32] {
+    let mut bytes = 0usize;
+    for (k, &i) in indices.iter().enumerate().rev() {
+        bytes += manifest.chunks.get(i as usize).map_or(0, |c| c.len as usize);
+        if bytes >= HISTORY_BYTES {
+            return &indices[k..];
+        }
+    }
+    indices
+}
 const GIVE_UP_AFTER: u32 = 8;
 const RETRY_EVERY: u32 = 16;
 
@@ -98,7 +147,10 @@ impl CompressPolicy {
     ///
     /// A slot given with `Some(delta_len)` holds `delta_len u32 | delta` instead of the
     /// chunk (see [`Self::stage_delta_in_slot`]): it goes as encoding 6/7, or as a plain delta.
-    pub fn encode_groups(&self, slots: &mut [GroupSlot<'_>]) -> Vec<usize> {
+    ///
+    /// `prefix`: the raw bytes of the previous DATA frame (the receiver negotiated
+    /// `BATCH_PREFIX`): every stream starts with them as history (encodings 8 and 9).
+    pub fn encode_groups(&self, slots: &mut [GroupSlot<'_>], prefix: Option<&[u8]>) -> Vec<usize> {
         let sizes: Vec<u64> = slots
             .iter()
             .map(|(_, s, d)| d.unwrap_or(s.len() - RECORD_HEADER) as u64)
@@ -122,7 +174,15 @@ impl CompressPolicy {
         let lens: Vec<Vec<usize>> = parts
             .into_par_iter()
             .map(|group| {
-                let mut enc = crate::zstream::GroupEncoder::new(level);
+                let mut enc = match prefix {
+                    Some(p) => crate::zstream::GroupEncoder::with_prefix(level, p),
+                    None => crate::zstream::GroupEncoder::new(level),
+                };
+                let (start_enc, delta_start_enc) = if enc.has_prefix() {
+                    (ENC_PREFIX_STREAM_START, ENC_PREFIX_DELTA_STREAM_START)
+                } else {
+                    (ENC_STREAM_START, ENC_DELTA_STREAM_START)
+                };
                 let mut z = Vec::new();
                 group
                     .iter_mut()
@@ -134,11 +194,7 @@ impl CompressPolicy {
                             let d = RECORD_HEADER + 4;
                             if let Some(start) = enc.push(&slot[d..d + dlen], &mut z, budget) {
                                 slot[d..d + z.len()].copy_from_slice(&z);
-                                let e = if start {
-                                    ENC_DELTA_STREAM_START
-                                } else {
-                                    ENC_DELTA_STREAM_CONT
-                                };
+                                let e = if start { delta_start_enc } else { ENC_DELTA_STREAM_CONT };
                                 return write_header(slot, *index, e, raw_len, 4 + z.len());
                             }
                             slot.copy_within(d..d + dlen, RECORD_HEADER);
@@ -151,7 +207,7 @@ impl CompressPolicy {
                                 Some(start) => {
                                     self.misses.store(0, Ordering::Relaxed);
                                     slot[RECORD_HEADER..RECORD_HEADER + z.len()].copy_from_slice(&z);
-                                    enc_byte = if start { ENC_STREAM_START } else { ENC_STREAM_CONT };
+                                    enc_byte = if start { start_enc } else { ENC_STREAM_CONT };
                                     payload_len = z.len();
                                 }
                                 None => {
@@ -288,7 +344,7 @@ impl CompressPolicy {
                     (index, slot, None)
                 })
                 .collect();
-            self.encode_groups(&mut indexed)
+            self.encode_groups(&mut indexed, None)
         } else {
             slots
                 .par_iter_mut()
@@ -394,7 +450,7 @@ impl Record<'_> {
     pub fn is_delta(&self) -> bool {
         matches!(
             self.encoding,
-            ENC_DELTA | ENC_DELTA_ZSTD | ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT
+            ENC_DELTA | ENC_DELTA_ZSTD | ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT | ENC_PREFIX_DELTA_STREAM_START
         )
     }
 
@@ -407,7 +463,7 @@ impl Record<'_> {
     pub fn raw<'b>(&'b self, buf: &'b mut Vec<u8>) -> Result<&'b [u8]> {
         match self.encoding {
             ENC_RAW => Ok(self.payload),
-            ENC_STREAM_START | ENC_STREAM_CONT => {
+            ENC_STREAM_START | ENC_STREAM_CONT | ENC_PREFIX_STREAM_START => {
                 let d = self.inflated.as_deref().ok_or_else(|| {
                     CoreError::malformed(
                         "chunk batch",
@@ -437,7 +493,7 @@ impl Record<'_> {
         let bad = |r: String| CoreError::malformed("chunk batch", format!("chunk {}: {r}", self.index));
         match self.encoding {
             ENC_DELTA => Ok(self.payload),
-            ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT => {
+            ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT | ENC_PREFIX_DELTA_STREAM_START => {
                 let d = self
                     .inflated
                     .as_deref()
@@ -465,8 +521,21 @@ impl Record<'_> {
 }
 
 /// Split a batch from an untrusted peer into records. Indices must exist in `manifest`,
-/// lengths must equal the manifest's; decompression (later) is bounded by that length.
+/// lengths must equal the manifest's; decompression (later) is bounded by that length. A
+/// record that refers to a previous frame (8, 9) is refused: see [`decode_after`].
 pub fn decode<'a>(batch: &'a [u8], manifest: &Manifest) -> Result<Vec<Record<'a>>> {
+    decode_after(batch, manifest, || Ok(None))
+}
+
+/// [`decode`] for a DATA frame that may refer to the frame before it (`BATCH_PREFIX`):
+/// `previous` gives that frame's raw bytes (its chunks in its records' order; at least those of
+/// its [`history_chunks`]), or None when there is none; it is called only if a record refers
+/// to them.
+pub fn decode_after<'a>(
+    batch: &'a [u8],
+    manifest: &Manifest,
+    previous: impl FnOnce() -> Result<Option<Vec<u8>>>,
+) -> Result<Vec<Record<'a>>> {
     let bad = |r: String| CoreError::malformed("chunk batch", r);
     let mut out = Vec::new();
     let mut at = 0usize;
@@ -498,8 +567,8 @@ pub fn decode<'a>(batch: &'a [u8], manifest: &Manifest) -> Result<Vec<Record<'a>
                 return Err(bad(format!("raw chunk {index} has payload length {plen}")))
             }
             ENC_RAW | ENC_ZSTD | ENC_DELTA | ENC_DELTA_ZSTD => {}
-            ENC_STREAM_START | ENC_STREAM_CONT => {}
-            ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT => {
+            ENC_STREAM_START | ENC_STREAM_CONT | ENC_PREFIX_STREAM_START => {}
+            ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT | ENC_PREFIX_DELTA_STREAM_START => {
                 if plen < 4 {
                     return Err(bad(format!("chunk {index}: truncated stream delta")));
                 }
@@ -522,7 +591,17 @@ pub fn decode<'a>(batch: &'a [u8], manifest: &Manifest) -> Result<Vec<Record<'a>
     }
     // Stream records decode in order within their group (each needs the records before it);
     // groups are independent (each opens with a start record), so they decode in parallel.
-    let starts = |r: &Record| matches!(r.encoding, ENC_STREAM_START | ENC_DELTA_STREAM_START);
+    let prefix = match out.iter().find(|r| refers_to_previous(r.encoding)) {
+        Some(r) => Some(previous()?.ok_or_else(|| {
+            bad(format!(
+                "chunk {} refers to the previous frame, and there is none",
+                r.index
+            ))
+        })?),
+        None => None,
+    };
+    let prefix = prefix.as_deref().map(history);
+    let starts = |r: &Record| starts_stream(r.encoding);
     let mut segments: Vec<&mut [Record]> = Vec::new();
     let mut rest = &mut out[..];
     while !rest.is_empty() {
@@ -534,17 +613,16 @@ pub fn decode<'a>(batch: &'a [u8], manifest: &Manifest) -> Result<Vec<Record<'a>
     segments.into_par_iter().try_for_each(|seg| -> Result<()> {
         let mut dec = crate::zstream::GroupDecoder::default();
         for r in seg.iter_mut() {
-            let (start, len, payload) = match r.encoding {
-                ENC_STREAM_START | ENC_STREAM_CONT => (r.encoding == ENC_STREAM_START, r.raw_len as usize, r.payload),
-                ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT => (
-                    r.encoding == ENC_DELTA_STREAM_START,
-                    u32_at(r.payload, 0) as usize,
-                    &r.payload[4..],
-                ),
+            let (len, payload) = match r.encoding {
+                ENC_STREAM_START | ENC_STREAM_CONT | ENC_PREFIX_STREAM_START => (r.raw_len as usize, r.payload),
+                ENC_DELTA_STREAM_START | ENC_DELTA_STREAM_CONT | ENC_PREFIX_DELTA_STREAM_START => {
+                    (u32_at(r.payload, 0) as usize, &r.payload[4..])
+                }
                 _ => continue,
             };
+            let history = prefix.filter(|_| refers_to_previous(r.encoding));
             let mut data = vec![0u8; len];
-            dec.next(start, payload, &mut data)
+            dec.next(starts_stream(r.encoding), history, payload, &mut data)
                 .map_err(|m| bad(format!("chunk {}: {m}", r.index)))?;
             r.inflated = Some(data);
         }
@@ -604,7 +682,7 @@ mod tests {
         let mut huge_payload = good.clone();
         huge_payload[9..13].copy_from_slice(&u32::MAX.to_le_bytes());
         let mut bad_enc = good.clone();
-        bad_enc[4] = 9;
+        bad_enc[4] = 10;
         for (name, b) in [
             ("index", wrong_index),
             ("len", wrong_len),
@@ -775,6 +853,69 @@ mod tests {
         assert_eq!(starts(19), 1, "one stream for the batch");
     }
 
+    /// The chunks of `m` from `from` on, encoded as one batch whose stream starts with
+    /// `prefix` as history.
+    fn prefixed_batch(data: &[u8], m: &Manifest, from: usize, prefix: &[u8], level: i32) -> Vec<u8> {
+        let p = CompressPolicy::with_stream(level, true);
+        let records = &records_of(data, m)[from..];
+        let mut slots: Vec<Vec<u8>> = records
+            .iter()
+            .map(|(_, raw)| [&[0u8; RECORD_HEADER][..], raw].concat())
+            .collect();
+        let mut group: Vec<GroupSlot<'_>> = slots
+            .iter_mut()
+            .zip(records)
+            .map(|(s, (i, _))| (*i, &mut s[..], None))
+            .collect();
+        let lens = p.encode_groups(&mut group, Some(prefix));
+        slots.iter().zip(lens).flat_map(|(s, n)| s[..n].to_vec()).collect()
+    }
+
+    #[test]
+    fn a_batch_whose_stream_starts_with_the_previous_frame_round_trips_smaller() {
+        // The "previous frame": the file's first chunks; the batch: the rest, which repeats
+        // their phrases (as the next part of a JS bundle does).
+        let (data, m) = texty();
+        let split = 3;
+        let previous = &data[..m.chunks[split].offset as usize];
+        let alone = prefixed_batch(&data, &m, split, &[], ONE_GROUP_LEVEL);
+        let after = prefixed_batch(&data, &m, split, previous, ONE_GROUP_LEVEL);
+        let decoded = decode_after(&after, &m, || Ok(Some(previous.to_vec()))).unwrap();
+        assert_eq!(decoded[0].encoding, ENC_PREFIX_STREAM_START);
+        assert!(decoded.iter().any(|r| r.encoding == ENC_STREAM_CONT));
+        let mut buf = Vec::new();
+        for r in &decoded {
+            let c = m.chunks[r.index as usize];
+            assert!(r.raw(&mut buf).unwrap() == &data[c.offset as usize..c.end() as usize]);
+        }
+        assert_eq!(decode(&alone, &m).unwrap()[0].encoding, ENC_STREAM_START);
+        assert!(
+            after.len() * 100 < alone.len() * 99,
+            "with the previous frame {} B, alone {} B",
+            after.len(),
+            alone.len()
+        );
+        // Without a previous frame, the batch is refused (a peer that lies about having sent
+        // one); the history is not even asked for when no record refers to it.
+        let e = decode(&after, &m).err().expect("no previous frame").to_string();
+        assert!(e.contains("refers to the previous frame, and there is none"), "{e}");
+        assert!(decode_after(&alone, &m, || panic!("asked for history it does not use")).is_ok());
+        // Other history than the encoder's: an error or other bytes, never a panic, and the
+        // chunk hash (checked by every caller) catches the latter.
+        let mut other = previous.to_vec();
+        other[previous.len() / 2] ^= 1;
+        other.truncate(previous.len() - 7);
+        let wrong = decode_after(&after, &m, || Ok(Some(other))).map(|recs| {
+            recs.iter().all(|r| {
+                let c = m.chunks[r.index as usize];
+                r.raw(&mut buf)
+                    .map(|b| b == &data[c.offset as usize..c.end() as usize])
+                    .unwrap_or(false)
+            })
+        });
+        assert!(!wrong.unwrap_or(false), "decoded right with the wrong history");
+    }
+
     #[test]
     fn hostile_stream_records_fail_bounded() {
         let (data, m) = texty();
@@ -819,7 +960,7 @@ mod tests {
         s0[RECORD_HEADER..].copy_from_slice(&data[c0.offset as usize..c0.end() as usize]);
         let mut s1 = vec![0u8; RECORD_HEADER + c1.len as usize];
         assert_eq!(p.stage_delta_in_slot(&delta, &mut s1), Some(3000));
-        let lens = p.encode_groups(&mut [(0, &mut s0[..], None), (1, &mut s1[..], Some(3000))]);
+        let lens = p.encode_groups(&mut [(0, &mut s0[..], None), (1, &mut s1[..], Some(3000))], None);
         let batch = [&s0[..lens[0]], &s1[..lens[1]]].concat();
         let recs = decode(&batch, &m).unwrap();
         assert_eq!(

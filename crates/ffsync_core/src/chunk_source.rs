@@ -3,7 +3,7 @@
 //! batches, compressing in parallel. Chunks the receiver described with a refinement
 //! table ([`crate::refine`]) are sent as deltas against its old bytes when that is smaller.
 
-use crate::chunk_batch::{CompressPolicy, GroupSlot, RECORD_HEADER};
+use crate::chunk_batch::{history, history_chunks, CompressPolicy, GroupSlot, PREFIX_FROM_LEVEL, RECORD_HEADER};
 use crate::chunker::Chunk;
 use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
@@ -91,6 +91,16 @@ impl ChunkSource {
     /// memory is expensive). Each chunk is read straight into its slot and compressed in
     /// place, in parallel; records are then packed together. Returns (bytes used, raw bytes).
     pub fn read_batch_into(&self, indices: &[u32], out: &mut [u8]) -> Result<(usize, u64)> {
+        self.read_batch_after(&[], indices, out)
+    }
+
+    /// [`Self::read_batch_into`] for the DATA frame after one that carried the chunks
+    /// `previous` (in its order; empty: none, or the receiver lacks `BATCH_PREFIX`). From
+    /// [`PREFIX_FROM_LEVEL`], where the link is the bottleneck, the batch's stream starts with
+    /// the last of their bytes as history (encodings 8 and 9,
+    /// [`crate::chunk_batch::history`]): read again from the source, as the receiver reads
+    /// them back from what it wrote.
+    pub fn read_batch_after(&self, previous: &[u32], indices: &[u32], out: &mut [u8]) -> Result<(usize, u64)> {
         let need = self.batch_capacity(indices)?;
         if out.len() < need {
             return Err(CoreError::Usage(format!(
@@ -170,7 +180,13 @@ impl ChunkSource {
                 }
             }
             let (ks, mut group): (Vec<usize>, Vec<GroupSlot<'_>>) = pending.into_iter().unzip();
-            for (k, n) in ks.into_iter().zip(self.policy.encode_groups(&mut group)) {
+            let prefix = if !previous.is_empty() && !group.is_empty() && self.policy.level() >= PREFIX_FROM_LEVEL {
+                Some(self.read_chunks(history_chunks(previous, &self.manifest))?)
+            } else {
+                None
+            };
+            let prefix = prefix.as_deref().map(history);
+            for (k, n) in ks.into_iter().zip(self.policy.encode_groups(&mut group, prefix)) {
                 used[k] = Ok(n);
             }
         }
@@ -189,10 +205,32 @@ impl ChunkSource {
         Ok((write, raw))
     }
 
+    /// The raw bytes of these chunks, one after the other.
+    fn read_chunks(&self, indices: &[u32]) -> Result<Vec<u8>> {
+        let mut total = 0usize;
+        for &i in indices {
+            total += self.chunk(i)?.len as usize;
+        }
+        let mut bytes = vec![0u8; total];
+        let mut at = 0usize;
+        for &i in indices {
+            let c = self.chunk(i)?;
+            read_exact_at(&self.file, &mut bytes[at..at + c.len as usize], c.offset)
+                .map_err(|e| CoreError::io(&self.path, e))?;
+            at += c.len as usize;
+        }
+        Ok(bytes)
+    }
+
     /// Encode into a new buffer (tests and one-off callers).
     pub fn read_batch(&self, indices: &[u32]) -> Result<(Vec<u8>, u64)> {
+        self.read_batch_vec_after(&[], indices)
+    }
+
+    /// [`Self::read_batch_after`] into a new buffer (tests).
+    pub fn read_batch_vec_after(&self, previous: &[u32], indices: &[u32]) -> Result<(Vec<u8>, u64)> {
         let mut out = vec![0u8; self.batch_capacity(indices)?];
-        let (n, raw) = self.read_batch_into(indices, &mut out)?;
+        let (n, raw) = self.read_batch_after(previous, indices, &mut out)?;
         out.truncate(n);
         Ok((out, raw))
     }

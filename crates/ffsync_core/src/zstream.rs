@@ -5,6 +5,11 @@
 //! verified on its own. A batch is cut into about one group per core, so compression
 //! stays parallel.
 //!
+//! With capability `BATCH_PREFIX` a stream may also start with a *prefix*: the raw bytes of
+//! the file's previous DATA frame, which both peers hold (the sender reads them again, the
+//! receiver reads back what it wrote), referenced by zstd as history before the stream's
+//! first byte, so a batch compresses against the one before it too (decisions §89).
+//!
 //! Decoding is bounded: a record decodes into a buffer of exactly its declared length
 //! (more output is an error, nothing beyond it is written), nothing may stay pending in
 //! the decoder after a record (it would spill into the next), and a frame asking for a
@@ -17,8 +22,9 @@ use zstd::zstd_safe::{
     ResetDirective,
 };
 
-/// A group's window: every batch fits (2 MiB + 64 KiB), so a record can match any earlier
-/// record of its group.
+/// A group's window: every batch fits (2 MiB + 64 KiB) after a prefix of 1 MiB
+/// (`chunk_batch::HISTORY_BYTES`), so a record can match any earlier record of its group
+/// and any byte of the prefix.
 pub const WINDOW_LOG: u32 = 22;
 /// zstd's match tables above level 6 are sized for inputs far larger than a batch (level 9:
 /// 8 MiB of hash and 4 MiB of chain per context, more at higher levels), and a sender keeps
@@ -114,15 +120,46 @@ fn configure(c: &mut CCtx<'static>, level: i32) -> Option<()> {
     Some(())
 }
 
-/// The compressing side of one group.
-pub struct GroupEncoder {
-    level: i32,
-    cctx: Option<CCtx<'static>>,
+/// A prefix as the `'static` slice a recycled context's type asks for.
+///
+/// SAFETY (of the callers): a context given a prefix references it until the context is
+/// reset, and the encoder and decoder below reset their context (`Idle::give` resets before it
+/// keeps or drops one) before they, and so the borrow of the prefix they hold, go away: on
+/// every path (a record that fails, `Drop`, a new stream in the same decoder).
+unsafe fn as_static(prefix: &[u8]) -> &'static [u8] {
+    std::slice::from_raw_parts(prefix.as_ptr(), prefix.len())
 }
 
-impl GroupEncoder {
+/// The compressing side of one group.
+pub struct GroupEncoder<'p> {
+    level: i32,
+    cctx: Option<CCtx<'static>>,
+    /// History every stream of this group starts with (see the module's comment).
+    prefix: Option<&'p [u8]>,
+}
+
+impl<'p> GroupEncoder<'p> {
     pub fn new(level: i32) -> Self {
-        GroupEncoder { level, cctx: None }
+        GroupEncoder {
+            level,
+            cctx: None,
+            prefix: None,
+        }
+    }
+
+    /// An encoder whose every stream starts with `prefix` as history (the receiver must
+    /// decode with the same bytes: [`GroupDecoder::next`]'s `prefix`).
+    pub fn with_prefix(level: i32, prefix: &'p [u8]) -> Self {
+        GroupEncoder {
+            level,
+            cctx: None,
+            prefix: Some(prefix).filter(|p| !p.is_empty()),
+        }
+    }
+
+    /// True if this encoder's streams start with a prefix.
+    pub fn has_prefix(&self) -> bool {
+        self.prefix.is_some()
     }
 
     /// Compress `data` as the group's next record, appending the flushed bytes to `out`.
@@ -133,7 +170,12 @@ impl GroupEncoder {
         let start = self.cctx.is_none();
         if start {
             let mut c = IDLE_CCTX.take();
-            if configure(&mut c, self.level).is_none() {
+            let ready = configure(&mut c, self.level).and_then(|_| match self.prefix {
+                // SAFETY: see `as_static`; `c` is given back (reset) before `self` is dropped.
+                Some(p) => c.ref_prefix(unsafe { as_static(p) }).ok().map(|_| ()),
+                None => Some(()),
+            });
+            if ready.is_none() {
                 IDLE_CCTX.give(c);
                 return None;
             }
@@ -165,7 +207,7 @@ impl GroupEncoder {
     }
 }
 
-impl Drop for GroupEncoder {
+impl Drop for GroupEncoder<'_> {
     fn drop(&mut self) {
         if let Some(c) = self.cctx.take() {
             IDLE_CCTX.give(c);
@@ -174,23 +216,42 @@ impl Drop for GroupEncoder {
 }
 
 /// The decoding side of one batch: records in order, each starting or continuing a stream.
+/// `'p`: the prefixes its streams start with live at least as long as the decoder.
 #[derive(Default)]
-pub struct GroupDecoder {
+pub struct GroupDecoder<'p> {
     dctx: Option<DCtx<'static>>,
+    prefix: std::marker::PhantomData<&'p [u8]>,
 }
 
-impl GroupDecoder {
-    /// Decode one record into exactly `out` (its declared length).
-    pub fn next(&mut self, start: bool, payload: &[u8], out: &mut [u8]) -> Result<(), String> {
+impl<'p> GroupDecoder<'p> {
+    /// Decode one record into exactly `out` (its declared length). `start`: the record opens
+    /// a stream, with `prefix` (if given) as its history: the bytes the encoder had
+    /// ([`GroupEncoder::with_prefix`]); `prefix` is ignored for a record that continues one.
+    pub fn next(
+        &mut self,
+        start: bool,
+        prefix: Option<&'p [u8]>,
+        payload: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), String> {
         let err = |c| format!("does not decompress: {}", get_error_name(c));
         if start {
-            // A new stream in the same batch reuses this decoder's context, reset.
+            // A new stream in the same batch reuses this decoder's context, reset (which also
+            // drops its reference to the last stream's prefix).
             let reused = self
                 .dctx
                 .take()
                 .and_then(|mut old| old.reset_for_reuse().then_some(old));
             let mut d = reused.unwrap_or_else(|| IDLE_DCTX.take());
-            if let Err(c) = d.set_parameter(DParameter::WindowLogMax(WINDOW_LOG)) {
+            let set = d
+                .set_parameter(DParameter::WindowLogMax(WINDOW_LOG))
+                .and_then(|_| match prefix {
+                    // SAFETY: see `as_static`; `d` is reset before this decoder, which borrows
+                    // the prefix for 'p, goes away.
+                    Some(p) if !p.is_empty() => d.ref_prefix(unsafe { as_static(p) }).map(|_| ()),
+                    _ => Ok(()),
+                });
+            if let Err(c) = set {
                 IDLE_DCTX.give(d);
                 return Err(err(c));
             }
@@ -226,7 +287,7 @@ impl GroupDecoder {
     }
 }
 
-impl Drop for GroupDecoder {
+impl Drop for GroupDecoder<'_> {
     fn drop(&mut self) {
         if let Some(d) = self.dctx.take() {
             IDLE_DCTX.give(d);
@@ -304,7 +365,7 @@ mod tests {
                 "level {first} then {second}: differs from a fresh context"
             );
             let mut back = vec![0u8; b.len()];
-            GroupDecoder::default().next(true, &z, &mut back).unwrap();
+            GroupDecoder::default().next(true, None, &z, &mut back).unwrap();
             assert!(back == b);
         }
         assert!(IDLE_CCTX.kept() <= IDLE_CONTEXTS);
@@ -321,7 +382,7 @@ mod tests {
             let mut z = Vec::new();
             assert_eq!(GroupEncoder::new(3).push(&data, &mut z, usize::MAX), Some(true));
             let mut back = vec![0u8; data.len()];
-            GroupDecoder::default().next(true, &z, &mut back).unwrap();
+            GroupDecoder::default().next(true, None, &z, &mut back).unwrap();
             assert!(back == data);
         }
         let made = CREATED.with(|c| c.get()) - before;
@@ -339,15 +400,15 @@ mod tests {
         for _ in 0..IDLE_CONTEXTS + 1 {
             let mut d = GroupDecoder::default();
             let mut back = vec![0u8; a.len()];
-            d.next(true, &za, &mut back).unwrap();
-            d.next(false, &zb, &mut back).unwrap();
+            d.next(true, None, &za, &mut back).unwrap();
+            d.next(false, None, &zb, &mut back).unwrap();
             assert!(back == a);
         }
         // A decoder whose context comes from the pool must not resolve the second record's
         // references into a stream it did not start.
         let mut back = vec![0u8; a.len()];
-        assert!(GroupDecoder::default().next(true, &zb, &mut back).is_err() || back != a);
-        assert!(GroupDecoder::default().next(false, &zb, &mut back).is_err());
+        assert!(GroupDecoder::default().next(true, None, &zb, &mut back).is_err() || back != a);
+        assert!(GroupDecoder::default().next(false, None, &zb, &mut back).is_err());
         assert!(IDLE_DCTX.kept() <= IDLE_CONTEXTS);
     }
 
@@ -376,7 +437,7 @@ mod tests {
                 size as f64 / 1048576.0
             );
             let mut back = vec![0u8; data.len()];
-            GroupDecoder::default().next(true, &out, &mut back).unwrap();
+            GroupDecoder::default().next(true, None, &out, &mut back).unwrap();
             assert!(back == data, "level {level} round trip");
         }
         // Without the caps, level 9's context is what they prevent.

@@ -170,6 +170,11 @@ pub struct Reconstruction {
     poisoned: std::sync::atomic::AtomicBool,
     /// Batches and copies running right now; `finish` refuses while any is in flight.
     in_flight: std::sync::atomic::AtomicUsize,
+    /// Tickets handed out to DATA frames in the order they arrived (see [`Self::ticket`]).
+    tickets: AtomicU64,
+    /// The last DATA frame written whole: its ticket (0: none yet) and its chunks in its
+    /// records' order, the history a frame that refers to it decodes with (`BATCH_PREFIX`).
+    last_frame: Mutex<(u64, Vec<u32>)>,
 }
 
 fn range(m: &Manifest, i: usize) -> (u64, usize) {
@@ -390,6 +395,8 @@ impl Reconstruction {
             copied_ok: AtomicU64::new(0),
             poisoned: std::sync::atomic::AtomicBool::new(false),
             in_flight: std::sync::atomic::AtomicUsize::new(0),
+            tickets: AtomicU64::new(0),
+            last_frame: Mutex::new((0, Vec::new())),
         })
     }
 
@@ -622,19 +629,75 @@ impl Reconstruction {
 
     /// Verify and write one batch of received chunks. Returns raw bytes written.
     pub fn write_batch(&self, batch: &[u8]) -> Result<u64> {
+        self.write_frame(batch, self.ticket())
+    }
+
+    /// The next DATA frame's place in the transfer, taken when the frame arrives (on the
+    /// thread that reads the connection, so tickets follow the wire's order even when the
+    /// frames are then written side by side).
+    pub fn ticket(&self) -> u64 {
+        self.tickets.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// [`Self::write_batch`] for the frame that drew `ticket`. A frame whose records refer
+    /// to the previous frame (`BATCH_PREFIX`) is written only after that one was written
+    /// whole (the caller waits for it): its history is read back from the temp file.
+    pub fn write_frame(&self, batch: &[u8], ticket: u64) -> Result<u64> {
         self.check_open()?;
         let _guard = InFlight::enter(&self.in_flight);
         // A batch refused before it claims anything leaves the reconstruction usable.
-        let records = chunk_batch::decode(batch, &self.manifest)?;
+        let records = chunk_batch::decode_after(batch, &self.manifest, || self.previous_frame(ticket))?;
         self.claim(&records)?;
         let out = self.write_claimed(&records);
-        if out.is_err() {
+        match &out {
+            Ok(_) => {
+                let mut last = self.last_frame.lock().unwrap();
+                if ticket > last.0 {
+                    *last = (ticket, records.iter().map(|r| r.index).collect());
+                }
+            }
             // Chunks were claimed and may be missing or half-written (a delta that does
             // not apply, a chunk that fails its hash, a write error): nothing may be
             // committed now.
-            self.poisoned.store(true, Ordering::SeqCst);
+            Err(_) => self.poisoned.store(true, Ordering::SeqCst),
         }
         out
+    }
+
+    /// The raw bytes of the frame before `ticket`'s (those of its history chunks), read back
+    /// from the temp file and checked against the manifest again (the file is ours, but it is
+    /// on a disk others can write). None when `ticket` is the first frame.
+    fn previous_frame(&self, ticket: u64) -> Result<Option<Vec<u8>>> {
+        let (last, indices) = self.last_frame.lock().unwrap().clone();
+        if ticket <= 1 {
+            return Ok(None);
+        }
+        if last != ticket - 1 {
+            return Err(CoreError::malformed(
+                "chunk batch",
+                format!("frame {ticket} refers to frame {}, which is not written", ticket - 1),
+            ));
+        }
+        let indices = chunk_batch::history_chunks(&indices, &self.manifest);
+        let total: usize = indices
+            .iter()
+            .map(|&i| self.manifest.chunks[i as usize].len as usize)
+            .sum();
+        let mut bytes = vec![0u8; total];
+        let mut at = 0usize;
+        for &i in indices {
+            let (off, len) = range(&self.manifest, i as usize);
+            let piece = &mut bytes[at..at + len];
+            crate::io::read_exact_at(&self.file, piece, off).map_err(|e| CoreError::io(self.temp.shown(), e))?;
+            if blake3::hash(piece).as_bytes() != &self.manifest.chunks[i as usize].hash {
+                return Err(CoreError::VerifyFailed(format!(
+                    "{} changed during the sync",
+                    self.temp.shown().display()
+                )));
+            }
+            at += len;
+        }
+        Ok(Some(bytes))
     }
 
     fn claim(&self, records: &[chunk_batch::Record]) -> Result<()> {

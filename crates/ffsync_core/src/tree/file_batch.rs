@@ -180,7 +180,7 @@ pub fn inflate_streams(records: &mut [FileRecord<'_>]) -> Result<()> {
             continue;
         }
         let mut data = vec![0u8; r.raw_len as usize];
-        dec.next(r.encoding == ENC_STREAM_START, r.payload, &mut data)
+        dec.next(r.encoding == ENC_STREAM_START, None, r.payload, &mut data)
             .map_err(|m| CoreError::malformed("file batch", format!("file record {}: {m}", r.action)))?;
         r.inflated = Some(data);
     }
