@@ -354,7 +354,16 @@ async function receiveData(conn: FramedConnection, o: ReceiveContentOptions, r: 
       // A batch compressed against the one before it (§4.7, encodings 8 and 9) is decoded
       // with that one's bytes, read back from the file: every earlier write must be done.
       // (Sent only on a slow link, where this wait costs nothing the link does not.)
-      if (refersToPrevious(f.payload)) await Promise.all(inflight);
+      // The wait is here, not inside the write, so frames still take their places (the core's
+      // tickets) in the order they arrived; the slot goes back if an earlier write failed.
+      if (refersToPrevious(f.payload)) {
+        try {
+          await Promise.all(inflight);
+        } catch (e) {
+          done();
+          throw e;
+        }
+      }
       // The slot goes back however the write ends (a synchronous throw included).
       const w = (async () => call(r.writeBatch(f.payload)))().finally(done).then((n) => {
         f.release?.();

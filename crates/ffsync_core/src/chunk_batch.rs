@@ -917,6 +917,30 @@ mod tests {
     }
 
     #[test]
+    fn a_frames_history_is_its_fewest_last_chunks_covering_one_mib() {
+        let data = pseudo_random(3_000_000, 11);
+        let m = manifest_of_bytes(&data, None, &crate::chunker::InMemory);
+        let all: Vec<u32> = (0..m.chunks.len() as u32).collect();
+        let len = |ix: &[u32]| ix.iter().map(|&i| m.chunks[i as usize].len as usize).sum::<usize>();
+        let h = history_chunks(&all, &m);
+        assert!(h.len() < all.len() && h == &all[all.len() - h.len()..], "a suffix");
+        assert!(len(h) >= HISTORY_BYTES && len(&h[1..]) < HISTORY_BYTES, "{} B", len(h));
+        // A frame with less than that: all of it (the history never exceeds what was sent).
+        let small = &all[..3];
+        assert_eq!(history_chunks(small, &m), small);
+        let bytes: Vec<u8> = small
+            .iter()
+            .flat_map(|&i| {
+                let c = m.chunks[i as usize];
+                data[c.offset as usize..c.end() as usize].to_vec()
+            })
+            .collect();
+        assert_eq!(history(&bytes).len(), bytes.len().min(HISTORY_BYTES));
+        assert_eq!(history(&data).len(), HISTORY_BYTES);
+        assert!(history(&data) == &data[data.len() - HISTORY_BYTES..]);
+    }
+
+    #[test]
     fn hostile_stream_records_fail_bounded() {
         let (data, m) = texty();
         let streamed = stream_batch(&data, &m, 3);
