@@ -7,11 +7,16 @@
 //
 // Rounds: every case runs once per round, in the same order, so a burst of load from elsewhere
 // on the machine hits every case alike; the table shows the median of the rounds. Cases:
-// `node -e 0` (the floor every Node program pays), `--version`, `--help`, `id`; local `sync -a`
+// `node -e 0` (the floor every Node program pays), `--version`, `--help`, `id`, a whole TLS
+// session for one 1 KiB file (`receive` and `send` on loopback, both pinned); local `sync -a`
 // no-ops of a 10,000 × 4 KiB tree and of the npm tree bench/tree.ts uses (typescript@5.6.2,
 // 121 files, 21 MiB), its cold copy and its v1 → v2 update, each against `rsync -a` (`--delete`
 // on both for the update). Every sync's result is compared with its source after the last round.
 // `--baseline` times another build's CLI (e.g. one built from the previous commit) beside this one.
+// When NODE_EXTRA_CA_CERTS is set (it is on our CI machines), Node reads and parses every certificate
+// in that file before it runs any script, ~65 ms here, a cost of the environment that a plain
+// `node -e 0` pays too and ffsync-native needs nothing from (peers are pinned by fingerprint):
+// `node -e 0` and this CLI's rows are then run a second time with it unset, marked "no extra CAs".
 // Writes bench/RESULTS-startup.md. Node built-ins only.
 
 import { spawnSync } from 'node:child_process';
@@ -49,11 +54,11 @@ const DIR = opt.dir ?? os.tmpdir();
  * by other load on the machine). Every case runs under the same bash, so its own start-up
  * (a few ms) is in every figure alike. A failure stops the bench.
  */
-function time(argv: string[]): { wall: number; cpu: number } {
+function time(argv: string[], env: NodeJS.ProcessEnv = process.env): { wall: number; cpu: number } {
   const t0 = performance.now();
   const r = spawnSync('bash', ['-c', '"$@" >/dev/null 2>"$FFSYNC_BENCH_ERR"; rc=$?; times; exit $rc', 'bash', ...argv], {
     encoding: 'utf8',
-    env: { ...process.env, FFSYNC_BENCH_ERR: errFile },
+    env: { ...env, FFSYNC_BENCH_ERR: errFile },
   });
   const wall = performance.now() - t0;
   if (r.status !== 0) throw new Error(`${argv.join(' ')}: exit ${r.status ?? r.signal}\n${fs.readFileSync(errFile, 'utf8').slice(-2000)}`);
@@ -63,6 +68,13 @@ function time(argv: string[]): { wall: number; cpu: number } {
   return { wall, cpu };
 }
 let errFile = '';
+
+/** bash: $1 node, $2 cli, $3 file, $4 target, $5/$6 sender/receiver state, $7/$8 their
+ * fingerprints, $9 the receiver's output. The receiver's port is read from its first line. */
+const TLS_SESSION = `"$1" "$2" receive "$4" 0 --bind 127.0.0.1 --state-dir "$6" --trust "$7" --no-fsync > "$9" 2>&1 &
+for i in $(seq 2000); do grep -q listening "$9" && break; sleep 0.002; done
+port=$(grep -o 'listening on [0-9.:]*' "$9" | sed 's/.*://')
+"$1" "$2" send "$3" "127.0.0.1:$port" --state-dir "$5" --trust "$8" && wait $!`;
 
 function must(argv: string[], what: string): string {
   const r = spawnSync(argv[0]!, argv.slice(1), { encoding: 'utf8', maxBuffer: 64 << 20 });
@@ -123,6 +135,8 @@ interface Case {
   /** Untimed, before each timed run. */
   before?: () => void;
   argv: string[];
+  /** The environment it runs in (default: the bench's). */
+  env?: NodeJS.ProcessEnv;
   /** Wall clock ms per round. */
   samples: number[];
   /** CPU ms per round. */
@@ -136,7 +150,15 @@ async function main(): Promise<void> {
   const work = fs.mkdtempSync(path.join(DIR, 'ffsync-startup-'));
   errFile = path.join(work, 'stderr.txt');
   const node = process.execPath;
-  const clis: [string, string][] = [['ffsync', CLI], ...(opt.baseline ? [['baseline', path.resolve(opt.baseline)] as [string, string]] : [])];
+  // The environment without NODE_EXTRA_CA_CERTS, when it has one (see the head of this file).
+  const { NODE_EXTRA_CA_CERTS: extraCa, ...noExtraCa } = process.env;
+  const bare = extraCa ? noExtraCa : undefined;
+  const builds: [string, string][] = [['ffsync', CLI], ...(opt.baseline ? [['baseline', path.resolve(opt.baseline)] as [string, string]] : [])];
+  const clis: [string, string, NodeJS.ProcessEnv?][] = builds.flatMap(([label, cli]): [string, string, NodeJS.ProcessEnv?][] => [
+    [label, cli],
+    ...(bare ? [[`${label}, no extra CAs`, cli, bare] as [string, string, NodeJS.ProcessEnv]] : []),
+  ]);
+  const slug = (label: string) => label.replace(/\W+/g, '-');
   try {
     process.stderr.write(`fixtures in ${work} …\n`);
     const t10k = path.join(work, 't10k');
@@ -145,39 +167,58 @@ async function main(): Promise<void> {
     const v2 = path.join(work, 'npm-v2');
     extract(tarball(NPM_V1), v1);
     extract(tarball(NPM_V2), v2);
-    const state = (label: string) => path.join(work, `state-${label}`);
+    const state = (label: string) => path.join(work, `state-${slug(label)}`);
 
     const cases: Case[] = [{ name: 'node -e 0', kind: 'start', argv: [node, '-e', '0'], samples: [], cpu: [] }];
-    for (const [label, cli] of clis) {
+    if (bare) cases.push({ name: 'node -e 0, no extra CAs', kind: 'start', argv: [node, '-e', '0'], env: bare, samples: [], cpu: [] });
+    for (const [label, cli, env] of clis) {
       // The identity exists before `id` is timed (its first call creates it).
       must([node, cli, 'id', '--state-dir', state(`${label}-id`)], 'id');
       cases.push(
-        { name: `${label} --version`, kind: 'start', argv: [node, cli, '--version'], samples: [], cpu: [] },
-        { name: `${label} --help`, kind: 'start', argv: [node, cli, '--help'], samples: [], cpu: [] },
-        { name: `${label} id`, kind: 'start', argv: [node, cli, 'id', '--state-dir', state(`${label}-id`)], samples: [], cpu: [] },
+        { name: `${label} --version`, kind: 'start', argv: [node, cli, '--version'], env, samples: [], cpu: [] },
+        { name: `${label} --help`, kind: 'start', argv: [node, cli, '--help'], env, samples: [], cpu: [] },
+        { name: `${label} id`, kind: 'start', argv: [node, cli, 'id', '--state-dir', state(`${label}-id`)], env, samples: [], cpu: [] },
       );
+      // A whole TLS session for one 1 KiB file: `receive` started, `send` once it listens (both
+      // peers pinned), until both exit: two Node start-ups, the handshake, the file.
+      const [ss, sr] = [state(`${label}-tls-s`), state(`${label}-tls-r`)];
+      const [fpS, fpR] = [must([node, cli, 'id', '--state-dir', ss], 'id').trim(), must([node, cli, 'id', '--state-dir', sr], 'id').trim()];
+      const one = path.join(work, 'one-kib');
+      fs.writeFileSync(one, Buffer.alloc(1024, 7));
+      const tlsDst = path.join(work, `tls-${slug(label)}`);
+      cases.push({
+        name: `${label} TLS send + receive, one 1 KiB file`,
+        kind: 'start',
+        before: () => fs.rmSync(tlsDst, { recursive: true, force: true }),
+        argv: ['bash', '-c', TLS_SESSION, 'tls-session', node, cli, one, tlsDst, ss, sr, fpS, fpR, path.join(work, `tls-${slug(label)}.out`)],
+        env,
+        samples: [],
+        cpu: [],
+        check: () => (fs.readFileSync(tlsDst).equals(fs.readFileSync(one)) ? '' : 'received file differs'),
+      });
     }
     // No-ops: each tool's target made by its own untimed first sync, then re-synced unchanged.
     for (const [tree, src] of [
       ['10k', t10k],
       ['npm', v1],
     ] as const) {
-      for (const [label, cli] of clis) {
-        const dst = path.join(work, `noop-${tree}-${label}`);
+      for (const [label, cli, env] of clis) {
+        const dst = path.join(work, `noop-${tree}-${slug(label)}`);
         must([node, cli, 'sync', '-a', `${src}/`, `${dst}/`, '--state-dir', state(`noop-${tree}-${label}`), '-q'], 'prep sync');
-        cases.push({ name: `${label} sync no-op ${tree}`, kind: 'sync', argv: [node, cli, 'sync', '-a', `${src}/`, `${dst}/`, '--state-dir', state(`noop-${tree}-${label}`), '-q'], samples: [], cpu: [], check: () => sameTree(src, dst) });
+        cases.push({ name: `${label} sync no-op ${tree}`, kind: 'sync', argv: [node, cli, 'sync', '-a', `${src}/`, `${dst}/`, '--state-dir', state(`noop-${tree}-${label}`), '-q'], env, samples: [], cpu: [], check: () => sameTree(src, dst) });
       }
       const dst = path.join(work, `noop-${tree}-rsync`);
       must([RSYNC_BIN, '-a', `${src}/`, `${dst}/`], 'prep rsync');
       cases.push({ name: `rsync no-op ${tree}`, kind: 'sync', argv: [RSYNC_BIN, '-a', `${src}/`, `${dst}/`], samples: [], cpu: [], check: () => sameTree(src, dst) });
     }
     // The npm tree cold (empty target, fresh state), and v1 -> v2 (target and state of a v1 sync).
-    const npmTools: [string, (src: string, dst: string, st: string) => string[]][] = [
-      ...clis.map(([label, cli]) => [label, (src: string, dst: string, st: string) => [node, cli, 'sync', '-a', '--delete', `${src}/`, `${dst}/`, '--state-dir', st, '-q']] as [string, (src: string, dst: string, st: string) => string[]]),
-      ['rsync', (src: string, dst: string) => [RSYNC_BIN, '-a', '--delete', `${src}/`, `${dst}/`]],
+    type Tool = [string, (src: string, dst: string, st: string) => string[], NodeJS.ProcessEnv?];
+    const npmTools: Tool[] = [
+      ...clis.map(([label, cli, env]): Tool => [label, (src, dst, st) => [node, cli, 'sync', '-a', '--delete', `${src}/`, `${dst}/`, '--state-dir', st, '-q'], env]),
+      ['rsync', (src, dst) => [RSYNC_BIN, '-a', '--delete', `${src}/`, `${dst}/`]],
     ];
-    for (const [label, argv] of npmTools) {
-      const dst = path.join(work, `cold-${label}`);
+    for (const [label, argv, env] of npmTools) {
+      const dst = path.join(work, `cold-${slug(label)}`);
       const st = state(`cold-${label}`);
       cases.push({
         name: `${label === 'rsync' ? 'rsync' : `${label} sync`} npm cold`,
@@ -188,13 +229,14 @@ async function main(): Promise<void> {
           flushWorkFs(work); // our own setup's writeback stays out of the timing
         },
         argv: argv(v1, dst, st),
+        env,
         samples: [],
         cpu: [],
         check: () => sameTree(v1, dst),
       });
     }
-    for (const [label, argv] of npmTools) {
-      const dst = path.join(work, `upd-${label}`);
+    for (const [label, argv, env] of npmTools) {
+      const dst = path.join(work, `upd-${slug(label)}`);
       const st = state(`upd-${label}`);
       cases.push({
         name: `${label === 'rsync' ? 'rsync' : `${label} sync`} npm v1→v2`,
@@ -206,6 +248,7 @@ async function main(): Promise<void> {
           flushWorkFs(work);
         },
         argv: argv(v2, dst, st),
+        env,
         samples: [],
         cpu: [],
         // rsync's quick check leaves one v2 file with v1's content (same size and mtime):
@@ -218,7 +261,7 @@ async function main(): Promise<void> {
       process.stderr.write(`round ${round}/${RUNS}\n`);
       for (const c of cases) {
         c.before?.();
-        const t = time(c.argv);
+        const t = time(c.argv, c.env);
         c.samples.push(t.wall);
         c.cpu.push(t.cpu);
       }
@@ -228,13 +271,15 @@ async function main(): Promise<void> {
     const problems = new Map(cases.map((c) => [c.name, c.check?.() ?? '']));
 
     const floor = med.get('node -e 0')!;
+    /** What a command's Node start-up is compared with: `node -e 0` in the same environment. */
+    const floorOf = (c: Case) => med.get(c.env ? 'node -e 0, no extra CAs' : 'node -e 0')!;
     const ms = (x: number) => x.toFixed(1);
     const startRows = cases
       .filter((c) => c.kind === 'start')
       .map((c) => [
         c.name,
         ms(med.get(c.name)!),
-        c.name === 'node -e 0' ? '—' : `+${ms(med.get(c.name)! - floor)}`,
+        c.name.startsWith('node -e 0') ? '—' : `+${ms(med.get(c.name)! - floorOf(c))}`,
         `${ms(Math.min(...c.samples))} – ${ms(Math.max(...c.samples))}`,
         ms(cpu.get(c.name)!),
       ]);
@@ -255,19 +300,25 @@ async function main(): Promise<void> {
     const startTable = { head: ['command', 'median ms', 'above node -e 0', 'min – max ms', 'CPU ms'], rows: startRows };
     const syncTable = { head: ['ffsync-native', 'median ms', 'rsync ms', 'rsync/ffsync', 'CPU ms ffsync / rsync', 'verified', 'note'], rows: syncRows };
     const verdict = (ok: boolean) => (ok ? 'PASS' : 'FAIL');
-    const v = med.get('ffsync --version')! - floor;
-    const vCpu = cpu.get('ffsync --version')! - cpu.get('node -e 0')!;
     const ratioCpu = (tool: string, rs: string) => `${(cpu.get(rs)! / cpu.get(tool)!).toFixed(2)}x`;
-    const n10k = med.get('rsync no-op 10k')! / med.get('ffsync sync no-op 10k')!;
-    const cold = med.get('rsync npm cold')! / med.get('ffsync sync npm cold')!;
-    const upd = med.get('rsync npm v1→v2')! / med.get('ffsync sync npm v1→v2')!;
+    const targetRows = (label: string, nodeFloor: string, note: string) => {
+      const v = med.get(`${label} --version`)! - med.get(nodeFloor)!;
+      const vCpu = cpu.get(`${label} --version`)! - cpu.get(nodeFloor)!;
+      const n10k = med.get('rsync no-op 10k')! / med.get(`${label} sync no-op 10k`)!;
+      const cold = med.get('rsync npm cold')! / med.get(`${label} sync npm cold`)!;
+      const upd = med.get('rsync npm v1→v2')! / med.get(`${label} sync npm v1→v2`)!;
+      return [
+        [`\`--version\` ≤ 40 ms above \`node -e 0\`${note}`, `+${ms(v)} ms`, verdict(v <= 40), `+${ms(vCpu)} ms`],
+        [`local 10k-file no-op ≥ 1x rsync${note}`, `${n10k.toFixed(2)}x`, verdict(n10k >= 1), ratioCpu(`${label} sync no-op 10k`, 'rsync no-op 10k')],
+        [`npm tree (121 files) cold ≥ 0.8x rsync${note}`, `${cold.toFixed(2)}x`, verdict(cold >= 0.8), ratioCpu(`${label} sync npm cold`, 'rsync npm cold')],
+        [`npm tree v1→v2 ≥ 0.8x rsync${note}`, `${upd.toFixed(2)}x`, verdict(upd >= 0.8), ratioCpu(`${label} sync npm v1→v2`, 'rsync npm v1→v2')],
+      ];
+    };
     const targets = {
       head: ['target (issue 18)', 'measured (wall, medians)', 'verdict', 'CPU time (medians)'],
       rows: [
-        ['`--version` ≤ 40 ms above `node -e 0`', `+${ms(v)} ms`, verdict(v <= 40), `+${ms(vCpu)} ms`],
-        ['local 10k-file no-op ≥ 1x rsync', `${n10k.toFixed(2)}x`, verdict(n10k >= 1), ratioCpu('ffsync sync no-op 10k', 'rsync no-op 10k')],
-        ['npm tree (121 files) cold ≥ 0.8x rsync', `${cold.toFixed(2)}x`, verdict(cold >= 0.8), ratioCpu('ffsync sync npm cold', 'rsync npm cold')],
-        ['npm tree v1→v2 ≥ 0.8x rsync', `${upd.toFixed(2)}x`, verdict(upd >= 0.8), ratioCpu('ffsync sync npm v1→v2', 'rsync npm v1→v2')],
+        ...targetRows('ffsync', 'node -e 0', ''),
+        ...(bare ? targetRows('ffsync, no extra CAs', 'node -e 0, no extra CAs', ' (NODE_EXTRA_CA_CERTS unset)') : []),
       ],
     };
     process.stdout.write(`\n${textTable(startTable)}\n\n${textTable(syncTable)}\n\n${textTable(targets)}\n`);
@@ -278,6 +329,11 @@ async function main(): Promise<void> {
       '',
       `Written by \`${commandLine()}\` (bench/startup.ts) on ${m.date}: ${RUNS} rounds, every case once per round in the same order; medians.`,
       ...(opt.baseline ? [`\`baseline\` rows: the CLI at ${opt['baseline-note'] ?? path.resolve(opt.baseline)}, timed in the same rounds.`] : []),
+      ...(bare
+        ? [
+            `NODE_EXTRA_CA_CERTS is set in this environment (${extraCa}): every Node process reads and parses each certificate in it before running any script (\`node -e 0\` ${ms(floor)} ms, ${ms(med.get('node -e 0, no extra CAs')!)} ms without it). ffsync-native uses no CA certificates (peers are pinned by fingerprint); rows marked "no extra CAs" run the same commands with it unset, in the same rounds.`,
+          ]
+        : []),
       `Machine: ${m.nproc} cores (${m.cpu}), ${m.memory}, ${m.kernel}, ${m.fs}, load ${m.load} at the end; ${m.node}; ${m.rsync}; ffsync-native ${m.ffsync} at ${m.commit}.`,
       '',
       'Start-up (wall clock from spawn to exit, medians; CPU = user + system time of all threads, median; `id` with an existing identity):',
