@@ -136,7 +136,8 @@ export declare class NativeReconstruction {
   /**
    * Verify and write one DATA frame. Call in the order the frames arrived (the frame's
    * place is taken here, on the JS thread); a frame that refers to the previous one
-   * (`batchRefersToPrevious`) only once every earlier write has settled.
+   * (`refersToPrevious` in ts/protocol/chunk-records.ts) only once every earlier write has
+   * settled.
    */
   writeBatch(batch: Buffer): Promise<number>
   finish(mtimeNs?: bigint | undefined | null, mode?: number | undefined | null, stateDir?: string | undefined | null): Promise<void>

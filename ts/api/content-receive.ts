@@ -352,10 +352,10 @@ async function receiveData(conn: FramedConnection, o: ReceiveContentOptions, r: 
         return;
       }
       // A batch compressed against the one before it (§4.7, encodings 8 and 9) is decoded
-      // with that one's bytes, read back from the file: every earlier write must be done.
-      // (Sent only on a slow link, where this wait costs nothing the link does not.)
-      // The wait is here, not inside the write, so frames still take their places (the core's
-      // tickets) in the order they arrived; the slot goes back if an earlier write failed.
+      // with that one's bytes, read back from the file: every earlier write must be done
+      // (such batches come only on a slow link, where the wait costs nothing the link does
+      // not). The wait is here, not inside the write, so frames still take their places (the
+      // core's tickets) in the order they arrived; the slot goes back if an earlier write failed.
       if (refersToPrevious(f.payload)) {
         try {
           await Promise.all(inflight);

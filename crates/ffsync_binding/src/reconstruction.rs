@@ -281,7 +281,8 @@ impl NativeReconstruction {
 
     /// Verify and write one DATA frame. Call in the order the frames arrived (the frame's
     /// place is taken here, on the JS thread); a frame that refers to the previous one
-    /// (`batchRefersToPrevious`) only once every earlier write has settled.
+    /// (`refersToPrevious` in ts/protocol/chunk-records.ts) only once every earlier write has
+    /// settled.
     #[napi(ts_return_type = "Promise<number>")]
     pub fn write_batch(&self, batch: Buffer) -> Result<AsyncTask<WriteTask>> {
         let r = self.get()?;

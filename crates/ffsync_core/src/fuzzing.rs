@@ -25,7 +25,15 @@ pub fn index_decode(data: &[u8]) {
     }
 }
 
-/// A fixed small manifest, then the input as a DATA batch against it: decoding and
+/// The previous frame's bytes [`chunk_batch_decode`] decodes against.
+fn previous_frame() -> Vec<u8> {
+    (0..40_000u32)
+        .map(|i| (i.wrapping_mul(2246822519) >> 11) as u8)
+        .collect()
+}
+
+/// A fixed small manifest, then the input as a DATA batch against it (after a previous frame,
+/// so records that refer to it, encodings 8 and 9, are decoded too): decoding and
 /// decompressing must never panic, and never yield a chunk of the wrong length.
 pub fn chunk_batch_decode(data: &[u8]) {
     thread_local! {
@@ -35,7 +43,7 @@ pub fn chunk_batch_decode(data: &[u8]) {
         };
     }
     MANIFEST.with(|m| {
-        if let Ok(records) = chunk_batch::decode(data, m) {
+        if let Ok(records) = chunk_batch::decode_after(data, m, || Ok(Some(previous_frame()))) {
             let mut buf = Vec::new();
             let base: Vec<u8> = (0..70_000u32).map(|i| (i.wrapping_mul(40503) >> 7) as u8).collect();
             let mut out = Vec::new();
@@ -270,5 +278,29 @@ mod tests {
             p.encode_record(i as u32, &bytes[c.offset as usize..c.end() as usize], &mut batch);
         }
         mutate_all(&batch, 3_000, chunk_batch_decode);
+        // A batch whose stream starts with the previous frame as history (encodings 8, 5).
+        let p = CompressPolicy::with_stream(crate::chunk_batch::PREFIX_FROM_LEVEL, true);
+        let history = previous_frame();
+        let mut slots: Vec<Vec<u8>> = m
+            .chunks
+            .iter()
+            .map(|c| {
+                [
+                    &[0u8; crate::chunk_batch::RECORD_HEADER][..],
+                    &bytes[c.offset as usize..c.end() as usize],
+                ]
+                .concat()
+            })
+            .collect();
+        let mut group: Vec<crate::chunk_batch::GroupSlot<'_>> = slots
+            .iter_mut()
+            .enumerate()
+            .map(|(i, s)| (i as u32, &mut s[..], None))
+            .collect();
+        let lens = p.encode_groups(&mut group, Some(&history));
+        let prefixed: Vec<u8> = slots.iter().zip(lens).flat_map(|(s, n)| s[..n].to_vec()).collect();
+        let records = crate::chunk_batch::decode_after(&prefixed, &m, || Ok(Some(history.clone()))).unwrap();
+        assert_eq!(records[0].encoding, crate::chunk_batch::ENC_PREFIX_STREAM_START);
+        mutate_all(&prefixed, 2_000, chunk_batch_decode);
     }
 }
