@@ -171,6 +171,8 @@ async function main(): Promise<void> {
 
     const cases: Case[] = [{ name: 'node -e 0', kind: 'start', argv: [node, '-e', '0'], samples: [], cpu: [] }];
     if (bare) cases.push({ name: 'node -e 0, no extra CAs', kind: 'start', argv: [node, '-e', '0'], env: bare, samples: [], cpu: [] });
+    const one = path.join(work, 'one-kib');
+    fs.writeFileSync(one, Buffer.alloc(1024, 7));
     for (const [label, cli, env] of clis) {
       // The identity exists before `id` is timed (its first call creates it).
       must([node, cli, 'id', '--state-dir', state(`${label}-id`)], 'id');
@@ -183,8 +185,6 @@ async function main(): Promise<void> {
       // peers pinned), until both exit: two Node start-ups, the handshake, the file.
       const [ss, sr] = [state(`${label}-tls-s`), state(`${label}-tls-r`)];
       const [fpS, fpR] = [must([node, cli, 'id', '--state-dir', ss], 'id').trim(), must([node, cli, 'id', '--state-dir', sr], 'id').trim()];
-      const one = path.join(work, 'one-kib');
-      fs.writeFileSync(one, Buffer.alloc(1024, 7));
       const tlsDst = path.join(work, `tls-${slug(label)}`);
       cases.push({
         name: `${label} TLS send + receive, one 1 KiB file`,

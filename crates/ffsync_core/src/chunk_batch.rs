@@ -91,6 +91,32 @@ pub fn history_chunks<'i>(indices: &'i [u32], manifest: &Manifest) -> &'i [u32] 
     }
     indices
 }
+/// The bytes of the previous frame's [`history_chunks`] as they sit at their offsets in `file`
+/// (the sender's source, the receiver's partial), one after the other, and those chunks.
+pub fn read_history_chunks<'i>(
+    file: &std::fs::File,
+    manifest: &Manifest,
+    previous: &'i [u32],
+) -> std::io::Result<(Vec<u8>, &'i [u32])> {
+    let chunks = history_chunks(previous, manifest);
+    let mut ranges = Vec::with_capacity(chunks.len());
+    for &i in chunks {
+        let c = manifest.chunks.get(i as usize).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("chunk index {i} out of range"),
+            )
+        })?;
+        ranges.push((c.offset, c.len as usize));
+    }
+    let mut bytes = vec![0u8; ranges.iter().map(|r| r.1).sum()];
+    let mut at = 0usize;
+    for (offset, len) in ranges {
+        crate::io::read_exact_at(file, &mut bytes[at..at + len], offset)?;
+        at += len;
+    }
+    Ok((bytes, chunks))
+}
 const GIVE_UP_AFTER: u32 = 8;
 const RETRY_EVERY: u32 = 16;
 

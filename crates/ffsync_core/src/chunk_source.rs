@@ -3,7 +3,7 @@
 //! batches, compressing in parallel. Chunks the receiver described with a refinement
 //! table ([`crate::refine`]) are sent as deltas against its old bytes when that is smaller.
 
-use crate::chunk_batch::{history, history_chunks, CompressPolicy, GroupSlot, PREFIX_FROM_LEVEL, RECORD_HEADER};
+use crate::chunk_batch::{history, read_history_chunks, CompressPolicy, GroupSlot, PREFIX_FROM_LEVEL, RECORD_HEADER};
 use crate::chunker::Chunk;
 use crate::error::{CoreError, Result};
 use crate::file_identity::FileIdentity;
@@ -181,7 +181,9 @@ impl ChunkSource {
             }
             let (ks, mut group): (Vec<usize>, Vec<GroupSlot<'_>>) = pending.into_iter().unzip();
             let prefix = if !previous.is_empty() && !group.is_empty() && self.policy.level() >= PREFIX_FROM_LEVEL {
-                Some(self.read_chunks(history_chunks(previous, &self.manifest))?)
+                let (bytes, _) = read_history_chunks(&self.file, &self.manifest, previous)
+                    .map_err(|e| CoreError::io(&self.path, e))?;
+                Some(bytes)
             } else {
                 None
             };
@@ -203,23 +205,6 @@ impl ChunkSource {
             raw += (slot_len - RECORD_HEADER) as u64;
         }
         Ok((write, raw))
-    }
-
-    /// The raw bytes of these chunks, one after the other.
-    fn read_chunks(&self, indices: &[u32]) -> Result<Vec<u8>> {
-        let mut total = 0usize;
-        for &i in indices {
-            total += self.chunk(i)?.len as usize;
-        }
-        let mut bytes = vec![0u8; total];
-        let mut at = 0usize;
-        for &i in indices {
-            let c = self.chunk(i)?;
-            read_exact_at(&self.file, &mut bytes[at..at + c.len as usize], c.offset)
-                .map_err(|e| CoreError::io(&self.path, e))?;
-            at += c.len as usize;
-        }
-        Ok(bytes)
     }
 
     /// Encode into a new buffer (tests and one-off callers).

@@ -678,18 +678,12 @@ impl Reconstruction {
                 format!("frame {ticket} refers to frame {}, which is not written", ticket - 1),
             ));
         }
-        let indices = chunk_batch::history_chunks(&indices, &self.manifest);
-        let total: usize = indices
-            .iter()
-            .map(|&i| self.manifest.chunks[i as usize].len as usize)
-            .sum();
-        let mut bytes = vec![0u8; total];
+        let (bytes, chunks) = chunk_batch::read_history_chunks(&self.file, &self.manifest, &indices)
+            .map_err(|e| CoreError::io(self.temp.shown(), e))?;
         let mut at = 0usize;
-        for &i in indices {
-            let (off, len) = range(&self.manifest, i as usize);
-            let piece = &mut bytes[at..at + len];
-            crate::io::read_exact_at(&self.file, piece, off).map_err(|e| CoreError::io(self.temp.shown(), e))?;
-            if blake3::hash(piece).as_bytes() != &self.manifest.chunks[i as usize].hash {
+        for &i in chunks {
+            let len = self.manifest.chunks[i as usize].len as usize;
+            if blake3::hash(&bytes[at..at + len]).as_bytes() != &self.manifest.chunks[i as usize].hash {
                 return Err(CoreError::VerifyFailed(format!(
                     "{} changed during the sync",
                     self.temp.shown().display()
