@@ -227,9 +227,20 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
   // (or, in version 1, its turn at the queue) as soon as it has joined.
   const streamsEach = Math.ceil(MUX_WINDOW / connections);
   const streams = multiplexed ? streamSender(shared, budget, extra > 0 && o.lanesOwnConnections === true) : undefined;
+  // A lane's work ends with its last RESULT (its LANE_END follows, on its own connection).
   const worker = async (c: FramedConnection, lanesJoining?: Promise<void>) => {
-    if (streams) return streams(c, streamsEach, lanesJoining);
+    if (streams) return streams(c, streamsEach, lanesJoining).settled;
     for (let lt = shared.queue.shift(); lt; lt = shared.queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter, buffers })).rest;
+  };
+  // The first connection's streams: TREE_END waits only until every file on them is sent; their
+  // last RESULTs are read after it (decisions §91).
+  let results: Promise<void> | undefined;
+  const firstConnection = async (lanesJoining?: Promise<void>): Promise<void> => {
+    if (!streams) return worker(conn, lanesJoining);
+    const work = streams(conn, streamsEach, lanesJoining);
+    results = work.settled;
+    results.catch(() => undefined);
+    return work.sent;
   };
   // Set once the session's work has ended (done or failed): a lane joining after that starts
   // nothing; it is only closed.
@@ -245,7 +256,7 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
       : undefined;
   try {
     // The first connection works too, and keeps the session alive while lanes finish.
-    await conn.keepAlive(Promise.all([...(multiplexed ? [smallSent] : []), worker(conn, opening?.settled), opening?.work]));
+    await conn.keepAlive(Promise.all([...(multiplexed ? [smallSent] : []), firstConnection(opening?.settled), opening?.work]));
   } finally {
     ended = true;
     await opening?.settled;
@@ -260,6 +271,10 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
   // Owners, groups, xattrs: after every file, so the receiver applies them to the result.
   if (s.attrs) await sendParts(conn, FrameType.TREE_ATTRS, await call(tree.collectAttrs(s.attrs)));
   await conn.send(FrameType.TREE_END, encodeTreeEnd({ smallFiles: await smallSent, largeFiles: large.length, senderProblems: problems.n }));
+  // The receiver answers TREE_END once its streams have ended (their files written), so the
+  // RESULTs still to come arrive before its TREE_RESULT; they are read (and their roots
+  // claimed for our index) first.
+  if (results) await conn.keepAlive(results);
 }
 
 /** What every large file's conversation in a session shares. */
@@ -286,11 +301,11 @@ interface LargeSending {
  * connections as they have room, and two big files send at once on two connections (decisions
  * §81). Otherwise (one connection; QUIC lanes, which share one connection's bandwidth; in-process
  * lanes) one set of DATA turns with the `budget` serves the session. */
-function streamSender(s: LargeSending, budget: number, perConnection: boolean): (conn: FramedConnection, streams: number, lanesJoining?: Promise<void>) => Promise<void> {
+function streamSender(s: LargeSending, budget: number, perConnection: boolean): (conn: FramedConnection, streams: number, lanesJoining?: Promise<void>) => StreamsWork {
   const hashing = new WorkLimit(HASHING_AT_ONCE);
   const units = perConnection ? new SharedUnits(budget) : undefined;
   const sessionShare = perConnection ? undefined : new ConnectionShare(budget);
-  const run = async (mux: Multiplexer, take: () => Promise<Taken | undefined>, putBack: (item: Taken) => void) => {
+  const run = async (mux: Multiplexer, take: () => Promise<Taken | undefined>, putBack: (item: Taken) => void, sent: () => void) => {
     let c = mux.open();
     // The previous file on this stream: its RESULT is still to come (pipelined).
     let prior: Promise<boolean> = Promise.resolve(false);
@@ -309,18 +324,23 @@ function streamSender(s: LargeSending, budget: number, perConnection: boolean): 
           prior = Promise.resolve(false);
         }
       }
+      // Every file on this stream is sent: LANE_END goes now, not after the last RESULT, so
+      // TREE_END need not wait a round trip for it (decisions §91). A stream that failed under
+      // us may refuse the frame, and a receiver that dropped its side drops it: `prior` says
+      // how the stream ended either way.
+      await endStream(c).catch(() => undefined);
+      sent();
       if (await prior) {
         c.destroy(); // spent by the last file: the receiver dropped its side
         return;
       }
-      await c.send(FrameType.LANE_END);
       await c.close();
     } catch (e) {
       c.destroy();
       throw e;
     }
   };
-  return async (conn, streams, lanesJoining) => {
+  return (conn, streams, lanesJoining) => {
     const share = sessionShare ?? new ConnectionShare(DATA_BUFFERS, units);
     // The first connection: one file ahead until every lane has joined (or failed to), so the
     // lanes find files to take (a tree of two big files would otherwise be its alone).
@@ -343,8 +363,32 @@ function streamSender(s: LargeSending, budget: number, perConnection: boolean): 
       }
     };
     const mux = new Multiplexer(conn, { opener: true });
-    await Promise.all(Array.from({ length: Math.min(streams, s.queue.length) }, () => run(mux, take, (item) => again.unshift(item))));
+    const runs = Array.from({ length: Math.min(streams, s.queue.length) }, () => {
+      let sent!: () => void;
+      const allSent = new Promise<void>((resolve) => (sent = resolve));
+      const settled = run(mux, take, (item) => again.unshift(item), sent);
+      // A stream that fails before its files are sent fails `sent` too.
+      return { sent: Promise.race([allSent, settled]), settled };
+    });
+    const settled = Promise.all(runs.map((r) => r.settled)).then(() => undefined);
+    const sent = Promise.all(runs.map((r) => r.sent)).then(() => undefined);
+    sent.catch(() => undefined);
+    return { sent, settled };
   };
+}
+
+/** LANE_END on stream `c`, resolved once it has been handed to the stream's connection: the
+ * stream's frames are written in order, so a frame sent on the connection after this (TREE_END)
+ * cannot overtake any of them (a stream's writes are buffered: `send` resolves before). */
+function endStream(c: FramedConnection): Promise<void> {
+  return c.orFailure(new Promise<void>((resolve, reject) => c.send(FrameType.LANE_END, Buffer.alloc(0), resolve).catch(reject)));
+}
+
+/** A connection's streams: `sent` once each has sent its files and LANE_END, `settled` once
+ * their last RESULTs are read too (either rejects with a stream's failure). */
+interface StreamsWork {
+  sent: Promise<void>;
+  settled: Promise<void>;
 }
 
 /** A large file taken by a stream, with its DATA turn. */

@@ -490,6 +490,9 @@ export class FramedConnection {
   async orFailure(work: Promise<void>): Promise<void> {
     let finished = false;
     const w = work.then(() => (finished = true));
+    // Left behind when the connection fails first: a later rejection of `work` is the
+    // connection's failure again, already reported, not an unhandled one that ends the process.
+    w.catch(() => undefined);
     while (!finished && !this.failure && !this.closed) await Promise.race([w, this.nextChange()]);
   }
 
