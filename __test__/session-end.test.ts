@@ -114,8 +114,8 @@ interface NeedGate {
 
 /** Six files over 64 KiB and a small one. The receiver has older versions of three (with older
  * mtimes: written in the same tick as the source, the quick check would call them unchanged), so
- * three conversations run, each on a stream of its own; files new to the receiver go whole in a
- * FILE_BATCH. */
+ * three conversations run, each on a stream of its own; files new to the receiver (up to 1 MiB)
+ * go whole in a FILE_BATCH. */
 function fixture(dir: string): { src: string; dst: string } {
   const [src, dst] = ['src', 'dst'].map((d) => path.join(dir, d));
   fs.mkdirSync(src);

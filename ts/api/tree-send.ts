@@ -379,7 +379,8 @@ function streamSender(s: LargeSending, budget: number, perConnection: boolean): 
 
 /** LANE_END on stream `c`, resolved once it has been handed to the stream's connection: the
  * stream's frames are written in order, so a frame sent on the connection after this (TREE_END)
- * cannot overtake any of them (a stream's writes are buffered: `send` resolves before). */
+ * cannot overtake any of them (a stream's writes are buffered: `send` resolves before, and
+ * TREE_END was seen ahead of a stream's DATA_END). */
 function endStream(c: FramedConnection): Promise<void> {
   return c.orFailure(new Promise<void>((resolve, reject) => c.send(FrameType.LANE_END, Buffer.alloc(0), resolve).catch(reject)));
 }
