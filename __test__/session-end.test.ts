@@ -1,5 +1,5 @@
 // The end of a multiplexed tree session (protocol version 2) costs half a round trip after the
-// receiver's last file, not one and a half: the sender ends each stream (LANE_END) and the tree
+// receiver's last file, not two and a half: the sender ends each stream (LANE_END) and the tree
 // (TREE_END) as soon as its files are sent, and reads their RESULTs afterwards (decisions §91).
 // A sender that waited for every RESULT before TREE_END paid at least a round trip per session
 // for nothing (the 100-file latency scenario over 30 ms RTT: 0.71 -> 0.63 s). The relay below withholds every
