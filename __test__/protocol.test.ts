@@ -452,6 +452,27 @@ describe('framed connection', () => {
     }
   });
 
+  it('orFailure on a connection that already failed returns at once, and the work failing afterwards is not an unhandled rejection', async () => {
+    const [a, , close] = await pair(0);
+    const unhandled: unknown[] = [];
+    const onUnhandled = (e: unknown) => unhandled.push(e);
+    process.on('unhandledRejection', onUnhandled);
+    try {
+      let failWork!: (e: Error) => void;
+      const work = new Promise<void>((_, reject) => (failWork = reject));
+      a.failWith(new Error('the peer said no'));
+      await a.orFailure(work);
+      // The work fails only now: a stream's LANE_END that its failed connection refused ended
+      // the sender with exit 1 before decisions §91's fix.
+      failWork(new Error('refused after the failure'));
+      await new Promise((r) => setTimeout(r, 20));
+      assert.deepEqual(unhandled, []);
+    } finally {
+      process.off('unhandledRejection', onUnhandled);
+      close();
+    }
+  });
+
   it('frames decoded before a framing violation are still delivered', async () => {
     const [a, b, close] = await pair(0);
     try {
