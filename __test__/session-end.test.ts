@@ -36,6 +36,8 @@ interface Barrier {
  * the other streams keep moving.
  */
 async function barrier(targetPort: number, needs?: NeedGate, corrupt?: { stream: number; done: boolean }): Promise<Barrier> {
+  // Resolved in a microtask, before any further socket read: no frame slips between.
+  let needsOpen = false;
   const state: Barrier = { port: 0, results: 0, held: 0, releasedBy: undefined, close: () => undefined };
   const server = net.createServer((down) => {
     const up = net.connect(targetPort, '127.0.0.1');
@@ -73,11 +75,12 @@ async function barrier(targetPort: number, needs?: NeedGate, corrupt?: { stream:
     });
     const needsHeld: Buffer[] = [];
     void needs?.open.then(() => {
+      needsOpen = true;
       for (const f of needsHeld.splice(0)) down.write(f);
     });
     frames(up, down, (frame) => {
       if (frame[4] !== FrameType.MUX || frame.length < 14) return true;
-      if (needs && !needs.opened) {
+      if (needs && !needsOpen) {
         // Everything from the receiver's first NEED on waits for the gate, in order.
         if (frame[13] === FrameType.NEED || needsHeld.length > 0) {
           needsHeld.push(frame);
@@ -108,7 +111,6 @@ async function barrier(targetPort: number, needs?: NeedGate, corrupt?: { stream:
 /** Holds the receiver's stream frames from its first NEED on, until `open` resolves. */
 interface NeedGate {
   open: Promise<void>;
-  opened: boolean;
   seen: () => void;
 }
 
@@ -131,6 +133,16 @@ function fixture(dir: string): { src: string; dst: string } {
   }
   fs.writeFileSync(path.join(src, 'small.txt'), 'small\n');
   return { src, dst };
+}
+
+/** `body` with a fresh fixture in a temporary directory, removed afterwards. */
+async function withFixture(body: (t: { dir: string; src: string; dst: string }) => Promise<void>): Promise<void> {
+  const dir = tmpdir();
+  try {
+    await body({ dir, ...fixture(dir) });
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 }
 
 /** One `send` of `src` to a receiver of `dst` through a barrier relay; `during` runs while the
@@ -157,9 +169,7 @@ async function throughBarrier(
 
 describe('the end of a multiplexed tree session', () => {
   it('TREE_END goes out once the files are sent, before any of their RESULTs is read; the tree arrives whole', async () => {
-    const dir = tmpdir();
-    try {
-      const { src, dst } = fixture(dir);
+    await withFixture(async ({ dir, src, dst }) => {
       const { send, recv, relay, ms, both } = await throughBarrier(dir, src, dst);
       assert.equal(send.code, 0, both);
       assert.equal(recv.code, 0, both);
@@ -169,15 +179,11 @@ describe('the end of a multiplexed tree session', () => {
       assert.equal(relay.releasedBy, 'TREE_END', `the sender waited for a RESULT before TREE_END: the relay held ${relay.held} frames and let them go after ${HOLD_MS} ms (session ${ms} ms)`);
       assert.equal(send.summary?.tree?.written, 7, 'every file was written, as TREE_RESULT reports');
       assertSameTree(dst, src);
-    } finally {
-      fs.rmSync(dir, { recursive: true, force: true });
-    }
+    });
   });
 
   it('a file whose source changes while its needs travel fails alone (its ERROR, then its stream\'s LANE_END): exit 24, the rest synced', async () => {
-    const dir = tmpdir();
-    try {
-      const { src, dst } = fixture(dir);
+    await withFixture(async ({ dir, src, dst }) => {
       const oldF0 = fs.readFileSync(path.join(dst, 'f0.bin'));
       // The receiver's NEEDs wait while f0 changes on the sender, which sees it before its DATA
       // (its identity, ctime included, is checked again) and ends that file with an ERROR on its
@@ -185,13 +191,12 @@ describe('the end of a multiplexed tree session', () => {
       let openGate!: () => void;
       let seen!: () => void;
       const needSeen = new Promise<void>((resolve) => (seen = resolve));
-      const needs: NeedGate = { open: new Promise<void>((resolve) => (openGate = resolve)), opened: false, seen };
+      const needs: NeedGate = { open: new Promise<void>((resolve) => (openGate = resolve)), seen };
       const during = async () => {
         await needSeen;
         const fd = fs.openSync(path.join(src, 'f0.bin'), 'r+');
         fs.writeSync(fd, Buffer.alloc(4000, 9), 0, 4000, 1000);
         fs.closeSync(fd);
-        needs.opened = true;
         openGate();
       };
       const { send, recv, relay, both } = await throughBarrier(dir, src, dst, { needs, during });
@@ -203,15 +208,11 @@ describe('the end of a multiplexed tree session', () => {
       for (const name of ['f1.bin', 'f2.bin', 'f3.bin', 'f4.bin', 'f5.bin', 'small.txt']) {
         assert.deepEqual(fs.readFileSync(path.join(dst, name)), fs.readFileSync(path.join(src, name)), `${name} synced`);
       }
-    } finally {
-      fs.rmSync(dir, { recursive: true, force: true });
-    }
+    });
   });
 
   it('a chunk that fails its hash after the stream ended and TREE_END went (the source unchanged: a bad wire): exit 12 on both sides, the old file kept, nothing deleted', async () => {
-    const dir = tmpdir();
-    try {
-      const { src, dst } = fixture(dir);
+    await withFixture(async ({ dir, src, dst }) => {
       fs.writeFileSync(path.join(dst, 'extra.txt'), 'receiver only\n');
       const oldF0 = fs.readFileSync(path.join(dst, 'f0.bin'));
       const corrupt = { stream: 1, done: false };
@@ -224,8 +225,6 @@ describe('the end of a multiplexed tree session', () => {
       assert.equal(fs.readFileSync(path.join(dst, 'extra.txt'), 'utf8'), 'receiver only\n', 'nothing deleted');
       assert.deepEqual(partials(dst), [], 'no partial file left behind');
       assert.deepEqual(fs.readFileSync(path.join(dst, 'f0.bin')), oldF0, 'the file whose chunk failed is left as it was');
-    } finally {
-      fs.rmSync(dir, { recursive: true, force: true });
-    }
+    });
   });
 });
