@@ -65,7 +65,9 @@ export async function exchangeManifestsAndRoots(conn: FramedConnection, tree: Na
   await sent;
   const mine = tree.rootsToSupply(checksum);
   const hashed = workMeter();
-  const roots = await conn.keepAlive(inPhase(events, 'hashing', 0, (p) => call(tree.hashEntries(mine, hashed.tap(p)))), hashed);
+  const hash = (p: (n: number) => void) => call(tree.hashEntries(mine, hashed.tap(p)));
+  // A phase only when there is something to hash (most syncs decide by size and mtime alone).
+  const roots = await conn.keepAlive(mine.length > 0 ? inPhase(events, 'hashing', 0, hash) : hash(() => undefined), hashed);
   const rootsSent = sendParts(conn, FrameType.ROOTS, roots);
   rootsSent.catch(() => undefined);
   const theirs = await conn.keepAlive(recvParts(conn, FrameType.ROOTS, 4));

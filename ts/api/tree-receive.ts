@@ -30,7 +30,8 @@ import { joinTreePath, showTreePath } from '../utils/tree-path.js';
 import { countLaneBytes, expect, expectUnless, type Negotiated, reportError, senderVerdict } from './session.js';
 import type { Listener } from '../transport/tcp.js';
 import { acceptLanes, LANE_TOKEN_BYTES } from './lanes.js';
-import { inPhase, reportChange, type SyncSummary } from './events.js';
+import { inPhase, reportChange, type SyncEvents, type SyncSummary } from './events.js';
+import { TreeTransferProgress } from './tree-progress.js';
 import type { ReceiveOptions } from './receive.js';
 import { hashWithin } from './content-send.js';
 import { receiveFileContent, WRITES_IN_FLIGHT } from './content-receive.js';
@@ -125,7 +126,8 @@ class TreeReceiver {
   private literal = 0;
   private matched = 0;
   private smallDone = 0;
-  private progressNow: (n: number) => void = () => undefined;
+  /** The tree's receiving phase: small files' batches and large files' data, every connection. */
+  private readonly receiving: TreeTransferProgress;
 
   private readonly checksum: boolean;
   private readonly dryRun: boolean;
@@ -162,6 +164,7 @@ class TreeReceiver {
     this.dryRun = (o.offer.flags & OfferFlag.DRY_RUN) !== 0;
     this.multiplexed = o.negotiated.version >= 2;
     this.hashing = this.multiplexed ? new WorkLimit(HASHING_AT_ONCE) : undefined;
+    this.receiving = new TreeTransferProgress(o.events, 'receiving');
     this.laneFailed = new Promise<never>((_, reject) => (this.failLanes = reject));
     this.laneFailed.catch(() => undefined);
   }
@@ -254,33 +257,31 @@ class TreeReceiver {
   /** The main connection's frames until TREE_END: small-file batches (written a few at a
    * time), large files in turn, and the attribute table (returned) when `attrTable`. */
   private async receiveFrames(plan: Plan, attrTable?: ManifestAssembler): Promise<Buffer | undefined> {
-    const { conn, o } = this;
+    const { conn } = this;
     let attrBytes: Buffer | undefined;
-    await inPhase(o.events, 'receiving', plan.counts.transferBytes, async (progress) => {
-      this.progressNow = progress;
-      const inflight = new Set<Promise<void>>();
-      for (;;) {
-        const f = await expectUnless(conn, this.laneFailed, FrameType.FILE_BATCH, FrameType.FILE_BEGIN, FrameType.TREE_END, ...(attrTable && !attrBytes ? [FrameType.TREE_ATTRS] : []));
-        if (f.type === FrameType.TREE_ATTRS) {
-          attrBytes = attrTable!.push(f.payload);
-          continue;
-        }
-        if (f.type === FrameType.FILE_BATCH) {
-          const w = this.writeSmall(plan.tree, f.payload, f.release);
-          inflight.add(w);
-          w.then(() => inflight.delete(w), () => undefined);
-          if (inflight.size >= WRITES_IN_FLIGHT) await Promise.race(inflight);
-          continue;
-        }
-        await Promise.all(inflight);
-        if (f.type === FrameType.TREE_END) {
-          await this.endOfTree(plan, f.payload, Boolean(attrTable && !attrBytes));
-          return;
-        }
-        await this.receiveLarge(plan, conn, f.payload);
+    this.receiving.start(plan.counts.transferBytes);
+    const inflight = new Set<Promise<void>>();
+    for (;;) {
+      const f = await expectUnless(conn, this.laneFailed, FrameType.FILE_BATCH, FrameType.FILE_BEGIN, FrameType.TREE_END, ...(attrTable && !attrBytes ? [FrameType.TREE_ATTRS] : []));
+      if (f.type === FrameType.TREE_ATTRS) {
+        attrBytes = attrTable!.push(f.payload);
+        continue;
       }
-    });
-    return attrBytes;
+      if (f.type === FrameType.FILE_BATCH) {
+        const w = this.writeSmall(plan.tree, f.payload, f.release);
+        inflight.add(w);
+        w.then(() => inflight.delete(w), () => undefined);
+        if (inflight.size >= WRITES_IN_FLIGHT) await Promise.race(inflight);
+        continue;
+      }
+      await Promise.all(inflight);
+      if (f.type === FrameType.TREE_END) {
+        await this.endOfTree(plan, f.payload, Boolean(attrTable && !attrBytes));
+        this.receiving.end();
+        return attrBytes;
+      }
+      await this.receiveLarge(plan, conn, f.payload);
+    }
   }
 
   /** One FILE_BATCH of small files, written by the core off the JS thread. */
@@ -292,7 +293,7 @@ class TreeReceiver {
     this.written += r.files;
     this.smallDone += r.files + r.errors.length + r.vanished.length;
     this.literal += r.bytes;
-    this.progressNow(this.literal + this.matched);
+    this.receiving.add(r.bytes);
   }
 
   /** TREE_END: every lane has finished, and the sender sent everything the plan holds. */
@@ -401,21 +402,26 @@ class TreeReceiver {
       this.errors.push(`${rel}: the sender could not read it`);
       return;
     }
-    const r = await receiveFileContent(c, this.contentOptions(plan, c, lt)).catch((e: unknown) => this.streamFailure(c, e, rel));
-    if (r.refused) {
-      this.errors.push(`cannot write ${rel}: ${r.refused}`);
-      return;
+    const progress = this.receiving.file();
+    try {
+      const r = await receiveFileContent(c, this.contentOptions(plan, c, lt, progress.events)).catch((e: unknown) => this.streamFailure(c, e, rel));
+      if (r.refused) {
+        this.errors.push(`cannot write ${rel}: ${r.refused}`);
+        return;
+      }
+      plan.tree.claimRoot(lt.action, r.root);
+      this.written++;
+      this.literal += r.literalBytes;
+      this.matched += r.matchedBytes;
+      progress.end(r.literalBytes + r.matchedBytes);
+    } finally {
+      progress.end(0); // (one that arrived has ended already, with its size)
     }
-    plan.tree.claimRoot(lt.action, r.root);
-    this.written++;
-    this.literal += r.literalBytes;
-    this.matched += r.matchedBytes;
-    this.progressNow(this.literal + this.matched);
   }
 
   /** How a large file is received: beneath the root handle, against its old version when the
    * plan says delta, with what the peer's capabilities allow. */
-  private contentOptions(plan: Plan, c: FramedConnection, lt: LargeTransferInfo): Parameters<typeof receiveFileContent>[1] {
+  private contentOptions(plan: Plan, c: FramedConnection, lt: LargeTransferInfo, events: SyncEvents): Parameters<typeof receiveFileContent>[1] {
     const { o } = this;
     const caps = o.negotiated.capabilities;
     const abs = joinTreePath(plan.root, lt.path);
@@ -434,7 +440,7 @@ class TreeReceiver {
       locals,
       targetReusable: lt.delta,
       stateDir: o.stateDir,
-      events: o.events,
+      events,
       beforeCommit: () => plan.tree.clearFor(lt.action),
       refusable: true,
       refine: o.refine !== false && Boolean(caps & Capability.REFINE),

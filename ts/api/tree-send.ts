@@ -40,6 +40,7 @@ import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, s
 import { Multiplexer } from '../transport/mux.js';
 import { NOTHING_REMOVED, removeSourceTree } from './remove-sources.js';
 import { ConnectionShare, type DataTurn, SharedUnits, WorkLimit } from '../utils/data-turns.js';
+import { type FileProgress, TreeTransferProgress } from './tree-progress.js';
 
 /** Large files whose conversations run at once in a multiplexed (version 2) session: enough
  * to hide ~3 round trips per file behind the data of the others (64 files in flight cover
@@ -213,7 +214,10 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
   // One governor for the session: what it learned about the link carries over to each file.
   const link = deliveryMeter(conn, o.negotiated);
   const gov = new LevelGovernor(level, o.compressLevel === undefined, startLevel(level, o.handshakeMs), { link });
-  const smallSent = multiplexed ? sendSmallFiles(conn, tree, gov, o, limiter) : Promise.resolve(await sendSmallFiles(conn, tree, gov, o, limiter));
+  // One phase for every file the tree moves, small and large, on every connection.
+  const transfer = new TreeTransferProgress(o.events, 'sending');
+  transfer.start(o.summary.tree!.transferBytes);
+  const smallSent = multiplexed ? sendSmallFiles(conn, tree, gov, o, transfer, limiter) : Promise.resolve(await sendSmallFiles(conn, tree, gov, o, transfer, limiter));
   smallSent.catch(() => undefined);
   const large = tree.largeTransfers();
   // The turns bound how many buffers are in use at once; these are recycled across files.
@@ -222,7 +226,7 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
   const connections = 1 + Math.max(0, extra);
   const budget = dataBuffers(connections);
   const buffers = new BufferPool(BATCH_BUFFER, multiplexed ? budget : SEND_BUFFERS * Math.max(1, lanes?.granted ?? 1));
-  const shared: LargeSending = { tree, gov, problems, o, queue: [...large], limiter, buffers };
+  const shared: LargeSending = { tree, gov, problems, o, queue: [...large], limiter, buffers, transfer };
   // Files start on the first connection at once; each lane takes its share of the streams
   // (or, in version 1, its turn at the queue) as soon as it has joined.
   const streamsEach = Math.ceil(MUX_WINDOW / connections);
@@ -230,7 +234,7 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
   // A lane's work ends with its last RESULT (its LANE_END follows, on its own connection).
   const worker = async (c: FramedConnection, lanesJoining?: Promise<void>) => {
     if (streams) return streams(c, streamsEach, lanesJoining).settled;
-    for (let lt = shared.queue.shift(); lt; lt = shared.queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter, buffers })).rest;
+    for (let lt = shared.queue.shift(); lt; lt = shared.queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter, buffers, transfer })).rest;
   };
   // The first connection's streams: TREE_END waits only until every file on them is sent; their
   // last RESULTs are read after it (decisions §91).
@@ -268,6 +272,7 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
       await l.close();
     }
   }
+  transfer.end();
   // Owners, groups, xattrs: after every file, so the receiver applies them to the result.
   if (s.attrs) await sendParts(conn, FrameType.TREE_ATTRS, await call(tree.collectAttrs(s.attrs)));
   await conn.send(FrameType.TREE_END, encodeTreeEnd({ smallFiles: await smallSent, largeFiles: large.length, senderProblems: problems.n }));
@@ -287,6 +292,7 @@ interface LargeSending {
   queue: LargeTransferInfo[];
   limiter: ((n: number) => Promise<void>) | undefined;
   buffers: BufferPool;
+  transfer: TreeTransferProgress;
 }
 
 /** Version 2: large files on up to MUX_WINDOW streams spread over the connections (lanes add
@@ -312,7 +318,7 @@ function streamSender(s: LargeSending, budget: number, perConnection: boolean): 
     try {
       for (let item = await take(); item; item = await take()) {
         try {
-          prior = (await sendLarge(c, s.tree, item.lt, s.gov, s.problems, s.o, { limiter: s.limiter, turn: item.turn, stream: true, prior, hashing, buffers: s.buffers })).rest;
+          prior = (await sendLarge(c, s.tree, item.lt, s.gov, s.problems, s.o, { limiter: s.limiter, turn: item.turn, stream: true, prior, hashing, buffers: s.buffers, transfer: s.transfer })).rest;
         } catch (e) {
           if (!(e instanceof PriorFailed)) throw e;
           if (e.fatal) throw e.cause;
@@ -441,6 +447,8 @@ interface LargeOptions {
   hashing?: WorkLimit;
   /** The session's batch buffers (see SendContentOptions.buffers). */
   buffers?: BufferPool;
+  /** The tree's sending phase, which counts this file's progress. */
+  transfer: TreeTransferProgress;
 }
 
 /** One large file's conversation on connection `c` (FILE_BEGIN, then the single-file
@@ -449,17 +457,20 @@ interface LargeOptions {
  * promise of whether the file ended its stream (see LargeOptions.stream). Throws PriorFailed
  * (turn kept) when the previous file on the stream did not end cleanly. */
 async function sendLarge(c: FramedConnection, tree: NativeTreeSync, lt: LargeTransferInfo, gov: LevelGovernor, problems: { n: number }, o: Context, lo: LargeOptions): Promise<{ rest: Promise<boolean> }> {
+  const progress = lo.transfer.file();
   try {
-    const rest = await sendLargeFile(c, tree, lt, gov, problems, o, lo);
+    const rest = await sendLargeFile(c, tree, lt, gov, problems, o, lo, progress);
     lo.turn?.done();
     return rest;
   } catch (e) {
     if (!(e instanceof PriorFailed)) lo.turn?.done();
     throw e;
+  } finally {
+    progress.end(0); // (a file that went has ended already, with its size)
   }
 }
 
-async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: LargeTransferInfo, gov: LevelGovernor, problems: { n: number }, o: Context, lo: LargeOptions): Promise<{ rest: Promise<boolean> }> {
+async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: LargeTransferInfo, gov: LevelGovernor, problems: { n: number }, o: Context, lo: LargeOptions, progress: FileProgress): Promise<{ rest: Promise<boolean> }> {
   const abs = joinTreePath(o.path, lt.path);
   // -L: the walk listed what the link points to; that is what is checked and read.
   const statOf = (p: string | Buffer) => (o.tree?.copyLinks ? fs.stat(p, { bigint: true }) : fs.lstat(p, { bigint: true }));
@@ -491,7 +502,7 @@ async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: Larg
       batchStream: Boolean(caps & Capability.BATCH_STREAM),
       batchPrefix: Boolean(caps & Capability.BATCH_PREFIX),
       bwlimitKiBps: o.bwlimitKiBps,
-      events: o.events,
+      events: progress.events,
       label: showTreePath(lt.path),
       refine: Boolean(caps & Capability.REFINE),
       sparse: Boolean(caps & Capability.SPARSE),
@@ -509,6 +520,8 @@ async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: Larg
     if (e instanceof PriorFailed) throw e;
     return { rest: Promise.resolve(await failedAlone(e, failed)) };
   }
+  // Its data is out (or it was up to date): the whole file counts as sent.
+  progress.end(lt.size);
   const ended = async (res: ContentResult): Promise<boolean> => {
     if (res.refused) return false; // the receiver reports it (TREE_RESULT)
     if (await failed.stillAsScanned()) tree.claimRoot(lt.action, res.root);
@@ -561,33 +574,29 @@ async function failedAlone(e: unknown, f: FailedFile): Promise<boolean> {
 
 /** Stream every small file in FILE_BATCH frames: the next batch is read (in parallel,
  * natively) while the previous one is being written to the socket. Returns the count. */
-async function sendSmallFiles(conn: FramedConnection, tree: NativeTreeSync, gov: LevelGovernor, o: Context, limiter?: (n: number) => Promise<void>): Promise<number> {
+async function sendSmallFiles(conn: FramedConnection, tree: NativeTreeSync, gov: LevelGovernor, o: Context, transfer: TreeTransferProgress, limiter?: (n: number) => Promise<void>): Promise<number> {
   const counts = o.summary.tree!;
   if (counts.smallTransfers === 0) return 0;
   const pool = new BufferPool(BATCH_BUFFER, 3);
   const shared = Boolean(o.negotiated.capabilities & Capability.BATCH_STREAM);
-  await inPhase(o.events, 'sending', counts.transferBytes, async (progress) => {
-    let raw = 0;
-    const read = async (cursor: number): Promise<{ buf: Buffer; res: SmallBatch }> => {
-      const buf = await pool.acquire();
-      return { buf, res: await call(tree.readSmall(cursor, buf, gov.level, shared)) };
-    };
-    let next: Promise<{ buf: Buffer; res: SmallBatch }> | undefined = read(0);
-    while (next) {
-      const t0 = performance.now();
-      const got: { buf: Buffer; res: SmallBatch } = await next;
-      const t1 = performance.now();
-      const { buf, res } = got;
-      next = res.next >= 0 ? read(res.next) : undefined;
-      next?.catch(() => undefined);
-      if (res.length > 0) {
-        await conn.send(FrameType.FILE_BATCH, buf.subarray(0, res.length), () => pool.release(buf));
-        if (limiter) await conn.orFailure(limiter(res.length));
-        gov.observe(t1 - t0, performance.now() - t1, res.length);
-      } else pool.release(buf);
-      raw += res.rawBytes;
-      progress(raw);
-    }
-  });
+  const read = async (cursor: number): Promise<{ buf: Buffer; res: SmallBatch }> => {
+    const buf = await pool.acquire();
+    return { buf, res: await call(tree.readSmall(cursor, buf, gov.level, shared)) };
+  };
+  let next: Promise<{ buf: Buffer; res: SmallBatch }> | undefined = read(0);
+  while (next) {
+    const t0 = performance.now();
+    const got: { buf: Buffer; res: SmallBatch } = await next;
+    const t1 = performance.now();
+    const { buf, res } = got;
+    next = res.next >= 0 ? read(res.next) : undefined;
+    next?.catch(() => undefined);
+    if (res.length > 0) {
+      await conn.send(FrameType.FILE_BATCH, buf.subarray(0, res.length), () => pool.release(buf));
+      if (limiter) await conn.orFailure(limiter(res.length));
+      gov.observe(t1 - t0, performance.now() - t1, res.length);
+    } else pool.release(buf);
+    transfer.add(res.rawBytes);
+  }
   return counts.smallTransfers;
 }
