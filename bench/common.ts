@@ -392,3 +392,15 @@ export async function udpRelay(targetPort: number, oneWayMs: number, opts: { tar
     },
   };
 }
+
+/** What a peer's state directory keeps between a bench's runs: its identity, its pins and the
+ * receivers it remembers (their last HELLO, decisions §93: a repeated push knows its receiver);
+ * indexes go, so every run starts from the same state. */
+const KEPT_STATE = new Set(['identity', 'pins.conf', 'hellos']);
+
+export function resetPeerStates(dirs: string[]): void {
+  for (const d of dirs) {
+    fs.mkdirSync(d, { recursive: true });
+    for (const n of fs.readdirSync(d)) if (!KEPT_STATE.has(n)) fs.rmSync(path.join(d, n), { recursive: true, force: true });
+  }
+}

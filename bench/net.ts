@@ -38,7 +38,7 @@ import { performance } from 'node:perf_hooks';
 import { tcpDelayProxy } from '../__test__/helpers/delay-proxy';
 import { releaseTrees } from '../__test__/helpers/npm-fixtures';
 import { type Sshd, sshdUnavailable, startSshd } from '../__test__/helpers/sshd';
-import { benchArgs, intOption, orUsage, pickList, CLI, KiB, MiB, Proc, REPO, RSYNC_BIN, type Relay, commandLine, describeExit, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, maxOf, median, parseJsonLine, readRssFile, rssPrefix, sh, tail, textTable, udpRelay, runMain, UsageError } from './common.js';
+import { benchArgs, intOption, resetPeerStates, orUsage, pickList, CLI, KiB, MiB, Proc, REPO, RSYNC_BIN, type Relay, commandLine, describeExit, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, maxOf, median, parseJsonLine, readRssFile, rssPrefix, sh, tail, textTable, udpRelay, runMain, UsageError } from './common.js';
 import { XorShift128, diffHashes, hashTree, modifyScattered, writeSeededFile } from '../__test__/helpers/data';
 
 const HELP = `Usage: npm run bench:net -- [--cli dist/cli/main.js] [--links 100mbit/30,1gbit/30,100mbit/0,1gbit/0]
@@ -351,12 +351,9 @@ async function fingerprint(state: string): Promise<string> {
   return r.stdout.trim();
 }
 
-/** Indexes go, identity and pins stay: every run starts from the same state. */
+/** Indexes go; identity, pins and remembered receivers stay (resetPeerStates). */
 function resetState(st: States): void {
-  for (const d of [st.s, st.r]) {
-    fs.mkdirSync(d, { recursive: true });
-    for (const n of fs.readdirSync(d)) if (n !== 'identity' && n !== 'pins.conf') fs.rmSync(path.join(d, n), { recursive: true, force: true });
-  }
+  resetPeerStates([st.s, st.r]);
 }
 
 /** Waits for every proc, killing them all (only them) if the run takes longer than timeoutMs. */

@@ -28,7 +28,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { type Sshd, sshdUnavailable, startSshd } from '../__test__/helpers/sshd';
 import { tcpDelayProxy } from '../__test__/helpers/delay-proxy';
-import { benchArgs, CLI, intOption, KiB, MiB, pickList, Proc, RSYNC_BIN, type Relay, commandLine, describeExit, ffsyncWire, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, machineInfo, markdown, median, parseJsonLine, parseRsyncStats, rmf, runTool, tail, textTable, udpRelay, withTimeout, writeResultsSection, runMain } from './common.js';
+import { benchArgs, CLI, resetPeerStates, intOption, KiB, MiB, pickList, Proc, RSYNC_BIN, type Relay, commandLine, describeExit, ffsyncWire, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, machineInfo, markdown, median, parseJsonLine, parseRsyncStats, rmf, runTool, tail, textTable, udpRelay, withTimeout, writeResultsSection, runMain } from './common.js';
 import { XorShift128, modifyScattered, sha256, treeDigest, writeSeededFile } from '../__test__/helpers/data';
 
 const BEGIN_MARK = '<!-- sync-bench:begin -->';
@@ -179,7 +179,7 @@ async function latency(sshd: Sshd | undefined): Promise<void> {
     // No index on either side: every run starts from the same state.
     const prepare = async () => {
       await rmf(dst);
-      for (const d of [states.r, states.s]) for (const n of fs.readdirSync(d)) if (n !== 'identity' && n !== 'pins.conf') await rmf(path.join(d, n));
+      resetPeerStates([states.r, states.s]);
       if (kind === 'modified') await fsp.cp(old, dst, { recursive: true });
     };
     const scenario = `latency-30ms ${latencyFiles} x 1 MiB ${kind}`;
@@ -226,7 +226,7 @@ async function lanes(sshd: Sshd | undefined): Promise<void> {
   states.fpR = await id(states.r);
   const prepare = async () => {
     await rmf(dst);
-    for (const d of [states.r, states.s]) for (const n of fs.readdirSync(d)) if (n !== 'identity' && n !== 'pins.conf') await rmf(path.join(d, n));
+    resetPeerStates([states.r, states.s]);
   };
   const verify = () => {
     if (treeDigest(dst) !== digest) throw new Error('lanes: result differs from the source');

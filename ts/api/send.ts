@@ -10,7 +10,8 @@ import { Capability, Decision, DecisionReason, decodeDecision, decodeError, enco
 import { applyChmod, loadIndex, type NativeChunkSource, type NativeTreeSync, type ScanResult } from '../native/binding.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { resolveStateDir } from '../utils/state-dir.js';
-import { authenticatePeer, closeOnAbort, endSession, expect, handshake, interruptedError, type Negotiated, reportError, requestPath } from './session.js';
+import { authenticatePeer, closeOnAbort, endSession, expect, handshake, interruptedError, type Negotiated, negotiate, reportError, requestPath } from './session.js';
+import { rememberedHello, rememberHello } from '../utils/remembered-hello.js';
 import type { Duplex } from 'node:stream';
 import type { SecureStream } from '../transport/peer-identity.js';
 import { newSummary, type SyncEvents, type SyncSummary } from './events.js';
@@ -149,21 +150,39 @@ export async function runSender(conn: FramedConnection, o: SenderContext): Promi
   // The file being sent, once its conversation started: whether it changed under us decides
   // what a failure means.
   const holder: { source?: NativeChunkSource } = {};
+  let helloFailure: unknown;
   try {
     if (o.secure) {
       summary.peerFingerprint = await authenticatePeer(conn, o.secure, { stateDir, trust: o.trust, expect: o.expectFingerprint, interactive: o.interactive, peerLabel: `${o.host}:${o.port}`, events: o.events, pair: o.pair ? { code: o.pair } : undefined });
     }
-    const negotiated = o.negotiated ?? (await handshake(conn, Role.SENDER));
-    if (!o.negotiated) await requestPath(conn, negotiated, RequestOp.PUSH, o.remotePath, `${o.host}:${o.port}`);
+    const fingerprint = summary.peerFingerprint;
+    const shaken = async (n: Negotiated): Promise<Negotiated> => {
+      if (fingerprint) rememberHello(stateDir, fingerprint, n.peerHello);
+      await requestPath(conn, n, RequestOp.PUSH, o.remotePath, `${o.host}:${o.port}`);
+      return n;
+    };
+    // Our HELLO goes now; what follows waits for the receiver's only where it depends on it
+    // (decisions §93).
+    const hello = o.negotiated ? Promise.resolve(o.negotiated) : handshake(conn, Role.SENDER).then(shaken);
+    hello.catch((e: unknown) => (helloFailure = e));
     if (st.isDirectory()) {
-      await sendTree(conn, { ...o, path: path.resolve(o.path), stateDir, negotiated, summary, st, walking: walking ?? startWalk(path.resolve(o.path), o, stateDir) });
+      // A tree is offered before the HELLO comes to a receiver we remember.
+      const remembered = o.negotiated ? undefined : rememberedReceiver(stateDir, fingerprint, o.remotePath);
+      const negotiated = remembered ?? (await hello);
+      await sendTree(conn, { ...o, path: path.resolve(o.path), stateDir, negotiated, hello: remembered && hello, summary, st, walking: walking ?? startWalk(path.resolve(o.path), o, stateDir) });
     } else {
-      await sendFile(conn, o, negotiated, summary, holder);
+      // A file's OFFER depends on nothing the receiver says: it goes behind our HELLO, unless a
+      // daemon is to be asked for a path first, or over plaintext TCP: a receiver expecting TLS
+      // resets a connection with bytes it did not read, and the sender would report that reset
+      // instead of the `--plaintext` mismatch it reads from the answer to its HELLO alone.
+      if (o.remotePath !== undefined || o.plaintext) await hello;
+      await sendFile(conn, o, hello, summary, holder);
     }
     summary.ok = true;
     return summary;
   } catch (e) {
-    const err = await senderFailure(conn, o, e, holder.source);
+    // The receiver's HELLO, read while the offer went, may say why the rest failed (a refusal).
+    const err = await senderFailure(conn, o, helloFailure ?? e, holder.source);
     await reportError(conn, err);
     err.summary = summary;
     throw err;
@@ -173,9 +192,24 @@ export async function runSender(conn: FramedConnection, o: SenderContext): Promi
   }
 }
 
+/** What the receiver with this certificate said at the last session, as this build would
+ * negotiate with it: a tree may be offered before its HELLO comes (decisions §93). Not for a
+ * peer known by no certificate, a `serve` daemon (it is asked for a path first), or one this
+ * build cannot speak with. */
+function rememberedReceiver(stateDir: string, fingerprint: string | undefined, remotePath: string | undefined): Negotiated | undefined {
+  if (!fingerprint || remotePath !== undefined) return undefined;
+  const hello = rememberedHello(stateDir, fingerprint);
+  if (!hello || hello.role !== Role.RECEIVER || hello.capabilities & Capability.SERVE) return undefined;
+  try {
+    return negotiate(hello);
+  } catch {
+    return undefined;
+  }
+}
+
 /** A single file: OFFER (with our index's root), the receiver's DECISION, and the content
  * conversation unless it is up to date; then --remove-source-files. */
-async function sendFile(conn: FramedConnection, o: SenderContext, negotiated: Negotiated, summary: SyncSummary, holder: { source?: NativeChunkSource }): Promise<void> {
+async function sendFile(conn: FramedConnection, o: SenderContext, hello: Promise<Negotiated>, summary: SyncSummary, holder: { source?: NativeChunkSource }): Promise<void> {
   const { st, stateDir } = o;
   // A valid index lets the receiver compare content roots for the price of a stat.
   const scan: ScanResult | null = o.checksum ? null : await loadIndex(o.path, stateDir);
@@ -190,6 +224,8 @@ async function sendFile(conn: FramedConnection, o: SenderContext, negotiated: Ne
       root: scan ? Buffer.from(scan.root, 'hex') : undefined,
     }),
   );
+  // The receiver's HELLO comes before its DECISION (the OFFER may have gone before it came).
+  const negotiated = await hello;
   const { decision, reason } = decodeDecision((await expect(conn, FrameType.DECISION)).payload);
   if (decision === Decision.UP_TO_DATE) {
     summary.upToDate = true;

@@ -28,6 +28,8 @@ export interface Negotiated {
   peerSoftware: string;
   /** The peer's own set, before the AND (SERVE marks a daemon). */
   peerCapabilities: number;
+  /** The peer's HELLO as it came (remembered for the next session: utils/remembered-hello.ts). */
+  peerHello: Hello;
 }
 
 export async function handshake(conn: FramedConnection, role: number): Promise<Negotiated> {
@@ -62,9 +64,10 @@ async function peerHello(conn: FramedConnection): Promise<Hello> {
   return decodeHello(f.payload);
 }
 
-function negotiate(peer: Hello): Negotiated {
+/** What this build and a peer that sent `peer` speak (throws when no version fits). */
+export function negotiate(peer: Hello): Negotiated {
   const version = negotiateVersion({ min: PROTOCOL_MIN, max: offeredProtocolMax() }, peer);
-  return { version, capabilities: peer.capabilities & OUR_CAPABILITIES, peerSoftware: peer.software, peerCapabilities: peer.capabilities };
+  return { version, capabilities: peer.capabilities & OUR_CAPABILITIES, peerSoftware: peer.software, peerCapabilities: peer.capabilities, peerHello: peer };
 }
 
 /**

@@ -50,19 +50,25 @@ async function recvManifest(conn: FramedConnection, tree: NativeTreeSync): Promi
  * ~50,000 files. Below it they are a few pool buffers at most, kept for the DATA to come. */
 const EXCHANGE_RELIEF = 4 * 1024 * 1024;
 
+/** Our tree manifest, in TREE_MANIFEST frames; resolves to its size in bytes once sent. */
+export function sendManifest(conn: FramedConnection, tree: NativeTreeSync): Promise<number> {
+  const sent = call(tree.manifest()).then(async (m) => {
+    await sendParts(conn, FrameType.TREE_MANIFEST, m);
+    return m.length;
+  });
+  sent.catch(() => undefined); // awaited by the exchange, after the peer's manifest
+  return sent;
+}
+
 /**
  * Both peers send their manifest without waiting for the other's, then each hashes the
  * files triage needs a root for (same-size files the other side's index covers, rename
  * candidates) and sends those roots. After this both can triage identically.
+ * `manifestSent`: ours, when it went earlier (sendManifest).
  */
-export async function exchangeManifestsAndRoots(conn: FramedConnection, tree: NativeTreeSync, checksum: boolean, events?: SyncEvents): Promise<void> {
-  let moved = 0;
-  const sent = call(tree.manifest()).then((m) => ((moved += m.length), sendParts(conn, FrameType.TREE_MANIFEST, m)));
-  sent.catch(() => undefined);
-  // Not `moved += await …`: that reads `moved` before the wait, losing what `sent` adds meanwhile.
+export async function exchangeManifestsAndRoots(conn: FramedConnection, tree: NativeTreeSync, checksum: boolean, events?: SyncEvents, manifestSent = sendManifest(conn, tree)): Promise<void> {
   const received = await conn.keepAlive(recvManifest(conn, tree));
-  moved += received;
-  await sent;
+  let moved = received + (await manifestSent);
   const mine = tree.rootsToSupply(checksum);
   const hashed = workMeter();
   const hash = (p: (n: number) => void) => call(tree.hashEntries(mine, hashed.tap(p)));

@@ -36,7 +36,7 @@ import type { SendOptions } from './send.js';
 import { deliveryMeter, LevelGovernor, startLevel } from './compress-level.js';
 import { afterPrior, BATCH_BUFFER, type ContentResult, identityChanged, PriorFailed, SEND_BUFFERS, sendFileContent } from './content-send.js';
 import { rateLimiter } from '../utils/rate-limit.js';
-import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, sendParts, treeSummary } from './tree-common.js';
+import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, sendManifest, sendParts, treeSummary } from './tree-common.js';
 import { Multiplexer } from '../transport/mux.js';
 import { NOTHING_REMOVED, removeSourceTree } from './remove-sources.js';
 import { ConnectionShare, type DataTurn, SharedUnits, WorkLimit } from '../utils/data-turns.js';
@@ -119,6 +119,10 @@ interface Context extends SendOptions {
   lanesOwnConnections?: boolean;
   /** The walk, started before connecting (`startWalk`). */
   walking: Promise<NativeTreeSync>;
+  /** Set when the receiver's HELLO has not come yet: `negotiated` is then what it said at the
+   * last session (utils/remembered-hello.ts), and this is what it says now. The offer and our
+   * manifest go before it comes, when they would be the same for both (decisions §93). */
+  hello?: Promise<Negotiated>;
 }
 
 /** Walk the source tree (in parallel, natively); progress counts entries. */
@@ -130,7 +134,7 @@ export function startWalk(root: string, o: SendOptions, stateDir: string): Promi
 export async function sendTree(conn: FramedConnection, o: Context): Promise<void> {
   const t = o.tree ?? {};
   const lanesWanted = t.dryRun ? 1 : Math.max(1, Math.min(MAX_LANES, t.parallel ?? (o.quic ? QUIC_LANES : 1)));
-  const options = await offerTree(conn, o, lanesWanted);
+  const { options, early } = await offerTree(conn, o, lanesWanted);
   const tree = await conn.keepAlive(o.walking);
   const stats = tree.stats();
   for (const p of stats.problems) o.events?.info?.(`warning: ${p}`);
@@ -139,8 +143,12 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
     if (o.events?.notice) o.events.notice(n);
     else o.events?.info?.(n);
   }
+  // Sent before the receiver's HELLO came, our manifest goes now too; nothing of the receiver's
+  // is read before its HELLO has been checked against what the offer assumed.
+  const manifestSent = early ? sendManifest(conn, tree) : undefined;
+  if (early) o.negotiated = await confirmEarlyOffer(o, options);
   const lanes = lanesWanted > 1 ? decodeLanes((await expect(conn, FrameType.LANES)).payload) : undefined;
-  await exchangeManifestsAndRoots(conn, tree, Boolean(o.checksum), o.events);
+  await exchangeManifestsAndRoots(conn, tree, Boolean(o.checksum), o.events, manifestSent);
   const counts = await call(tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile), t.maxSize, t.minSize, options.omitTimes, options.omitPerms, options.sizeOnly, options.ignoreExisting, options.existingOnly));
   o.summary.size = counts.sourceBytes;
   o.summary.tree = treeSummary(stats, counts);
@@ -157,9 +165,17 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
 }
 
 /** OFFER, FILTER and TREE_OPTIONS: what the receiver needs to walk its side and triage as we
- * do. Options this receiver cannot honour fail here, before anything moves (exit 2). */
-async function offerTree(conn: FramedConnection, o: Context, lanesWanted: number): Promise<TreeOptions> {
+ * do. Options this receiver cannot honour fail here, before anything moves (exit 2). `early`:
+ * they went before the receiver's HELLO came (Context.hello), which is still to be checked. */
+async function offerTree(conn: FramedConnection, o: Context, lanesWanted: number): Promise<{ options: TreeOptions; early: boolean }> {
   const t = o.tree ?? {};
+  const attrs = t.dryRun ? 0 : (t.attrs ?? 0);
+  const options: TreeOptions = { maxSize: t.maxSize, minSize: t.minSize, attrs, omitTimes: t.omit?.times, omitPerms: t.omit?.perms, ...t.choices };
+  // What the remembered receiver could not take waits for what the receiver says now.
+  const early = o.hello !== undefined && !(offerShape(options, o.negotiated) instanceof FfsyncError);
+  if (o.hello && !early) o.negotiated = await o.hello;
+  const shape = offerShape(options, o.negotiated);
+  if (shape instanceof FfsyncError) throw shape;
   const flags =
     (o.checksum ? OfferFlag.CHECKSUM : 0) | (t.noDelete ? OfferFlag.NO_DELETE : 0) | (t.dryRun ? OfferFlag.DRY_RUN : 0) | (lanesWanted > 1 ? OfferFlag.PARALLEL : 0) |
     (o.update ? OfferFlag.UPDATE : 0) |
@@ -174,20 +190,43 @@ async function offerTree(conn: FramedConnection, o: Context, lanesWanted: number
   const wire = t.deleteExcluded ? [] : [...(t.wireExcludes ?? t.excludes ?? []), ...merged];
   if (merged.length) validateExcludes(wire);
   await conn.send(FrameType.FILTER, encodeFilter(wire));
-  const attrs = t.dryRun ? 0 : (t.attrs ?? 0);
-  const options: TreeOptions = { maxSize: t.maxSize, minSize: t.minSize, attrs, omitTimes: t.omit?.times, omitPerms: t.omit?.perms, ...t.choices };
-  const peer = o.negotiated.peerSoftware;
-  if (hasTriageChoices(options) && !(o.negotiated.capabilities & Capability.TRIAGE_CHOICES)) {
-    throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) does not support --size-only / --ignore-existing / --existing: upgrade it`);
+  if (shape.treeOptions) await conn.send(FrameType.TREE_OPTIONS, encodeTreeOptions(options));
+  return { options, early };
+}
+
+/** What the offer of `options` is to a receiver with `n`'s capabilities: whether TREE_OPTIONS
+ * goes (capability SIZE_LIMITS), or why these options cannot go to it at all (exit 2). */
+function offerShape(options: TreeOptions, n: Negotiated): { treeOptions: boolean } | FfsyncError {
+  const peer = n.peerSoftware;
+  if (hasTriageChoices(options) && !(n.capabilities & Capability.TRIAGE_CHOICES)) {
+    return new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) does not support --size-only / --ignore-existing / --existing: upgrade it`);
   }
-  if ((options.omitTimes || options.omitPerms) && !(o.negotiated.capabilities & Capability.OMIT_ATTRS)) {
-    throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) always keeps times and permissions: give -t and -p (or -a), or upgrade it`);
+  if ((options.omitTimes || options.omitPerms) && !(n.capabilities & Capability.OMIT_ATTRS)) {
+    return new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) always keeps times and permissions: give -t and -p (or -a), or upgrade it`);
   }
-  if (o.negotiated.capabilities & Capability.SIZE_LIMITS) await conn.send(FrameType.TREE_OPTIONS, encodeTreeOptions(options));
-  else if (options.maxSize !== undefined || options.minSize !== undefined || attrs) {
-    throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) does not support --max-size / --min-size / -o / -g / -X`);
+  if (n.capabilities & Capability.SIZE_LIMITS) return { treeOptions: true };
+  if (options.maxSize !== undefined || options.minSize !== undefined || options.attrs) {
+    return new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) does not support --max-size / --min-size / -o / -g / -X`);
   }
-  return options;
+  return { treeOptions: false };
+}
+
+/** The receiver's HELLO, after an offer that went before it: the offer must be what this
+ * receiver takes (a receiver changed since the last session in a way that matters fails this
+ * session, exit 2, and is remembered as it is now for the next). */
+async function confirmEarlyOffer(o: Context, options: TreeOptions): Promise<Negotiated> {
+  const assumed = offerShape(options, o.negotiated) as { treeOptions: boolean };
+  const actual = await o.hello!;
+  const shape = offerShape(options, actual);
+  if (shape instanceof FfsyncError) throw shape;
+  if (shape.treeOptions !== assumed.treeOptions) {
+    throw new FfsyncError(
+      'EPROTOCHANGED',
+      ExitCode.PROTOCOL_INCOMPATIBLE,
+      `the receiver (${actual.peerSoftware}) is not the build it was at the last session (it was ${o.negotiated.peerSoftware}), and the tree was offered as that one takes it; it is remembered as it is now: run again`,
+    );
+  }
+  return actual;
 }
 
 /** What sending the files of a triaged tree shares. */
@@ -558,8 +597,12 @@ interface FailedFile {
 async function failedAlone(e: unknown, f: FailedFile): Promise<boolean> {
   const err = e as FfsyncError;
   let changed: FfsyncError | undefined;
-  if (err.code === 'ECHUNK' && !(await f.stillAsScanned())) {
-    changed = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${showTreePath(f.lt.path)} changed during the sync; rerun to send the new version`, { cause: e });
+  // Our own read failing (the file gone between our check and its open, or while it was read)
+  // is the source vanishing when the file is no longer the version the walk listed (exit 24,
+  // "rerun"), not an I/O error (exit 11); one that fails on an unchanged file is.
+  const ownRead = err.origin !== 'peer' && err.exitCode === ExitCode.FILE_IO;
+  if ((err.code === 'ECHUNK' || ownRead) && !(await f.stillAsScanned())) {
+    changed = new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${showTreePath(f.lt.path)} changed or vanished during the sync; rerun to send the new version`, { cause: e });
   } else if (f.stream && err.code === 'EVANISHED' && err.origin !== 'peer') changed = err;
   if (!changed) throw e;
   // Say so on the connection that carried the file (exit 24, "rerun"): the receiver waits

@@ -3,6 +3,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { parseFingerprint } from './fingerprint.js';
+import { forgetHello } from '../utils/remembered-hello.js';
 
 export interface Pin {
   fingerprint: string;
@@ -60,5 +61,6 @@ export function removePin(stateDir: string, fingerprint: string): boolean {
   const rest = pins.filter((p) => p.fingerprint !== fingerprint);
   if (rest.length === pins.length) return false;
   writePins(stateDir, rest);
+  forgetHello(stateDir, fingerprint); // what it said is no longer of a peer we know
   return true;
 }
