@@ -249,6 +249,22 @@ describe('a tree offered before the receiver’s HELLO', () => {
     assert.ok(!fs.existsSync(path.join(root, 'ss', 'hellos')), 'no receiver remembered by address');
   });
 
+  it("reports a remembered receiver's refusal of the early offer in its words, not as a reset connection", async () => {
+    // The receiver fails on the OFFER with the sender's manifest unread behind it: closing a socket
+    // with unread bytes resets it, which could hide the receiver's ERROR from the sender.
+    const p = pair();
+    assert.equal((await session(p, path.join(p.root, 'd1'))).send.code, 0);
+    const file = path.join(p.root, 'a-file');
+    fs.writeFileSync(file, 'not a directory\n');
+    for (let i = 0; i < 3; i++) {
+      const r = await session(p, file);
+      assert.equal(r.recv.code, 11, r.recv.stderr);
+      assert.equal(r.send.code, 11, r.send.stderr);
+      assert.match(r.send.stderr, /peer: target .* exists and is not a directory/);
+      assert.equal(fs.readFileSync(file, 'utf8'), 'not a directory\n');
+    }
+  });
+
   it('is forgotten with the pin (untrust)', async () => {
     const p = pair(5);
     assert.equal((await session(p, path.join(p.root, 'd1'))).send.code, 0);

@@ -134,7 +134,8 @@ export function startWalk(root: string, o: SendOptions, stateDir: string): Promi
 export async function sendTree(conn: FramedConnection, o: Context): Promise<void> {
   const t = o.tree ?? {};
   const lanesWanted = t.dryRun ? 1 : Math.max(1, Math.min(MAX_LANES, t.parallel ?? (o.quic ? QUIC_LANES : 1)));
-  const { options, early } = await offerTree(conn, o, lanesWanted);
+  const offer = await offerTree(conn, o, lanesWanted);
+  const { options, early } = offer;
   const tree = await conn.keepAlive(o.walking);
   const stats = tree.stats();
   for (const p of stats.problems) o.events?.info?.(`warning: ${p}`);
@@ -146,7 +147,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   // Sent before the receiver's HELLO came, our manifest goes now too; nothing of the receiver's
   // is read before its HELLO has been checked against what the offer assumed.
   const manifestSent = early ? sendManifest(conn, tree) : undefined;
-  if (early) o.negotiated = await confirmEarlyOffer(o, options);
+  if (early) o.negotiated = await confirmEarlyOffer(o, offer);
   const lanes = lanesWanted > 1 ? decodeLanes((await expect(conn, FrameType.LANES)).payload) : undefined;
   await exchangeManifestsAndRoots(conn, tree, Boolean(o.checksum), o.events, manifestSent);
   const counts = await call(tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile), t.maxSize, t.minSize, options.omitTimes, options.omitPerms, options.sizeOnly, options.ignoreExisting, options.existingOnly));
@@ -167,7 +168,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
 /** OFFER, FILTER and TREE_OPTIONS: what the receiver needs to walk its side and triage as we
  * do. Options this receiver cannot honour fail here, before anything moves (exit 2). `early`:
  * they went before the receiver's HELLO came (Context.hello), which is still to be checked. */
-async function offerTree(conn: FramedConnection, o: Context, lanesWanted: number): Promise<{ options: TreeOptions; early: boolean }> {
+async function offerTree(conn: FramedConnection, o: Context, lanesWanted: number): Promise<OfferSent> {
   const t = o.tree ?? {};
   const attrs = t.dryRun ? 0 : (t.attrs ?? 0);
   const options: TreeOptions = { maxSize: t.maxSize, minSize: t.minSize, attrs, omitTimes: t.omit?.times, omitPerms: t.omit?.perms, ...t.choices };
@@ -191,7 +192,15 @@ async function offerTree(conn: FramedConnection, o: Context, lanesWanted: number
   if (merged.length) validateExcludes(wire);
   await conn.send(FrameType.FILTER, encodeFilter(wire));
   if (shape.treeOptions) await conn.send(FrameType.TREE_OPTIONS, encodeTreeOptions(options));
-  return { options, early };
+  return { options, treeOptions: shape.treeOptions, early };
+}
+
+/** What offerTree sent: the options, whether TREE_OPTIONS went, and whether all of it went
+ * before the receiver's HELLO came (then still to be checked against it). */
+interface OfferSent {
+  options: TreeOptions;
+  treeOptions: boolean;
+  early: boolean;
 }
 
 /** What the offer of `options` is to a receiver with `n`'s capabilities: whether TREE_OPTIONS
@@ -214,12 +223,11 @@ function offerShape(options: TreeOptions, n: Negotiated): { treeOptions: boolean
 /** The receiver's HELLO, after an offer that went before it: the offer must be what this
  * receiver takes (a receiver changed since the last session in a way that matters fails this
  * session, exit 2, and is remembered as it is now for the next). */
-async function confirmEarlyOffer(o: Context, options: TreeOptions): Promise<Negotiated> {
-  const assumed = offerShape(options, o.negotiated) as { treeOptions: boolean };
+async function confirmEarlyOffer(o: Context, sent: OfferSent): Promise<Negotiated> {
   const actual = await o.hello!;
-  const shape = offerShape(options, actual);
+  const shape = offerShape(sent.options, actual);
   if (shape instanceof FfsyncError) throw shape;
-  if (shape.treeOptions !== assumed.treeOptions) {
+  if (shape.treeOptions !== sent.treeOptions) {
     throw new FfsyncError(
       'EPROTOCHANGED',
       ExitCode.PROTOCOL_INCOMPATIBLE,
