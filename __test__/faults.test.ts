@@ -48,6 +48,24 @@ describe('fault injection: nothing is lost', { skip: process.platform !== 'linux
   }
 });
 
+// The same over TLS, the sender remembering its receiver: a file's OFFER and a tree's offer and
+// manifest go before the receiver's HELLO (decisions §93) and are in flight when the fault lands.
+const TLS_KINDS = ['sender-kill', 'receiver-kill', 'connection-reset', 'source-changed', 'source-vanished'] as const;
+
+describe('fault injection over TLS, offers sent before the HELLO: nothing is lost', { skip: process.platform !== 'linux' && 'fault kinds use Linux signals' }, () => {
+  for (const shape of SHAPES) {
+    for (const kind of TLS_KINDS) {
+      it(`${kind} (${shape}, TLS)`, async (t) => {
+        const seed = seedFor(`${kind}/tls`, shape);
+        const o = await runFault(kind, shape, seed, { tls: true });
+        if (o.skipped) return t.skip(o.skipped);
+        t.diagnostic(`seed ${seed}: sender ${o.senderCode}, receiver ${o.receiverCode}, partial kept ${o.partialKept}, ${o.ms} ms`);
+        assert.deepEqual(o.violations, [], `master seed ${MASTER}, run seed ${seed}`);
+      });
+    }
+  }
+});
+
 // Each bug the fault runs found, pinned down deterministically (named after what broke).
 describe('regressions found by fault injection', () => {
   it('an immutable large file of a tree: exit 23, the files after it synced, nothing deleted (not exit 11 for the whole tree)', async (t) => {

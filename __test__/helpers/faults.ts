@@ -393,6 +393,37 @@ function partialOwner(rel: string): string {
 export interface RunOptions {
   /** --timeout for both peers (seconds); a flipped length byte is only noticed this late. */
   timeoutS?: number;
+  /** TLS with pinned peers instead of --plaintext, the sender remembering its receiver from a
+   * session before the faulted one: the offers that go before the receiver's HELLO (decisions
+   * §93: a file's always, a tree's to a remembered receiver) are in flight when the fault lands.
+   * Not for wire-corruption (TLS rejects a flipped byte before the engine sees it). */
+  tls?: boolean;
+}
+
+/** Both peers' state directories and how each reaches the other. */
+interface Peers {
+  sender: string;
+  receiver: string;
+  /** Transport arguments: --plaintext, or --trust with the other's fingerprint. */
+  senderArgs: string[];
+  receiverArgs: string[];
+}
+
+/** The peers of a run: plaintext, or TLS pinned both ways with the sender remembering its
+ * receiver (a session of an empty tree before the faulted one). */
+async function peers(dir: string, tls: boolean): Promise<Peers> {
+  const states = { sender: path.join(dir, 'state-s'), receiver: path.join(dir, 'state-r') };
+  if (!tls) return { ...states, senderArgs: ['--plaintext'], receiverArgs: ['--plaintext'] };
+  const id = async (state: string) => (await run(['id', '--state-dir', state]).done).stdout.trim();
+  const p: Peers = { ...states, senderArgs: ['--trust', await id(states.receiver)], receiverArgs: ['--trust', await id(states.sender)] };
+  const empty = path.join(dir, 'warm-up');
+  fs.mkdirSync(empty);
+  const receiver = run(['receive', path.join(dir, 'warm-up-target'), '0', '--bind', '127.0.0.1', '--json', '--state-dir', p.receiver, ...p.receiverArgs]);
+  const port = (await receiver.waitFor((e) => e.event === 'listening')).port;
+  const s = await run(['send', empty, `127.0.0.1:${port}`, '--json', '--state-dir', p.sender, ...p.senderArgs]).done;
+  const r = await receiver.done;
+  if (s.code !== 0 || r.code !== 0) throw new Error(`TLS warm-up session failed: ${s.stderr} ${r.stderr}`);
+  return p;
 }
 
 /** One fault-injected run and its rerun; never throws for a broken invariant (it is listed). */
@@ -418,7 +449,8 @@ export async function runFault(kind: FaultKind, shape: Shape, seed: number, o: R
     writeAt(outside, 'neighbour.bin', seeded(64 * KiB, seed + 7));
     writeAt(outside, 'target.bin', 'a same-named file outside the root\n');
     const outsideBefore = JSON.stringify(snapshotTree(outside));
-    const states = { sender: path.join(dir, 'state-s'), receiver: path.join(dir, 'state-r') };
+    if (o.tls && kind === 'wire-corruption') return { ...outcome, skipped: 'TLS rejects a flipped byte before the engine sees it' };
+    const states = await peers(dir, Boolean(o.tls));
     const skipped = makeImmutable(c, fx);
     if (skipped) return { ...outcome, skipped };
 
@@ -474,9 +506,9 @@ function makeImmutable(c: Ctx, fx: Fixture): string | undefined {
 /** The faulted session: a receiver, a sender through the fault relay, and the fault injected
  * at a random point; each peer's result (a receiver that refused its target never listened,
  * and then no sender ran). */
-async function session(c: Ctx, fx: Fixture, states: { sender: string; receiver: string }, timeoutS: number, v: Violation): Promise<[PeerResult, PeerResult]> {
+async function session(c: Ctx, fx: Fixture, states: Peers, timeoutS: number, v: Violation): Promise<[PeerResult, PeerResult]> {
   const { kind, rand } = c;
-  const receiver = run(['receive', fx.target, '0', '--plaintext', '--json', '--timeout', String(timeoutS), '--state-dir', states.receiver]);
+  const receiver = run(['receive', fx.target, '0', ...states.receiverArgs, '--json', '--timeout', String(timeoutS), '--state-dir', states.receiver]);
   const listening = await receiver.waitFor((e) => e.event === 'listening').catch(() => undefined);
   if (!listening) return [{ code: null, signal: null, events: [], stdout: '', stderr: '', summary: undefined }, await receiver.done];
   // Every session goes through the relay: it tells when the sender has connected (the
@@ -488,7 +520,7 @@ async function session(c: Ctx, fx: Fixture, states: { sender: string; receiver: 
     proxy.corruptAt(between(rand, 64, MiB));
   }
   // A bandwidth cap spreads the transfer over ~1 s so a random point lands inside it.
-  const sender = run(['send', fx.source, `127.0.0.1:${proxy.port}`, '--plaintext', '--json', '--timeout', String(timeoutS), '--state-dir', states.sender, '--bwlimit', '2048']);
+  const sender = run(['send', fx.source, `127.0.0.1:${proxy.port}`, ...states.senderArgs, '--json', '--timeout', String(timeoutS), '--state-dir', states.sender, '--bwlimit', '2048']);
   const timed = kind === 'sender-kill' || kind === 'receiver-kill' || kind === 'connection-reset' || kind === 'source-changed' || kind === 'old-file-changed' || kind === 'source-vanished';
   let injected: Promise<void> = Promise.resolve();
   if (timed) {
@@ -598,10 +630,8 @@ function checkFailedRun(c: Ctx, fx: Fixture, sendRes: PeerResult, recvRes: PeerR
 
 /** The rerun once the fault is gone: it converges (content, mtime, mode), leaves no temp
  * state, and sends only what was still missing, a kept partial reused. */
-async function checkRerun(c: Ctx, fx: Fixture, after: ReturnType<typeof listFiles>, states: { sender: string; receiver: string }, timeoutS: number, v: Violation): Promise<void> {
+async function checkRerun(c: Ctx, fx: Fixture, after: ReturnType<typeof listFiles>, states: Peers, timeoutS: number, v: Violation): Promise<void> {
   const { kind, shape, rand } = c;
-  const stateS = states.sender;
-  const stateR = states.receiver;
   // What the rerun still has to send: every source file whose current content is not
   // in the target yet (a source changed after its transfer is missing again).
   const sourceNow = (rel: string) => (shape === 'file' ? fx.source : path.join(fx.source, rel));
@@ -615,7 +645,7 @@ async function checkRerun(c: Ctx, fx: Fixture, after: ReturnType<typeof listFile
     const owner = partialOwner(t);
     if (fs.existsSync(sourceNow(owner))) present += bytesPresent(path.join(fx.root, t), fs.readFileSync(sourceNow(owner)));
   }
-  const r2 = await rerun(fx, stateS, stateR, timeoutS);
+  const r2 = await rerun(fx, states, timeoutS);
   if (r2.recv.code !== 0 || r2.send.code !== 0) v(`rerun failed: receiver ${r2.recv.code} sender ${r2.send.code}: ${errorLines(r2.recv.stderr + r2.send.stderr).join(' | ')}`);
   else {
     const srcSnap = shape === 'file' ? { 'target.bin': sha256(fx.source) } : Object.fromEntries(listFiles(fx.source).files);
@@ -642,9 +672,9 @@ async function checkRerun(c: Ctx, fx: Fixture, after: ReturnType<typeof listFile
       const st = fs.statSync(file);
       scribble(file, rand);
       fs.utimesSync(file, st.atime, st.mtime);
-      const r3 = await rerun(fx, stateS, stateR, timeoutS);
+      const r3 = await rerun(fx, states, timeoutS);
       if (r3.recv.code !== 0 || sha256(shape === 'file' ? fx.target : path.join(fx.root, rel)) !== sha256(file)) v('a same-size, same-future-mtime change was not synced');
-      const r4 = await rerun(fx, stateS, stateR, timeoutS);
+      const r4 = await rerun(fx, states, timeoutS);
       if (r4.recv.code !== 0 || (r4.recv.summary?.literalBytes ?? 1) !== 0) v('a no-op rerun with future mtimes sent data');
     }
   }
@@ -654,14 +684,14 @@ function sortKeys(o: Record<string, string>): [string, string][] {
   return Object.entries(o).sort(([a], [b]) => (a < b ? -1 : 1));
 }
 
-async function rerun(fx: Fixture, stateS: string, stateR: string, timeoutS: number): Promise<{ send: PeerResult; recv: PeerResult }> {
-  const receiver = run(['receive', fx.target, '0', '--plaintext', '--json', '--timeout', String(timeoutS), '--state-dir', stateR]);
+async function rerun(fx: Fixture, states: Peers, timeoutS: number): Promise<{ send: PeerResult; recv: PeerResult }> {
+  const receiver = run(['receive', fx.target, '0', ...states.receiverArgs, '--json', '--timeout', String(timeoutS), '--state-dir', states.receiver]);
   const ev = await receiver.waitFor((e) => e.event === 'listening').catch(() => undefined);
   if (!ev) {
     const recv = await receiver.done;
     return { recv, send: { code: null, signal: null, events: [], stdout: '', stderr: '', summary: undefined } };
   }
-  const send = await run(['send', fx.source, `127.0.0.1:${ev.port}`, '--plaintext', '--json', '--timeout', String(timeoutS), '--state-dir', stateS]).done;
+  const send = await run(['send', fx.source, `127.0.0.1:${ev.port}`, ...states.senderArgs, '--json', '--timeout', String(timeoutS), '--state-dir', states.sender]).done;
   return { send, recv: await receiver.done };
 }
 
