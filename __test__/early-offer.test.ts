@@ -27,7 +27,7 @@ interface Relay {
   close(): void;
 }
 
-/** Passes the sender's bytes at once and the receiver's DELAY_MS late: the receiver's TLS
+/** Passes the sender's bytes at once and the receiver's DELAY_MS late (in batches): the receiver's TLS
  * flight reaches the sender at DELAY_MS, its HELLO at about 2 x DELAY_MS. A sender that waits
  * for that HELLO sends only its TLS Finished and HELLO before then; one that offers early sends
  * its offer and manifest too. */
@@ -50,7 +50,18 @@ async function relay(target: number): Promise<Relay> {
       }
       b.write(d);
     });
-    b.on('data', (d) => setTimeout(() => a.destroyed || a.write(d), DELAY_MS));
+    // The receiver's bytes in batches: whatever it sent within DELAY_MS of a batch's first byte
+    // arrives at once (its HELLO and an ERROR right behind it reach the sender together).
+    let batch: Buffer[] | undefined;
+    b.on('data', (d) => {
+      if (batch) return void batch.push(d);
+      batch = [d];
+      setTimeout(() => {
+        const all = Buffer.concat(batch!);
+        batch = undefined;
+        if (!a.destroyed) a.write(all);
+      }, DELAY_MS);
+    });
     a.on('end', () => setTimeout(() => b.end(), 0));
     b.on('end', () => setTimeout(() => a.end(), DELAY_MS));
     for (const s of [a, b]) s.on('error', () => (a.destroy(), b.destroy()));
@@ -148,7 +159,9 @@ describe('a tree offered before the receiver’s HELLO', () => {
     const dst = path.join(p.root, 'd2');
     fs.mkdirSync(dst);
     fs.writeFileSync(path.join(dst, 'keep.txt'), 'untouched');
-    const changed = await session(p, dst);
+    // Through the relay: the receiver's complaint about the early frames may reach the sender with
+    // its HELLO; the sender reports the cause (the changed receiver), not the complaint.
+    const changed = await session(p, dst, { relay: true });
     assert.equal(changed.send.code, 2, changed.send.stderr);
     assert.match(changed.send.stderr, /is not the build it was at the last session \(it was ffsync-native\/0\.0\.1-old\).*run again/);
     assert.notEqual(changed.recv.code, 0, 'the receiver could not read the offer either');

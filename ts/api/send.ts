@@ -266,8 +266,11 @@ async function senderFailure(conn: FramedConnection, o: SenderContext, e: unknow
   let err = e instanceof FfsyncError ? e : fromSystemError(e, 'send failed');
   // The receiver may have explained its failure before our write failed: prefer that.
   const peerError = conn.takePeerError();
-  // (Not over our own "source changed" verdict: that is what the receiver waits for.)
-  if (peerError && err.origin !== 'peer' && err.exitCode !== ExitCode.VANISHED) err = decodeError(peerError.payload);
+  // (Not over our own "source changed" verdict: that is what the receiver waits for; nor over
+  // an offer this receiver cannot take, found when its HELLO came: its complaint about the
+  // frames that went early is the consequence, decisions §93.)
+  const ours = err.exitCode === ExitCode.VANISHED || err.code === 'EPROTOCHANGED' || err.code === 'EPROTOCAP';
+  if (peerError && err.origin !== 'peer' && !ours) err = decodeError(peerError.payload);
   // Interrupted here: whatever the closed connection made of it, that is the error.
   if (o.signal?.aborted) err = interruptedError(err);
   // Something other than an ffsync-native peer answered: name the address we dialed.
