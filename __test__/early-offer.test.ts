@@ -107,12 +107,12 @@ function pair(files = 300): Pair {
 }
 
 /** One TLS session (both sides pinned) into `dst`, through a relay when asked. */
-async function session(p: Pair, dst: string, o: { relay?: boolean; sendArgs?: string[]; recvEnv?: NodeJS.ProcessEnv } = {}): Promise<{ send: PeerResult; recv: PeerResult; relay?: Relay }> {
+async function session(p: Pair, dst: string, o: { relay?: boolean; recvEnv?: NodeJS.ProcessEnv } = {}): Promise<{ send: PeerResult; recv: PeerResult; relay?: Relay }> {
   const recv = run(['receive', dst, '0', '--bind', '127.0.0.1', '--json', '--timeout', '20', '--state-dir', p.stateR, '--trust', p.fpS], o.recvEnv);
   const port = (await recv.waitFor((e) => e.event === 'listening')).port as number;
   const r = o.relay ? await relay(port) : undefined;
   try {
-    const send = await run(['send', p.src, `127.0.0.1:${r?.port ?? port}`, '--json', '--timeout', '20', '--state-dir', p.stateS, '--trust', p.fpR, ...(o.sendArgs ?? [])]).done;
+    const send = await run(['send', p.src, `127.0.0.1:${r?.port ?? port}`, '--json', '--timeout', '20', '--state-dir', p.stateS, '--trust', p.fpR]).done;
     return { send, recv: await recv.done, relay: r };
   } finally {
     r?.close();
