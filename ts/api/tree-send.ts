@@ -172,10 +172,10 @@ async function offerTree(conn: FramedConnection, o: Context, lanesWanted: number
   const t = o.tree ?? {};
   const attrs = t.dryRun ? 0 : (t.attrs ?? 0);
   const options: TreeOptions = { maxSize: t.maxSize, minSize: t.minSize, attrs, omitTimes: t.omit?.times, omitPerms: t.omit?.perms, ...t.choices };
+  let shape = offerShape(options, o.negotiated);
   // What the remembered receiver could not take waits for what the receiver says now.
-  const early = o.hello !== undefined && !(offerShape(options, o.negotiated) instanceof FfsyncError);
-  if (o.hello && !early) o.negotiated = await o.hello;
-  const shape = offerShape(options, o.negotiated);
+  const early = o.hello !== undefined && !(shape instanceof FfsyncError);
+  if (o.hello && !early) shape = offerShape(options, (o.negotiated = await o.hello));
   if (shape instanceof FfsyncError) throw shape;
   const flags =
     (o.checksum ? OfferFlag.CHECKSUM : 0) | (t.noDelete ? OfferFlag.NO_DELETE : 0) | (t.dryRun ? OfferFlag.DRY_RUN : 0) | (lanesWanted > 1 ? OfferFlag.PARALLEL : 0) |

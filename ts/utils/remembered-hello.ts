@@ -39,13 +39,17 @@ export function rememberedHello(stateDir: string, fingerprint: string): Hello | 
 
 /** Keep `hello` for the next session with this peer (written only when it changed). */
 export function rememberHello(stateDir: string, fingerprint: string, hello: Hello): void {
-  const was = rememberedHello(stateDir, fingerprint);
-  if (was && was.minVersion === hello.minVersion && was.maxVersion === hello.maxVersion && was.capabilities === hello.capabilities && was.role === hello.role && was.software === hello.software) return;
   const file = helloPath(stateDir, fingerprint);
+  const text = JSON.stringify({ minVersion: hello.minVersion, maxVersion: hello.maxVersion, capabilities: hello.capabilities, role: hello.role, software: hello.software }) + '\n';
+  try {
+    if (fs.readFileSync(file, 'utf8') === text) return;
+  } catch {
+    // not remembered yet, or unreadable: written below
+  }
   const tmp = `${file}.${process.pid}.tmp`;
   try {
     fs.mkdirSync(path.dirname(file), { recursive: true, mode: 0o700 });
-    fs.writeFileSync(tmp, JSON.stringify({ minVersion: hello.minVersion, maxVersion: hello.maxVersion, capabilities: hello.capabilities, role: hello.role, software: hello.software }) + '\n', { mode: 0o600 });
+    fs.writeFileSync(tmp, text, { mode: 0o600 });
     fs.renameSync(tmp, file);
   } catch {
     fs.rmSync(tmp, { force: true });
