@@ -10,7 +10,6 @@
 // must decode exactly the bytes that were sent.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import net from 'node:net';
 import tls from 'node:tls';
 import { describe, it } from 'node:test';
 import type { Duplex } from 'node:stream';
@@ -21,6 +20,7 @@ import { loadOrCreateIdentity } from '../ts/security/identity';
 import { FrameType } from '../ts/protocol/frames';
 import { BufferPool } from '../ts/utils/buffer-pool';
 import { tmpdir } from './helpers/peers';
+import { tcpPair, tlsPair } from './helpers/socket-pairs';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const SCRIBBLE = 0xee;
@@ -83,34 +83,6 @@ async function overPair(a: Duplex, b: Duplex): Promise<void> {
   const rx = new FramedConnection(b, 30_000);
   await exchange(tx, rx);
   await Promise.all([tx.close(), rx.close()]);
-}
-
-function tcpPair(): Promise<[net.Socket, net.Socket]> {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer((accepted) => {
-      server.close();
-      client.once('connect', () => resolve([client, accepted]));
-      if (!client.connecting) resolve([client, accepted]);
-    });
-    server.once('error', reject);
-    let client: net.Socket;
-    server.listen(0, '127.0.0.1', () => {
-      client = net.connect((server.address() as net.AddressInfo).port, '127.0.0.1');
-      client.once('error', reject);
-    });
-  });
-}
-
-/** A TLS 1.3 connection over loopback: the client's socket and the server's. */
-async function tlsPair(id: { keyPem: string; certPem: string }): Promise<[tls.TLSSocket, tls.TLSSocket]> {
-  const server = tls.createServer({ key: id.keyPem, cert: id.certPem, minVersion: 'TLSv1.3' });
-  const accepted = new Promise<tls.TLSSocket>((resolve) => server.once('secureConnection', resolve));
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
-  const client = tls.connect({ port: (server.address() as net.AddressInfo).port, host: '127.0.0.1', rejectUnauthorized: false, minVersion: 'TLSv1.3' });
-  await new Promise<void>((r, j) => client.once('secureConnect', () => r()).once('error', j));
-  const b = await accepted;
-  server.close();
-  return [client, b];
 }
 
 describe('transport ownership: a write callback means the transport let go of the bytes', () => {

@@ -197,6 +197,14 @@ export class FrameDecoder {
   private assembly: { frame: Buffer; pooled: Buffer; filled: number } | undefined;
   /** Whether this decoder counts among its pool's users (it took a buffer). */
   private pooling = false;
+  /** The reads pushed are the caller's to reuse once `push` returns (a socket reading into one
+   * static buffer, ts/transport/static-reads.ts): whatever the decoder or a frame keeps of them
+   * is copied first, never kept by reference (decisions §94). */
+  copyReads = false;
+  /** Bytes of fresh memory the decoder allocated for reads it kept (accumulators, frames taken
+   * from several reads, copies of lent chunks): the garbage its reads leave once their frames
+   * are done, where the reads themselves leave none (`copyReads`, lent chunks). */
+  allocated = 0;
 
   /** `framePool`: the process's, unless a test gives one of its own. */
   constructor(private readonly framePool: FramePool = processFramePool) {}
@@ -301,6 +309,7 @@ export class FrameDecoder {
   private pushLent(chunk: Buffer, out: Frame[], lent: () => void): Frame[] {
     if (this.assembly || this.buffered > 0 || !wholeFrames(chunk)) {
       const own = copyOf(chunk);
+      this.allocated += own.length;
       lent();
       return this.push(own, out);
     }
@@ -318,6 +327,7 @@ export class FrameDecoder {
       // Frames decoded before a violation are still delivered, after the chunk went back.
       if (failure !== undefined || f.payload.length < FrameDecoder.POOLED_MIN) {
         out[i] = { type: f.type, payload: Buffer.from(f.payload) };
+        this.allocated += f.payload.length;
         continue;
       }
       holders++;
@@ -373,7 +383,7 @@ export class FrameDecoder {
 
   private append(chunk: Buffer): void {
     this.buffered += chunk.length;
-    if (chunk.length >= FrameDecoder.SMALL_READ) {
+    if (chunk.length >= FrameDecoder.SMALL_READ && !this.copyReads) {
       // The accumulator stays for the small reads after it: dropped here, a connection whose
       // reads alternate large and small made a fresh 64 KiB one for nearly every small read
       // (307 in a 100 × 16 MiB session on four lanes, 71 when kept; decisions §82).
@@ -393,7 +403,9 @@ export class FrameDecoder {
       this.tailEnd += chunk.length;
       return;
     }
-    const fresh = Buffer.allocUnsafeSlow(this.nextTail);
+    // (A read larger than the accumulator, kept by copy, gets one of its own size.)
+    const fresh = Buffer.allocUnsafeSlow(Math.max(this.nextTail, chunk.length));
+    this.allocated += fresh.length;
     this.nextTail = Math.min(2 * this.nextTail, FrameDecoder.TAIL_SIZE);
     chunk.copy(fresh, 0);
     this.tail = fresh;
@@ -430,6 +442,7 @@ export class FrameDecoder {
         out = pooled.subarray(0, n);
       } else {
         out = Buffer.allocUnsafe(n);
+        this.allocated += n;
       }
       let filled = 0;
       while (filled < n) {

@@ -4,7 +4,8 @@
 
 import type { Duplex } from 'node:stream';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
-import { relieveGarbage } from '../utils/gc.js';
+import { relieveGarbage, relieveNearBudget } from '../utils/gc.js';
+import { readIntoStaticBuffer } from './static-reads.js';
 import { encodeFrameHeader, type Frame, FrameDecoder, FrameType, frameName, pointlessFrame, protocolError } from '../protocol/frames.js';
 import { decodeError } from '../protocol/messages.js';
 
@@ -260,6 +261,9 @@ export class FramedConnection {
   /** What the stream says: data to decode, its end, its close, its errors. */
   private listen(stream: Duplex): void {
     stream.on('data', (chunk: Buffer) => this.onData(chunk));
+    // A socket's reads from now on land in one buffer of its own, copied by the decoder as it
+    // keeps them; the 'data' listener above still gets the reads the stream holds already.
+    if (!this.parent && readIntoStaticBuffer(stream, (chunk) => this.onData(chunk, true))) this.decoder.copyReads = true;
     stream.on('end', () => {
       this.ended = true;
       this.mux?.closeAll(new PeerClosedError('before the session finished'));
@@ -282,7 +286,8 @@ export class FramedConnection {
     });
   }
 
-  private onData(chunk: Buffer): void {
+  /** `reused`: the chunk is a view of the socket's static read buffer (copied if kept). */
+  private onData(chunk: Buffer, reused = false): void {
     this.bytesReceived += chunk.length;
     // A multiplexed stream's chunk may be a slice of the connection's pooled buffer (mux.ts).
     const lent = (this.stream as { takeLent?: (c: Buffer) => (() => void) | undefined }).takeLent?.(chunk);
@@ -291,9 +296,13 @@ export class FramedConnection {
       lent?.();
       return;
     }
-    // Socket reads become garbage once decoded; a stream's chunks are slices of its
-    // connection's frames, counted there already.
-    if (!this.parent) relieveGarbage(chunk.length);
+    // Reads into fresh buffers become garbage once decoded: a minor GC every RELIEF_STEP of them
+    // (relieveGarbage). Reads into the static buffer leave none of their own: they pace the
+    // collections only near the budget (relieveNearBudget), and what the decoder allocated to
+    // keep them is counted after the push. A stream's chunks are slices of its connection's
+    // frames, counted there.
+    const allocatedBefore = this.decoder.allocated;
+    if (!this.parent) (reused ? relieveNearBudget : relieveGarbage)(chunk.length);
     const now = Date.now();
     this.lastBytes = now;
     const frames: Frame[] = [];
@@ -303,6 +312,9 @@ export class FramedConnection {
     } catch (e) {
       bad = e as Error;
     }
+    // (A multiplexed stream's reads are its connection's, which counts them only when they are
+    // fresh buffers; what the stream's decoder copies of them is garbage of its own.)
+    if ((reused || this.parent) && this.decoder.allocated > allocatedBefore) relieveGarbage(this.decoder.allocated - allocatedBefore);
     for (const f of frames) {
       const verdict = this.screen(f, now);
       if (verdict instanceof Error) {

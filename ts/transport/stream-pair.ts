@@ -16,6 +16,7 @@
 
 import { copyOf } from '../utils/buffer-pool.js';
 import { Duplex, finished, type Readable, type Writable } from 'node:stream';
+import { readIntoStaticBuffer, type StaticReadable } from './static-reads.js';
 
 type Callback = (e?: Error | null) => void;
 
@@ -97,8 +98,11 @@ export function pipePair(highWaterMark = 4 * 1024 * 1024): [Duplex, Duplex] {
 
 /** `readable` and `writable` (a child's stdout and stdin, our own stdin and stdout) as one
  * Duplex whose write callbacks are the inner writable's own (fired once the bytes left). */
-class JoinedStreams extends Duplex {
+class JoinedStreams extends Duplex implements StaticReadable {
   private finalCb: Callback | undefined;
+  /** The readable side reads into a static buffer and its reads go straight to their reader,
+   * not through this stream's buffer: pause() and resume() act on it directly. */
+  private direct = false;
 
   constructor(
     private readonly r: Readable,
@@ -122,6 +126,22 @@ class JoinedStreams extends Duplex {
 
   override _read(): void {
     this.r.resume();
+  }
+
+  readIntoStaticBuffer(onRead: (chunk: Buffer) => void): boolean {
+    if (!readIntoStaticBuffer(this.r, onRead)) return false;
+    this.direct = true;
+    return true;
+  }
+
+  override pause(): this {
+    if (this.direct) this.r.pause();
+    return super.pause();
+  }
+
+  override resume(): this {
+    if (this.direct) this.r.resume();
+    return super.resume();
   }
 
   override _write(chunk: Buffer, enc: BufferEncoding, cb: Callback): void {
