@@ -70,8 +70,9 @@ describe('readIntoStaticBuffer', () => {
       assert.equal(switched, true);
       accepted.resume();
       const ended = new Promise<void>((r) => accepted.once('end', () => r()));
+      const r = rng(5);
       for (let at = 10_000; at < sent.length; ) {
-        const n = Math.min(sent.length - at, 1 + Math.floor(Math.random() * 300_000));
+        const n = Math.min(sent.length - at, 1 + below(r, 300_000));
         if (!client.write(sent.subarray(at, at + n))) await new Promise((r) => client.once('drain', r));
         at += n;
       }
