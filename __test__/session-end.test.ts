@@ -64,12 +64,28 @@ async function barrier(targetPort: number, needs?: NeedGate, corrupt?: { stream:
         }
       });
     };
+    // The corrupted stream's frames, from the corrupted one on, wait until TREE_END has passed
+    // towards the receiver: the chunk fails after TREE_END went, whichever peer is faster (the
+    // receiver that rejects it at once must not stop the sender before its TREE_END).
+    const corruptedHeld: Buffer[] = [];
+    let treeEndPassed = false;
     frames(down, up, (frame) => {
-      if (frame[4] === FrameType.TREE_END) setImmediate(() => release('TREE_END'));
+      if (frame[4] === FrameType.TREE_END) {
+        setImmediate(() => release('TREE_END'));
+        treeEndPassed = true;
+        up.write(frame);
+        for (const f of corruptedHeld.splice(0)) up.write(f);
+        return false;
+      }
+      const ofCorrupted = corrupt && frame[4] === FrameType.MUX && frame.length >= 9 && frame.readUInt32LE(5) === corrupt.stream;
       // One byte of the stream's first DATA frame, in its last record's bytes.
-      if (corrupt && !corrupt.done && frame[4] === FrameType.MUX && frame.length > 64 && frame.readUInt32LE(5) === corrupt.stream && frame[13] === FrameType.DATA) {
+      if (ofCorrupted && !corrupt.done && frame.length > 64 && frame[13] === FrameType.DATA) {
         frame[frame.length - 20] ^= 0xff;
         corrupt.done = true;
+      }
+      if (ofCorrupted && corrupt.done && !treeEndPassed) {
+        corruptedHeld.push(frame);
+        return false;
       }
       return true;
     });
