@@ -181,6 +181,23 @@ describe('FrameDecoder.copyReads: reads pushed from a buffer that is reused at o
   });
 });
 
+/** Sends `payloads` as DATA frames on `tx` without waiting; `whileQueued` runs once they have had
+ * `waitMs` to queue up (held while the next reads arrive); then every frame is received on `rx`
+ * and checked. */
+async function exchangeHeld(tx: FramedConnection, rx: FramedConnection, payloads: Buffer[], waitMs: number, whileQueued?: () => void): Promise<void> {
+  const sending = (async () => {
+    for (const p of payloads) await tx.send(FrameType.DATA, p);
+  })();
+  await sleep(waitMs);
+  whileQueued?.();
+  for (let i = 0; i < payloads.length; i++) {
+    const f = await rx.recv();
+    assert.ok(f.payload.equals(payloads[i]!), `frame ${i}`);
+    f.release?.();
+  }
+  await sending;
+}
+
 describe('FramedConnection reads a socket into one buffer', () => {
   for (const [name, pair] of PAIRS) {
     it(`${name}: no 'data' event (a fresh buffer each) for what arrives once the connection listens; frames intact`, async () => {
@@ -190,16 +207,7 @@ describe('FramedConnection reads a socket into one buffer', () => {
       let dataEvents = 0;
       accepted.on('data', () => dataEvents++);
       const payloads = Array.from({ length: 40 }, (_, i) => seeded(i % 5 === 0 ? 2 * 1024 * 1024 : 100 + i * 700, i));
-      const sending = (async () => {
-        for (const p of payloads) await tx.send(FrameType.DATA, p);
-      })();
-      await sleep(100); // frames queue up, held while the next reads arrive
-      for (let i = 0; i < payloads.length; i++) {
-        const f = await rx.recv();
-        assert.ok(f.payload.equals(payloads[i]!), `frame ${i}`);
-        f.release?.();
-      }
-      await sending;
+      await exchangeHeld(tx, rx, payloads, 100);
       assert.equal(dataEvents, 0, `'data' events on the receiving socket: ${dataEvents}`);
       await Promise.all([tx.close(), rx.close()]);
     });
@@ -216,20 +224,13 @@ describe('a child process stdio joined into one stream (ssh) reads its pipe into
     joined.on('data', () => dataEvents++);
     try {
       const payloads = Array.from({ length: 30 }, (_, i) => seeded(i % 6 === 0 ? 2 * 1024 * 1024 : 50 + i * 900, 100 + i));
-      const sending = (async () => {
-        for (const p of payloads) await conn.send(FrameType.DATA, p);
-      })();
-      await sleep(300); // the echo fills our queue: the connection pauses the pipe
-      // Its reads bypass the joined stream's buffer, so pausing that stream must reach the pipe:
-      // otherwise every byte echoed (10.4 MiB) would be read in while nobody takes a frame.
-      assert.equal(child.stdout!.isPaused(), true, 'the pipe is paused');
-      assert.ok(conn.bytesReceived < 8 * 1024 * 1024, `read while the queue was full: ${conn.bytesReceived} bytes`);
-      for (let i = 0; i < payloads.length; i++) {
-        const f = await conn.recv();
-        assert.ok(f.payload.equals(payloads[i]!), `frame ${i}`);
-        f.release?.();
-      }
-      await sending;
+      // The echo fills our queue: the connection pauses the pipe. Its reads bypass the joined
+      // stream's buffer, so pausing that stream must reach the pipe: otherwise every byte echoed
+      // (10.4 MiB) would be read in while nobody takes a frame.
+      await exchangeHeld(conn, conn, payloads, 300, () => {
+        assert.equal(child.stdout!.isPaused(), true, 'the pipe is paused');
+        assert.ok(conn.bytesReceived < 8 * 1024 * 1024, `read while the queue was full: ${conn.bytesReceived} bytes`);
+      });
       assert.equal(dataEvents, 0, `'data' events on the joined stream: ${dataEvents}`);
     } finally {
       await conn.close(1000);

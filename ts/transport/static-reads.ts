@@ -47,7 +47,7 @@ export interface StaticReadable {
 
 /** Bytes a socket reads at once into its buffer: libuv's own read size for TCP and pipes
  * (a TLS socket hands over one record, at most 16 KiB, per read). */
-export const STATIC_READ_SIZE = 64 * 1024;
+const STATIC_READ_SIZE = 64 * 1024;
 
 /**
  * From now on, `stream`'s reads arrive in `onRead`, each a view of one buffer that the next
@@ -59,7 +59,7 @@ export const STATIC_READ_SIZE = 64 * 1024;
  * with a native handle (a multiplexed stream, an in-process pair, stdin read from a file) or a
  * runtime without the mechanism; the caller then reads 'data' events as before.
  */
-export function readIntoStaticBuffer(stream: Readable, onRead: (chunk: Buffer) => void, size = STATIC_READ_SIZE): boolean {
+export function readIntoStaticBuffer(stream: Readable, onRead: (chunk: Buffer) => void): boolean {
   const joined = (stream as Partial<StaticReadable>).readIntoStaticBuffer;
   if (typeof joined === 'function') return joined.call(stream, onRead);
   if (!(stream instanceof net.Socket) || stream.destroyed || stream.connecting) return false;
@@ -67,7 +67,7 @@ export function readIntoStaticBuffer(stream: Readable, onRead: (chunk: Buffer) =
   if (typeof handle?.useUserBuffer !== 'function') return false;
   const k = onreadKeys();
   if (!k) return false;
-  const buffer = Buffer.allocUnsafeSlow(size);
+  const buffer = Buffer.allocUnsafeSlow(STATIC_READ_SIZE);
   const own = stream as unknown as Record<symbol, unknown>;
   // Both before the handle switches: its next read calls back through them.
   own[k.buffer] = buffer;
