@@ -60,6 +60,7 @@ const ALLOWED_SYNC: Record<string, string> = {
   'NativeTreeSync.rootsToSupply': 'in-memory comparison of the two manifests, once per session',
   'NativeTreeSync.setPeerRoots': 'copies one received table into the tree, once per session',
   'NativeTreeSync.largeTransfers': STATE,
+  'NativeTreeSync.scanAheadCandidates': "one pass over the walk's entries in memory, once per session",
   'NativeTreeSync.describe': STATE,
   'NativeTreeSync.itemize': 'formats the plan already made, once per session',
   'NativeTreeSync.clearFor': STATE,

@@ -12,6 +12,7 @@ import path from 'node:path';
 import { describe, it } from 'node:test';
 import { FrameType } from '../ts/protocol/frames';
 import { assertSameTree, partials, type PeerResult, run, seeded, startReceiver, tmpdir } from './helpers/peers';
+import { relayFrames } from './helpers/frame-relay';
 
 const KiB = 1024;
 /** Longer than an honest session of this size takes on loopback, short enough for CI. */
@@ -50,26 +51,12 @@ async function barrier(targetPort: number, needs?: NeedGate, corrupt?: { stream:
       clearTimeout(timer);
       for (const f of queue.splice(0)) down.write(f);
     };
-    const frames = (from: net.Socket, to: net.Socket, each: (frame: Buffer) => boolean) => {
-      let buf = Buffer.alloc(0);
-      from.on('end', () => to.end());
-      from.on('error', () => to.destroy());
-      to.on('error', () => from.destroy());
-      from.on('data', (d: Buffer) => {
-        buf = Buffer.concat([buf, d]);
-        while (buf.length >= 4 && buf.length >= 4 + buf.readUInt32LE(0)) {
-          const frame = Buffer.from(buf.subarray(0, 4 + buf.readUInt32LE(0)));
-          buf = buf.subarray(frame.length);
-          if (each(frame)) to.write(frame);
-        }
-      });
-    };
     // The corrupted stream's frames, from the corrupted one on, wait until TREE_END has passed
     // towards the receiver: the chunk fails after TREE_END went, whichever peer is faster (the
     // receiver that rejects it at once must not stop the sender before its TREE_END).
     const corruptedHeld: Buffer[] = [];
     let treeEndPassed = false;
-    frames(down, up, (frame) => {
+    relayFrames(down, up, (frame) => {
       if (frame[4] === FrameType.TREE_END) {
         setImmediate(() => release('TREE_END'));
         treeEndPassed = true;
@@ -94,7 +81,7 @@ async function barrier(targetPort: number, needs?: NeedGate, corrupt?: { stream:
       needsOpen = true;
       for (const f of needsHeld.splice(0)) down.write(f);
     });
-    frames(up, down, (frame) => {
+    relayFrames(up, down, (frame) => {
       if (frame[4] !== FrameType.MUX || frame.length < 14) return true;
       if (needs && !needsOpen) {
         // Everything from the receiver's first NEED on waits for the gate, in order.

@@ -208,6 +208,11 @@ export declare class NativeTreeSync {
   setMaxDelete(n?: number | undefined | null): void
   /** Entries of our walk (cheap; `stats()` counts by kind). */
   entryCount(): number
+  /**
+   * Sender, before triage: the files it will probably hash, packed `{ len u32 LE, path }*`
+   * in plan order (see `TreeSync::scan_ahead_candidates`). One pass over the walk's entries.
+   */
+  scanAheadCandidates(maxSize: number, maxBytes: number): Buffer
   /** Our manifest in wire form (zstd-compressed), encoded on the pool. */
   manifest(): Promise<Buffer>
   stats(): TreeStats
@@ -471,6 +476,14 @@ export interface QuicWireBytes {
  * to a message when one was completed, rejects (EVERIFY) when it could not be.
  */
 export declare function recoverInplace(target: string | Buffer, beneath?: string | undefined | null): Promise<string | null>
+
+/**
+ * Hash a file into the index at background priority (a scan ahead of the conversations,
+ * decisions §95): on `ffsync_core::background`'s pool, which runs only when a core is otherwise
+ * idle, never on libuv's pool (a session's own work waits there). Resolves to whether the
+ * file was hashed; a failure is the conversation's to report, when it hashes the file itself.
+ */
+export declare function scanFileBackground(path: string | Buffer, stateDir: string): Promise<boolean>
 
 /** Chunk and hash a file on every core (or load its manifest from the index). */
 export declare function scanFileNative(path: string | Buffer, options?: ScanFileOptions | undefined | null, onProgress?: ((doneBytes: number) => void) | undefined | null): Promise<ScanResult>

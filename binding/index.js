@@ -861,6 +861,7 @@ module.exports.partialDirRule = nativeBinding.partialDirRule
 module.exports.quicConnect = nativeBinding.quicConnect
 module.exports.quicListen = nativeBinding.quicListen
 module.exports.recoverInplace = nativeBinding.recoverInplace
+module.exports.scanFileBackground = nativeBinding.scanFileBackground
 module.exports.scanFileNative = nativeBinding.scanFileNative
 module.exports.validateChown = nativeBinding.validateChown
 module.exports.validateExcludes = nativeBinding.validateExcludes

@@ -17,6 +17,7 @@ import type { SecureStream } from '../transport/peer-identity.js';
 import { newSummary, type SyncEvents, type SyncSummary } from './events.js';
 import { identityChanged, sendFileContent } from './content-send.js';
 import { sendTree, startWalk, type TreeSendOptions } from './tree-send.js';
+import { ScanAhead } from './scan-ahead.js';
 import { removeSourceFile } from './remove-sources.js';
 import path from 'node:path';
 
@@ -91,6 +92,24 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   // A tree is walked while we connect and shake hands.
   const walking = st.isDirectory() ? startWalk(path.resolve(o.path), o, stateDir) : undefined;
   walking?.catch(() => undefined);
+  // ... and its files are hashed ahead (decisions §95), from the walk's end until triage.
+  const scanAhead = walking && scansAhead(o) ? ScanAhead.sender(walking, path.resolve(o.path), stateDir) : undefined;
+  try {
+    return await connectAndSend(o, { stateDir, st, walking, scanAhead, t0 });
+  } finally {
+    scanAhead?.stop();
+  }
+}
+
+/** Whether a tree's sender hashes ahead while the session is set up (decisions §95): an
+ * overlapped phase, so not with --no-overlap or in a local sync (both peers share the cores
+ * there, `overlap: false`), nor where nothing would read the index (-c, -W, a dry run). */
+export function scansAhead(o: SendOptions): boolean {
+  return o.overlap !== false && !o.checksum && !o.wholeFile && !o.tree?.dryRun;
+}
+
+async function connectAndSend(o: SendOptions, c: Pick<SenderContext, 'stateDir' | 'st' | 'walking' | 'scanAhead' | 't0'>): Promise<SyncSummary> {
+  const { stateDir, st, walking, scanAhead, t0 } = c;
   const timeoutMs = o.timeoutMs ?? 60_000;
   if (o.pair !== undefined) {
     if (o.plaintext || o.quic) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `--pair runs over TLS: drop --${o.plaintext ? 'plaintext' : 'quic'} for the first session (after pairing, --quic works without a code)`);
@@ -110,7 +129,7 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
     const dialed = performance.now();
     const quic = await QuicSession.connect(o.host, o.port, loadOrCreateIdentity(stateDir), { timeoutMs: o.connectTimeoutMs ?? Math.min(timeoutMs, 10_000), idleMs: timeoutMs });
     const quicHandshakeMs = performance.now() - dialed;
-    return overQuic(quic, 'open', timeoutMs, (conn, stream) => runSender(conn, { ...o, stateDir, st, walking, t0, secure: stream, dialLane: () => quic.openStream(), handshakeMs: quicHandshakeMs }));
+    return overQuic(quic, 'open', timeoutMs, (conn, stream) => runSender(conn, { ...o, stateDir, st, walking, scanAhead, t0, secure: stream, dialLane: () => quic.openStream(), handshakeMs: quicHandshakeMs }));
   }
   /* eslint-disable @typescript-eslint/no-require-imports */
   const identity = o.plaintext ? undefined : (require('../security/identity.js') as typeof import('../security/identity.js')).loadOrCreateIdentity(stateDir);
@@ -119,7 +138,7 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   const dial = (): Promise<Duplex> => (identity ? tls!.tlsConnect(o.host, o.port, identity) : connect(o.host, o.port));
   const sock = await dial();
   const conn = new FramedConnection(sock, timeoutMs);
-  return runSender(conn, { ...o, stateDir, st, walking, secure: identity ? sock : undefined, dialLane: dial, lanesOwnConnections: true, t0, handshakeMs: handshakeMs(sock) });
+  return runSender(conn, { ...o, stateDir, st, walking, scanAhead, secure: identity ? sock : undefined, dialLane: dial, lanesOwnConnections: true, t0, handshakeMs: handshakeMs(sock) });
 }
 
 /** What runSender needs besides the user's options. */
@@ -127,6 +146,8 @@ export interface SenderContext extends SendOptions {
   stateDir: string;
   st: import('node:fs').BigIntStats;
   walking?: Promise<NativeTreeSync>;
+  /** The tree's files hashed ahead, started with the walk (runSender starts it otherwise). */
+  scanAhead?: ScanAhead;
   /** The stream whose peer certificate must be trusted (TLS, QUIC); absent: none to check. */
   secure?: SecureStream;
   /** Vouched-for peer fingerprint (`sync --quic`, learnt over ssh). */
@@ -144,7 +165,12 @@ export interface SenderContext extends SendOptions {
 /** Everything after the transport is up: over TCP/TLS (`send`), an ssh channel or an
  * in-process pipe (`sync`). Closes `conn` at the end. */
 export async function runSender(conn: FramedConnection, o: SenderContext): Promise<SyncSummary> {
-  const { stateDir, st, walking, t0 } = o;
+  const { stateDir, st, t0 } = o;
+  // A tree is walked while the HELLOs cross (`send` and `sync` started it before connecting).
+  const walking = st.isDirectory() ? (o.walking ?? startWalk(path.resolve(o.path), o, stateDir)) : undefined;
+  walking?.catch(() => undefined);
+  // ... and its files are hashed ahead until triage.
+  const scanAhead = o.scanAhead ?? (walking && scansAhead(o) ? ScanAhead.sender(walking, path.resolve(o.path), stateDir) : undefined);
   const stopWatching = closeOnAbort(conn, o.signal);
   const summary = newSummary('sender', o.path, st.isDirectory() ? 0 : Number(st.size));
   // The file being sent, once its conversation started: whether it changed under us decides
@@ -169,7 +195,7 @@ export async function runSender(conn: FramedConnection, o: SenderContext): Promi
       // A tree is offered before the HELLO comes to a receiver we remember.
       const remembered = o.negotiated ? undefined : rememberedReceiver(stateDir, fingerprint, o.remotePath);
       const negotiated = remembered ?? (await hello);
-      await sendTree(conn, { ...o, path: path.resolve(o.path), stateDir, negotiated, hello: remembered && hello, summary, st, walking: walking ?? startWalk(path.resolve(o.path), o, stateDir) });
+      await sendTree(conn, { ...o, path: path.resolve(o.path), stateDir, negotiated, hello: remembered && hello, summary, st, walking: walking!, scanAhead });
     } else {
       // A file's OFFER depends on nothing the receiver says: it goes behind our HELLO, unless a
       // daemon is to be asked for a path first, or over plaintext TCP: a receiver expecting TLS
@@ -187,6 +213,7 @@ export async function runSender(conn: FramedConnection, o: SenderContext): Promi
     err.summary = summary;
     throw err;
   } finally {
+    scanAhead?.stop();
     stopWatching();
     await endSession(conn, summary, t0);
   }

@@ -22,7 +22,8 @@ import type { QuicListener, QuicSession } from '../transport/quic.js';
 import net from 'node:net';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { runReceiver, checkTarget, type ReceiverContext } from './receive.js';
-import { runSender, statSource, type SendOptions } from './send.js';
+import { runSender, scansAhead, statSource, type SendOptions } from './send.js';
+import { ScanAhead } from './scan-ahead.js';
 import type { SyncEvents, SyncSummary } from './events.js';
 import { startWalk, type TreeSendOptions } from './tree-send.js';
 import { startPrewalk } from './tree-receive.js';
@@ -401,16 +402,20 @@ function push(c: SyncContext, st: BigIntStats, srcName: string): Promise<SyncSum
       minSize: o.minSize,
     }),
   );
-  if (o.quic) {
-    return remote.run((conn) =>
-      quicOverSsh(conn, dest.host!, o, stateDir, (session, peer) =>
-        overQuic(session, 'open', eng.timeoutMs!, (qconn, stream) =>
-          runSender(qconn, { ...eng, tree: { ...eng.tree, listing: listingOf(o, src, dest, true) }, quic: true, path: src.path, host: dest.host!, port: 0, stateDir, st, t0, secure: stream, expectFingerprint: peer, dialLane: () => session.openStream() }),
+  const sending = { ...eng, tree: { ...eng.tree, listing: listingOf(o, src, dest, true) }, path: src.path, host: dest.host!, port: 0, stateDir, st, t0 };
+  // A tree is walked, and its files hashed ahead (decisions §95), while ssh connects and the
+  // remote side starts: several round trips and a process start.
+  const walking = st.isDirectory() ? startWalk(path.resolve(src.path), sending, stateDir) : undefined;
+  walking?.catch(() => undefined);
+  const scanAhead = walking && scansAhead(sending) ? ScanAhead.sender(walking, path.resolve(src.path), stateDir) : undefined;
+  const pushed = o.quic
+    ? remote.run((conn) =>
+        quicOverSsh(conn, dest.host!, o, stateDir, (session, peer) =>
+          overQuic(session, 'open', eng.timeoutMs!, (qconn, stream) => runSender(qconn, { ...sending, walking, scanAhead, quic: true, secure: stream, expectFingerprint: peer, dialLane: () => session.openStream() })),
         ),
-      ),
-    );
-  }
-  return remote.run((conn) => runSender(conn, { ...eng, tree: { ...eng.tree, listing: listingOf(o, src, dest, true) }, path: src.path, host: dest.host!, port: 0, stateDir, st, t0 }));
+      )
+    : remote.run((conn) => runSender(conn, { ...sending, walking, scanAhead }));
+  return pushed.finally(() => scanAhead?.stop());
 }
 
 /** Pull: the remote side sends; we receive by rsync's placement rules. */

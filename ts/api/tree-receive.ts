@@ -37,6 +37,7 @@ import { hashWithin } from './content-send.js';
 import { receiveFileContent, WRITES_IN_FLIGHT } from './content-receive.js';
 import { WorkLimit } from '../utils/data-turns.js';
 import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, treeSummary } from './tree-common.js';
+import { ScanAhead } from './scan-ahead.js';
 import { laneWindow, Multiplexer, SessionWindow } from '../transport/mux.js';
 import { writeSlots } from './write-slots.js';
 
@@ -153,6 +154,8 @@ class TreeReceiver {
   private accepting: Promise<void> | undefined;
   /** The read-ahead is the session's: with lanes, each connection gets its share. */
   private connections = 1;
+  /** From triage on: the deltas' old versions hashed ahead of their conversations. */
+  private scanAhead: ScanAhead | undefined;
   /** Absent until triage: lanes and streams that join before it wait for it. */
   private plan: Plan | undefined;
 
@@ -184,6 +187,9 @@ class TreeReceiver {
       opened = tree;
       applyTreeSettings(tree, o, this.dryRun);
       const plan = await this.triage(tree, root, limits);
+      // The old versions the deltas start from are known now: hashed ahead, in plan order
+      // (decisions §95). Not where the index is not read (-c).
+      if (this.multiplexed && !this.checksum && !this.dryRun) this.scanAhead = ScanAhead.receiver(plan.large.values(), root, o.stateDir);
       // Only this side knows whether it made the root (a pull's listing is printed here).
       const here = o.tree?.listing && { ...o.tree.listing, rootCreated: !existed };
       logListing(tree, here);
@@ -194,6 +200,7 @@ class TreeReceiver {
       await this.abandon(e);
       throw e;
     } finally {
+      this.scanAhead?.stop();
       opened?.releaseHandles();
       o.listener?.close();
       for (const s of this.streams) s.destroy();
@@ -426,6 +433,8 @@ class TreeReceiver {
     const caps = o.negotiated.capabilities;
     const abs = joinTreePath(plan.root, lt.path);
     const basis = lt.delta ? [abs] : [];
+    // Hashed ahead, its manifest is in the index; none is started for it from now on.
+    if (basis.length) this.scanAhead?.claim(lt.path);
     const locals = basis.length ? c.keepAlive(hashWithin(this.hashing, () => scanFile(abs, { stateDir: o.stateDir, ignoreIndex: this.checksum }))).then((r) => [r]) : Promise.resolve([]);
     locals.catch(() => undefined);
     return {

@@ -41,6 +41,7 @@ import { Multiplexer } from '../transport/mux.js';
 import { NOTHING_REMOVED, removeSourceTree } from './remove-sources.js';
 import { ConnectionShare, type DataTurn, SharedUnits, WorkLimit } from '../utils/data-turns.js';
 import { type FileProgress, TreeTransferProgress } from './tree-progress.js';
+import type { ScanAhead } from './scan-ahead.js';
 
 /** Large files whose conversations run at once in a multiplexed (version 2) session: enough
  * to hide ~3 round trips per file behind the data of the others (64 files in flight cover
@@ -123,6 +124,8 @@ interface Context extends SendOptions {
    * last session (utils/remembered-hello.ts), and this is what it says now. The offer and our
    * manifest go before it comes, when they would be the same for both (decisions §93). */
   hello?: Promise<Negotiated>;
+  /** Hashing the likely files ahead until triage (decisions §95). */
+  scanAhead?: ScanAhead;
 }
 
 /** Walk the source tree (in parallel, natively); progress counts entries. */
@@ -150,7 +153,10 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   if (early) o.negotiated = await confirmEarlyOffer(o, offer);
   const lanes = lanesWanted > 1 ? decodeLanes((await expect(conn, FrameType.LANES)).payload) : undefined;
   await exchangeManifestsAndRoots(conn, tree, Boolean(o.checksum), o.events, manifestSent);
-  const counts = await call(tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile), t.maxSize, t.minSize, options.omitTimes, options.omitPerms, options.sizeOnly, options.ignoreExisting, options.existingOnly));
+  const triaged = call(tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile), t.maxSize, t.minSize, options.omitTimes, options.omitPerms, options.sizeOnly, options.ignoreExisting, options.existingOnly));
+  // The plan is known: each conversation hashes what it needs from here (ahead of it, the
+  // scans started by now finish).
+  const counts = await triaged.finally(() => o.scanAhead?.stop());
   o.summary.size = counts.sourceBytes;
   o.summary.tree = treeSummary(stats, counts);
   const listing = () => listingLines(tree, t.listing);
@@ -535,6 +541,8 @@ async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: Larg
   }
   const failed: FailedFile = { c, lt, o, stream: lo.stream, stillAsScanned: async () => !identityChanged(await statOf(abs).catch(() => undefined), st) };
   await c.send(FrameType.FILE_BEGIN, encodeFileBegin(lt.action, FileBeginStatus.SENDING));
+  // Hashed ahead, its manifest is in the index; none is started for it from now on.
+  o.scanAhead?.claim(lt.path);
   let r: ContentResult;
   try {
     const caps = o.negotiated.capabilities;

@@ -118,7 +118,7 @@ function addSend(program: Command): void {
     .addOption(new Option('--parallel <K>', 'trees: spread large files over K connections (QUIC: K streams, default 16)').argParser(intArg(1, 16)))
     .addOption(new Option('--max-size <SIZE>', "trees: leave files larger than SIZE alone (rsync's rules; e.g. 100M)").argParser(sizeArg))
     .addOption(new Option('--min-size <SIZE>', 'trees: leave files smaller than SIZE alone').argParser(sizeArg))
-    .option('--no-overlap', 'scan a large file completely before sending its manifest (default: stream it while hashing, so the receiver starts early)')
+    .option('--no-overlap', 'scan a large file completely before sending its manifest, and a tree\'s files only once triage named them (default: stream the manifest while hashing, and hash ahead while the session is set up)')
     .option('--pair <code>', 'first contact: the one-time code the receiver printed (e.g. 7-amber-orbit); both sides pin each other')
     .action(async (source: string, addr: string, o: CommonOptions & TreeCli & { compressLevel: number; compress: boolean; bwlimit?: number; dryRun?: boolean; parallel?: number; maxSize?: number; minSize?: number; overlap: boolean; pair?: string }) => {
       await run(o, async (events, signal) => {

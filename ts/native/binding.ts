@@ -44,6 +44,12 @@ export function scanFile(path: string | Buffer, opts: ScanOptions = {}): Promise
   return call(native.scanFileNative(path, { stateDir: opts.stateDir, ignoreIndex: opts.ignoreIndex, paramsForSize: opts.paramsForSize }, progressCallback(opts.onProgress)));
 }
 
+/** Hash a file into the index at the system's idle priority, off libuv's pool (a scan ahead of
+ * the conversations, decisions §95). Resolves to whether it was hashed; never rejects. */
+export function scanFileBackground(path: string | Buffer, stateDir: string): Promise<boolean> {
+  return native.scanFileBackground(path, stateDir);
+}
+
 /** Scan in windows of `window` bytes, handing out each window's manifest entries while the
  * rest is still being hashed (overlapped phases, docs/protocol.md §4.15). */
 export function openScanStream(path: string | Buffer, window: number, opts: ScanOptions = {}, early?: Binding.EarlyData): Promise<Binding.NativeScanStream> {

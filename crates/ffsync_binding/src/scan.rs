@@ -118,6 +118,30 @@ pub fn scan_file_native(
     })
 }
 
+/// Hash a file into the index at background priority (a scan ahead of the conversations,
+/// decisions §95): on `ffsync_core::background`'s pool, which runs only when a core is otherwise
+/// idle, never on libuv's pool (a session's own work waits there). Resolves to whether the
+/// file was hashed; a failure is the conversation's to report, when it hashes the file itself.
+#[napi(ts_return_type = "Promise<boolean>")]
+pub fn scan_file_background<'env>(
+    env: &'env Env,
+    #[napi(ts_arg_type = "string | Buffer")] path: crate::PathArg,
+    state_dir: String,
+) -> Result<Object<'env>> {
+    let (deferred, promise) = env.create_deferred()?;
+    let path = crate::path_arg(path);
+    ffsync_core::background::spawn(move || {
+        let opts = ScanOptions {
+            state_dir: Some(std::path::Path::new(&state_dir)),
+            ignore_index: false,
+            progress: None,
+        };
+        let hashed = scan_file(&path, &opts).is_ok();
+        deferred.resolve(move |_| Ok(hashed));
+    });
+    Ok(promise)
+}
+
 #[napi(object)]
 pub struct ManifestInfo {
     pub root: String,

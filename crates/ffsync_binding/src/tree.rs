@@ -450,6 +450,17 @@ impl NativeTreeSync {
         self.inner.read().unwrap().local.manifest.len() as u32
     }
 
+    /// Sender, before triage: the files it will probably hash, packed `{ len u32 LE, path }*`
+    /// in plan order (see `TreeSync::scan_ahead_candidates`). One pass over the walk's entries.
+    #[napi]
+    pub fn scan_ahead_candidates(&self, max_size: f64, max_bytes: f64) -> Buffer {
+        self.inner
+            .read()
+            .unwrap()
+            .scan_ahead_candidates(max_size as u64, max_bytes as u64)
+            .into()
+    }
+
     /// Our manifest in wire form (zstd-compressed), encoded on the pool.
     #[napi(ts_return_type = "Promise<Buffer>")]
     pub fn manifest(&self) -> AsyncTask<ManifestTask> {

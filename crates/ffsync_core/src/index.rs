@@ -149,7 +149,12 @@ pub(crate) fn write_atomically(p: &Path, bytes: &[u8]) -> Result<()> {
 pub(crate) fn write_atomically_with(p: &Path, fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<()> {
     let dir = p.parent().unwrap();
     fs::create_dir_all(dir).map_err(|e| CoreError::io(dir, e))?;
-    let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+    // Unique per write, not only per process: two threads may index the same file at once
+    // (a scan ahead and the conversation that did not wait for it, decisions §95; two sessions
+    // of one daemon), and each must rename a whole file of its own.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = p.with_extension(format!("tmp{}-{n}", std::process::id()));
     let write = || -> std::io::Result<()> {
         let mut f = std::io::BufWriter::with_capacity(64 * 1024, fs::File::create(&tmp)?);
         fill(&mut f)?;
@@ -235,6 +240,29 @@ mod tests {
         fs::write(&p, bytes).unwrap();
         assert_eq!(load(dir.path(), file, &id), None);
         assert!(!p.exists(), "corrupt index must be removed");
+    }
+
+    #[test]
+    fn threads_indexing_one_file_at_once_each_write_a_whole_entry() {
+        // Decisions §95: a scan ahead and a conversation may index the same file together.
+        let dir = tempfile::tempdir().unwrap();
+        let (id, m) = entry();
+        let file = Path::new("/data/shared.bin");
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..50 {
+                        store(dir.path(), file, &id, &m).unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(load(dir.path(), file, &id), Some(m));
+        let left: Vec<_> = fs::read_dir(index_path(dir.path(), file).parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left.len(), 1, "temporary files left: {left:?}");
     }
 
     #[test]

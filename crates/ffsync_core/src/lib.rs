@@ -13,6 +13,7 @@
 //! - [`beneath`]: filesystem access confined beneath a directory handle (no link followed)
 //! - [`identity`]: this peer's self-signed TLS identity (rcgen)
 
+pub mod background;
 pub mod backup;
 pub mod beneath;
 pub mod chunk_batch;

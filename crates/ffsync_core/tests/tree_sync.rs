@@ -1585,3 +1585,53 @@ fn a_root_claim_names_a_large_transfer_or_is_refused() {
     let large = r.large_transfers()[0].action as usize;
     assert!(s.claim_root(large, [0; 32]).is_ok());
 }
+
+/// Decisions §95: the sender's guess at what it will hash (scanned while the receiver's
+/// manifest is on its way) lists regular files over the small-file limit and within the
+/// size given, in walk order, up to the byte budget, and none whose root the index knows.
+#[test]
+fn scan_ahead_candidates_are_the_unindexed_large_files_in_walk_order_within_budget() {
+    fn listed(packed: &[u8]) -> Vec<String> {
+        let (mut out, mut at) = (Vec::new(), 0);
+        while at < packed.len() {
+            let n = u32::from_le_bytes(packed[at..at + 4].try_into().unwrap()) as usize;
+            out.push(String::from_utf8(packed[at + 4..at + 4 + n].to_vec()).unwrap());
+            at += 4 + n;
+        }
+        out
+    }
+    let (src, dst) = (Side::new(), Side::new());
+    populate(&src); // one file over 64 KiB: deep/er/still/x.bin (70,000 bytes)
+    src.put("big/b.bin", &bytes(200_000, 1));
+    src.put("big/a.bin", &bytes(100_000, 2));
+    src.put("big/c.bin", &bytes(3_000_000, 3));
+    src.put("edge64k", &bytes(64 * 1024, 4)); // at the small-file limit: batches hash it
+    symlink("big/c.bin", src.p("to-c")).unwrap(); // a link is not read
+    let s = open(&src, &Filter::new(&[]).unwrap(), None, true);
+    let order = |names: &[&str]| names.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        listed(&s.scan_ahead_candidates(u64::MAX, u64::MAX)),
+        order(&["big/a.bin", "big/b.bin", "big/c.bin", "deep/er/still/x.bin"])
+    );
+    // Over the size given: left to the conversation (it streams its manifest while hashing).
+    assert_eq!(
+        listed(&s.scan_ahead_candidates(1_000_000, u64::MAX)),
+        order(&["big/a.bin", "big/b.bin", "deep/er/still/x.bin"])
+    );
+    // The budget: the file that reaches it is the last listed.
+    assert_eq!(
+        listed(&s.scan_ahead_candidates(u64::MAX, 250_000)),
+        order(&["big/a.bin", "big/b.bin"])
+    );
+    assert_eq!(listed(&s.scan_ahead_candidates(u64::MAX, 0)), Vec::<String>::new());
+    drop(s);
+    // After a sync the sender's index holds every root: nothing is left to guess, except
+    // a file changed since.
+    sync_ok(&src, &dst, Opts::default());
+    src.put("big/b.bin", &bytes(200_001, 5));
+    let s = open(&src, &Filter::new(&[]).unwrap(), None, true);
+    assert_eq!(
+        listed(&s.scan_ahead_candidates(u64::MAX, u64::MAX)),
+        order(&["big/b.bin"])
+    );
+}

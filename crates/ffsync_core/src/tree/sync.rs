@@ -473,6 +473,30 @@ impl TreeSync {
         e.root.copied().or_else(|| extra.get(&a.sender_entry).copied())
     }
 
+    /// Sender, before triage: the files this session will probably hash, packed for the
+    /// binding as `{ len u32 LE, path bytes }*` in walk order (the plan's order). Regular files
+    /// over [`triage::SMALL_FILE_MAX`] (smaller ones travel whole in batches, hashed as they
+    /// are read) and at most `max_size` bytes, whose root the tree index did not supply, until
+    /// `max_bytes` of them are listed. The shell scans them while it waits for the receiver's
+    /// manifest, so the per-file conversations find their manifests in the index (decisions
+    /// §95). Which of them triage keeps is not known yet: the list is a guess, and bounded.
+    pub fn scan_ahead_candidates(&self, max_size: u64, max_bytes: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut listed = 0u64;
+        for e in self.local.manifest.iter() {
+            if listed >= max_bytes {
+                break;
+            }
+            if !e.is_file() || e.root.is_some() || e.size <= triage::SMALL_FILE_MAX || e.size > max_size {
+                continue;
+            }
+            listed += e.size;
+            out.extend_from_slice(&(e.path.len() as u32).to_le_bytes());
+            out.extend_from_slice(e.path);
+        }
+        out
+    }
+
     pub fn large_transfers(&self) -> Vec<LargeTransfer> {
         let s = self.sender_manifest();
         self.plan()

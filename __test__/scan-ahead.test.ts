@@ -1,0 +1,214 @@
+// Hashing ahead of the conversations (decisions §95). A sender without a warm index used to
+// hash its changed files only once triage had named them, after the handshakes and the
+// receiver's manifest had crossed the network with its cores idle; a receiver hashed each
+// delta's old version only when the file's FILE_BEGIN arrived. The relays below hold the frames
+// the old order waited for until the hashing they would have waited on is done: a peer that
+// hashes only on demand never gets past them (the relay lets go after HOLD_MS, and the test
+// says so).
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { describe, it } from 'node:test';
+import { FrameType } from '../ts/protocol/frames';
+import { ScanAhead } from '../ts/api/scan-ahead';
+import { scansAhead } from '../ts/api/send';
+import { scanFile, walkTree, type LargeTransferInfo } from '../ts/native/binding';
+import { assertSameTree, run, seeded, startReceiver, tmpdir } from './helpers/peers';
+import { relayFrames } from './helpers/frame-relay';
+
+const KiB = 1024;
+/** Longer than an honest session of this size takes on loopback, short enough for CI. */
+const HOLD_MS = 8000;
+/** Large enough to be a conversation of its own (over the 64 KiB small-file limit). */
+const FILE = 300 * KiB;
+const FILES = 6;
+
+/** Index entries (one per file hashed) in a state directory. */
+function indexed(stateDir: string): number {
+  try {
+    return fs.readdirSync(path.join(stateDir, 'index')).filter((n) => n.endsWith('.idx')).length;
+  } catch {
+    return 0;
+  }
+}
+
+interface Gate {
+  port: number;
+  /** Frames held back. */
+  held: number;
+  /** What let them go: the hashing the test waits for, or the timer. */
+  releasedBy: 'hashed' | 'timeout' | undefined;
+  close(): void;
+}
+
+/**
+ * A plaintext relay. Frames going `heldDirection` whose type `holds` picks wait, in order with
+ * everything behind them in that direction, until `ready()` (polled) or HOLD_MS; the other
+ * direction always flows.
+ */
+async function gate(targetPort: number, heldDirection: 'toSender' | 'toReceiver', holds: (type: number) => boolean, ready: () => boolean): Promise<Gate> {
+  const state: Gate = { port: 0, held: 0, releasedBy: undefined, close: () => undefined };
+  const server = net.createServer((down) => {
+    const up = net.connect(targetPort, '127.0.0.1');
+    const [from, to] = heldDirection === 'toSender' ? [up, down] : [down, up];
+    const [back, forth] = heldDirection === 'toSender' ? [down, up] : [up, down];
+    back.pipe(forth);
+    back.on('error', () => forth.destroy());
+    forth.on('error', () => back.destroy());
+    const queue: Buffer[] = [];
+    let holding = false;
+    const flush = () => {
+      for (const f of queue.splice(0)) to.write(f);
+    };
+    const started = Date.now();
+    const poll = setInterval(() => {
+      const why = ready() ? 'hashed' : Date.now() - started > HOLD_MS ? 'timeout' : undefined;
+      if (!why || !holding) return;
+      state.releasedBy = why;
+      holding = false;
+      clearInterval(poll);
+      flush();
+    }, 10);
+    relayFrames(
+      from,
+      to,
+      (frame) => {
+        if (!holding && state.releasedBy === undefined && holds(frame[4]!)) holding = true;
+        if (holding) {
+          state.held++;
+          queue.push(frame);
+        }
+        return !holding;
+      },
+      () => {
+        clearInterval(poll);
+        flush();
+      },
+    );
+  });
+  await new Promise<void>((res) => server.listen(0, '127.0.0.1', res));
+  state.port = (server.address() as net.AddressInfo).port;
+  state.close = () => server.close();
+  return state;
+}
+
+/** FILES files of FILE bytes; the receiver holds the previous version of each (one 4 KiB
+ * overwrite apart, an older mtime), so every file is a delta conversation. */
+function fixture(dir: string): { src: string; dst: string; stateS: string; stateR: string } {
+  const src = path.join(dir, 'src');
+  const dst = path.join(dir, 'dst');
+  for (let i = 0; i < FILES; i++) {
+    const old = seeded(FILE, 700 + i);
+    const now = Buffer.from(old);
+    now.fill(i + 1, 100 * KiB, 104 * KiB);
+    for (const [root, data] of [
+      [dst, old],
+      [src, now],
+    ] as const) {
+      fs.mkdirSync(path.join(root, `d${i % 2}`), { recursive: true });
+      fs.writeFileSync(path.join(root, `d${i % 2}`, `f${i}.bin`), data);
+    }
+    fs.utimesSync(path.join(dst, `d${i % 2}`, `f${i}.bin`), 1_600_000_000, 1_600_000_000);
+  }
+  return { src, dst, stateS: path.join(dir, 'state-s'), stateR: path.join(dir, 'state-r') };
+}
+
+async function throughGate(f: ReturnType<typeof fixture>, makeGate: (port: number) => Promise<Gate>, sendArgs: string[] = []) {
+  const { peer, port } = await startReceiver(f.dst, ['--state-dir', f.stateR]);
+  const relay = await makeGate(port);
+  try {
+    const sending = run(['send', f.src, `127.0.0.1:${relay.port}`, '--plaintext', '--json', '--timeout', '30', '--state-dir', f.stateS, ...sendArgs]).done;
+    const [send, recv] = await Promise.all([sending, peer.done]);
+    return { send, recv, relay, both: `sender exit ${send.code}: ${send.stderr}\nreceiver exit ${recv.code}: ${recv.stderr}` };
+  } finally {
+    relay.close();
+  }
+}
+
+/** A session through a gate that `who`'s hashing ahead must open (its index holding every file);
+ * it then converges as any other. */
+async function hashedAheadPast(who: 'sender' | 'receiver', direction: 'toSender' | 'toReceiver', holds: (type: number) => boolean, what: string): Promise<void> {
+  const dir = tmpdir();
+  try {
+    const f = fixture(dir);
+    const state = who === 'sender' ? f.stateS : f.stateR;
+    const { send, recv, relay, both } = await throughGate(f, (port) => gate(port, direction, holds, () => indexed(state) >= FILES));
+    assert.equal(relay.releasedBy, 'hashed', `the ${who} had not hashed ${what}: the relay let its ${relay.held} frames go after ${HOLD_MS} ms`);
+    assert.equal(send.code, 0, both);
+    assert.equal(recv.code, 0, both);
+    assert.equal(recv.summary?.tree?.written, FILES, both);
+    assertSameTree(f.dst, f.src);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+describe('hashing ahead of the conversations', () => {
+  it('a sender with a cold index hashes its changed files while the receiver manifest is on its way', async () => {
+    // The receiver's manifest (and everything after it) reaches the sender only once the
+    // sender's index holds every file: only a sender that hashes before triage gets there.
+    await hashedAheadPast('sender', 'toSender', (t) => t === FrameType.TREE_MANIFEST, 'its changed files before triage');
+  });
+
+  it("a receiver hashes its deltas' old versions before their conversations reach it", async () => {
+    // Everything on the session's streams (the files' conversations) waits until the
+    // receiver's index holds each old version: only a receiver that hashes ahead gets there.
+    await hashedAheadPast('receiver', 'toReceiver', (t) => t === FrameType.MUX, 'its old versions before their conversations');
+  });
+
+  it('hashes ahead only what a conversation would hash, within its budget, and nothing it was told not to', async () => {
+    const dir = tmpdir();
+    try {
+      const root = path.join(dir, 'tree');
+      const state = path.join(dir, 'state');
+      const write = (rel: string, len: number, seed: number) => {
+        fs.mkdirSync(path.dirname(path.join(root, rel)), { recursive: true });
+        fs.writeFileSync(path.join(root, rel), seeded(len, seed));
+        // Older than the index's racy window (an entry hashed within it of a change is not trusted).
+        fs.utimesSync(path.join(root, rel), 1_600_000_000, 1_600_000_000);
+      };
+      write('a/big1.bin', 200 * KiB, 1);
+      write('a/big2.bin', 200 * KiB, 2);
+      write('a/small.bin', 64 * KiB, 3); // at the small-file limit: batches hash it
+      write('b/big3.bin', 200 * KiB, 4);
+      write('b/big4.bin', 200 * KiB, 5);
+      // Whether a conversation's scan of `rel` would find its manifest in the index (each
+      // asked once: the scan indexes what it hashed).
+      const fromIndex = async (rel: string) => (await scanFile(path.join(root, rel), { stateDir: state })).fromIndex;
+      // Sender: the walk's candidates, the first 400 KiB of them, one claimed by a conversation
+      // before the walk ended.
+      const walking = walkTree(root, { excludes: [], stateDir: state, isSender: true });
+      const sender = ScanAhead.sender(walking, root, state, 400 * KiB);
+      sender.claim(Buffer.from('a/big2.bin'));
+      await sender.idle;
+      assert.equal(sender.started, 1, 'big1 only: big2 was claimed, and the budget ended the list at it');
+      assert.equal(sender.hashed, 1);
+      assert.deepEqual(await Promise.all(['a/big1.bin', 'a/big2.bin', 'a/small.bin', 'b/big3.bin'].map(fromIndex)), [true, false, false, false]);
+      // Stopped before its walk ended: nothing starts.
+      const stopped = ScanAhead.sender(walkTree(root, { excludes: [], stateDir: path.join(dir, 'state2'), isSender: true }), root, path.join(dir, 'state2'));
+      stopped.stop();
+      await stopped.idle;
+      assert.equal(stopped.started, 0);
+      assert.equal(indexed(path.join(dir, 'state2')), 0);
+      // Receiver: the deltas of the plan only (a new file has no old version to hash).
+      const lt = (rel: string, delta: boolean): LargeTransferInfo => ({ action: 0, path: Buffer.from(rel), size: 200 * KiB, delta });
+      const rstate = path.join(dir, 'state-r');
+      const receiver = ScanAhead.receiver([lt('b/big3.bin', false), lt('b/big4.bin', true), lt('a/big1.bin', true)], root, rstate, 300 * KiB);
+      await receiver.idle;
+      assert.equal(receiver.started, 2, 'big4, then big1 (which reached the budget)');
+      assert.equal(indexed(rstate), 2);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('is off where nothing would read the index or the phases must not overlap', () => {
+    const base = { path: '.', host: 'h', port: 1 };
+    assert.equal(scansAhead(base), true);
+    assert.equal(scansAhead({ ...base, checksum: true }), false, '-c');
+    assert.equal(scansAhead({ ...base, wholeFile: true }), false, '-W');
+    assert.equal(scansAhead({ ...base, overlap: false }), false, '--no-overlap, and a local sync');
+    assert.equal(scansAhead({ ...base, tree: { dryRun: true } }), false, '--dry-run');
+  });
+});

@@ -1,0 +1,118 @@
+// Hashing ahead of the conversations (decisions §95).
+//
+// Sender: between the end of its walk and triage it waits on the network (the TCP and TLS or
+// ssh handshakes, then the receiver's manifest: a round trip or more) with its cores idle, and
+// a sender without a warm index (a CI runner's fresh state directory) has every changed file
+// still to hash once the plan is known. It hashes the files the plan will probably need during
+// that wait; triage stops it.
+//
+// Receiver: once both peers have triaged, the old versions its deltas start from are known,
+// but each is hashed only when its FILE_BEGIN arrives, half a round trip later and then in the
+// sender's order. It hashes them ahead, in plan order, from triage on.
+//
+// Each scan runs at the system's idle priority (ffsync_core::background), so it only takes
+// cycles the session leaves unused, and lands in the peer's index (the core checks the file's
+// identity before and after), where the file's conversation finds the manifest instead of
+// hashing the file. A conversation never waits for a scan ahead: the file is claimed, none
+// starts for it afterwards, and if one is still running the conversation hashes the file itself
+// at normal priority (both write the same index entry, each through a file of its own).
+
+import { scanFileBackground, type LargeTransferInfo, type NativeTreeSync } from '../native/binding.js';
+import { STREAM_WINDOW } from '../protocol/messages.js';
+import { joinTreePath } from '../utils/tree-path.js';
+
+/** The sender hashes at most this many bytes ahead: the guess is bounded even when the wait
+ * is long (an interactive trust prompt, a slow ssh login). About half a second of two cores. */
+export const SENDER_AHEAD_BYTES = 1 << 30;
+
+/** The receiver hashes ahead the first this many bytes of its deltas' old versions: the head
+ * start is what it lacked (from then on its conversations keep its cores busy), and a bound
+ * keeps what was hashed in the page cache until its reconstruction reads it again. */
+export const RECEIVER_AHEAD_BYTES = 256 << 20;
+
+/** Files larger than this stream their manifest while their conversation hashes them
+ * (capability STREAM): hashing them ahead would only delay that. */
+export const AHEAD_MAX_FILE = STREAM_WINDOW;
+
+/** Scans ahead at once: the background pool's width (one per core, at most two). */
+const WIDTH = 2;
+
+/** The next relative path to hash, or undefined when there are no more. */
+type Candidates = () => Buffer | undefined;
+
+export class ScanAhead {
+  private readonly claimed = new Set<string>();
+  private stopped = false;
+  /** Files whose scan this started, and those of them hashed into the index. */
+  started = 0;
+  hashed = 0;
+  /** Resolves when no scan of this is running any more (stopped, or out of candidates). */
+  readonly idle: Promise<void>;
+
+  private constructor(
+    candidates: Promise<Candidates>,
+    private readonly root: string,
+    private readonly stateDir: string,
+  ) {
+    this.idle = candidates.then(
+      (next) => Promise.all(Array.from({ length: WIDTH }, () => this.worker(next))).then(() => undefined),
+      () => undefined, // the session reports its walk's failure
+    );
+  }
+
+  /** Sender: the files of the walk that triage will probably keep, in plan order (see
+   * NativeTreeSync.scanAheadCandidates), until triage stops it. */
+  static sender(walking: Promise<NativeTreeSync>, root: string, stateDir: string, maxBytes = SENDER_AHEAD_BYTES): ScanAhead {
+    return new ScanAhead(
+      walking.then((tree) => unpack(tree.scanAheadCandidates(AHEAD_MAX_FILE, maxBytes))),
+      root,
+      stateDir,
+    );
+  }
+
+  /** Receiver: the old versions of the plan's deltas (`large`, in plan order), resolved as its
+   * conversations resolve them. */
+  static receiver(large: Iterable<LargeTransferInfo>, root: string, stateDir: string, maxBytes = RECEIVER_AHEAD_BYTES): ScanAhead {
+    const it = large[Symbol.iterator]();
+    let listed = 0;
+    const next = (): Buffer | undefined => {
+      for (let r = it.next(); !r.done && listed < maxBytes; r = it.next()) {
+        if (!r.value.delta || r.value.size > AHEAD_MAX_FILE) continue;
+        listed += r.value.size;
+        return r.value.path;
+      }
+      return undefined;
+    };
+    return new ScanAhead(Promise.resolve(next), root, stateDir);
+  }
+
+  /** No scan starts after this (those running finish on their own). */
+  stop(): void {
+    this.stopped = true;
+  }
+
+  /** A conversation is about to hash `rel`: no scan ahead starts for it from now on. */
+  claim(rel: Buffer): void {
+    this.claimed.add(rel.toString('latin1'));
+  }
+
+  private async worker(next: Candidates): Promise<void> {
+    for (let rel = next(); rel && !this.stopped; rel = next()) {
+      if (this.claimed.has(rel.toString('latin1'))) continue;
+      this.started++;
+      if (await scanFileBackground(joinTreePath(this.root, rel), this.stateDir)) this.hashed++;
+    }
+  }
+}
+
+/** `{ len u32 LE, path }*` (NativeTreeSync.scanAheadCandidates), one path at a time. */
+function unpack(packed: Buffer): Candidates {
+  let at = 0;
+  return () => {
+    if (at + 4 > packed.length) return undefined;
+    const n = packed.readUInt32LE(at);
+    const rel = packed.subarray(at + 4, at + 4 + n);
+    at += 4 + n;
+    return rel;
+  };
+}
