@@ -66,6 +66,7 @@ const ALLOWED_SYNC: Record<string, string> = {
   'NativeTreeSync.clearFor': STATE,
   'NativeTreeSync.claimRoot': STATE,
   applyChmod: SMALL,
+  scanFileBackground: 'hands the scan to the background pool and returns; its callback says how it went',
   decodeManifest: 'decodes one received manifest (bounded by the frames that carried it)',
   excludesFromText: SMALL,
   generateIdentity: 'one key pair for `id`, before any session',

@@ -16,6 +16,7 @@ import { scansAhead } from '../ts/api/send';
 import { scanFile, walkTree, type LargeTransferInfo } from '../ts/native/binding';
 import { assertSameTree, run, seeded, startReceiver, tmpdir } from './helpers/peers';
 import { relayFrames } from './helpers/frame-relay';
+import { ChildRun } from './helpers/process';
 
 const KiB = 1024;
 /** Longer than an honest session of this size takes on loopback, short enough for CI. */
@@ -30,6 +31,17 @@ function indexed(stateDir: string): number {
     return fs.readdirSync(path.join(stateDir, 'index')).filter((n) => n.endsWith('.idx')).length;
   } catch {
     return 0;
+  }
+}
+
+/** `p`, with the event loop held open meanwhile: a scan ahead does not hold it (its completion
+ * is reported through a weak callback, so a pending one never keeps a process alive). */
+async function alive<T>(p: Promise<T>): Promise<T> {
+  const hold = setInterval(() => undefined, 1000);
+  try {
+    return await p;
+  } finally {
+    clearInterval(hold);
   }
 }
 
@@ -181,24 +193,61 @@ describe('hashing ahead of the conversations', () => {
       const walking = walkTree(root, { excludes: [], stateDir: state, isSender: true });
       const sender = ScanAhead.sender(walking, root, state, 400 * KiB);
       sender.claim(Buffer.from('a/big2.bin'));
-      await sender.idle;
+      await alive(sender.idle);
       assert.equal(sender.started, 1, 'big1 only: big2 was claimed, and the budget ended the list at it');
       assert.equal(sender.hashed, 1);
       assert.deepEqual(await Promise.all(['a/big1.bin', 'a/big2.bin', 'a/small.bin', 'b/big3.bin'].map(fromIndex)), [true, false, false, false]);
       // Stopped before its walk ended: nothing starts.
       const stopped = ScanAhead.sender(walkTree(root, { excludes: [], stateDir: path.join(dir, 'state2'), isSender: true }), root, path.join(dir, 'state2'));
       stopped.stop();
-      await stopped.idle;
+      await alive(stopped.idle);
       assert.equal(stopped.started, 0);
       assert.equal(indexed(path.join(dir, 'state2')), 0);
       // Receiver: the deltas of the plan only (a new file has no old version to hash).
       const lt = (rel: string, delta: boolean): LargeTransferInfo => ({ action: 0, path: Buffer.from(rel), size: 200 * KiB, delta });
       const rstate = path.join(dir, 'state-r');
       const receiver = ScanAhead.receiver([lt('b/big3.bin', false), lt('b/big4.bin', true), lt('a/big1.bin', true)], root, rstate, 300 * KiB);
-      await receiver.idle;
+      await alive(receiver.idle);
       assert.equal(receiver.started, 2, 'big4, then big1 (which reached the budget)');
       assert.equal(indexed(rstate), 2);
     } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('a scan ahead still pending never keeps the process alive', { skip: process.platform !== 'linux' && 'needs taskset (Linux)' }, async () => {
+    // A core kept busy at normal priority starves the idle-priority pool: a 48 MiB scan then
+    // takes many seconds. A process whose own work is done must exit anyway (a library user's
+    // script, the end of a session); one that waited for the pending scan hung that long.
+    const dir = tmpdir();
+    const hog = new ChildRun('hog', ['taskset', '-c', '0', process.execPath, '-e', 'for (;;) {}']);
+    try {
+      const tree = path.join(dir, 'tree');
+      fs.mkdirSync(tree);
+      fs.writeFileSync(path.join(tree, 'big.bin'), seeded(48 << 20, 9));
+      fs.utimesSync(path.join(tree, 'big.bin'), 1_600_000_000, 1_600_000_000);
+      const root = process.env.SCAN_AHEAD_BUILD ?? path.join(__dirname, '..');
+      const script = `
+        const { ScanAhead } = require(${JSON.stringify(path.join(root, 'dist/api/scan-ahead.js'))});
+        const { walkTree } = require(${JSON.stringify(path.join(root, 'dist/native/binding.js'))});
+        const [tree, state] = [${JSON.stringify(tree)}, ${JSON.stringify(path.join(dir, 'state'))}];
+        const ahead = ScanAhead.sender(walkTree(tree, { excludes: [], stateDir: state, isSender: true }), tree, state);
+        const t = setInterval(() => {
+          if (ahead.started === 0) return;
+          clearInterval(t);
+          ahead.stop();
+          console.log('stopped ' + ahead.hashed);
+        }, 1);`;
+      const child = new ChildRun('scan-ahead', ['taskset', '-c', '0', process.execPath, '-e', script]);
+      const stopped = await child.waitForLine((l) => l.startsWith('stopped'), 60_000);
+      const exit = await Promise.race([child.exited, new Promise<undefined>((res) => setTimeout(res, 5000))]);
+      if (!exit) child.child.kill('SIGKILL');
+      assert.ok(exit, `the process was still running 5 s after its scan ahead stopped (${stopped}), waiting for the pending scan`);
+      assert.equal(exit.code, 0, child.stderr);
+      assert.equal(stopped, 'stopped 0', 'the scan was still pending when the work ended (the setup did not starve it)');
+    } finally {
+      hog.child.kill('SIGKILL');
+      await hog.exited;
       fs.rmSync(dir, { recursive: true, force: true });
     }
   });

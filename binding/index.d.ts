@@ -480,10 +480,10 @@ export declare function recoverInplace(target: string | Buffer, beneath?: string
 /**
  * Hash a file into the index at background priority (a scan ahead of the conversations,
  * decisions §95): on `ffsync_core::background`'s pool, which runs only when a core is otherwise
- * idle, never on libuv's pool (a session's own work waits there). Resolves to whether the
+ * idle, never on libuv's pool (a session's own work waits there). `done` is told whether the
  * file was hashed; a failure is the conversation's to report, when it hashes the file itself.
  */
-export declare function scanFileBackground(path: string | Buffer, stateDir: string): Promise<boolean>
+export declare function scanFileBackground(path: string | Buffer, stateDir: string, done: (hashed: boolean) => void): void
 
 /** Chunk and hash a file on every core (or load its manifest from the index). */
 export declare function scanFileNative(path: string | Buffer, options?: ScanFileOptions | undefined | null, onProgress?: ((doneBytes: number) => void) | undefined | null): Promise<ScanResult>

@@ -46,7 +46,8 @@ export class ScanAhead {
   /** Files whose scan this started, and those of them hashed into the index. */
   started = 0;
   hashed = 0;
-  /** Resolves when no scan of this is running any more (stopped, or out of candidates). */
+  /** Resolves when no scan of this is running any more (stopped, or out of candidates). A scan
+   * ahead never holds the event loop open (scanFileBackground): whoever awaits this must. */
   readonly idle: Promise<void>;
 
   private constructor(

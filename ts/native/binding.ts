@@ -45,9 +45,11 @@ export function scanFile(path: string | Buffer, opts: ScanOptions = {}): Promise
 }
 
 /** Hash a file into the index at the system's idle priority, off libuv's pool (a scan ahead of
- * the conversations, decisions §95). Resolves to whether it was hashed; never rejects. */
+ * the conversations, decisions §95). Resolves to whether it was hashed; never rejects. A scan
+ * still pending does not keep the process alive: the promise of one the process left behind
+ * never settles. */
 export function scanFileBackground(path: string | Buffer, stateDir: string): Promise<boolean> {
-  return native.scanFileBackground(path, stateDir);
+  return new Promise((resolve) => native.scanFileBackground(path, stateDir, resolve));
 }
 
 /** Scan in windows of `window` bytes, handing out each window's manifest entries while the

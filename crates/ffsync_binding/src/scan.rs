@@ -4,6 +4,7 @@ use ffsync_core::early_data::{batch_buffers, scan_with_early_data, BatchBuffers,
 use ffsync_core::params::ChunkParams;
 use ffsync_core::scan::{scan_file, scan_file_with_params, ScanOptions};
 use napi::bindgen_prelude::*;
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -118,17 +119,21 @@ pub fn scan_file_native(
     })
 }
 
+/// Told whether a background scan hashed its file. Weak: a scan still pending (its thread runs
+/// only when a core is idle, and a busy machine may leave it waiting) never keeps the process
+/// alive; a library user's process exits when its own work is done.
+pub type BackgroundDoneFn = ThreadsafeFunction<bool, (), bool, Status, false, true>;
+
 /// Hash a file into the index at background priority (a scan ahead of the conversations,
 /// decisions §95): on `ffsync_core::background`'s pool, which runs only when a core is otherwise
-/// idle, never on libuv's pool (a session's own work waits there). Resolves to whether the
+/// idle, never on libuv's pool (a session's own work waits there). `done` is told whether the
 /// file was hashed; a failure is the conversation's to report, when it hashes the file itself.
-#[napi(ts_return_type = "Promise<boolean>")]
-pub fn scan_file_background<'env>(
-    env: &'env Env,
+#[napi]
+pub fn scan_file_background(
     #[napi(ts_arg_type = "string | Buffer")] path: crate::PathArg,
     state_dir: String,
-) -> Result<Object<'env>> {
-    let (deferred, promise) = env.create_deferred()?;
+    #[napi(ts_arg_type = "(hashed: boolean) => void")] done: BackgroundDoneFn,
+) {
     let path = crate::path_arg(path);
     ffsync_core::background::spawn(move || {
         let opts = ScanOptions {
@@ -137,9 +142,8 @@ pub fn scan_file_background<'env>(
             progress: None,
         };
         let hashed = scan_file(&path, &opts).is_ok();
-        deferred.resolve(move |_| Ok(hashed));
+        done.call(hashed, ThreadsafeFunctionCallMode::NonBlocking);
     });
-    Ok(promise)
 }
 
 #[napi(object)]
