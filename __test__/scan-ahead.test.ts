@@ -169,6 +169,27 @@ describe('hashing ahead of the conversations', () => {
     await hashedAheadPast('receiver', 'toReceiver', (t) => t === FrameType.MUX, 'its old versions before their conversations');
   });
 
+  it("a single file's sender hashes it while the receiver's DECISION is on its way", async () => {
+    const dir = tmpdir();
+    try {
+      const old = seeded(2 << 20, 41);
+      const now = Buffer.from(old);
+      now.fill(7, 1 << 20, (1 << 20) + 4 * KiB);
+      const f = { src: path.join(dir, 'new.bin'), dst: path.join(dir, 'old.bin'), stateS: path.join(dir, 'state-s'), stateR: path.join(dir, 'state-r') };
+      fs.writeFileSync(f.src, now);
+      fs.writeFileSync(f.dst, old);
+      for (const p of [f.src, f.dst]) fs.utimesSync(p, 1_600_000_000, 1_600_000_000 + (p === f.src ? 60 : 0));
+      const { send, recv, relay, both } = await throughGate(f, (port) => gate(port, 'toSender', (t) => t === FrameType.DECISION, () => indexed(f.stateS) >= 1));
+      assert.equal(relay.releasedBy, 'hashed', `the sender had not hashed its file before the DECISION came: the relay let its ${relay.held} frames go after ${HOLD_MS} ms`);
+      assert.equal(send.code, 0, both);
+      assert.equal(recv.code, 0, both);
+      assert.ok(fs.readFileSync(f.dst).equals(now), 'the file arrived whole');
+      assert.ok(send.summary!.literalBytes < 1 << 20, `a delta, not the whole file (${send.summary!.literalBytes} literal bytes)`);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it('hashes ahead only what a conversation would hash, within its budget, and nothing it was told not to', async () => {
     const dir = tmpdir();
     try {

@@ -4,7 +4,8 @@
 // ssh handshakes, then the receiver's manifest: a round trip or more) with its cores idle, and
 // a sender without a warm index (a CI runner's fresh state directory) has every changed file
 // still to hash once the plan is known. It hashes the files the plan will probably need during
-// that wait; triage stops it.
+// that wait; triage stops it. A single file's sender hashes its file while the handshakes and
+// the receiver's DECISION cross.
 //
 // Receiver: once both peers have triaged, the old versions its deltas start from are known,
 // but each is hashed only when its FILE_BEGIN arrives, half a round trip later and then in the
@@ -17,6 +18,7 @@
 // starts for it afterwards, and if one is still running the conversation hashes the file itself
 // at normal priority (both write the same index entry, each through a file of its own).
 
+import path from 'node:path';
 import { scanFileBackground, type LargeTransferInfo, type NativeTreeSync } from '../native/binding.js';
 import { STREAM_WINDOW } from '../protocol/messages.js';
 import { joinTreePath } from '../utils/tree-path.js';
@@ -33,6 +35,10 @@ export const RECEIVER_AHEAD_BYTES = 256 << 20;
 /** Files larger than this stream their manifest while their conversation hashes them
  * (capability STREAM): hashing them ahead would only delay that. */
 export const AHEAD_MAX_FILE = STREAM_WINDOW;
+
+/** A tree sends files up to this size whole in batches, hashed as they are read; for a single
+ * file, hashing this little ahead saves nothing worth a thread's wake-up. */
+const SMALL_FILE_MAX = 64 * 1024;
 
 /** Scans ahead at once: the background pool's width (one per core, at most two). */
 const WIDTH = 2;
@@ -85,6 +91,16 @@ export class ScanAhead {
       return undefined;
     };
     return new ScanAhead(Promise.resolve(next), root, stateDir);
+  }
+
+  /** Sender of a single file (`file` is its path): the file, when its conversation would hash it
+   * whole (over the small-file limit, not streamed), while the handshakes and the receiver's
+   * DECISION cross. */
+  static file(file: string, size: bigint, stateDir: string): ScanAhead | undefined {
+    if (size <= SMALL_FILE_MAX || size > AHEAD_MAX_FILE) return undefined;
+    let given = false;
+    const next = (): Buffer | undefined => (given ? undefined : ((given = true), Buffer.from(path.basename(file))));
+    return new ScanAhead(Promise.resolve(next), path.dirname(file), stateDir);
   }
 
   /** No scan starts after this (those running finish on their own). */

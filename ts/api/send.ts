@@ -92,8 +92,9 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   // A tree is walked while we connect and shake hands.
   const walking = st.isDirectory() ? startWalk(path.resolve(o.path), o, stateDir) : undefined;
   walking?.catch(() => undefined);
-  // ... and its files are hashed ahead (decisions §95), from the walk's end until triage.
-  const scanAhead = walking && scansAhead(o) ? ScanAhead.sender(walking, path.resolve(o.path), stateDir) : undefined;
+  // ... and its files are hashed ahead (decisions §95), from the walk's end until triage; a
+  // single file while the handshakes and the receiver's DECISION cross.
+  const scanAhead = scanAheadOf(o, st, walking, stateDir);
   try {
     return await connectAndSend(o, { stateDir, st, walking, scanAhead, t0 });
   } finally {
@@ -106,6 +107,12 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
  * there, `overlap: false`), nor where nothing would read the index (-c, -W, a dry run). */
 export function scansAhead(o: SendOptions): boolean {
   return o.overlap !== false && !o.checksum && !o.wholeFile && !o.tree?.dryRun;
+}
+
+/** The scan ahead a sender of `st` starts, if any (see scansAhead). */
+export function scanAheadOf(o: SendOptions, st: import('node:fs').BigIntStats, walking: Promise<NativeTreeSync> | undefined, stateDir: string): ScanAhead | undefined {
+  if (!scansAhead(o)) return undefined;
+  return walking ? ScanAhead.sender(walking, path.resolve(o.path), stateDir) : ScanAhead.file(path.resolve(o.path), st.size, stateDir);
 }
 
 async function connectAndSend(o: SendOptions, c: Pick<SenderContext, 'stateDir' | 'st' | 'walking' | 'scanAhead' | 't0'>): Promise<SyncSummary> {
@@ -169,8 +176,8 @@ export async function runSender(conn: FramedConnection, o: SenderContext): Promi
   // A tree is walked while the HELLOs cross (`send` and `sync` started it before connecting).
   const walking = st.isDirectory() ? (o.walking ?? startWalk(path.resolve(o.path), o, stateDir)) : undefined;
   walking?.catch(() => undefined);
-  // ... and its files are hashed ahead until triage.
-  const scanAhead = o.scanAhead ?? (walking && scansAhead(o) ? ScanAhead.sender(walking, path.resolve(o.path), stateDir) : undefined);
+  // ... and its files are hashed ahead until triage (a single file until its conversation).
+  const scanAhead = o.scanAhead ?? scanAheadOf(o, st, walking, stateDir);
   const stopWatching = closeOnAbort(conn, o.signal);
   const summary = newSummary('sender', o.path, st.isDirectory() ? 0 : Number(st.size));
   // The file being sent, once its conversation started: whether it changed under us decides

@@ -22,8 +22,7 @@ import type { QuicListener, QuicSession } from '../transport/quic.js';
 import net from 'node:net';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { runReceiver, checkTarget, type ReceiverContext } from './receive.js';
-import { runSender, scansAhead, statSource, type SendOptions } from './send.js';
-import { ScanAhead } from './scan-ahead.js';
+import { runSender, scanAheadOf, statSource, type SendOptions } from './send.js';
 import type { SyncEvents, SyncSummary } from './events.js';
 import { startWalk, type TreeSendOptions } from './tree-send.js';
 import { startPrewalk } from './tree-receive.js';
@@ -403,11 +402,11 @@ function push(c: SyncContext, st: BigIntStats, srcName: string): Promise<SyncSum
     }),
   );
   const sending = { ...eng, tree: { ...eng.tree, listing: listingOf(o, src, dest, true) }, path: src.path, host: dest.host!, port: 0, stateDir, st, t0 };
-  // A tree is walked, and its files hashed ahead (decisions §95), while ssh connects and the
-  // remote side starts: several round trips and a process start.
+  // A tree is walked, and its files (or the file) hashed ahead (decisions §95), while ssh
+  // connects and the remote side starts: several round trips and a process start.
   const walking = st.isDirectory() ? startWalk(path.resolve(src.path), sending, stateDir) : undefined;
   walking?.catch(() => undefined);
-  const scanAhead = walking && scansAhead(sending) ? ScanAhead.sender(walking, path.resolve(src.path), stateDir) : undefined;
+  const scanAhead = scanAheadOf(sending, st, walking, stateDir);
   const pushed = o.quic
     ? remote.run((conn) =>
         quicOverSsh(conn, dest.host!, o, stateDir, (session, peer) =>

@@ -49,7 +49,13 @@ export function scanFile(path: string | Buffer, opts: ScanOptions = {}): Promise
  * still pending does not keep the process alive: the promise of one the process left behind
  * never settles. */
 export function scanFileBackground(path: string | Buffer, stateDir: string): Promise<boolean> {
-  return new Promise((resolve) => native.scanFileBackground(path, stateDir, resolve));
+  return new Promise((resolve) => {
+    try {
+      native.scanFileBackground(path, stateDir, resolve);
+    } catch {
+      resolve(false); // a guess not made; the conversation hashes the file
+    }
+  });
 }
 
 /** Scan in windows of `window` bytes, handing out each window's manifest entries while the
