@@ -14,7 +14,7 @@ import { FrameType } from '../ts/protocol/frames';
 import { ScanAhead } from '../ts/api/scan-ahead';
 import { scansAhead } from '../ts/api/send';
 import { scanFile, walkTree, type LargeTransferInfo } from '../ts/native/binding';
-import { assertSameTree, run, seeded, startReceiver, tmpdir } from './helpers/peers';
+import { assertSameTree, run, seeded, startReceiver, sync, tmpdir } from './helpers/peers';
 import { relayFrames } from './helpers/frame-relay';
 import { ChildRun } from './helpers/process';
 
@@ -185,6 +185,35 @@ describe('hashing ahead of the conversations', () => {
       assert.equal(recv.code, 0, both);
       assert.ok(fs.readFileSync(f.dst).equals(now), 'the file arrived whole');
       assert.ok(send.summary!.literalBytes < 1 << 20, `a delta, not the whole file (${send.summary!.literalBytes} literal bytes)`);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("what a single file's OFFER says does not depend on how far its scan ahead got", async () => {
+    // The index is asked before the file is hashed ahead, and the OFFER carries the root it knew
+    // then: the session goes as it would have without the scan ahead. Here the receiver indexed
+    // its copy at the last sync, and the sender comes with a fresh state (a CI runner) and the
+    // same content under a new mtime: no root goes, the receiver asks for the manifest, and the
+    // sender's scan (an index hit by then) shows it up to date ('scan-root'). The relay holds
+    // the receiver's HELLO (which the sender awaits before its OFFER over plaintext) until the
+    // scan ahead has finished: an OFFER built from the index as it is by then would carry a root,
+    // and the receiver would decide by it alone ('index-root'), a round trip earlier or not
+    // depending on a race.
+    const dir = tmpdir();
+    try {
+      const f = { src: path.join(dir, 'new.bin'), dst: path.join(dir, 'old.bin'), stateS: path.join(dir, 'state-s2'), stateR: path.join(dir, 'state-r') };
+      fs.writeFileSync(f.src, seeded(2 << 20, 43));
+      fs.utimesSync(f.src, 1_600_000_000, 1_600_000_000);
+      const first = await sync(f.src, f.dst, { stateS: path.join(dir, 'state-s1'), stateR: f.stateR });
+      assert.equal(first.recv.code, 0, first.recv.stderr);
+      fs.utimesSync(f.src, 1_600_000_060, 1_600_000_060); // the same content, touched
+      const { send, recv, relay, both } = await throughGate(f, (port) => gate(port, 'toSender', (t) => t === FrameType.HELLO, () => indexed(f.stateS) >= 1));
+      assert.equal(relay.releasedBy, 'hashed', both);
+      assert.equal(send.code, 0, both);
+      assert.equal(recv.code, 0, both);
+      assert.equal(recv.summary!.upToDate, true, both);
+      assert.equal(recv.summary!.decidedBy, 'scan-root', `decided as without a scan ahead\n${both}`);
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
     }

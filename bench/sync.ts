@@ -7,7 +7,7 @@
 //   npm run bench:sync
 //
 // Scenarios
-//   latency        100 files x 1 MiB through loopback proxies adding 30 ms RTT
+//   latency        100 files x 1 MiB through loopback proxies adding 30 ms RTT, and one 32 MiB file
 //                  (__test__/helpers/delay-proxy.ts), cold and modified (4 KiB changed per file):
 //                  one TLS connection, --parallel 8, --quic (one QUIC connection, 16 streams by default), and
 //                  rsync -a over ssh through the same delay.
@@ -210,6 +210,43 @@ async function latency(sshd: Sshd | undefined): Promise<void> {
   }
 }
 
+/** One file of LATENCY_FILE_MIB, 4 KiB changed, through the same relays: a single-file session
+ * with a cold index pays its hashing after the handshakes unless it hashes ahead (decisions §95). */
+const LATENCY_FILE_MIB = 32;
+
+async function latencyFile(sshd: Sshd | undefined): Promise<void> {
+  const src = path.join(work, 'latf-src.bin');
+  const old = path.join(work, 'latf-old.bin');
+  const dst = path.join(work, 'latf-dst.bin');
+  writeSeededFile(old, LATENCY_FILE_MIB * MiB, 57);
+  await fsp.copyFile(old, src);
+  const fd = fs.openSync(src, 'r+');
+  fs.writeSync(fd, Buffer.alloc(4 * KiB, 7), 0, 4 * KiB, 10 * MiB);
+  fs.closeSync(fd);
+  const digest = sha256(src);
+  const states = { s: path.join(work, 'latf-s'), r: path.join(work, 'latf-r'), fpS: '', fpR: '' };
+  states.fpS = await id(states.s);
+  states.fpR = await id(states.r);
+  const prepare = async () => {
+    resetPeerStates([states.r, states.s]);
+    await fsp.copyFile(old, dst);
+  };
+  const verify = () => {
+    if (sha256(dst) !== digest) throw new Error('latency file: result differs from the source');
+  };
+  const scenario = `latency-30ms 1 x ${LATENCY_FILE_MIB} MiB modified`;
+  const one = await measure(scenario, 'ffsync TLS', repeat, prepare, () => sendThroughProxy(src, dst, 'tls1', states), verify);
+  if (!sshd) return;
+  const proxy = await tcpDelayProxy(sshd.port, RTT_MS / 2);
+  try {
+    const rsh = sshd.rsh.replace(`-p ${sshd.port}`, `-p ${proxy.port}`);
+    const rs = await measure(scenario, 'rsync -a over ssh', repeat, prepare, () => timed('rsync', [RSYNC_BIN, '-a', '--no-whole-file', '--stats', '-e', rsh, src, `127.0.0.1:${dst}`], 'rsync'), verify);
+    verdicts.push([`30 ms RTT, 1 x ${LATENCY_FILE_MIB} MiB modified: TLS vs rsync -a over ssh (context)`, fmtRatio(med(rs), med(one)), '—']);
+  } finally {
+    await proxy.close();
+  }
+}
+
 async function lanes(sshd: Sshd | undefined): Promise<void> {
   // Issue 18, item 1: lanes carry the conversation for bandwidth. They pay off where one TCP
   // connection cannot fill the link (its window, or a per-flow limit, on a long path); the relay
@@ -386,7 +423,10 @@ async function main(): Promise<void> {
   if (why) notes.push(`ssh scenarios skipped: ${why}`);
   else sshd = await startSshd();
   try {
-    if (only.has('latency')) await latency(sshd);
+    if (only.has('latency')) {
+      await latency(sshd);
+      await latencyFile(sshd);
+    }
     if (only.has('lanes')) await lanes(sshd);
     if (only.has('sync-local')) await syncLocal();
     if (sshd && only.has('sync-ssh-tree')) await syncSshTree(sshd);

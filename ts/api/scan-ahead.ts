@@ -94,13 +94,14 @@ export class ScanAhead {
   }
 
   /** Sender of a single file (`file` is its path): the file, when its conversation would hash it
-   * whole (over the small-file limit, not streamed), while the handshakes and the receiver's
-   * DECISION cross. */
-  static file(file: string, size: bigint, stateDir: string): ScanAhead | undefined {
+   * whole (over the small-file limit, not streamed) and `indexed` (the index's answer for it)
+   * is null, while the handshakes and the receiver's DECISION cross. */
+  static file(file: string, size: bigint, stateDir: string, indexed: Promise<unknown>): ScanAhead | undefined {
     if (size <= SMALL_FILE_MAX || size > AHEAD_MAX_FILE) return undefined;
     let given = false;
-    const next = (): Buffer | undefined => (given ? undefined : ((given = true), Buffer.from(path.basename(file))));
-    return new ScanAhead(Promise.resolve(next), path.dirname(file), stateDir);
+    // Only a file the index did not have (asked first: see send.ts, indexedFile).
+    const candidates = indexed.then((hit): Candidates => (hit ? () => undefined : () => (given ? undefined : ((given = true), Buffer.from(path.basename(file))))));
+    return new ScanAhead(candidates, path.dirname(file), stateDir);
   }
 
   /** No scan starts after this (those running finish on their own). */

@@ -92,11 +92,12 @@ export async function send(o: SendOptions): Promise<SyncSummary> {
   // A tree is walked while we connect and shake hands.
   const walking = st.isDirectory() ? startWalk(path.resolve(o.path), o, stateDir) : undefined;
   walking?.catch(() => undefined);
+  const fileIndex = indexedFile(o, st, stateDir);
   // ... and its files are hashed ahead (decisions §95), from the walk's end until triage; a
   // single file while the handshakes and the receiver's DECISION cross.
-  const scanAhead = scanAheadOf(o, st, walking, stateDir);
+  const scanAhead = scanAheadOf(o, st, walking, stateDir, fileIndex);
   try {
-    return await connectAndSend(o, { stateDir, st, walking, scanAhead, t0 });
+    return await connectAndSend(o, { stateDir, st, walking, scanAhead, fileIndex, t0 });
   } finally {
     scanAhead?.stop();
   }
@@ -109,14 +110,26 @@ export function scansAhead(o: SendOptions): boolean {
   return o.overlap !== false && !o.checksum && !o.wholeFile && !o.tree?.dryRun;
 }
 
-/** The scan ahead a sender of `st` starts, if any (see scansAhead). */
-export function scanAheadOf(o: SendOptions, st: import('node:fs').BigIntStats, walking: Promise<NativeTreeSync> | undefined, stateDir: string): ScanAhead | undefined {
-  if (!scansAhead(o)) return undefined;
-  return walking ? ScanAhead.sender(walking, path.resolve(o.path), stateDir) : ScanAhead.file(path.resolve(o.path), st.size, stateDir);
+/** What the index says of a single file (`st`) before anything hashed it ahead: the root its
+ * OFFER carries. Taken first, so what the receiver decides from it does not depend on how far a
+ * scan ahead got by the time the OFFER went (decisions §95). */
+export function indexedFile(o: SendOptions, st: import('node:fs').BigIntStats, stateDir: string): Promise<ScanResult | null> | undefined {
+  if (!st.isFile()) return undefined;
+  const indexed = o.checksum ? Promise.resolve(null) : loadIndex(path.resolve(o.path), stateDir);
+  indexed.catch(() => undefined); // sendFile reports it
+  return indexed;
 }
 
-async function connectAndSend(o: SendOptions, c: Pick<SenderContext, 'stateDir' | 'st' | 'walking' | 'scanAhead' | 't0'>): Promise<SyncSummary> {
-  const { stateDir, st, walking, scanAhead, t0 } = c;
+/** The scan ahead a sender of `st` starts, if any (see scansAhead); a single file's, once
+ * `fileIndex` said the index does not have it. */
+export function scanAheadOf(o: SendOptions, st: import('node:fs').BigIntStats, walking: Promise<NativeTreeSync> | undefined, stateDir: string, fileIndex?: Promise<ScanResult | null>): ScanAhead | undefined {
+  if (!scansAhead(o)) return undefined;
+  if (walking) return ScanAhead.sender(walking, path.resolve(o.path), stateDir);
+  return fileIndex && ScanAhead.file(path.resolve(o.path), st.size, stateDir, fileIndex);
+}
+
+async function connectAndSend(o: SendOptions, c: Pick<SenderContext, 'stateDir' | 'st' | 'walking' | 'scanAhead' | 'fileIndex' | 't0'>): Promise<SyncSummary> {
+  const { stateDir, st, walking, scanAhead, fileIndex, t0 } = c;
   const timeoutMs = o.timeoutMs ?? 60_000;
   if (o.pair !== undefined) {
     if (o.plaintext || o.quic) throw new FfsyncError('EUSAGE', ExitCode.USAGE, `--pair runs over TLS: drop --${o.plaintext ? 'plaintext' : 'quic'} for the first session (after pairing, --quic works without a code)`);
@@ -136,7 +149,7 @@ async function connectAndSend(o: SendOptions, c: Pick<SenderContext, 'stateDir' 
     const dialed = performance.now();
     const quic = await QuicSession.connect(o.host, o.port, loadOrCreateIdentity(stateDir), { timeoutMs: o.connectTimeoutMs ?? Math.min(timeoutMs, 10_000), idleMs: timeoutMs });
     const quicHandshakeMs = performance.now() - dialed;
-    return overQuic(quic, 'open', timeoutMs, (conn, stream) => runSender(conn, { ...o, stateDir, st, walking, scanAhead, t0, secure: stream, dialLane: () => quic.openStream(), handshakeMs: quicHandshakeMs }));
+    return overQuic(quic, 'open', timeoutMs, (conn, stream) => runSender(conn, { ...o, stateDir, st, walking, scanAhead, fileIndex, t0, secure: stream, dialLane: () => quic.openStream(), handshakeMs: quicHandshakeMs }));
   }
   /* eslint-disable @typescript-eslint/no-require-imports */
   const identity = o.plaintext ? undefined : (require('../security/identity.js') as typeof import('../security/identity.js')).loadOrCreateIdentity(stateDir);
@@ -145,7 +158,7 @@ async function connectAndSend(o: SendOptions, c: Pick<SenderContext, 'stateDir' 
   const dial = (): Promise<Duplex> => (identity ? tls!.tlsConnect(o.host, o.port, identity) : connect(o.host, o.port));
   const sock = await dial();
   const conn = new FramedConnection(sock, timeoutMs);
-  return runSender(conn, { ...o, stateDir, st, walking, scanAhead, secure: identity ? sock : undefined, dialLane: dial, lanesOwnConnections: true, t0, handshakeMs: handshakeMs(sock) });
+  return runSender(conn, { ...o, stateDir, st, walking, scanAhead, fileIndex, secure: identity ? sock : undefined, dialLane: dial, lanesOwnConnections: true, t0, handshakeMs: handshakeMs(sock) });
 }
 
 /** What runSender needs besides the user's options. */
@@ -153,8 +166,10 @@ export interface SenderContext extends SendOptions {
   stateDir: string;
   st: import('node:fs').BigIntStats;
   walking?: Promise<NativeTreeSync>;
-  /** The tree's files hashed ahead, started with the walk (runSender starts it otherwise). */
+  /** The tree's files (or the file) hashed ahead, started with the walk (runSender starts it otherwise). */
   scanAhead?: ScanAhead;
+  /** A single file: the index's answer taken before anything hashed it ahead (indexedFile). */
+  fileIndex?: Promise<ScanResult | null>;
   /** The stream whose peer certificate must be trusted (TLS, QUIC); absent: none to check. */
   secure?: SecureStream;
   /** Vouched-for peer fingerprint (`sync --quic`, learnt over ssh). */
@@ -176,8 +191,9 @@ export async function runSender(conn: FramedConnection, o: SenderContext): Promi
   // A tree is walked while the HELLOs cross (`send` and `sync` started it before connecting).
   const walking = st.isDirectory() ? (o.walking ?? startWalk(path.resolve(o.path), o, stateDir)) : undefined;
   walking?.catch(() => undefined);
+  const fileIndex = o.fileIndex ?? indexedFile(o, st, stateDir);
   // ... and its files are hashed ahead until triage (a single file until its conversation).
-  const scanAhead = o.scanAhead ?? scanAheadOf(o, st, walking, stateDir);
+  const scanAhead = o.scanAhead ?? scanAheadOf(o, st, walking, stateDir, fileIndex);
   const stopWatching = closeOnAbort(conn, o.signal);
   const summary = newSummary('sender', o.path, st.isDirectory() ? 0 : Number(st.size));
   // The file being sent, once its conversation started: whether it changed under us decides
@@ -209,7 +225,7 @@ export async function runSender(conn: FramedConnection, o: SenderContext): Promi
       // resets a connection with bytes it did not read, and the sender would report that reset
       // instead of the `--plaintext` mismatch it reads from the answer to its HELLO alone.
       if (o.remotePath !== undefined || o.plaintext) await hello;
-      await sendFile(conn, o, hello, summary, holder);
+      await sendFile(conn, { ...o, fileIndex }, hello, summary, holder);
     }
     summary.ok = true;
     return summary;
@@ -246,7 +262,8 @@ function rememberedReceiver(stateDir: string, fingerprint: string | undefined, r
 async function sendFile(conn: FramedConnection, o: SenderContext, hello: Promise<Negotiated>, summary: SyncSummary, holder: { source?: NativeChunkSource }): Promise<void> {
   const { st, stateDir } = o;
   // A valid index lets the receiver compare content roots for the price of a stat.
-  const scan: ScanResult | null = o.checksum ? null : await loadIndex(o.path, stateDir);
+  // (Taken before the file was hashed ahead: the same whether that scan has ended or not.)
+  const scan: ScanResult | null = await (o.fileIndex ?? indexedFile(o, st, stateDir)!);
   await conn.send(
     FrameType.OFFER,
     encodeOffer({

@@ -22,7 +22,7 @@ import type { QuicListener, QuicSession } from '../transport/quic.js';
 import net from 'node:net';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { runReceiver, checkTarget, type ReceiverContext } from './receive.js';
-import { runSender, scanAheadOf, statSource, type SendOptions } from './send.js';
+import { indexedFile, runSender, scanAheadOf, statSource, type SendOptions } from './send.js';
 import type { SyncEvents, SyncSummary } from './events.js';
 import { startWalk, type TreeSendOptions } from './tree-send.js';
 import { startPrewalk } from './tree-receive.js';
@@ -406,14 +406,15 @@ function push(c: SyncContext, st: BigIntStats, srcName: string): Promise<SyncSum
   // connects and the remote side starts: several round trips and a process start.
   const walking = st.isDirectory() ? startWalk(path.resolve(src.path), sending, stateDir) : undefined;
   walking?.catch(() => undefined);
-  const scanAhead = scanAheadOf(sending, st, walking, stateDir);
+  const fileIndex = indexedFile(sending, st, stateDir);
+  const scanAhead = scanAheadOf(sending, st, walking, stateDir, fileIndex);
   const pushed = o.quic
     ? remote.run((conn) =>
         quicOverSsh(conn, dest.host!, o, stateDir, (session, peer) =>
-          overQuic(session, 'open', eng.timeoutMs!, (qconn, stream) => runSender(qconn, { ...sending, walking, scanAhead, quic: true, secure: stream, expectFingerprint: peer, dialLane: () => session.openStream() })),
+          overQuic(session, 'open', eng.timeoutMs!, (qconn, stream) => runSender(qconn, { ...sending, walking, scanAhead, fileIndex, quic: true, secure: stream, expectFingerprint: peer, dialLane: () => session.openStream() })),
         ),
       )
-    : remote.run((conn) => runSender(conn, { ...sending, walking, scanAhead }));
+    : remote.run((conn) => runSender(conn, { ...sending, walking, scanAhead, fileIndex }));
   return pushed.finally(() => scanAhead?.stop());
 }
 
