@@ -388,7 +388,7 @@ export declare function nativeConstants(): NativeConstants
 
 /**
  * The wire and error constants the TypeScript shell mirrors (ts/utils/manifest.ts,
- * ts/api/early-placement.ts, ts/utils/errors.ts), from their one definition in the core;
+ * ts/api/early-placement.ts, ts/utils/errors.ts, ts/api/scan-ahead.ts), from their one definition in the core;
  * `__test__/native-constants.test.ts` compares them.
  */
 export interface NativeConstants {
@@ -401,6 +401,8 @@ export interface NativeConstants {
   refineTableMax: number
   /** TREE_OPTIONS' attribute bits: owner, group, xattrs, numeric ids. */
   attrFlags: Array<number>
+  /** Triage's small-file limit: files up to this size travel whole in batches (bytes). */
+  smallFileMax: number
   errorCodes: Array<string>
 }
 

@@ -37,8 +37,10 @@ export const RECEIVER_AHEAD_BYTES = 256 << 20;
 export const AHEAD_MAX_FILE = STREAM_WINDOW;
 
 /** A tree sends files up to this size whole in batches, hashed as they are read; for a single
- * file, hashing this little ahead saves nothing worth a thread's wake-up. */
-const SMALL_FILE_MAX = 64 * 1024;
+ * file, hashing this little ahead saves nothing worth a thread's wake-up. The core's
+ * `triage::SMALL_FILE_MAX`, which also bounds the tree's candidates
+ * (`__test__/native-constants.test.ts` compares the two). */
+export const SMALL_FILE_MAX = 64 * 1024;
 
 /** Scans ahead at once: the background pool's width (one per core, at most two). */
 const WIDTH = 2;

@@ -91,7 +91,7 @@ pub(crate) fn bigint_to_i64(v: &napi::bindgen_prelude::BigInt) -> napi::Result<i
 }
 
 /// The wire and error constants the TypeScript shell mirrors (ts/utils/manifest.ts,
-/// ts/api/early-placement.ts, ts/utils/errors.ts), from their one definition in the core;
+/// ts/api/early-placement.ts, ts/utils/errors.ts, ts/api/scan-ahead.ts), from their one definition in the core;
 /// `__test__/native-constants.test.ts` compares them.
 #[napi_derive::napi(object)]
 pub struct NativeConstants {
@@ -104,6 +104,8 @@ pub struct NativeConstants {
     pub refine_table_max: u32,
     /// TREE_OPTIONS' attribute bits: owner, group, xattrs, numeric ids.
     pub attr_flags: Vec<u32>,
+    /// Triage's small-file limit: files up to this size travel whole in batches (bytes).
+    pub small_file_max: u32,
     pub error_codes: Vec<String>,
 }
 
@@ -122,6 +124,7 @@ pub fn native_constants() -> NativeConstants {
             use ffsync_core::tree::attrs::attr_flags::*;
             [OWNER, GROUP, XATTRS, NUMERIC_IDS].map(u32::from).to_vec()
         },
+        small_file_max: ffsync_core::tree::triage::SMALL_FILE_MAX as u32,
         error_codes: ffsync_core::error::ERROR_CODES.iter().map(|c| c.to_string()).collect(),
     }
 }
