@@ -13,6 +13,7 @@ import { describe, it } from 'node:test';
 import { FrameType } from '../ts/protocol/frames';
 import { ScanAhead } from '../ts/api/scan-ahead';
 import { scansAhead } from '../ts/api/send';
+import { waitingScanOf } from '../ts/api/receive';
 import { scanFile, walkTree, type LargeTransferInfo } from '../ts/native/binding';
 import { assertSameTree, run, seeded, startReceiver, sync, tmpdir } from './helpers/peers';
 import { relayFrames } from './helpers/frame-relay';
@@ -169,6 +170,40 @@ describe('hashing ahead of the conversations', () => {
     await hashedAheadPast('receiver', 'toReceiver', (t) => t === FrameType.MUX, 'its old versions before their conversations');
   });
 
+  it('a receiver waiting for its sender hashes the files a delta would start from (decisions §96)', async () => {
+    // `receive` of a directory walks its target at once and then waits for a sender, its cores
+    // idle: it hashes its unindexed files meanwhile, so no sender needs to be there for its index
+    // to fill. With --no-overlap it waits idle, and conversations hash what they need.
+    const dir = tmpdir();
+    try {
+      const f = fixture(dir);
+      const { peer, port } = await startReceiver(f.dst, ['--state-dir', f.stateR]);
+      const started = Date.now();
+      while (indexed(f.stateR) < FILES && Date.now() - started < HOLD_MS) await new Promise((r) => setTimeout(r, 20));
+      assert.equal(indexed(f.stateR), FILES, `the receiver had hashed ${indexed(f.stateR)} of its ${FILES} files after ${HOLD_MS} ms without a sender`);
+      const send = await run(['send', f.src, `127.0.0.1:${port}`, '--plaintext', '--json', '--timeout', '30', '--state-dir', f.stateS]).done;
+      const recv = await peer.done;
+      const both = `sender exit ${send.code}: ${send.stderr}\nreceiver exit ${recv.code}: ${recv.stderr}`;
+      assert.equal(send.code, 0, both);
+      assert.equal(recv.code, 0, both);
+      assert.equal(recv.summary?.tree?.written, FILES, both);
+      assert.ok(send.summary!.literalBytes < FILES * 64 * KiB, `deltas from the hashed old versions, not whole files (${send.summary!.literalBytes} literal bytes)`);
+      assertSameTree(f.dst, f.src);
+
+      const g = fixture(path.join(dir, 'off'));
+      const off = await startReceiver(g.dst, ['--state-dir', g.stateR, '--no-overlap']);
+      await new Promise((r) => setTimeout(r, 1500));
+      assert.equal(indexed(g.stateR), 0, '--no-overlap: nothing hashed while waiting');
+      const send2 = await run(['send', g.src, `127.0.0.1:${off.port}`, '--plaintext', '--json', '--timeout', '30', '--state-dir', g.stateS]).done;
+      const recv2 = await off.peer.done;
+      assert.equal(send2.code, 0, send2.stderr);
+      assert.equal(recv2.code, 0, recv2.stderr);
+      assertSameTree(g.dst, g.src);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it("a single file's sender hashes it while the receiver's DECISION is on its way", async () => {
     const dir = tmpdir();
     try {
@@ -260,6 +295,17 @@ describe('hashing ahead of the conversations', () => {
       await alive(receiver.idle);
       assert.equal(receiver.started, 2, 'big4, then big1 (which reached the budget)');
       assert.equal(indexed(rstate), 2);
+      // Receiver waiting for its sender: its prewalk's candidates, as a sender's (big1 and big2
+      // within 400 KiB); then the plan's scan ahead leaves the files it began to it.
+      const wstate = path.join(dir, 'state-w');
+      const waiting = ScanAhead.waiting(walkTree(root, { excludes: [], stateDir: wstate, isSender: false }), root, wstate, 400 * KiB);
+      await alive(waiting.idle);
+      assert.equal(waiting.started, 2);
+      assert.ok(waiting.began(Buffer.from('a/big1.bin')) && waiting.began(Buffer.from('a/big2.bin')) && !waiting.began(Buffer.from('b/big3.bin')));
+      const after = ScanAhead.receiver([lt('a/big1.bin', true), lt('a/big2.bin', true), lt('b/big3.bin', true)], root, wstate, undefined, waiting);
+      await alive(after.idle);
+      assert.equal(after.started, 1, 'big3 only: the scan while waiting began big1 and big2');
+      assert.deepEqual(await Promise.all(['a/big1.bin', 'a/big2.bin', 'b/big3.bin', 'b/big4.bin'].map(async (rel) => (await scanFile(path.join(root, rel), { stateDir: wstate })).fromIndex)), [true, true, true, false]);
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
     }
@@ -309,5 +355,14 @@ describe('hashing ahead of the conversations', () => {
     assert.equal(scansAhead({ ...base, wholeFile: true }), false, '-W');
     assert.equal(scansAhead({ ...base, overlap: false }), false, '--no-overlap, and a local sync');
     assert.equal(scansAhead({ ...base, tree: { dryRun: true } }), false, '--dry-run');
+    // `receive`: hashing while waiting needs a directory target's prewalk, and is off with -c
+    // and --no-overlap (triage stops it, tree-receive.ts, where the session shows it of no use).
+    const prewalk = { tree: new Promise<never>(() => undefined), doneAt: 0 };
+    const waiting = waitingScanOf({}, prewalk, '.', '.');
+    assert.ok(waiting);
+    waiting.stop();
+    assert.equal(waitingScanOf({}, undefined, '.', '.'), undefined, 'a file target: no prewalk');
+    assert.equal(waitingScanOf({ checksum: true }, prewalk, '.', '.'), undefined, '-c');
+    assert.equal(waitingScanOf({ overlap: false }, prewalk, '.', '.'), undefined, '--no-overlap');
   });
 });

@@ -16,6 +16,7 @@ import { inPhase, newSummary, type SyncEvents, type SyncSummary } from './events
 import { identityChanged } from './content-send.js';
 import { receiveFileContent } from './content-receive.js';
 import { type Prewalk, receiveTree, startPrewalk, type TreeReceiveOptions } from './tree-receive.js';
+import { ScanAhead } from './scan-ahead.js';
 import type { Listener } from '../transport/tcp.js';
 
 export interface ReceiveOptions {
@@ -67,6 +68,10 @@ export interface ReceiveOptions {
   /** rsync's --partial-dir: a partial kept for a resume waits in this directory (one name:
    * beside each file; absolute: one for all) instead of beside its file. */
   partialDir?: string;
+  /** `false` (`--no-overlap`): a tree's files are hashed only when their conversations need
+   * them. Default: while this side waits for its sender, and from triage on ahead of the
+   * conversations, at idle priority (ts/api/scan-ahead.ts; decisions §95, §96). */
+  overlap?: boolean;
 }
 
 /** Fail before listening if the target can never be written. */
@@ -129,7 +134,9 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
   // A tree target is walked while we wait (used if the sender asks for no excludes and
   // arrives soon after; otherwise the session walks again, see tree-receive.ts).
   const prewalk = initial?.isDirectory() ? startPrewalk(target, o, stateDir) : undefined;
-  const context = { ...o, target, stateDir, initial, initialIndex, prescan, prewalk };
+  // And the files a delta would start from are hashed meanwhile (decisions §96).
+  const waitingScan = waitingScanOf(o, prewalk, target, stateDir);
+  const context = { ...o, target, stateDir, initial, initialIndex, prescan, prewalk, waitingScan };
   try {
     if (quic) {
       const session = await abortable(quic.acceptSession(), o.signal, () => quic.close());
@@ -149,8 +156,16 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
       }
     }
   } finally {
+    waitingScan?.stop();
     bound.close();
   }
+}
+
+/** The scan while `receive` waits for its sender: over the prewalk of a directory target, not
+ * with `-c` (which reads no index) or `--no-overlap`. */
+export function waitingScanOf(o: Pick<ReceiveOptions, 'checksum' | 'overlap'>, prewalk: Prewalk | undefined, target: string, stateDir: string): ScanAhead | undefined {
+  if (!prewalk || o.checksum || o.overlap === false) return undefined;
+  return ScanAhead.waiting(prewalk.tree, target, stateDir);
 }
 
 /** This side refused the peer's certificate (unknown, or not the --trust one): nothing of the
@@ -183,6 +198,9 @@ export interface ReceiverContext extends ReceiveOptions {
   initialIndex?: ScanResult | null;
   prescan?: Promise<ScanResult>;
   prewalk?: Prewalk;
+  /** Hashing the prewalk's files while waiting for the sender: stopped once the session shows
+   * it is of no use, or at triage, where the plan's scan ahead takes over. */
+  waitingScan?: ScanAhead;
   /** Lanes of a parallel tree session join through it; absent: no lanes (ssh, local). */
   listener?: Listener;
   /** The stream whose peer certificate must be trusted (TLS, QUIC); absent: none to check. */
@@ -218,6 +236,8 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
     if (!o.negotiated) await requestPath(conn, negotiated, RequestOp.PULL, o.remotePath, o.peerLabel ?? 'the sender');
     const offer = decodeOffer((await expect(conn, FrameType.OFFER)).payload);
     if (offer.kind !== OfferKind.TREE || !(offer.flags & OfferFlag.PARALLEL)) listener?.close();
+    // A file sent into a directory needs none of its files hashed.
+    if (offer.kind !== OfferKind.TREE) o.waitingScan?.stop();
     if (o.resolveTarget) {
       target = await o.resolveTarget(offer.kind === OfferKind.TREE ? 'tree' : 'file');
       summary.path = target;

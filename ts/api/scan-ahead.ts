@@ -9,7 +9,10 @@
 //
 // Receiver: once both peers have triaged, the old versions its deltas start from are known,
 // but each is hashed only when its FILE_BEGIN arrives, half a round trip later and then in the
-// sender's order. It hashes them ahead, in plan order, from triage on.
+// sender's order. It hashes them ahead, in plan order, from triage on. Before that, a `receive`
+// of a directory waits for its sender with its target already walked (the prewalk) and its
+// cores idle: it hashes the files a delta would start from meanwhile, as the sender does with
+// its own (decisions §96), and triage hands over to the plan's list.
 //
 // Each scan runs at the system's idle priority (ffsync_core::background), so it only takes
 // cycles the session leaves unused, and lands in the peer's index (the core checks the file's
@@ -27,9 +30,10 @@ import { joinTreePath } from '../utils/tree-path.js';
  * is long (an interactive trust prompt, a slow ssh login). About half a second of two cores. */
 export const SENDER_AHEAD_BYTES = 1 << 30;
 
-/** The receiver hashes ahead the first this many bytes of its deltas' old versions: the head
- * start is what it lacked (from then on its conversations keep its cores busy), and a bound
- * keeps what was hashed in the page cache until its reconstruction reads it again. */
+/** The receiver hashes ahead the first this many bytes of its deltas' old versions (and, while
+ * it waits for its sender, of the files a delta would start from): the head start is what it
+ * lacked (from then on its conversations keep its cores busy), and a bound keeps what was
+ * hashed in the page cache until its reconstruction reads it again. */
 export const RECEIVER_AHEAD_BYTES = 256 << 20;
 
 /** Files larger than this stream their manifest while their conversation hashes them
@@ -50,6 +54,8 @@ type Candidates = () => Buffer | undefined;
 
 export class ScanAhead {
   private readonly claimed = new Set<string>();
+  /** Files whose scan this started (latin1 keys, as `claimed`). */
+  private readonly begun = new Set<string>();
   private stopped = false;
   /** Files whose scan this started, and those of them hashed into the index. */
   started = 0;
@@ -72,6 +78,19 @@ export class ScanAhead {
   /** Sender: the files of the walk that triage will probably keep, in plan order (see
    * NativeTreeSync.scanAheadCandidates), until triage stops it. */
   static sender(walking: Promise<NativeTreeSync>, root: string, stateDir: string, maxBytes = SENDER_AHEAD_BYTES): ScanAhead {
+    return ScanAhead.ofWalk(walking, root, stateDir, maxBytes);
+  }
+
+  /** Receiver waiting for its sender (`receive` of a directory): the files of its prewalk a
+   * delta would start from, the same list a sender makes of its walk (regular files over the
+   * small-file limit, up to AHEAD_MAX_FILE, that the index lacks, in plan order), until triage
+   * stops it and `receiver` takes over. Which of them the sender changed is not known yet: the
+   * guess costs only idle cycles, and what it hashed stays in the index for the next session. */
+  static waiting(prewalk: Promise<NativeTreeSync>, root: string, stateDir: string, maxBytes = RECEIVER_AHEAD_BYTES): ScanAhead {
+    return ScanAhead.ofWalk(prewalk, root, stateDir, maxBytes);
+  }
+
+  private static ofWalk(walking: Promise<NativeTreeSync>, root: string, stateDir: string, maxBytes: number): ScanAhead {
     return new ScanAhead(
       walking.then((tree) => unpack(tree.scanAheadCandidates(AHEAD_MAX_FILE, maxBytes))),
       root,
@@ -80,13 +99,15 @@ export class ScanAhead {
   }
 
   /** Receiver: the old versions of the plan's deltas (`large`, in plan order), resolved as its
-   * conversations resolve them. */
-  static receiver(large: Iterable<LargeTransferInfo>, root: string, stateDir: string, maxBytes = RECEIVER_AHEAD_BYTES): ScanAhead {
+   * conversations resolve them; none that `after` (the scan while waiting) began, finished or
+   * not: a finished one is in the index, a running one is the conversation's to redo if it
+   * must, never a second background scan of the same file. */
+  static receiver(large: Iterable<LargeTransferInfo>, root: string, stateDir: string, maxBytes = RECEIVER_AHEAD_BYTES, after?: ScanAhead): ScanAhead {
     const it = large[Symbol.iterator]();
     let listed = 0;
     const next = (): Buffer | undefined => {
       for (let r = it.next(); !r.done && listed < maxBytes; r = it.next()) {
-        if (!r.value.delta || r.value.size > AHEAD_MAX_FILE) continue;
+        if (!r.value.delta || r.value.size > AHEAD_MAX_FILE || after?.began(r.value.path)) continue;
         listed += r.value.size;
         return r.value.path;
       }
@@ -116,9 +137,16 @@ export class ScanAhead {
     this.claimed.add(rel.toString('latin1'));
   }
 
+  /** Whether a scan of `rel` was started by this (it may still be running). */
+  began(rel: Buffer): boolean {
+    return this.begun.has(rel.toString('latin1'));
+  }
+
   private async worker(next: Candidates): Promise<void> {
     for (let rel = next(); rel && !this.stopped; rel = next()) {
-      if (this.claimed.has(rel.toString('latin1'))) continue;
+      const key = rel.toString('latin1');
+      if (this.claimed.has(key)) continue;
+      this.begun.add(key);
       this.started++;
       if (await scanFileBackground(joinTreePath(this.root, rel), this.stateDir)) this.hashed++;
     }

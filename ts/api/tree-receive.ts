@@ -65,6 +65,8 @@ interface Context extends ReceiveOptions {
   listener?: Listener;
   peerFingerprint?: string;
   prewalk?: Prewalk;
+  /** `receive`'s hashing of the prewalk's files while it waited (receive.ts). */
+  waitingScan?: ScanAhead;
   negotiated: Negotiated;
 }
 
@@ -174,6 +176,9 @@ class TreeReceiver {
 
   async run(): Promise<void> {
     const { conn, o } = this;
+    // Hashing while waiting (receive.ts, decisions §96) serves only a session whose
+    // conversations read the index and start when their files' turns come.
+    if (!this.hashesAhead()) o.waitingScan?.stop();
     this.carryStreams(conn);
     await this.grantLanes();
     const excludes = decodeFilter((await expect(conn, FrameType.FILTER)).payload);
@@ -188,8 +193,10 @@ class TreeReceiver {
       applyTreeSettings(tree, o, this.dryRun);
       const plan = await this.triage(tree, root, limits);
       // The old versions the deltas start from are known now: hashed ahead, in plan order
-      // (decisions §95). Not where the index is not read (-c).
-      if (this.multiplexed && !this.checksum && !this.dryRun) this.scanAhead = ScanAhead.receiver(plan.large.values(), root, o.stateDir);
+      // (decisions §95), but none the scan while waiting began. Not where the index is not
+      // read (-c).
+      o.waitingScan?.stop();
+      if (this.hashesAhead()) this.scanAhead = ScanAhead.receiver(plan.large.values(), root, o.stateDir, undefined, o.waitingScan);
       // Only this side knows whether it made the root (a pull's listing is printed here).
       const here = o.tree?.listing && { ...o.tree.listing, rootCreated: !existed };
       logListing(tree, here);
@@ -210,6 +217,13 @@ class TreeReceiver {
       }
       if (scratch) await fs.rm(scratch, { recursive: true, force: true });
     }
+  }
+
+  /** Whether this session hashes its deltas' old versions ahead of their conversations:
+   * multiplexed (version 2), reading the index (not -c), writing (not a dry run), and not
+   * `--no-overlap`. */
+  private hashesAhead(): boolean {
+    return this.multiplexed && !this.checksum && !this.dryRun && this.o.overlap !== false;
   }
 
   /** Both manifests and the roots either side asked for cross; then both peers derive the

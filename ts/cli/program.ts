@@ -70,7 +70,8 @@ function addReceive(program: Command): void {
     .option('--no-fsync', 'do not fsync received files before renaming them into place (rsync\'s default: no waiting for the disk, but a crash soon after may lose or truncate them; every file is still verified)')
     .option('--pair', 'offer a one-time pairing code for a new sender even though peers are pinned (without pins, one is offered anyway)')
     .option('--no-pair', 'offer no pairing code (only pinned or --trust senders get in)')
-    .action(async (target: string, port: number, o: CommonOptions & TreeCli & { bind: string; from?: string[]; inplace?: boolean; fsync: boolean; pair?: boolean }) => {
+    .option('--no-overlap', 'trees: hash the target\'s files only when the sender\'s files reach them (default: while waiting for the sender, and ahead of the files\' conversations, at idle priority)')
+    .action(async (target: string, port: number, o: CommonOptions & TreeCli & { bind: string; from?: string[]; inplace?: boolean; fsync: boolean; pair?: boolean; overlap: boolean }) => {
       await run(o, async (events, signal) => {
         const { receive } = need(() => require('../api/receive.js') as typeof import('../api/receive.js'));
         if (o.trust) fingerprints().parseFingerprint(o.trust);
@@ -90,6 +91,7 @@ function addReceive(program: Command): void {
           quic: o.quic,
           trust: o.trust,
           pair: o.pair,
+          overlap: o.overlap,
           interactive: true,
           events,
           signal,

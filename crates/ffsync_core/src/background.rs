@@ -6,8 +6,8 @@
 //! it must never take a core from the session's own work (the TLS handshake, triage, a
 //! conversation's hashing and writing), least of all on a peer with one or two cores. So it
 //! runs on a pool of its own whose threads the OS schedules only when a core would otherwise be
-//! idle: `SCHED_IDLE` on Linux, the background QoS class on Apple's systems, the idle thread
-//! priority on Windows. A thread lowered this way cannot be raised again without privileges
+//! idle: `SCHED_IDLE` on Linux (and the idle I/O class for their reads), the background QoS
+//! class on Apple's systems (which throttles their I/O too), the idle thread priority on Windows. A thread lowered this way cannot be raised again without privileges
 //! (Linux treats leaving `SCHED_IDLE` like lowering a nice value), which is why this is a pool of
 //! its own and never libuv's or rayon's global one.
 
@@ -55,18 +55,31 @@ pub fn lower_current_thread() -> bool {
 
 #[cfg(target_os = "linux")]
 mod imp {
+    /// `ioprio_set`'s target (linux/ioprio.h): a process or thread id, 0 = the calling thread.
+    pub(super) const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+    /// The idle I/O class, in the value's top bits (`IOPRIO_PRIO_VALUE(IOPRIO_CLASS_IDLE, 0)`).
+    pub(super) const IOPRIO_IDLE: libc::c_int = 3 << 13;
+
     pub fn lower() -> bool {
         let param = libc::sched_param { sched_priority: 0 };
         // The raw system call: musl's sched_setscheduler is a stub that fails (POSIX gives the
         // call per-process semantics; Linux applies it to the calling thread, pid 0).
-        unsafe {
+        let cpu = unsafe {
             libc::syscall(
                 libc::SYS_sched_setscheduler,
                 0,
                 libc::SCHED_IDLE,
                 &param as *const libc::sched_param,
             ) == 0
+        };
+        // Its reads too, where the I/O scheduler has classes (BFQ; mq-deadline and none ignore
+        // them): a `receive` hashing its target while it waits reads files from a cold disk
+        // that other programs may be using. Best effort: an idle-class read that waits long
+        // delays nothing the session waits for (decisions §96).
+        unsafe {
+            libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, IOPRIO_IDLE);
         }
+        cpu
     }
 }
 
@@ -131,6 +144,21 @@ mod tests {
         let ((name, pol), inner) = rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap();
         assert!(name.unwrap().starts_with("ffsync-ahead-"));
         assert_eq!(pol, libc::SCHED_IDLE);
+        // And their reads in the idle I/O class.
+        let (tx, rx) = mpsc::channel();
+        spawn(move || {
+            tx.send(unsafe { libc::syscall(libc::SYS_ioprio_get, imp::IOPRIO_WHO_PROCESS, 0) } as i32)
+                .unwrap();
+        });
+        assert_eq!(
+            rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap(),
+            imp::IOPRIO_IDLE
+        );
+        assert_ne!(
+            unsafe { libc::syscall(libc::SYS_ioprio_get, imp::IOPRIO_WHO_PROCESS, 0) } as i32,
+            imp::IOPRIO_IDLE,
+            "the caller's own I/O class is left as it was"
+        );
         for (n, p) in inner {
             assert!(n.unwrap().starts_with("ffsync-ahead-"));
             assert_eq!(p, libc::SCHED_IDLE);
