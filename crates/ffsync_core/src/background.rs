@@ -7,9 +7,12 @@
 //! conversation's hashing and writing), least of all on a peer with one or two cores. So it
 //! runs on a pool of its own whose threads the OS schedules only when a core would otherwise be
 //! idle: `SCHED_IDLE` on Linux (and the idle I/O class for their reads), the background QoS
-//! class on Apple's systems (which throttles their I/O too), the idle thread priority on Windows. A thread lowered this way cannot be raised again without privileges
-//! (Linux treats leaving `SCHED_IDLE` like lowering a nice value), which is why this is a pool of
-//! its own and never libuv's or rayon's global one.
+//! class on Apple's systems (which throttles their I/O too), the idle thread priority on
+//! Windows. A thread lowered this way cannot be raised again without privileges (Linux treats
+//! leaving `SCHED_IDLE` like lowering a nice value), which is why this is a pool of its own and
+//! never libuv's or rayon's global one. Its work: a sender's files while the session is set
+//! up, a receiver's old versions from triage on, and a `receive`'s target while it waits for
+//! its sender (decisions §95, §96).
 
 use std::sync::OnceLock;
 
