@@ -15,8 +15,10 @@ import { ScanAhead } from '../ts/api/scan-ahead';
 import { scansAhead } from '../ts/api/send';
 import { waitingScanOf } from '../ts/api/receive';
 import { scanFile, walkTree, type LargeTransferInfo } from '../ts/native/binding';
-import { assertSameTree, run, seeded, startReceiver, sync, tmpdir } from './helpers/peers';
+import { assertSameTree, CLI, run, seeded, startReceiver, sync, tmpdir } from './helpers/peers';
 import { relayFrames } from './helpers/frame-relay';
+import { startSshd, sshdUnavailable } from './helpers/sshd';
+import { earlyTreeTarget } from '../ts/api/sync';
 import { ChildRun } from './helpers/process';
 
 const KiB = 1024;
@@ -25,6 +27,36 @@ const HOLD_MS = 8000;
 /** Large enough to be a conversation of its own (over the 64 KiB small-file limit). */
 const FILE = 300 * KiB;
 const FILES = 6;
+
+/** A remote command's stdin gate (plain Node, run by sshd's shell): `gate.cjs STATE WANT HOLD_MS
+ * REPORT -- CMD...` runs CMD and holds the bytes the local side sends it until STATE's index
+ * holds WANT entries or HOLD_MS passed, writing which to REPORT. */
+const STDIN_GATE = `
+const { spawn } = require('node:child_process');
+const fs = require('node:fs');
+const path = require('node:path');
+const [state, want, holdMs, report] = process.argv.slice(2, 6);
+const cmd = process.argv.slice(process.argv.indexOf('--') + 1);
+const child = spawn(cmd[0], cmd.slice(1), { stdio: ['pipe', 'inherit', 'inherit'] });
+const queue = [];
+let open = false;
+let ended = false;
+const indexed = () => { try { return fs.readdirSync(path.join(state, 'index')).filter((n) => n.endsWith('.idx')).length; } catch { return 0; } };
+const started = Date.now();
+const poll = setInterval(() => {
+  const why = indexed() >= Number(want) ? 'hashed' : Date.now() - started > Number(holdMs) ? 'timeout' : undefined;
+  if (!why) return;
+  clearInterval(poll);
+  fs.writeFileSync(report, why);
+  open = true;
+  for (const b of queue.splice(0)) child.stdin.write(b);
+  if (ended) child.stdin.end();
+}, 10);
+process.stdin.on('data', (b) => (open ? child.stdin.write(b) : queue.push(b)));
+process.stdin.on('end', () => { ended = true; if (open) child.stdin.end(); });
+child.stdin.on('error', () => undefined);
+child.on('exit', (code) => process.exit(code ?? 1));
+`;
 
 /** Index entries (one per file hashed) in a state directory. */
 function indexed(stateDir: string): number {
@@ -204,6 +236,28 @@ describe('hashing ahead of the conversations', () => {
     }
   });
 
+  it('the remote end of a sync push walks and hashes its target while the handshake crosses (decisions §97)', { skip: sshdUnavailable() || false }, async () => {
+    // The remote program runs behind a gate that holds everything the local side sends it
+    // (HELLO, OFFER, the manifest) until the remote state's index holds the six old versions:
+    // only a remote end that starts on its target before the offer names it gets past it.
+    const sshd = await startSshd();
+    const dir = tmpdir();
+    try {
+      const f = fixture(dir);
+      const gateJs = path.join(dir, 'gate.cjs');
+      const report = path.join(dir, 'gate-report');
+      fs.writeFileSync(gateJs, STDIN_GATE);
+      const remoteCmd = `env FFSYNC_STATE_DIR=${f.stateR} ${process.execPath} ${gateJs} ${f.stateR} ${FILES} ${HOLD_MS} ${report} -- ${process.execPath} ${CLI}`;
+      const r = await run(['sync', '-a', '--json', '--state-dir', f.stateS, '-e', sshd.rsh, '--remote-cmd', remoteCmd, `${f.src}/`, `127.0.0.1:${f.dst}/`]).done;
+      assert.equal(fs.readFileSync(report, 'utf8'), 'hashed', `the remote end had not hashed its old versions before the session reached it: the gate let go after ${HOLD_MS} ms`);
+      assert.equal(r.code, 0, r.stderr);
+      assertSameTree(f.dst, f.src);
+    } finally {
+      await sshd.stop();
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it("a single file's sender hashes it while the receiver's DECISION is on its way", async () => {
     const dir = tmpdir();
     try {
@@ -357,12 +411,30 @@ describe('hashing ahead of the conversations', () => {
     assert.equal(scansAhead({ ...base, tree: { dryRun: true } }), false, '--dry-run');
     // `receive`: hashing while waiting needs a directory target's prewalk, and is off with -c
     // and --no-overlap (triage stops it, tree-receive.ts, where the session shows it of no use).
-    const prewalk = { tree: new Promise<never>(() => undefined), doneAt: 0 };
+    const prewalk = { root: '.', tree: new Promise<never>(() => undefined), doneAt: 0 };
     const waiting = waitingScanOf({}, prewalk, '.', '.');
     assert.ok(waiting);
     waiting.stop();
     assert.equal(waitingScanOf({}, undefined, '.', '.'), undefined, 'a file target: no prewalk');
     assert.equal(waitingScanOf({ checksum: true }, prewalk, '.', '.'), undefined, '-c');
     assert.equal(waitingScanOf({ overlap: false }, prewalk, '.', '.'), undefined, '--no-overlap');
+  });
+
+  it("the remote end of a push knows a tree's target before the offer (rsync's rules), when it is a directory", async () => {
+    const dir = tmpdir();
+    try {
+      fs.mkdirSync(path.join(dir, 'dest', 'site'), { recursive: true });
+      fs.writeFileSync(path.join(dir, 'dest', 'file'), 'x');
+      fs.symlinkSync(path.join(dir, 'dest', 'site'), path.join(dir, 'dest', 'link'));
+      const dest = path.join(dir, 'dest');
+      assert.equal(await earlyTreeTarget({ path: dest, srcSlash: true }), dest, 'SRC/ lands in DEST itself');
+      assert.equal(await earlyTreeTarget({ path: dest, name: 'site' }), path.join(dest, 'site'), 'SRC lands in DEST/SRC');
+      assert.equal(await earlyTreeTarget({ path: `${dest}/`, name: 'site' }), path.join(dest, 'site'));
+      assert.equal(await earlyTreeTarget({ path: dest, name: 'new' }), undefined, 'not there yet: nothing to walk');
+      assert.equal(await earlyTreeTarget({ path: dest, name: 'file' }), undefined, 'a file: the session refuses a tree there');
+      assert.equal(await earlyTreeTarget({ path: dest, name: 'link' }), undefined, 'a link to a directory: refused too');
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

@@ -242,8 +242,12 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
       target = await o.resolveTarget(offer.kind === OfferKind.TREE ? 'tree' : 'file');
       summary.path = target;
     }
+    // A walk made before the offer said where the tree goes (`sync`'s remote end) serves only
+    // if it was of that directory; so does what was hashed of it, by paths relative to it.
+    const early = prewalk && path.resolve(prewalk.root) === path.resolve(target) ? prewalk : undefined;
+    if (!early) o.waitingScan?.stop();
     if (offer.kind === OfferKind.TREE) {
-      await receiveTree(conn, { ...o, target, stateDir, offer, summary, listener, peerFingerprint: summary.peerFingerprint, prewalk, negotiated });
+      await receiveTree(conn, { ...o, target, stateDir, offer, summary, listener, peerFingerprint: summary.peerFingerprint, prewalk: early, waitingScan: early && o.waitingScan, negotiated });
     } else {
       await receiveFile(conn, o, { target, offer, negotiated, summary });
     }

@@ -21,7 +21,7 @@ import { abortable, expect, handshake, reportError } from './session.js';
 import type { QuicListener, QuicSession } from '../transport/quic.js';
 import net from 'node:net';
 import { resolveStateDir } from '../utils/state-dir.js';
-import { runReceiver, checkTarget, type ReceiverContext } from './receive.js';
+import { runReceiver, checkTarget, type ReceiverContext, waitingScanOf } from './receive.js';
 import { indexedFile, runSender, scanAheadOf, statSource, type SendOptions } from './send.js';
 import type { SyncEvents, SyncSummary } from './events.js';
 import { startWalk, type TreeSendOptions } from './tree-send.js';
@@ -615,7 +615,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
       tree: { excludes: o.excludes ?? [], wireExcludes: o.rules?.wire, dirMerge: o.rules?.dirMerge, filesFrom: o.filesFrom, filesFromRecursive: o.filesFromRecursive, deleteExcluded: o.deleteExcluded, pruneEmptyDirs: o.pruneEmptyDirs, copyLinks: o.copyLinks, dryRun: o.dryRun, oneFileSystem: o.oneFileSystem, parallel: o.jobs, maxSize: o.maxSize, minSize: o.minSize, attrs: o.attrs, omit: o.omit, choices: o.choices },
     });
   }
-  return runReceiver(conn, {
+  const receiving = {
     ...extra,
     path: o.path,
     port: 0,
@@ -627,8 +627,33 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
     sizeLimits: limitsOf(o),
     inplace: o.inplace,
     fsync: o.fsync,
-    resolveTarget: (kind) => syncTarget(o.path, Boolean(o.destSlash), o.name ?? baseName(o.path), kind, Boolean(o.srcSlash), o.dryRun, o.mkpath),
-  });
+  };
+  // Where a tree will land is known before the offer says it is one (rsync's rules): an
+  // existing directory there is walked, and what a delta would start from hashed, while the
+  // handshake and the sender's manifest cross the ssh channel (decisions §97). The session
+  // uses both only if the offer turns out to be a tree for that very directory.
+  const early = await earlyTreeTarget(o);
+  const prewalk = early && !o.excludes?.length && !o.rules?.wire?.length && !o.rules?.dirMerge?.length && !o.oneFileSystem ? startPrewalk(early, receiving, stateDir) : undefined;
+  const waitingScan = o.dryRun || !early ? undefined : waitingScanOf(o, prewalk, early, stateDir);
+  try {
+    return await runReceiver(conn, {
+      ...receiving,
+      prewalk,
+      waitingScan,
+      resolveTarget: (kind) => syncTarget(o.path, Boolean(o.destSlash), o.name ?? baseName(o.path), kind, Boolean(o.srcSlash), o.dryRun, o.mkpath),
+    });
+  } finally {
+    waitingScan?.stop();
+  }
+}
+
+/** The directory a tree pushed to this remote end lands in (`syncTarget`'s rule for a tree:
+ * DEST for `SRC/`, DEST/name for `SRC`), when it exists already as a directory (not a link to
+ * one: `syncTarget` refuses that); undefined otherwise. Reads only. */
+export async function earlyTreeTarget(o: Pick<ServerArgs, 'path' | 'srcSlash' | 'name'>): Promise<string | undefined> {
+  const target = path.resolve(o.srcSlash ? o.path : path.join(o.path, o.name ?? baseName(o.path)));
+  const st = await fs.lstat(target).catch(() => undefined);
+  return st?.isDirectory() ? target : undefined;
 }
 
 /**

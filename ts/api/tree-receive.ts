@@ -72,6 +72,8 @@ interface Context extends ReceiveOptions {
 
 /** A walk of the target made while waiting for the sender (no excludes, index used). */
 export interface Prewalk {
+  /** The directory walked: a session whose target turns out to be another ignores it. */
+  root: string;
   tree: Promise<NativeTreeSync>;
   /** When it finished (0 while running). */
   doneAt: number;
@@ -82,7 +84,7 @@ export interface Prewalk {
 const PREWALK_FRESH_MS = 2000;
 
 export function startPrewalk(target: string, o: ReceiveOptions, stateDir: string): Prewalk {
-  const p: Prewalk = { tree: Promise.resolve(undefined as unknown as NativeTreeSync), doneAt: 0 };
+  const p: Prewalk = { root: target, tree: Promise.resolve(undefined as unknown as NativeTreeSync), doneAt: 0 };
   p.tree = walkTree(target, { excludes: [], protect: o.tree?.protect, stateDir, ignoreIndex: o.checksum, isSender: false }).then((t) => {
     p.doneAt = Date.now();
     return t;
