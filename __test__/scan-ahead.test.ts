@@ -412,12 +412,13 @@ describe('hashing ahead of the conversations', () => {
     // `receive`: hashing while waiting needs a directory target's prewalk, and is off with -c
     // and --no-overlap (triage stops it, tree-receive.ts, where the session shows it of no use).
     const prewalk = { root: '.', tree: new Promise<never>(() => undefined), doneAt: 0 };
-    const waiting = waitingScanOf({}, prewalk, '.', '.');
+    const waiting = waitingScanOf({}, prewalk, '.');
     assert.ok(waiting);
     waiting.stop();
-    assert.equal(waitingScanOf({}, undefined, '.', '.'), undefined, 'a file target: no prewalk');
-    assert.equal(waitingScanOf({ checksum: true }, prewalk, '.', '.'), undefined, '-c');
-    assert.equal(waitingScanOf({ overlap: false }, prewalk, '.', '.'), undefined, '--no-overlap');
+    assert.equal(waitingScanOf({}, undefined, '.'), undefined, 'a file target: no prewalk');
+    assert.equal(waitingScanOf({ checksum: true }, prewalk, '.'), undefined, '-c');
+    assert.equal(waitingScanOf({ overlap: false }, prewalk, '.'), undefined, '--no-overlap');
+    assert.equal(waitingScanOf({ dryRun: true }, prewalk, '.'), undefined, "a dry run the remote end's arguments name");
   });
 
   it("the remote end of a push knows a tree's target before the offer (rsync's rules), when it is a directory", async () => {

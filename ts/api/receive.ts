@@ -135,7 +135,7 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
   // arrives soon after; otherwise the session walks again, see tree-receive.ts).
   const prewalk = initial?.isDirectory() ? startPrewalk(target, o, stateDir) : undefined;
   // And the files a delta would start from are hashed meanwhile (decisions §96).
-  const waitingScan = waitingScanOf(o, prewalk, target, stateDir);
+  const waitingScan = waitingScanOf(o, prewalk, stateDir);
   const context = { ...o, target, stateDir, initial, initialIndex, prescan, prewalk, waitingScan };
   try {
     if (quic) {
@@ -161,11 +161,12 @@ export async function receive(o: ReceiveOptions): Promise<SyncSummary> {
   }
 }
 
-/** The scan while `receive` waits for its sender: over the prewalk of a directory target, not
- * with `-c` (which reads no index) or `--no-overlap`. */
-export function waitingScanOf(o: Pick<ReceiveOptions, 'checksum' | 'overlap'>, prewalk: Prewalk | undefined, target: string, stateDir: string): ScanAhead | undefined {
-  if (!prewalk || o.checksum || o.overlap === false) return undefined;
-  return ScanAhead.waiting(prewalk.tree, target, stateDir);
+/** The scan while a receiver waits for its sender (`receive`, `sync`'s remote end): over the
+ * prewalk of a directory target, not with `-c` (which reads no index), `--no-overlap` or a dry
+ * run known beforehand (the remote end's). */
+export function waitingScanOf(o: Pick<ReceiveOptions, 'checksum' | 'overlap'> & { dryRun?: boolean }, prewalk: Prewalk | undefined, stateDir: string): ScanAhead | undefined {
+  if (!prewalk || o.checksum || o.overlap === false || o.dryRun) return undefined;
+  return ScanAhead.waiting(prewalk.tree, prewalk.root, stateDir);
 }
 
 /** This side refused the peer's certificate (unknown, or not the --trust one): nothing of the

@@ -57,8 +57,7 @@ export class ScanAhead {
   /** Files whose scan this started (latin1 keys, as `claimed`). */
   private readonly begun = new Set<string>();
   private stopped = false;
-  /** Files whose scan this started, and those of them hashed into the index. */
-  started = 0;
+  /** Files hashed into the index by the scans this started (`started` of them). */
   hashed = 0;
   /** Resolves when no scan of this is running any more (stopped, or out of candidates). A scan
    * ahead never holds the event loop open (scanFileBackground): whoever awaits this must. */
@@ -137,6 +136,11 @@ export class ScanAhead {
     this.claimed.add(rel.toString('latin1'));
   }
 
+  /** Files whose scan this started. */
+  get started(): number {
+    return this.begun.size;
+  }
+
   /** Whether a scan of `rel` was started by this (it may still be running). */
   began(rel: Buffer): boolean {
     return this.begun.has(rel.toString('latin1'));
@@ -147,7 +151,6 @@ export class ScanAhead {
       const key = rel.toString('latin1');
       if (this.claimed.has(key)) continue;
       this.begun.add(key);
-      this.started++;
       if (await scanFileBackground(joinTreePath(this.root, rel), this.stateDir)) this.hashed++;
     }
   }

@@ -263,7 +263,7 @@ async function sendFile(conn: FramedConnection, o: SenderContext, hello: Promise
   const { st, stateDir } = o;
   // A valid index lets the receiver compare content roots for the price of a stat.
   // (Taken before the file was hashed ahead: the same whether that scan has ended or not.)
-  const scan: ScanResult | null = await (o.fileIndex ?? indexedFile(o, st, stateDir)!);
+  const scan: ScanResult | null = (await o.fileIndex) ?? null;
   await conn.send(
     FrameType.OFFER,
     encodeOffer({

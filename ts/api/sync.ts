@@ -201,7 +201,7 @@ export async function syncTarget(dest: string, destSlash: boolean, srcName: stri
   }
   const destDir = await fs.stat(dest).then((s) => s.isDirectory(), () => false);
   let target: string;
-  if (kind === 'tree') target = srcSlash ? dest : path.join(dest, srcName);
+  if (kind === 'tree') target = treeTarget(dest, srcName, srcSlash);
   else target = destSlash || destDir ? path.join(dest, srcName) : dest;
   // rsync creates DEST itself (not its parents) when the source goes inside it.
   if (target !== dest && !destDir && !dryRun) {
@@ -216,6 +216,18 @@ export async function syncTarget(dest: string, destSlash: boolean, srcName: stri
   if (kind === 'file') await checkTarget(path.resolve(target));
   else await checkTreeTarget(path.resolve(target));
   return path.resolve(target);
+}
+
+/** rsync's rule for where a tree lands: DEST itself for `SRC/`, DEST/name for `SRC`. */
+function treeTarget(dest: string, srcName: string, srcSlash: boolean): string {
+  return srcSlash ? dest : path.join(dest, srcName);
+}
+
+/** A receiver's early walk (the prewalk) has no exclude rules: it is the walk the session
+ * makes only when the sender sends none either, reads no merge files and does not stop at
+ * filesystem boundaries (-x). */
+function prewalkFits(r: { excludes?: string[]; wire?: string[]; dirMerge?: unknown[]; oneFileSystem?: boolean }): boolean {
+  return !r.excludes?.length && !r.wire?.length && !r.dirMerge?.length && !r.oneFileSystem;
 }
 
 function exists(p: string): Promise<boolean> {
@@ -360,7 +372,7 @@ async function syncLocally(c: SyncContext, st: BigIntStats, srcName: string, kin
   const walking = kind === 'tree' ? startWalk(path.resolve(src.path), sending, stateDir) : undefined;
   walking?.catch(() => undefined);
   const targetIsDir = kind === 'tree' && (await fs.stat(target).then((s) => s.isDirectory(), () => false));
-  const prewalk = targetIsDir && !o.excludes?.length && !o.wireExcludes?.length && !o.dirMerge?.length && !o.oneFileSystem ? startPrewalk(target, receiverOptions, stateDir) : undefined;
+  const prewalk = targetIsDir && prewalkFits({ excludes: o.excludes, wire: o.wireExcludes, dirMerge: o.dirMerge, oneFileSystem: o.oneFileSystem }) ? startPrewalk(target, receiverOptions, stateDir) : undefined;
   const receiving = runReceiver(recvConn, { ...receiverOptions, prewalk });
   receiving.catch(() => undefined);
   try {
@@ -633,8 +645,8 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
   // handshake and the sender's manifest cross the ssh channel (decisions §97). The session
   // uses both only if the offer turns out to be a tree for that very directory.
   const early = await earlyTreeTarget(o);
-  const prewalk = early && !o.excludes?.length && !o.rules?.wire?.length && !o.rules?.dirMerge?.length && !o.oneFileSystem ? startPrewalk(early, receiving, stateDir) : undefined;
-  const waitingScan = o.dryRun || !early ? undefined : waitingScanOf(o, prewalk, early, stateDir);
+  const prewalk = early && prewalkFits({ excludes: o.excludes, wire: o.rules?.wire, dirMerge: o.rules?.dirMerge, oneFileSystem: o.oneFileSystem }) ? startPrewalk(early, receiving, stateDir) : undefined;
+  const waitingScan = waitingScanOf(o, prewalk, stateDir);
   try {
     return await runReceiver(conn, {
       ...receiving,
@@ -651,7 +663,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
  * DEST for `SRC/`, DEST/name for `SRC`), when it exists already as a directory (not a link to
  * one: `syncTarget` refuses that); undefined otherwise. Reads only. */
 export async function earlyTreeTarget(o: Pick<ServerArgs, 'path' | 'srcSlash' | 'name'>): Promise<string | undefined> {
-  const target = path.resolve(o.srcSlash ? o.path : path.join(o.path, o.name ?? baseName(o.path)));
+  const target = path.resolve(treeTarget(o.path, o.name ?? baseName(o.path), Boolean(o.srcSlash)));
   const st = await fs.lstat(target).catch(() => undefined);
   return st?.isDirectory() ? target : undefined;
 }
