@@ -17,6 +17,8 @@
 // in that file before it runs any script, ~65 ms here, a cost of the environment that a plain
 // `node -e 0` pays too and ffsync-native needs nothing from (peers are pinned by fingerprint):
 // `node -e 0` and this CLI's rows are then run a second time with it unset, marked "no extra CAs".
+// This CLI's rows run once more with NODE_DISABLE_COMPILE_CACHE=1 (V8's code cache of the CLI off:
+// every run pays what a first run pays; decisions §98), marked "no code cache".
 // Writes bench/RESULTS-startup.md. Node built-ins only.
 
 import { spawnSync } from 'node:child_process';
@@ -154,9 +156,14 @@ async function main(): Promise<void> {
   const { NODE_EXTRA_CA_CERTS: extraCa, ...noExtraCa } = process.env;
   const bare = extraCa ? noExtraCa : undefined;
   const builds: [string, string][] = [['ffsync', CLI], ...(opt.baseline ? [['baseline', path.resolve(opt.baseline)] as [string, string]] : [])];
+  // And this build without V8's code cache of the CLI (decisions §98): what a first run pays.
+  // The others keep theirs where a user's is kept; a command's first run makes it (the no-ops'
+  // untimed first syncs, the first round for the rest).
+  const noCodeCache = { ...(bare ?? process.env), NODE_DISABLE_COMPILE_CACHE: '1' };
   const clis: [string, string, NodeJS.ProcessEnv?][] = builds.flatMap(([label, cli]): [string, string, NodeJS.ProcessEnv?][] => [
     [label, cli],
     ...(bare ? [[`${label}, no extra CAs`, cli, bare] as [string, string, NodeJS.ProcessEnv]] : []),
+    ...(label === 'ffsync' ? [[`${label}${bare ? ', no extra CAs' : ''}, no code cache`, cli, noCodeCache] as [string, string, NodeJS.ProcessEnv]] : []),
   ]);
   const slug = (label: string) => label.replace(/\W+/g, '-');
   try {
@@ -272,7 +279,7 @@ async function main(): Promise<void> {
 
     const floor = med.get('node -e 0')!;
     /** What a command's Node start-up is compared with: `node -e 0` in the same environment. */
-    const floorOf = (c: Case) => med.get(c.env ? 'node -e 0, no extra CAs' : 'node -e 0')!;
+    const floorOf = (c: Case) => med.get(bare && c.env && !c.env.NODE_EXTRA_CA_CERTS ? 'node -e 0, no extra CAs' : 'node -e 0')!;
     const ms = (x: number) => x.toFixed(1);
     const startRows = cases
       .filter((c) => c.kind === 'start')
@@ -319,6 +326,9 @@ async function main(): Promise<void> {
       rows: [
         ...targetRows('ffsync', 'node -e 0', ''),
         ...(bare ? targetRows('ffsync, no extra CAs', 'node -e 0, no extra CAs', ' (NODE_EXTRA_CA_CERTS unset)') : []),
+        ...(bare
+          ? targetRows('ffsync, no extra CAs, no code cache', 'node -e 0, no extra CAs', ' (NODE_EXTRA_CA_CERTS unset, no code cache: every run a first run)')
+          : targetRows('ffsync, no code cache', 'node -e 0', ' (no code cache: every run a first run)')),
       ],
     };
     process.stdout.write(`\n${textTable(startTable)}\n\n${textTable(syncTable)}\n\n${textTable(targets)}\n`);
@@ -334,6 +344,7 @@ async function main(): Promise<void> {
             `NODE_EXTRA_CA_CERTS is set in this environment (${extraCa}): every Node process reads and parses each certificate in it before running any script (\`node -e 0\` ${ms(floor)} ms, ${ms(med.get('node -e 0, no extra CAs')!)} ms without it). ffsync-native uses no CA certificates (peers are pinned by fingerprint); rows marked "no extra CAs" run the same commands with it unset, in the same rounds.`,
           ]
         : []),
+      'V8\'s code cache of the CLI (decisions §98) is kept where a user\'s is, made by each command\'s first successful run (the no-ops\' untimed first syncs; the first round for the other commands): the rows marked "no code cache" run with `NODE_DISABLE_COMPILE_CACHE=1`, as every run would without it.',
       `Machine: ${m.nproc} cores (${m.cpu}), ${m.memory}, ${m.kernel}, ${m.fs}, load ${m.load} at the end; ${m.node}; ${m.rsync}; ffsync-native ${m.ffsync} at ${m.commit}.`,
       '',
       'Start-up (wall clock from spawn to exit, medians; CPU = user + system time of all threads, median; `id` with an existing identity):',

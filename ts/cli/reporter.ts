@@ -51,8 +51,11 @@ export async function createReporter(opts: ReporterOptions): Promise<Reporter> {
   const spinners = canDraw(process.stderr) && !opts.quiet && (style === 'peer' ? opts.progress !== false : opts.progress === true);
   let ora: OraFactory | undefined;
   if (spinners) {
-    // ora is ESM-only; load it only when a spinner will be shown.
-    ora = (await import('ora')).default as unknown as typeof ora;
+    // ora is ESM-only; load it only when a spinner will be shown (through a file outside the
+    // bundle: ./import-esm.ts says why).
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    const { importEsm } = require('./import-esm') as typeof import('./import-esm');
+    ora = ((await importEsm('ora')) as { default: OraFactory }).default;
   }
   return new HumanReporter({ ...opts, style }, ora);
 }
