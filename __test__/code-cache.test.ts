@@ -56,9 +56,11 @@ describe('where the code cache lives', () => {
   });
 
   it('is read only from a directory this user owns that nobody else can write', { skip: process.platform === 'win32' }, () => {
-    const dir = path.join(tmpdir(), 'cache');
+    const root = tmpdir();
+    const dir = path.join(root, 'cache');
     const file = path.join(dir, 'send-k.v8');
-    writeKept(dir, file, Buffer.from('v8 bytes'), true);
+    fs.writeFileSync(path.join(root, 'file'), '');
+    writeKept(dir, file, () => Buffer.from('v8 bytes'), true);
     assert.equal((fs.statSync(dir).mode & 0o777).toString(8), '700');
     assert.equal((fs.statSync(file).mode & 0o777).toString(8), '600');
     assert.deepEqual(readKept(dir, file), { v8: Buffer.from('v8 bytes'), long: true });
@@ -74,8 +76,12 @@ describe('where the code cache lives', () => {
     assert.equal(readKept(dir, path.join(dir, 'sync-k.v8')), undefined);
     // A group-writable directory is not written to either.
     fs.chmodSync(dir, 0o777);
-    writeKept(dir, path.join(dir, 'recv-k.v8'), Buffer.from('x'), false);
+    let serialized = 0;
+    writeKept(dir, path.join(dir, 'recv-k.v8'), () => (serialized++, Buffer.from('x')), false);
     assert.equal(fs.existsSync(path.join(dir, 'recv-k.v8')), false);
+    // Nor is anything serialized for it (5 ms in a real run), nor where no directory can be made.
+    writeKept(path.join(root, 'file', 'sub'), path.join(root, 'file', 'sub', 'x.v8'), () => (serialized++, Buffer.from('x')), false);
+    assert.equal(serialized, 0);
   });
 });
 

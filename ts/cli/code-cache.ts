@@ -86,9 +86,10 @@ export function readKept(dir: string, file: string): Kept | undefined {
   }
 }
 
-/** Write `data` as `file`, whole (a temporary name, then a rename), and remove this command's
- * caches of other bundles (an upgraded CLI's old ones). */
-export function writeKept(dir: string, file: string, data: Buffer, long: boolean): void {
+/** Write `data()` as `file`, whole (a temporary name, then a rename), and remove this command's
+ * caches of other bundles (an upgraded CLI's old ones). `data` is called only once the directory
+ * is there and private: a place that cannot hold a cache costs no serializing. */
+export function writeKept(dir: string, file: string, data: () => Buffer, long: boolean): void {
   try {
     fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
     if (!privateDir(dir)) return;
@@ -96,7 +97,7 @@ export function writeKept(dir: string, file: string, data: Buffer, long: boolean
     header.write(MAGIC, 0, 'latin1');
     header[4] = long ? FLAG_LONG : 0;
     const tmp = `${file}.${process.pid}.tmp`;
-    fs.writeFileSync(tmp, Buffer.concat([header, data]), { mode: 0o600, flag: 'wx' });
+    fs.writeFileSync(tmp, Buffer.concat([header, data()]), { mode: 0o600, flag: 'wx' });
     fs.renameSync(tmp, file);
     // `<command>-<key>.v8`: the key has no '-'.
     const base = path.basename(file);
@@ -151,7 +152,7 @@ export function runWithCodeCache(entry: string, dir: string | undefined, command
       // Only what a successful run compiled; a short run never replaces a cache that works.
       const long = Date.now() - started >= LONG_RUN_MS;
       if (code !== 0 || (usable && !long)) return;
-      writeKept(dir, file, script.createCachedData(), long);
+      writeKept(dir, file, () => script.createCachedData(), long);
     });
   }
   const m = new Module(entry, module);
