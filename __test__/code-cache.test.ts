@@ -83,6 +83,24 @@ describe('where the code cache lives', () => {
     writeKept(path.join(root, 'file', 'sub'), path.join(root, 'file', 'sub', 'x.v8'), () => (serialized++, Buffer.from('x')), false);
     assert.equal(serialized, 0);
   });
+
+  it("is not made in another user's directory (root under a HOME that sudo kept), but may be under a sticky one", { skip: process.getuid?.() !== 0 && 'needs root (chown)' }, () => {
+    const root = tmpdir();
+    const theirs = path.join(root, 'home-of-1000', '.cache');
+    fs.mkdirSync(theirs, { recursive: true });
+    fs.chownSync(theirs, 1000, 1000);
+    const dir = path.join(theirs, 'ffsync-native', 'v8-x');
+    writeKept(dir, path.join(dir, 'send-k.v8'), () => Buffer.from('x'), false);
+    assert.equal(fs.existsSync(path.join(theirs, 'ffsync-native')), false, 'nothing made under their directory');
+    // A shared sticky directory (as /tmp) owned by someone else: ours is made in it.
+    const shared = path.join(root, 'shared');
+    fs.mkdirSync(shared);
+    fs.chmodSync(shared, 0o1777);
+    fs.chownSync(shared, 1000, 1000);
+    const ours = path.join(shared, 'v8-x');
+    writeKept(ours, path.join(ours, 'send-k.v8'), () => Buffer.from('x'), false);
+    assert.deepEqual(readKept(ours, path.join(ours, 'send-k.v8')), { v8: Buffer.from('x'), long: false });
+  });
 });
 
 describe('the CLI with its code cache', () => {
@@ -156,6 +174,8 @@ describe('the CLI with its code cache', () => {
     const r = await run(['--version'], env, path.join(copy, 'main.js')).done;
     assert.equal(r.code, 0, r.stderr);
     const main = theCache(dir, 'main');
+    // And a temporary file a crashed run left behind.
+    fs.writeFileSync(`${main.file}.99999.tmp`, 'half');
     await ok(['--version'], env);
     const mains = cachesOf(dir, 'main');
     assert.equal(mains.length, 1, mains.join(' '));

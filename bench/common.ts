@@ -43,10 +43,11 @@ export const haveTime = fs.existsSync(TIME_BIN);
 export class Proc extends ChildRun {
   private readonly rssFile: string | undefined;
 
-  constructor(label: string, argv: string[], opts: { rssFile?: string; cwd?: string } = {}) {
+  constructor(label: string, argv: string[], opts: { rssFile?: string; cwd?: string; unsetEnv?: readonly string[] } = {}) {
     const timed = Boolean(opts.rssFile && haveTime);
     const env = { ...process.env };
     delete env.FFSYNC_STATE_DIR;
+    for (const name of opts.unsetEnv ?? []) delete env[name];
     super(label, timed ? [TIME_BIN, '-f', '%M', '-o', opts.rssFile!, ...argv] : argv, {
       cwd: opts.cwd ?? REPO,
       env,
@@ -324,9 +325,9 @@ export interface ToolRun {
 
 /** Runs argv to completion under a peak-RSS probe (rssFile: where /usr/bin/time writes it);
  * throws with the tail of stderr unless it exits 0. */
-export async function runTool(label: string, argv: string[], rssFile?: string): Promise<ToolRun> {
+export async function runTool(label: string, argv: string[], rssFile?: string, unsetEnv?: readonly string[]): Promise<ToolRun> {
   const t0 = performance.now();
-  const p = new Proc(label, argv, { rssFile });
+  const p = new Proc(label, argv, { rssFile, unsetEnv });
   const exit = await p.exited;
   if (exit.code !== 0) throw new Error(`${label}: ${describeExit(exit)}: ${tail(p.stderr)}`);
   return { ms: exit.at - t0, lines: p.lines, stderr: p.stderr, rssKb: await p.peakRssKb() };

@@ -86,11 +86,24 @@ export function readKept(dir: string, file: string): Kept | undefined {
   }
 }
 
+/** The nearest part of `dir` that exists is this user's, or a shared sticky directory such as
+ * /tmp (POSIX): `sudo` keeps HOME on some systems, and root must not leave root-owned
+ * directories in another user's cache. */
+function ownAncestor(dir: string): boolean {
+  if (process.platform === 'win32' || typeof process.getuid !== 'function') return true;
+  for (let d = dir; ; d = path.dirname(d)) {
+    const st = fs.lstatSync(d, { throwIfNoEntry: false });
+    if (st) return st.uid === process.getuid() || (st.isDirectory() && (st.mode & 0o1000) !== 0);
+    if (path.dirname(d) === d) return false;
+  }
+}
+
 /** Write `data()` as `file`, whole (a temporary name, then a rename), and remove this command's
  * caches of other bundles (an upgraded CLI's old ones). `data` is called only once the directory
  * is there and private: a place that cannot hold a cache costs no serializing. */
 export function writeKept(dir: string, file: string, data: () => Buffer, long: boolean): void {
   try {
+    if (!ownAncestor(dir)) return;
     fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
     if (!privateDir(dir)) return;
     const header = Buffer.alloc(HEADER_BYTES);
@@ -99,11 +112,12 @@ export function writeKept(dir: string, file: string, data: () => Buffer, long: b
     const tmp = `${file}.${process.pid}.tmp`;
     fs.writeFileSync(tmp, Buffer.concat([header, data()]), { mode: 0o600, flag: 'wx' });
     fs.renameSync(tmp, file);
-    // `<command>-<key>.v8`: the key has no '-'.
+    // `<command>-<key>.v8`: the key has no '-'. (A temporary file a crashed run left goes too;
+    // one another run is writing just now fails its rename, which that run ignores.)
     const base = path.basename(file);
     const prefix = base.slice(0, base.lastIndexOf('-') + 1);
     for (const other of fs.readdirSync(dir)) {
-      if (other !== base && other.startsWith(prefix) && !other.endsWith('.tmp')) fs.rmSync(path.join(dir, other), { force: true });
+      if (other !== base && other.startsWith(prefix)) fs.rmSync(path.join(dir, other), { force: true });
     }
   } catch {
     // A cache that cannot be written (read-only home, full disk): the next run compiles.
