@@ -30,8 +30,18 @@ const MAGIC = 'FFC1';
 const HEADER_BYTES = 8;
 const FLAG_LONG = 1;
 
+/** The user's home directory, or '' where there is none: without HOME, `os.homedir()` asks the
+ * user database, and throws for a user it does not list (a container run as an arbitrary uid). */
+function homeDir(): string {
+  try {
+    return os.homedir();
+  } catch {
+    return '';
+  }
+}
+
 /** The directory for this Node's code caches, or undefined when caching is off. */
-export function codeCacheDir(env: NodeJS.ProcessEnv = process.env, platform: NodeJS.Platform = process.platform, home: string = os.homedir()): string | undefined {
+export function codeCacheDir(env: NodeJS.ProcessEnv = process.env, platform: NodeJS.Platform = process.platform, home: string = homeDir()): string | undefined {
   if (env.NODE_DISABLE_COMPILE_CACHE) return undefined;
   let root: string;
   if (env.NODE_COMPILE_CACHE) {
