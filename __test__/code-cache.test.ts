@@ -155,7 +155,7 @@ describe('the CLI with its code cache', () => {
     // Another short run: the cache works, nothing is written.
     await syncTo(path.join(root, 'd2'));
     assert.equal(theCache(dir, 'sync').ino, short.ino);
-    // 300 KB at 150 KB/s: a run of ~2 s, which compiled more (the transfer's code).
+    // 300 KB at 150 KiB/s: a run of ~2 s (the rate limiter's code compiled besides).
     const t0 = Date.now();
     await syncTo(path.join(root, 'd3'), '--bwlimit', '150');
     assert.ok(Date.now() - t0 >= 1000, 'the slow run lasted a second');
