@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { codeCacheDir, commandKey, readKept, writeKept } from '../ts/cli/code-cache';
+import { codeCacheDir, commandKey, pathHash, readKept, writeKept } from '../ts/cli/code-cache';
 import { CLI, run, seeded, tmpdir } from './helpers/peers';
 
 /** This Node's directory under `root` (codeCacheDir's last step). */
@@ -140,7 +140,7 @@ describe('the CLI with its code cache', () => {
     assert.notDeepEqual(fs.readFileSync(again.file), b);
   });
 
-  it('a run of ≥ 1 s replaces a cache a shorter run made, once; a new build replaces the old build\'s cache', async () => {
+  it('a run of ≥ 1 s replaces a cache a shorter run made, once; a new build replaces its install\'s old cache, not another install\'s', async () => {
     const root = tmpdir();
     const env = { NODE_COMPILE_CACHE: root };
     const dir = versionDir(root);
@@ -166,20 +166,31 @@ describe('the CLI with its code cache', () => {
     assert.equal(theCache(dir, 'sync').ino, long.ino, 'a cache made by a long run is kept');
     assert.deepEqual(fs.readFileSync(path.join(root, 'd4', 'a.bin')), seeded(300_000, 2));
 
-    // Another build of the bundle (a copy of the CLI: a new inode and time): its own cache, and
-    // the old build's of the same command is removed.
+    // Another install (a copy of the CLI elsewhere): its own cache beside this build's, both kept
+    // (two installs used in turn must not evict each other's).
     const copy = path.join(root, 'cli');
     fs.mkdirSync(copy);
     for (const f of ['main.js', 'entry.js']) fs.copyFileSync(path.join(path.dirname(CLI), f), path.join(copy, f));
-    const r = await run(['--version'], env, path.join(copy, 'main.js')).done;
-    assert.equal(r.code, 0, r.stderr);
-    const main = theCache(dir, 'main');
-    // And a temporary file a crashed run left behind.
-    fs.writeFileSync(`${main.file}.99999.tmp`, 'half');
+    const copyRun = async () => {
+      const r = await run(['--version'], env, path.join(copy, 'main.js')).done;
+      assert.equal(r.code, 0, r.stderr);
+    };
+    await copyRun();
     await ok(['--version'], env);
-    const mains = cachesOf(dir, 'main');
-    assert.equal(mains.length, 1, mains.join(' '));
-    assert.notEqual(path.join(dir, mains[0]!), main.file, 'this build wrote its own and removed the other build\'s');
+    const both = cachesOf(dir, 'main');
+    assert.equal(both.length, 2, both.join(' '));
+    // That install upgraded in place (a new time: another build): its new cache replaces its
+    // old one, this build's stays; and a temporary file a crashed run left behind goes too.
+    const before = new Set(both);
+    const [oldOfCopy] = both.filter((f) => f.startsWith(`main-${pathHash(path.join(copy, 'entry.js'))}.`));
+    assert.ok(oldOfCopy, both.join(' '));
+    fs.writeFileSync(path.join(dir, `${oldOfCopy}.99999.tmp`), 'half');
+    fs.utimesSync(path.join(copy, 'entry.js'), new Date(), new Date(Date.now() + 5000));
+    await copyRun();
+    const after = cachesOf(dir, 'main');
+    assert.equal(after.length, 2, after.join(' '));
+    assert.ok(!after.includes(oldOfCopy), 'the old build of that install was removed');
+    assert.equal(after.filter((f) => before.has(f)).length, 1, 'this build\'s cache stayed');
   });
 
   it('with NODE_DISABLE_COMPILE_CACHE nothing is kept; an unwritable cache directory fails nothing', async () => {

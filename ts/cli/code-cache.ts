@@ -8,9 +8,10 @@
 // module compile cache of its own; this one serves Node 20 too, and keeps a cache per command.)
 //
 // What is kept: per command (`send`, `receive`, `sync`, …: each compiles different functions) and
-// per build of the bundle (its size, time and inode: V8's own check compares only the length), one
-// file made at the exit of the command's first successful run, and made again once by a run that
-// lasted ≥ 1 s if the one kept came from a shorter run (a no-op compiles less than a transfer).
+// per install and build of the bundle (its path; its size, time and inode: V8's own check
+// compares only the length), one file made at the exit of the command's first successful run, and
+// made again once by a run that lasted ≥ 1 s if the one kept came from a shorter run (a no-op
+// compiles less than a transfer).
 // Never on other runs: serializing costs ~5 ms. Where: a directory of the user's own (XDG cache,
 // ~/Library/Caches, %LOCALAPPDATA%), or under NODE_COMPILE_CACHE; NODE_DISABLE_COMPILE_CACHE turns
 // it off — the variables Node reads for its own compile cache. A code cache is code this process
@@ -122,10 +123,12 @@ export function writeKept(dir: string, file: string, data: () => Buffer, long: b
     const tmp = `${file}.${process.pid}.tmp`;
     fs.writeFileSync(tmp, Buffer.concat([header, data()]), { mode: 0o600, flag: 'wx' });
     fs.renameSync(tmp, file);
-    // `<command>-<key>.v8`: the key has no '-'. (A temporary file a crashed run left goes too;
-    // one another run is writing just now fails its rename, which that run ignores.)
+    // `<command>-<where>.<build>.v8` (see runWithCodeCache): this install's other builds go, so
+    // an upgrade in place leaves nothing behind, and another install's stay (a global and a
+    // project's CLI used in turn would otherwise evict each other). A temporary file a crashed
+    // run left goes too; one another run is writing just now fails its rename, which it ignores.
     const base = path.basename(file);
-    const prefix = base.slice(0, base.lastIndexOf('-') + 1);
+    const prefix = base.slice(0, base.indexOf('.', base.lastIndexOf('-')) + 1);
     for (const other of fs.readdirSync(dir)) {
       if (other !== base && other.startsWith(prefix)) fs.rmSync(path.join(dir, other), { force: true });
     }
@@ -154,11 +157,19 @@ function readEntry(entry: string): { bytes: Buffer; key: string } {
   }
 }
 
+/** FNV-1a (32 bits) of a path, in base 36: a short name for an install's place. */
+export function pathHash(p: string): string {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < p.length; i++) h = Math.imul(h ^ p.charCodeAt(i), 0x01000193);
+  return (h >>> 0).toString(36);
+}
+
 /** Run the CommonJS file `entry` as this process's program, with V8's code cache of it for
  * `command` from `dir` (none when `dir` is undefined). */
 export function runWithCodeCache(entry: string, dir: string | undefined, command: string): void {
   const { bytes, key } = readEntry(entry);
-  const file = dir && path.join(dir, `${command}-${key}.v8`);
+  // Where the bundle is installed (a hash of its path) and which build it is (`key`).
+  const file = dir && path.join(dir, `${command}-${pathHash(entry)}.${key}.v8`);
   const kept = dir && file ? readKept(dir, file) : undefined;
   // The bundle is one function expression (`npm run bundle:cli` wraps it as Node wraps a
   // CommonJS module) and its code is ASCII (esbuild escapes the rest; only comments hold other
