@@ -7,7 +7,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import { codeCacheDir, commandKey, pathHash, readKept, writeKept } from '../ts/cli/code-cache';
-import { CLI, run, seeded, tmpdir } from './helpers/peers';
+import { CLI, copyOfCli, run, seeded, tmpdir } from './helpers/peers';
 
 /** This Node's directory under `root` (codeCacheDir's last step). */
 const versionDir = (root: string) => path.join(root, `v8-${process.versions.v8}-${process.arch}`);
@@ -168,11 +168,10 @@ describe('the CLI with its code cache', () => {
 
     // Another install (a copy of the CLI elsewhere): its own cache beside this build's, both kept
     // (two installs used in turn must not evict each other's).
-    const copy = path.join(root, 'cli');
-    fs.mkdirSync(copy);
-    for (const f of ['main.js', 'entry.js']) fs.copyFileSync(path.join(path.dirname(CLI), f), path.join(copy, f));
+    const copyMain = copyOfCli(path.join(root, 'install'));
+    const copy = path.dirname(copyMain);
     const copyRun = async () => {
-      const r = await run(['--version'], env, path.join(copy, 'main.js')).done;
+      const r = await run(['--version'], env, copyMain).done;
       assert.equal(r.code, 0, r.stderr);
     };
     await copyRun();

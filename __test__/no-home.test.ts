@@ -4,22 +4,15 @@
 // Run as root (to start the CLI as uid 54321), from a copy that user can read.
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import fs from 'node:fs';
-import path from 'node:path';
 import { it } from 'node:test';
-import { CLI, tmpdir } from './helpers/peers';
+import { copyOfCli, tmpdir } from './helpers/peers';
 
 it('a user with no home (no HOME, not in the user database: a container run as an arbitrary uid) runs without one', { skip: process.getuid?.() !== 0 && 'needs root (to run as another uid)' }, () => {
   const env = { ...process.env };
   for (const v of ['HOME', 'XDG_CACHE_HOME', 'NODE_COMPILE_CACHE', 'NODE_DISABLE_COMPILE_CACHE']) delete env[v];
   // A copy that user can read (the checkout may be under root's 0700 home); uid 54321 is in
   // no passwd.
-  const root = tmpdir();
-  fs.chmodSync(root, 0o755);
-  const cli = path.join(root, 'cli');
-  fs.mkdirSync(cli, { mode: 0o755 });
-  for (const f of ['main.js', 'entry.js']) fs.copyFileSync(path.join(path.dirname(CLI), f), path.join(cli, f));
-  const r = spawnSync(process.execPath, [path.join(cli, 'main.js'), '--version'], { uid: 54321, gid: 54321, env, encoding: 'utf8' });
+  const r = spawnSync(process.execPath, [copyOfCli(tmpdir()), '--version'], { uid: 54321, gid: 54321, env, encoding: 'utf8' });
   assert.equal(r.status, 0, r.stderr);
   assert.match(r.stdout, /^\d+\.\d+\.\d+/);
 });
@@ -28,15 +21,7 @@ it('a user with no home: commands that keep state say to set FFSYNC_STATE_DIR, i
   const env = { ...process.env };
   for (const v of ['HOME', 'XDG_STATE_HOME', 'FFSYNC_STATE_DIR', 'XDG_CACHE_HOME', 'NODE_COMPILE_CACHE']) delete env[v];
   // A copy of the build that uid 54321 (in no passwd) can read: the CLI and the addon.
-  const root = tmpdir();
-  fs.chmodSync(root, 0o755);
-  const repo = path.join(path.dirname(CLI), '..', '..');
-  fs.mkdirSync(path.join(root, 'dist', 'cli'), { recursive: true, mode: 0o755 });
-  fs.chmodSync(path.join(root, 'dist'), 0o755);
-  for (const f of ['main.js', 'entry.js', 'import-esm.js']) fs.copyFileSync(path.join(path.dirname(CLI), f), path.join(root, 'dist', 'cli', f));
-  fs.cpSync(path.join(repo, 'binding'), path.join(root, 'binding'), { recursive: true });
-  fs.chmodSync(path.join(root, 'binding'), 0o755);
-  const r = spawnSync(process.execPath, [path.join(root, 'dist', 'cli', 'main.js'), 'id'], { uid: 54321, gid: 54321, env, encoding: 'utf8' });
+  const r = spawnSync(process.execPath, [copyOfCli(tmpdir(), { addon: true }), 'id'], { uid: 54321, gid: 54321, env, encoding: 'utf8' });
   assert.equal(r.status, 1, r.stderr);
   assert.match(r.stderr, /^ffsync-native: error: no home directory to keep state in .*set FFSYNC_STATE_DIR or pass --state-dir\n$/);
 });

@@ -80,6 +80,21 @@ export function tmpdir(prefix = 'ffsync-test-'): string {
   return d;
 }
 
+/** A copy of the CLI under test in `root` (`dist/cli/` as built; with `addon`, `binding/` too),
+ * every directory readable by other users: another install of the same build (a new path, inode
+ * and time), or one a process of another uid can run. Returns its main.js. */
+export function copyOfCli(root: string, o: { addon?: boolean } = {}): string {
+  const cli = path.join(root, 'dist', 'cli');
+  fs.mkdirSync(cli, { recursive: true });
+  for (const d of [root, path.join(root, 'dist'), cli]) fs.chmodSync(d, 0o755);
+  for (const f of ['main.js', 'entry.js', 'import-esm.js']) fs.copyFileSync(path.join(path.dirname(CLI), f), path.join(cli, f));
+  if (o.addon) {
+    fs.cpSync(path.join(path.dirname(CLI), '..', '..', 'binding'), path.join(root, 'binding'), { recursive: true });
+    fs.chmodSync(path.join(root, 'binding'), 0o755);
+  }
+  return path.join(cli, 'main.js');
+}
+
 /** Deterministic pseudo-random bytes (AES-128-CTR keystream of the seed). */
 export function seeded(len: number, seed: number): Buffer {
   const key = crypto.createHash('sha256').update(`seed:${seed}`).digest().subarray(0, 16);

@@ -20,9 +20,9 @@
 // as usual; it never fails a command.
 import fs from 'node:fs';
 import Module from 'node:module';
-import os from 'node:os';
 import path from 'node:path';
 import vm from 'node:vm';
+import { homeDir } from '../utils/state-dir.js';
 
 /** A run at least this long replaces a cache made by a shorter one (once). */
 export const LONG_RUN_MS = 1000;
@@ -30,16 +30,6 @@ export const LONG_RUN_MS = 1000;
 const MAGIC = 'FFC1';
 const HEADER_BYTES = 8;
 const FLAG_LONG = 1;
-
-/** The user's home directory, or '' where there is none: without HOME, `os.homedir()` asks the
- * user database, and throws for a user it does not list (a container run as an arbitrary uid). */
-function homeDir(): string {
-  try {
-    return os.homedir();
-  } catch {
-    return '';
-  }
-}
 
 /** The directory for this Node's code caches, or undefined when caching is off. */
 export function codeCacheDir(env: NodeJS.ProcessEnv = process.env, platform: NodeJS.Platform = process.platform, home: string = homeDir()): string | undefined {

@@ -4,6 +4,6 @@
 // and code-cache.ts are bundled apart from the program (`npm run bundle:cli`), so that they
 // load nothing of it.
 import path from 'node:path';
-import { startProgram } from './code-cache';
+import { startProgram } from './code-cache.js';
 
 startProgram(path.join(__dirname, 'entry.js'));
