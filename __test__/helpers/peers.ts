@@ -224,7 +224,16 @@ export function assertSameTree(actual: string, expected: string, msg = 'trees di
 export function partials(dir: string): string[] {
   const out: string[] = [];
   const walk = (d: string) => {
-    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
+    // A session may be running: a directory (a --partial-dir) can go between the listing
+    // that named it and this read.
+    let entries: fs.Dirent[];
+    try {
+      entries = fs.readdirSync(d, { withFileTypes: true });
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code === 'ENOENT') return;
+      throw e;
+    }
+    for (const e of entries) {
       const p = path.join(d, e.name);
       if (e.isDirectory()) walk(p);
       else if (e.name.endsWith('.ffsync-part')) out.push(p);
@@ -236,6 +245,15 @@ export function partials(dir: string): string[] {
 
 /** How many 1 MiB blocks of `data` are already in `part` (each block's last 4 KiB compared;
  * the part file is pre-sized, so its size says nothing about progress). */
+/** The most MiB blocks of `data` any partial under `dir` holds now. Polls while a session
+ *  runs, so a partial found by the listing may already be renamed into place (a small
+ *  file's): it counts as none, never as an error, and which partial comes first says nothing. */
+export function mostBlocksInPartials(dir: string, data: Buffer): number {
+  let most = 0;
+  for (const p of partials(dir)) most = Math.max(most, blocksPresent(p, data));
+  return most;
+}
+
 export function blocksPresent(part: string, data: Buffer): number {
   let fd: number;
   try {
