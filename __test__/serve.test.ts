@@ -354,11 +354,16 @@ describe('serve: sessions', { timeout: 300_000 }, () => {
     try {
       assert.equal((await push(d, sa, v1, 'site')).code, 0);
       // A slow writer (bwlimit) holds the path; a second writer and a reader arrive meanwhile.
-      const slow = push(d, sa, v2, 'site', ['--bwlimit', '1024']);
+      const slowClient = client(d, sa, ['send', v2, `127.0.0.1:${d.port}/site`, '--bwlimit', '1024']);
+      const slow = slowClient.done;
       await sessionLine(d, () => true); // v1's line
-      await new Promise((r) => setTimeout(r, 600));
+      // The slow writer's session runs and holds the path (a fixed wait assumed its start).
+      await slowClient.waitFor((e) => e.event === 'phase' && e.phase === 'sending');
+      await new Promise((r) => setTimeout(r, 300));
       const reader = pull(d, sb, 'site', path.join(dir, 'seen'));
-      await new Promise((r) => setTimeout(r, 400));
+      // Arrival order between the reader and the second writer: two CLI starts apart by more
+      // than a loaded machine's start-up jitter, both well inside the slow writer's ~3 s.
+      await new Promise((r) => setTimeout(r, 1000));
       const second = push(d, sb, v3, 'site');
       const [s1, rd, s2] = await Promise.all([slow, reader, second]);
       assert.equal(s1.code, 0, s1.stderr);
@@ -392,6 +397,9 @@ describe('serve: sessions', { timeout: 300_000 }, () => {
       const down = await pull(d, sa, 'q/f', path.join(dir, 'back'), ['--quic']);
       assert.equal(down.code, 0, down.stderr);
       assert.equal(sha256(path.join(dir, 'back')), sha256(src));
+      // The daemon logs a session once its QUIC connection has closed, which may come after
+      // the client's exit: wait for the pull's line before reading them all.
+      await sessionLine(d, (e) => e.op === 'pull' && e.ok);
       const lines = d.peer.events.filter((e) => e.event === 'session' && e.ok);
       assert.deepEqual(lines.map((e) => e.op), ['push', 'pull']);
     } finally {
@@ -440,8 +448,16 @@ describe('serve: sessions', { timeout: 300_000 }, () => {
 
     // Finishes within the grace period.
     let d = await startDaemon(root, path.join(dir, 'd'), `${fa} push up\n`, ['--grace', '30']);
-    let s = push(d, sa, small, 'up/small', ['--bwlimit', '512']);
-    await new Promise((r) => setTimeout(r, 700));
+    // SIGTERM once the session runs (the client is sending, and a moment more: its TLS side
+    // completes before the daemon's), not after a fixed wait from the client's spawn: a client
+    // slow to start on a loaded machine would find the daemon no longer listening.
+    const flowing = async (c: Peer) => {
+      await c.waitFor((e) => e.event === 'phase' && e.phase === 'sending');
+      await new Promise((r) => setTimeout(r, 300));
+    };
+    let c = client(d, sa, ['send', small, `127.0.0.1:${d.port}/up/small`, '--bwlimit', '512']);
+    let s = c.done;
+    await flowing(c);
     d.peer.child.kill('SIGTERM');
     let [sr, dr] = await Promise.all([s, d.peer.done]);
     assert.equal(sr.code, 0, sr.stderr);
@@ -453,8 +469,9 @@ describe('serve: sessions', { timeout: 300_000 }, () => {
     // The old version stays whole when a replacement is cut off by the shutdown.
     fs.writeFileSync(path.join(root, 'up/large'), 'old content');
     d = await startDaemon(root, path.join(dir, 'd'), `${fa} push up\n`, ['--grace', '1']);
-    s = push(d, sa, large, 'up/large', ['--bwlimit', '1024']);
-    await new Promise((r) => setTimeout(r, 1500));
+    c = client(d, sa, ['send', large, `127.0.0.1:${d.port}/up/large`, '--bwlimit', '1024']);
+    s = c.done;
+    await flowing(c);
     const t0 = Date.now();
     d.peer.child.kill('SIGTERM');
     [sr, dr] = await Promise.all([s, d.peer.done]);

@@ -184,11 +184,14 @@ describe('FrameDecoder.copyReads: reads pushed from a buffer that is reused at o
 /** Sends `payloads` as DATA frames on `tx` without waiting; `whileQueued` runs once they have had
  * `waitMs` to queue up (held while the next reads arrive); then every frame is received on `rx`
  * and checked. */
-async function exchangeHeld(tx: FramedConnection, rx: FramedConnection, payloads: Buffer[], waitMs: number, whileQueued?: () => void): Promise<void> {
+/** `wait`: ms to let the frames queue, or a condition to wait for (up to 10 s) that says they
+ * have (a child process's start on a loaded machine takes no fixed time). */
+async function exchangeHeld(tx: FramedConnection, rx: FramedConnection, payloads: Buffer[], wait: number | (() => boolean), whileQueued?: () => void): Promise<void> {
   const sending = (async () => {
     for (const p of payloads) await tx.send(FrameType.DATA, p);
   })();
-  await sleep(waitMs);
+  if (typeof wait === 'number') await sleep(wait);
+  else for (const deadline = Date.now() + 10_000; !wait() && Date.now() < deadline; ) await sleep(20);
   whileQueued?.();
   for (let i = 0; i < payloads.length; i++) {
     const f = await rx.recv();
@@ -227,7 +230,7 @@ describe('a child process stdio joined into one stream (ssh) reads its pipe into
       // The echo fills our queue: the connection pauses the pipe. Its reads bypass the joined
       // stream's buffer, so pausing that stream must reach the pipe: otherwise every byte echoed
       // (10.4 MiB) would be read in while nobody takes a frame.
-      await exchangeHeld(conn, conn, payloads, 300, () => {
+      await exchangeHeld(conn, conn, payloads, () => child.stdout!.isPaused(), () => {
         assert.equal(child.stdout!.isPaused(), true, 'the pipe is paused');
         assert.ok(conn.bytesReceived < 8 * 1024 * 1024, `read while the queue was full: ${conn.bytesReceived} bytes`);
       });

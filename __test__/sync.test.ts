@@ -593,15 +593,18 @@ describe('sync over ssh', { skip: noSshd || false }, () => {
     const killed = await peer.done;
     assert.equal(killed.signal, 'SIGKILL');
 
-    // ssh dies with its parent's pipes; the remote server must notice and exit.
+    // ssh dies with its parent's pipes; the remote server must notice and exit, and the ssh
+    // client then (it exits once sshd reports the remote command gone): wait for both.
     let left: string[] = [];
+    let ssh: string[] = [];
     for (let i = 0; i < 50; i++) {
       left = processesMatching('main.js', 'server', dst);
-      if (left.length === 0) break;
+      ssh = processesMatching('ssh', dst);
+      if (left.length === 0 && ssh.length === 0) break;
       await sleep(100);
     }
     assert.deepEqual(left, [], 'remote `ffsync-native server` still running after the local sync was killed');
-    assert.deepEqual(processesMatching('ssh', dst), [], 'ssh client still running after the local sync was killed');
+    assert.deepEqual(ssh, [], 'ssh client still running after the local sync was killed');
     assert.equal(partials(dst).length, 1, 'the partial file is kept for resuming');
     assert.ok(!fs.existsSync(path.join(dst, 'sub/big.bin')), 'the target file is not in place yet');
 
