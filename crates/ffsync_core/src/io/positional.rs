@@ -5,22 +5,35 @@ use std::io;
 /// Writes batches of (offset, bytes). On Linux an io_uring instance submits a whole batch
 /// with one system call; where io_uring is unavailable (old kernel, seccomp, containers,
 /// `FFSYNC_NO_IO_URING=1`) and on other systems, it falls back to positional writes.
+///
+/// The rings are the process's, not the writer's: a batch takes an idle ring from a pool and
+/// gives it back when written. A ring per writer (one per file) cost a tree of many files an
+/// `io_uring_setup` per file, its mappings and the kernel's teardown work, and a staging buffer
+/// mapped and faulted in per file, on the cores the transfer needs; and every file open at once
+/// (a multiplexed session keeps several) held a ring and its staging buffer (decisions §99).
 pub struct PositionalWriter {
     #[cfg(target_os = "linux")]
-    uring: Option<std::sync::Mutex<super::uring::Ring>>,
+    uring: bool,
 }
+
+/// Idle rings kept: batches are written by at most four threads at once (a session's write
+/// slots), and an idle ring keeps its staging buffer.
+#[cfg(target_os = "linux")]
+static RINGS: super::uring::RingPool = super::uring::RingPool::new(4);
+
+/// Writers alive. When the last one goes, so do the idle rings, as the frame pool's idle
+/// buffers go with the last connection: an idle or finished `serve` holds no ring, no staging
+/// buffer and no descriptor for them.
+#[cfg(target_os = "linux")]
+static WRITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 impl PositionalWriter {
     pub fn new() -> PositionalWriter {
         #[cfg(target_os = "linux")]
         {
             let disabled = std::env::var_os("FFSYNC_NO_IO_URING").is_some_and(|v| v != "0");
-            let uring = if disabled {
-                None
-            } else {
-                super::uring::Ring::new().ok().map(std::sync::Mutex::new)
-            };
-            PositionalWriter { uring }
+            WRITERS.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            PositionalWriter { uring: !disabled }
         }
         #[cfg(not(target_os = "linux"))]
         PositionalWriter {}
@@ -28,9 +41,10 @@ impl PositionalWriter {
 
     pub fn backend(&self) -> &'static str {
         #[cfg(target_os = "linux")]
-        if let Some(ring) = &self.uring {
-            // A ring given up after a stall (uring.rs) writes with pwrite.
-            if ring.lock().unwrap_or_else(|p| p.into_inner()).usable() {
+        if self.uring {
+            // No ring to be had (none made here, or one stalled: uring.rs): pwrite.
+            if let Ok(ring) = RINGS.take() {
+                RINGS.give(ring);
                 return "io_uring";
             }
             return "pwrite";
@@ -44,8 +58,12 @@ impl PositionalWriter {
 
     pub fn write_batch(&self, file: &File, writes: &[(u64, &[u8])]) -> io::Result<()> {
         #[cfg(target_os = "linux")]
-        if let Some(ring) = &self.uring {
-            return ring.lock().unwrap_or_else(|p| p.into_inner()).write_batch(file, writes);
+        if self.uring {
+            if let Ok(mut ring) = RINGS.take() {
+                let written = ring.write_batch(file, writes);
+                RINGS.give(ring);
+                return written;
+            }
         }
         for (off, buf) in writes {
             write_at(file, buf, *off)?;
@@ -57,6 +75,15 @@ impl PositionalWriter {
 impl Default for PositionalWriter {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for PositionalWriter {
+    fn drop(&mut self) {
+        if WRITERS.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+            RINGS.drop_idle();
+        }
     }
 }
 

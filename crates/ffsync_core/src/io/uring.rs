@@ -43,14 +43,8 @@ pub struct Ring {
 }
 
 impl Ring {
-    pub fn new() -> io::Result<Ring> {
-        if STALLED.load(Ordering::Relaxed) {
-            return Err(io::Error::other("io_uring stalled earlier in this process"));
-        }
-        Self::with_stall(STALL)
-    }
-
-    /// As `new`, with another watchdog (tests), whether or not a ring stalled before.
+    /// A new ring whose wait gives up after `stall` without a completion (`STALL`; tests: less),
+    /// whether or not a ring stalled before (`RingPool::take` checks that).
     pub fn with_stall(stall: Duration) -> io::Result<Ring> {
         let ring = IoUring::new(ENTRIES)?;
         // The watchdog needs waits with a timeout (kernel 5.11+).
@@ -178,10 +172,118 @@ impl Ring {
     }
 }
 
+/// Rings kept between the files of a process. A ring is made for a writer when none is idle
+/// and given back when its writer is done; reconstructing a tree of many files then sets up a
+/// few rings, not one per file (each: `io_uring_setup`, three mappings, the kernel's teardown
+/// work when it closes, and a staging buffer mapped and faulted in anew) — decisions §99.
+pub struct RingPool {
+    idle: std::sync::Mutex<Vec<Ring>>,
+    max_idle: usize,
+    /// Set once a ring stalled (the process's `STALLED`; a test's own): no ring is given out
+    /// after that, idle or new.
+    stalled: &'static AtomicBool,
+}
+
+impl RingPool {
+    pub const fn new(max_idle: usize) -> RingPool {
+        Self::with_stall_flag(max_idle, &STALLED)
+    }
+
+    const fn with_stall_flag(max_idle: usize, stalled: &'static AtomicBool) -> RingPool {
+        RingPool {
+            idle: std::sync::Mutex::new(Vec::new()),
+            max_idle,
+            stalled,
+        }
+    }
+
+    /// An idle ring, or a new one; none once a ring stalled.
+    pub fn take(&self) -> io::Result<Ring> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if self.stalled.load(Ordering::Relaxed) {
+            idle.clear();
+            return Err(io::Error::other("io_uring stalled earlier in this process"));
+        }
+        match idle.pop() {
+            Some(ring) => Ok(ring),
+            None => Ring::with_stall(STALL),
+        }
+    }
+
+    /// Close the idle rings (a writer that takes one later makes a new one).
+    pub fn drop_idle(&self) {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// Keep `ring` for the next writer, unless it was given up after a stall (its abandoned
+    /// writes may still complete) or `max_idle` rings are idle already. Every write of a
+    /// usable ring has completed when `write_batch` returns, so nothing of this writer's is in
+    /// flight for the next.
+    pub fn give(&self, ring: Ring) {
+        if !ring.usable() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < self.max_idle {
+            idle.push(ring);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Read;
+    use std::os::unix::io::AsRawFd;
+
+    #[test]
+    fn a_pool_gives_the_ring_it_kept_to_the_next_writer_and_keeps_no_broken_or_extra_ring() {
+        static STALLED_HERE: AtomicBool = AtomicBool::new(false);
+        let t = tempfile::tempdir().unwrap();
+        let pool = RingPool::with_stall_flag(2, &STALLED_HERE);
+        let Ok(ring) = pool.take() else { return }; // no io_uring here: nothing to test
+        let fd = ring.ring.as_raw_fd();
+        pool.give(ring);
+        // The next file's writer gets that ring back, and it writes that file's bytes.
+        let mut ring = pool.take().unwrap();
+        assert_eq!(ring.ring.as_raw_fd(), fd, "the idle ring is reused, not a new one made");
+        for (i, name) in ["a", "b"].iter().enumerate() {
+            let p = t.path().join(name);
+            let f = std::fs::OpenOptions::new()
+                .create_new(true)
+                .read(true)
+                .write(true)
+                .open(&p)
+                .unwrap();
+            let bytes = vec![i as u8 + 1; 8192];
+            ring.write_batch(&f, &[(4096, &bytes[4096..]), (0, &bytes[..4096])])
+                .unwrap();
+            assert_eq!(std::fs::read(&p).unwrap(), bytes, "{name}");
+        }
+        // At most max_idle rings are kept.
+        let (a, b) = (pool.take().unwrap(), pool.take().unwrap());
+        pool.give(ring);
+        pool.give(a);
+        pool.give(b);
+        assert_eq!(pool.idle.lock().unwrap().len(), 2);
+        // Idle rings can all be let go.
+        pool.drop_idle();
+        assert_eq!(pool.idle.lock().unwrap().len(), 0);
+        for r in [pool.take().unwrap(), pool.take().unwrap()] {
+            pool.give(r);
+        }
+        // A ring given up after a stall is closed, not kept.
+        let mut broken = pool.take().unwrap();
+        broken.broken = true;
+        let before = pool.idle.lock().unwrap().len();
+        pool.give(broken);
+        assert_eq!(pool.idle.lock().unwrap().len(), before);
+        // Once a ring stalled, none is given out, idle or new, and the idle ones are closed.
+        assert!(before > 0);
+        STALLED_HERE.store(true, Ordering::Relaxed);
+        assert!(pool.take().is_err());
+        assert_eq!(pool.idle.lock().unwrap().len(), 0);
+    }
 
     #[test]
     fn writes_land_and_completions_of_other_batches_are_not_counted() {
@@ -261,7 +363,10 @@ mod tests {
         assert!(took < Duration::from_secs(5), "returned after {took:?}");
         assert!(!ring.usable(), "the ring is given up");
         assert!(r.is_err(), "pwrite to a pipe fails: {r:?}");
-        assert!(Ring::new().is_err(), "no new ring in this process");
+        assert!(
+            RingPool::new(4).take().is_err(),
+            "no ring, idle or new, in this process"
+        );
         // Unblock the kernel's write before the pipe closes.
         let mut sink = vec![0u8; 1 << 20];
         let _ = rx.read(&mut sink);
