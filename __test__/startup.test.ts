@@ -52,6 +52,9 @@ it('--version and --help load neither the native addon, nor ora, nor TLS, QUIC o
     assert.deepEqual(loaded.files.filter((f) => /[\\/]node_modules[\\/]ora[\\/]/.test(f)), []);
     assert.deepEqual(ours(loaded, 'transport/tls.js', 'transport/quic.js', 'serve/daemon.js', 'api/sync.js', 'api/send.js', 'api/receive.js'), []);
     assert.ok(!loaded.builtins.includes('tls') && !loaded.builtins.includes('dns/promises'), loaded.builtins.join(' '));
+    // commander's child_process (and the dgram it requires) waits for a use that never comes.
+    // (net comes with stdout when it is a pipe, as here.)
+    assert.deepEqual(loaded.builtins.filter((b) => ['child_process', 'dgram', 'perf_hooks'].includes(b)), [], `${args[0]}: ${loaded.builtins.join(' ')}`);
   }
 });
 
@@ -67,6 +70,25 @@ it('a local sync loads the addon but no TLS, QUIC, serve daemon or spinner', asy
   assert.equal(loaded.esmImported, false);
   assert.deepEqual(ours(loaded, 'transport/tls.js', 'transport/quic.js', 'serve/daemon.js', 'api/over-quic.js', 'security/identity.js', 'api/pull.js'), []);
   assert.ok(!loaded.builtins.includes('tls') && !loaded.builtins.includes('dns/promises'), loaded.builtins.join(' '));
+  // No child process and no perf_hooks: their modules are loaded at first use (decisions §100).
+  assert.deepEqual(loaded.builtins.filter((b) => ['child_process', 'dgram', 'perf_hooks'].includes(b)), [], loaded.builtins.join(' '));
+});
+
+it('a quiet local sync makes neither stdout nor stderr (a pipe here): no net, no tty, no child process', async () => {
+  const dir = tmpdir();
+  const src = path.join(dir, 'src');
+  fs.mkdirSync(src);
+  fs.writeFileSync(path.join(src, 'a.bin'), seeded(10_000, 3));
+  const { loaded, code, stdout, stderr } = await loadedBy(['sync', '-aq', `${src}/`, `${path.join(dir, 'dst')}/`, '--state-dir', path.join(dir, 'state')], dir);
+  assert.equal(code, 0, stderr);
+  assert.equal(stdout + stderr, '');
+  assert.deepEqual(fs.readFileSync(path.join(dir, 'dst', 'a.bin')), seeded(10_000, 3));
+  assert.equal(addon(loaded).length > 0, true, 'the sync ran without the addon?');
+  assert.deepEqual(loaded.builtins.filter((b) => ['net', 'tty', 'child_process', 'dgram', 'perf_hooks'].includes(b)), [], loaded.builtins.join(' '));
+  // A failing quiet run still says why, on the stderr it then makes, and exits with its code.
+  const failed = await loadedBy(['sync', '-aq', `${path.join(dir, 'none')}/`, `${path.join(dir, 'dst')}/`, '--state-dir', path.join(dir, 'state')], dir);
+  assert.equal(failed.code, 3);
+  assert.match(failed.stderr, /ffsync-native: error: .*does not exist/);
 });
 
 it('a plain send loads no QUIC and no serve daemon', async () => {

@@ -22,6 +22,7 @@
 // still produces faster than the link drains; once it says the link keeps pace, the start is
 // no longer protected and the encoder's stalls lower the level at once (a 1 Gbit/s link).
 
+import { nowMs } from '../utils/clock.js';
 import type { FramedConnection } from '../transport/connection.js';
 import { DeliveryMeter, type LinkSample, type LinkSignal } from '../transport/delivery.js';
 import { Capability } from '../protocol/messages.js';
@@ -113,7 +114,7 @@ export class LevelGovernor {
     start = base,
     o: GovernorOptions = {},
   ) {
-    this.now = o.now ?? (() => performance.now());
+    this.now = o.now ?? (() => nowMs());
     this.link = o.link;
     this.cur = adapt && base > 0 ? Math.min(MAX_ADAPT_LEVEL, Math.max(base, start)) : base;
     this.start = this.cur;

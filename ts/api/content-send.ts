@@ -9,6 +9,7 @@
 // entries as soon as they are hashed, then the manifest's header alone in MANIFEST, and to an
 // empty basis each window's chunks as early DATA. The receiver's half is content-receive.ts.
 
+import { nowMs } from '../utils/clock.js';
 import type { LevelGovernor } from './compress-level.js';
 import fs from 'node:fs/promises';
 import type { BigIntStats } from 'node:fs';
@@ -305,9 +306,9 @@ async function sendBatches(conn: FramedConnection, o: SendContentOptions, src: N
   gov?.restartWindow();
   let raw = 0;
   for (let k = 0; k < batches.length; k++) {
-    const t0 = performance.now();
+    const t0 = nowMs();
     const { buf, res } = await ahead[k];
-    const t1 = performance.now();
+    const t1 = nowMs();
     if (k + READ_AHEAD < batches.length) {
       const p = read(k + READ_AHEAD);
       p.catch(() => undefined);
@@ -317,7 +318,7 @@ async function sendBatches(conn: FramedConnection, o: SendContentOptions, src: N
     raw += res.rawBytes;
     progress(raw);
     if (limiter) await conn.orFailure(limiter(res.length));
-    gov?.observe(t1 - t0, performance.now() - t1, res.length);
+    gov?.observe(t1 - t0, nowMs() - t1, res.length);
   }
   return raw;
 }
@@ -366,9 +367,9 @@ async function streamManifest(
     let described = 0;
     gov?.restartWindow();
     for (;;) {
-      const t0 = performance.now();
+      const t0 = nowMs();
       const { step, buf } = await pending;
-      const t1 = performance.now();
+      const t1 = nowMs();
       if (step.result) {
         if (buf) pool!.release(buf);
         return step.result;
@@ -387,7 +388,7 @@ async function streamManifest(
         early.raw += step.batchRaw!;
         o.events?.progress?.('sending', early.raw);
         if (limiter) await conn.orFailure(limiter(step.batchLen));
-        gov?.observe(t1 - t0, performance.now() - t1, step.batchLen);
+        gov?.observe(t1 - t0, nowMs() - t1, step.batchLen);
         continue;
       }
       if (buf) pool!.release(buf);

@@ -1,5 +1,6 @@
 // The sending side of a single-file sync.
 
+import { nowMs } from '../utils/clock.js';
 import { deliveryMeter, LevelGovernor, startLevel } from './compress-level.js';
 import fs from 'node:fs/promises';
 import { FramedConnection } from '../transport/connection.js';
@@ -146,9 +147,9 @@ async function connectAndSend(o: SendOptions, c: Pick<SenderContext, 'stateDir' 
     const { overQuic } = require('./over-quic.js') as typeof import('./over-quic.js');
     const { loadOrCreateIdentity } = require('../security/identity.js') as typeof import('../security/identity.js');
     /* eslint-enable @typescript-eslint/no-require-imports */
-    const dialed = performance.now();
+    const dialed = nowMs();
     const quic = await QuicSession.connect(o.host, o.port, loadOrCreateIdentity(stateDir), { timeoutMs: o.connectTimeoutMs ?? Math.min(timeoutMs, 10_000), idleMs: timeoutMs });
-    const quicHandshakeMs = performance.now() - dialed;
+    const quicHandshakeMs = nowMs() - dialed;
     return overQuic(quic, 'open', timeoutMs, (conn, stream) => runSender(conn, { ...o, stateDir, st, walking, scanAhead, fileIndex, t0, secure: stream, dialLane: () => quic.openStream(), handshakeMs: quicHandshakeMs }));
   }
   /* eslint-disable @typescript-eslint/no-require-imports */

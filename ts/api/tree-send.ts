@@ -3,6 +3,7 @@
 // triage identically -> FILE_BATCH* (small files, streamed) -> per large file FILE_BEGIN
 // + the single-file conversation -> TREE_END -> peer TREE_RESULT.
 
+import { nowMs } from '../utils/clock.js';
 import fs from 'node:fs/promises';
 import type { BigIntStats } from 'node:fs';
 import { FramedConnection } from '../transport/connection.js';
@@ -644,16 +645,16 @@ async function sendSmallFiles(conn: FramedConnection, tree: NativeTreeSync, gov:
   };
   let next: Promise<{ buf: Buffer; res: SmallBatch }> | undefined = read(0);
   while (next) {
-    const t0 = performance.now();
+    const t0 = nowMs();
     const got: { buf: Buffer; res: SmallBatch } = await next;
-    const t1 = performance.now();
+    const t1 = nowMs();
     const { buf, res } = got;
     next = res.next >= 0 ? read(res.next) : undefined;
     next?.catch(() => undefined);
     if (res.length > 0) {
       await conn.send(FrameType.FILE_BATCH, buf.subarray(0, res.length), () => pool.release(buf));
       if (limiter) await conn.orFailure(limiter(res.length));
-      gov.observe(t1 - t0, performance.now() - t1, res.length);
+      gov.observe(t1 - t0, nowMs() - t1, res.length);
     } else pool.release(buf);
     transfer.add(res.rawBytes);
   }

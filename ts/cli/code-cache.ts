@@ -23,6 +23,7 @@ import Module from 'node:module';
 import path from 'node:path';
 import vm from 'node:vm';
 import { homeDir } from '../utils/state-dir.js';
+import { lazyRequire } from './lazy-builtins.js';
 
 /** A run at least this long replaces a cache made by a shorter one (once). */
 export const LONG_RUN_MS = 1000;
@@ -183,7 +184,7 @@ export function runWithCodeCache(entry: string, dir: string | undefined, command
   const m = new Module(entry, module);
   m.filename = entry;
   const run = script.runInThisContext() as (e: unknown, r: NodeJS.Require, m: Module, f: string, d: string) => void;
-  run.call(m.exports, m.exports, Module.createRequire(entry), m, entry, path.dirname(entry));
+  run.call(m.exports, m.exports, lazyRequire(Module.createRequire(entry)), m, entry, path.dirname(entry));
 }
 
 /** Start the CLI's program (see the head of this file). */

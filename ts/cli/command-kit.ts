@@ -7,6 +7,7 @@ import { type Command, InvalidArgumentError, Option } from 'commander';
 import type { SyncSummary } from '../api/events.js';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import type { Reporter } from './reporter.js';
+import { flushStdio } from './stdio.js';
 
 /**
  * Load what a command needs, when it needs it. A module that cannot load the native addon
@@ -169,9 +170,10 @@ class SignalGuard {
 }
 
 export function exit(code: number): never {
-  // Flush stdout/stderr before exiting (pipes are async in Node).
+  // Flush stdout/stderr before exiting (pipes are async in Node); a stream never made has
+  // nothing to flush, and is not made for it (./stdio.ts).
   process.exitCode = code;
-  process.stdout.write('', () => process.stderr.write('', () => process.exit(code)));
+  flushStdio(() => process.exit(code));
   return undefined as never;
 }
 

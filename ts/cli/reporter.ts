@@ -48,7 +48,8 @@ export function noColor(env: NodeJS.ProcessEnv = process.env): boolean {
 export async function createReporter(opts: ReporterOptions): Promise<Reporter> {
   if (opts.json) return jsonReporter(opts.progress === true && !opts.quiet ? (opts.progressIntervalMs ?? 5000) : undefined);
   const style = opts.style ?? 'peer';
-  const spinners = canDraw(process.stderr) && !opts.quiet && (style === 'peer' ? opts.progress !== false : opts.progress === true);
+  // stderr last: a quiet run never makes the stream (a pipe's or a terminal's loads net and tty).
+  const spinners = !opts.quiet && (style === 'peer' ? opts.progress !== false : opts.progress === true) && canDraw(process.stderr);
   let ora: OraFactory | undefined;
   if (spinners) {
     // ora is ESM-only; load it only when a spinner will be shown (through a file outside the

@@ -6,8 +6,9 @@
 // per read), but offers it only to sockets it creates itself — `net.connect` and
 // `tls.connect` without a `socket` — not to sockets a server accepts, which is where a
 // receiver's data arrives. So it is switched on here for a socket that already exists.
-import * as net from 'node:net';
+import type * as Net from 'node:net';
 import type { Readable } from 'node:stream';
+import { netModule } from './net-module.js';
 
 /** The two properties under which a socket keeps its `onread` buffer and callback. */
 interface OnreadKeys {
@@ -26,7 +27,7 @@ function onreadKeys(): OnreadKeys | null {
     const buffer = Buffer.alloc(1);
     const callback = (): boolean => true;
     // (The option is documented for `net.Socket`; older type definitions lack it.)
-    const probe = new net.Socket({ onread: { buffer, callback } } as net.SocketConstructorOpts);
+    const probe = new (netModule().Socket)({ onread: { buffer, callback } } as Net.SocketConstructorOpts);
     const own = probe as unknown as Record<symbol, unknown>;
     const symbols = Object.getOwnPropertySymbols(probe);
     const b = symbols.find((k) => own[k] === buffer);
@@ -62,9 +63,10 @@ const STATIC_READ_SIZE = 64 * 1024;
 export function readIntoStaticBuffer(stream: Readable, onRead: (chunk: Buffer) => void): boolean {
   const joined = (stream as Partial<StaticReadable>).readIntoStaticBuffer;
   if (typeof joined === 'function') return joined.call(stream, onRead);
-  if (!(stream instanceof net.Socket) || stream.destroyed || stream.connecting) return false;
+  // A native handle first (no socket without one): a stream without loads no `net`.
   const handle = (stream as unknown as { _handle?: { useUserBuffer?: (b: Uint8Array) => void } })._handle;
   if (typeof handle?.useUserBuffer !== 'function') return false;
+  if (!(stream instanceof netModule().Socket) || stream.destroyed || stream.connecting) return false;
   const k = onreadKeys();
   if (!k) return false;
   const buffer = Buffer.allocUnsafeSlow(STATIC_READ_SIZE);

@@ -1,7 +1,9 @@
 // Plain TCP transport (`--plaintext`). TLS (the default, with pinning) wraps the same
 // sockets in its own module.
 
-import * as net from 'node:net';
+import { nowMs } from '../utils/clock.js';
+import type * as net from 'node:net';
+import { netModule } from './net-module.js';
 import type { SecureStream } from './peer-identity.js';
 import type { Duplex } from 'node:stream';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
@@ -54,7 +56,7 @@ export class SocketQueue<S extends Duplex> {
 }
 
 export async function listenOnce(host: string, port: number): Promise<Listener> {
-  const server = net.createServer({ pauseOnConnect: true });
+  const server = netModule().createServer({ pauseOnConnect: true });
   const queue = new SocketQueue<net.Socket>();
   server.on('connection', (sock) => queue.push(sock));
   const addr = await bind(server, host, port);
@@ -80,15 +82,15 @@ export async function bind(server: net.Server, host: string, port: number): Prom
 
 export function connect(host: string, port: number, timeoutMs = 15000): Promise<net.Socket> {
   return new Promise((resolve, reject) => {
-    const started = performance.now();
-    const sock = net.connect({ host, port });
+    const started = nowMs();
+    const sock = netModule().connect({ host, port });
     const timer = setTimeout(() => {
       sock.destroy();
       reject(new FfsyncError('ETIMEDOUT', ExitCode.TIMEOUT, `connecting to ${host}:${port} timed out`));
     }, timeoutMs);
     sock.once('connect', () => {
       clearTimeout(timer);
-      noteHandshake(sock, performance.now() - started);
+      noteHandshake(sock, nowMs() - started);
       sock.removeAllListeners('error');
       resolve(tune(sock));
     });

@@ -1,6 +1,7 @@
 // TLS 1.3 transport, mutually authenticated by pinned certificate fingerprints (not by a
 // CA or host names: every peer's certificate is self-signed, see ts/security/). Both
 // sides present their identity; trust is decided after the handshake by ts/security/trust.
+import { nowMs } from '../utils/clock.js';
 import * as net from 'node:net';
 import * as tls from 'node:tls';
 import type { Identity } from '../security/identity.js';
@@ -103,7 +104,7 @@ async function listenTls(
 
 export function tlsConnect(host: string, port: number, id: Identity, timeoutMs = 15000): Promise<tls.TLSSocket> {
   return new Promise((resolve, reject) => {
-    const started = performance.now();
+    const started = nowMs();
     const sock = tls.connect({ ...BASE, host, port, key: id.keyPem, cert: id.certPem, checkServerIdentity: () => undefined, servername: net.isIP(host) ? undefined : host });
     const timer = setTimeout(() => {
       sock.destroy();
@@ -111,7 +112,7 @@ export function tlsConnect(host: string, port: number, id: Identity, timeoutMs =
     }, timeoutMs);
     sock.once('secureConnect', () => {
       clearTimeout(timer);
-      noteHandshake(sock, performance.now() - started);
+      noteHandshake(sock, nowMs() - started);
       sock.removeAllListeners('error');
       sock.setNoDelay(true);
       capture(sock);
