@@ -128,8 +128,8 @@ async function session(p: Pair, dst: string, o: { relay?: boolean; recvEnv?: Nod
  * the sender) and before the receiver's HELLO did (its second): measured against when the relay
  * passed them on, not against fixed times, which a slow start on a loaded machine would shift. */
 function sentBeforeReceiverHello(r: Relay): number {
-  const [flight, hello = Infinity] = r.toSender;
-  assert.ok(flight !== undefined, 'the receiver sent nothing');
+  assert.ok(r.toSender.length >= 2, `the relay passed ${r.toSender.length} batches of the receiver's to the sender (its TLS flight, then its HELLO)`);
+  const [flight, hello] = r.toSender as [number, number];
   return r.fromSender.filter((x) => x.t >= flight && x.t < hello).reduce((a, x) => a + x.n, 0);
 }
 

@@ -191,7 +191,11 @@ async function exchangeHeld(tx: FramedConnection, rx: FramedConnection, payloads
     for (const p of payloads) await tx.send(FrameType.DATA, p);
   })();
   if (typeof wait === 'number') await sleep(wait);
-  else for (const deadline = Date.now() + 10_000; !wait() && Date.now() < deadline; ) await sleep(20);
+  else {
+    for (const deadline = Date.now() + 10_000; !wait() && Date.now() < deadline; ) await sleep(20);
+    // And a while longer: reads that went on after the queue filled would show by then.
+    await sleep(300);
+  }
   whileQueued?.();
   for (let i = 0; i < payloads.length; i++) {
     const f = await rx.recv();

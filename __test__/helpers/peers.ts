@@ -243,8 +243,6 @@ export function partials(dir: string): string[] {
   return out;
 }
 
-/** How many 1 MiB blocks of `data` are already in `part` (each block's last 4 KiB compared;
- * the part file is pre-sized, so its size says nothing about progress). */
 /** The most MiB blocks of `data` any partial under `dir` holds now. Polls while a session
  *  runs, so a partial found by the listing may already be renamed into place (a small
  *  file's): it counts as none, never as an error, and which partial comes first says nothing. */
@@ -254,6 +252,8 @@ export function mostBlocksInPartials(dir: string, data: Buffer): number {
   return most;
 }
 
+/** How many 1 MiB blocks of `data` are already in `part` (each block's last 4 KiB compared;
+ * the part file is pre-sized, so its size says nothing about progress). */
 export function blocksPresent(part: string, data: Buffer): number {
   let fd: number;
   try {

@@ -10,8 +10,10 @@
 export const LAZY = new Set(['node:child_process', 'child_process']);
 
 /** An object that stands for `load()`'s module: any use of it loads the module (once) and acts
- * on it. `__esModule` answers undefined without loading, so TypeScript's and esbuild's interop
- * helpers, which ask it at the require, wrap the stand-in instead of loading the module. */
+ * on it. `__esModule` answers undefined without loading, so TypeScript's `__importDefault`,
+ * which asks only that at the require, wraps the stand-in instead of loading the module; helpers
+ * that list the module's keys at the require (`__importStar`, esbuild's `__toESM`) load it then:
+ * correct, only not deferred. */
 export function standIn(load: () => object): object {
   let real: object | undefined;
   const m = (): object => (real ??= load());

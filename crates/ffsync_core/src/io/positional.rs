@@ -16,8 +16,9 @@ pub struct PositionalWriter {
     uring: bool,
 }
 
-/// Idle rings kept: batches are written by at most four threads at once (a session's write
-/// slots), and an idle ring keeps its staging buffer.
+/// Idle rings kept: batches are written on libuv's thread pool, four threads unless
+/// `UV_THREADPOOL_SIZE` says more (a session's write slots are four too), and an idle ring
+/// keeps its staging buffer. Batches beyond four at once make a ring each, closed after.
 #[cfg(target_os = "linux")]
 static RINGS: super::uring::RingPool = super::uring::RingPool::new(4);
 
@@ -42,12 +43,12 @@ impl PositionalWriter {
     pub fn backend(&self) -> &'static str {
         #[cfg(target_os = "linux")]
         if self.uring {
-            // No ring to be had (none made here, or one stalled: uring.rs): pwrite.
-            if let Ok(ring) = RINGS.take() {
-                RINGS.give(ring);
-                return "io_uring";
-            }
-            return "pwrite";
+            // What the pool knows (a ring made, or none to be had: uring.rs); before any batch
+            // of the process was written, a ring is made here to find out, once.
+            let works = RINGS
+                .available()
+                .unwrap_or_else(|| RINGS.take().map(|r| RINGS.give(r)).is_ok());
+            return if works { "io_uring" } else { "pwrite" };
         }
         if cfg!(windows) {
             "seek_write"

@@ -88,9 +88,10 @@ impl Ring {
             for (_, b) in group {
                 stage.extend_from_slice(b);
             }
-            {
+            let queued = {
                 let mut sq = self.ring.submission();
                 let mut at = 0usize;
+                let mut queued = true;
                 for (i, (off, buf)) in group.iter().enumerate() {
                     let len = buf.len().min(u32::MAX as usize) as u32;
                     let e = opcode::Write::new(fd, stage[at..].as_ptr(), len)
@@ -101,8 +102,19 @@ impl Ring {
                     // Safety: `stage` outlives every write (kept below, or leaked if abandoned)
                     // and is not touched until the group completed; the queue has room for a
                     // group (ENTRIES, and nothing else is queued).
-                    unsafe { sq.push(&e).map_err(|_| io::Error::other("io_uring queue full"))? };
+                    if unsafe { sq.push(&e) }.is_err() {
+                        queued = false;
+                        break;
+                    }
                 }
+                queued
+            };
+            if !queued {
+                // Cannot happen (a group fits the queue), but if it did, the entries already
+                // queued point into `stage`: the ring is given up (never pooled for another
+                // writer, whose submit would run them) and the group written with pwrite.
+                self.abandon(stage);
+                return self.finish_with_pwrite(file, group, &vec![None; group.len()]);
             }
             // Wait until every entry of this group has completed: the kernel may submit
             // fewer entries than queued, and a signal may end the wait early.
@@ -182,6 +194,12 @@ pub struct RingPool {
     /// Set once a ring stalled (the process's `STALLED`; a test's own): no ring is given out
     /// after that, idle or new.
     stalled: &'static AtomicBool,
+    /// Set once a ring could not be made (no io_uring in this kernel or sandbox, no timed
+    /// waits, submissions refused, or no resources): writers use pwrite for the rest of the
+    /// process instead of trying again at every batch.
+    unavailable: AtomicBool,
+    /// A ring was made here at least once.
+    made: AtomicBool,
 }
 
 impl RingPool {
@@ -194,19 +212,48 @@ impl RingPool {
             idle: std::sync::Mutex::new(Vec::new()),
             max_idle,
             stalled,
+            unavailable: AtomicBool::new(false),
+            made: AtomicBool::new(false),
         }
     }
 
-    /// An idle ring, or a new one; none once a ring stalled.
+    /// An idle ring, or a new one (made outside the pool's lock); none once a ring stalled or
+    /// one could not be made.
     pub fn take(&self) -> io::Result<Ring> {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if self.stalled.load(Ordering::Relaxed) {
-            idle.clear();
-            return Err(io::Error::other("io_uring stalled earlier in this process"));
+        {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            if self.stalled.load(Ordering::Relaxed) {
+                idle.clear();
+                return Err(io::Error::other("io_uring stalled earlier in this process"));
+            }
+            if self.unavailable.load(Ordering::Relaxed) {
+                return Err(io::Error::other("io_uring is not available here"));
+            }
+            if let Some(ring) = idle.pop() {
+                return Ok(ring);
+            }
         }
-        match idle.pop() {
-            Some(ring) => Ok(ring),
-            None => Ring::with_stall(STALL),
+        match Ring::with_stall(STALL) {
+            Ok(ring) => {
+                self.made.store(true, Ordering::Relaxed);
+                Ok(ring)
+            }
+            Err(e) => {
+                self.unavailable.store(true, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether writes go through io_uring: `Some(false)` once a ring stalled or could not be
+    /// made, `Some(true)` once one was made, `None` before either (nothing tried yet).
+    pub fn available(&self) -> Option<bool> {
+        if self.stalled.load(Ordering::Relaxed) || self.unavailable.load(Ordering::Relaxed) {
+            Some(false)
+        } else if self.made.load(Ordering::Relaxed) {
+            Some(true)
+        } else {
+            None
         }
     }
 
@@ -278,11 +325,28 @@ mod tests {
         let before = pool.idle.lock().unwrap().len();
         pool.give(broken);
         assert_eq!(pool.idle.lock().unwrap().len(), before);
+        assert_eq!(pool.available(), Some(true));
         // Once a ring stalled, none is given out, idle or new, and the idle ones are closed.
         assert!(before > 0);
         STALLED_HERE.store(true, Ordering::Relaxed);
         assert!(pool.take().is_err());
         assert_eq!(pool.idle.lock().unwrap().len(), 0);
+        assert_eq!(pool.available(), Some(false));
+    }
+
+    #[test]
+    fn a_pool_that_could_not_make_a_ring_stops_trying() {
+        static NEVER: AtomicBool = AtomicBool::new(false);
+        let pool = RingPool::with_stall_flag(2, &NEVER);
+        assert_eq!(pool.available(), None, "nothing tried yet");
+        // As if this kernel had refused io_uring_setup: the next writers go to pwrite at once.
+        pool.unavailable.store(true, Ordering::Relaxed);
+        assert!(pool.take().is_err());
+        assert_eq!(pool.available(), Some(false));
+        assert!(
+            !pool.made.load(Ordering::Relaxed),
+            "no ring was made for the refused take"
+        );
     }
 
     #[test]
