@@ -114,7 +114,7 @@ export class LevelGovernor {
     start = base,
     o: GovernorOptions = {},
   ) {
-    this.now = o.now ?? (() => nowMs());
+    this.now = o.now ?? nowMs;
     this.link = o.link;
     this.cur = adapt && base > 0 ? Math.min(MAX_ADAPT_LEVEL, Math.max(base, start)) : base;
     this.start = this.cur;

@@ -19,6 +19,7 @@ import { decodeQuicOffer, decodeQuicReady, encodeQuicOffer, encodeQuicReady, Rol
 import { FrameType } from '../protocol/frames.js';
 import { abortable, expect, handshake, reportError } from './session.js';
 import type { QuicListener, QuicSession } from '../transport/quic.js';
+import { netModule } from '../transport/net-module.js';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { runReceiver, checkTarget, type ReceiverContext, waitingScanOf } from './receive.js';
 import { indexedFile, runSender, scanAheadOf, statSource, type SendOptions } from './send.js';
@@ -531,8 +532,7 @@ async function quicAddress(sshHost: string, sshServerAddress: string): Promise<s
   try {
     return await quic().resolveHost(host);
   } catch (e) {
-    // (node:net here only: a local sync loads none of it, decisions §100.)
-    if (sshServerAddress && (require('node:net') as typeof import('node:net')).isIP(sshServerAddress)) return sshServerAddress;
+    if (sshServerAddress && netModule().isIP(sshServerAddress)) return sshServerAddress;
     throw new FfsyncError('ENOTFOUND', ExitCode.SOCKET_IO, `--quic: ${(e as Error).message} (needed for the QUIC connection)`);
   }
 }

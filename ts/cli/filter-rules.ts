@@ -6,9 +6,9 @@
 // the sender's walk reads in every directory (crates/ffsync_core/src/tree/dir_merge.rs).
 
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import { InvalidArgumentError } from 'commander';
+import { homeDir } from '../utils/state-dir.js';
 
 export type Side = 'both' | 'sender' | 'receiver';
 
@@ -127,9 +127,10 @@ export function finishRules(list: RuleList, env: NodeJS.ProcessEnv = process.env
   const dirMerge = [...list.dirMerge];
   if (list.cvs) {
     const words = [CVS_IGNORE];
-    const home = env.HOME ?? os.homedir();
+    // (homeDir: '' for a user with no home, where os.homedir() throws; then no ~/.cvsignore.)
+    const home = env.HOME ?? homeDir();
     try {
-      words.push(fs.readFileSync(path.join(home, '.cvsignore'), 'utf8'));
+      if (home) words.push(fs.readFileSync(path.join(home, '.cvsignore'), 'utf8'));
     } catch {
       // no ~/.cvsignore: nothing to add
     }
