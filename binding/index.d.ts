@@ -213,8 +213,11 @@ export declare class NativeTreeSync {
    * in plan order (see `TreeSync::scan_ahead_candidates`). One pass over the walk's entries.
    */
   scanAheadCandidates(maxSize: number, maxBytes: number): Buffer
-  /** Our manifest in wire form (zstd-compressed), encoded on the pool. */
-  manifest(): Promise<Buffer>
+  /**
+   * Our manifest in wire form, encoded on the pool: zstd-compressed, or with `compress` false
+   * stored in a zstd frame uncompressed (a peer in this process: nothing crosses a wire).
+   */
+  manifest(compress?: boolean | undefined | null): Promise<Buffer>
   stats(): TreeStats
   /** The session is over: close the directory handle the receiver resolves paths from. */
   releaseHandles(): void

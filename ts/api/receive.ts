@@ -52,6 +52,9 @@ export interface ReceiveOptions {
   /** Sub-chunk refinement (REFINE frames) when the sender supports it; default on. Local
    * syncs turn it off: nothing crosses a wire, so signatures and deltas would only cost CPU. */
   refine?: boolean;
+  /** A tree's manifest goes zstd-compressed (default), or with `false` stored uncompressed in its
+   * zstd frame: local syncs, where the peer is in this process (decisions §101). */
+  compressManifest?: boolean;
   /** First contact by a one-time code (TLS only): `true` offers a code even when peers are
    * pinned, `false` never; undefined offers one when no peer is pinned and no `trust` is
    * given. Codes are announced through `events.pairing`. */

@@ -365,7 +365,7 @@ async function syncLocally(c: SyncContext, st: BigIntStats, srcName: string, kin
   const sendConn = new FramedConnection(a, eng.timeoutMs!);
   const lanes = localLanes();
   const sending = { ...eng, compressLevel: 0, overlap: false, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES, listing: listingOf(o, src, dest, false, destExisted, rootExisted) }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
-  const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, ...receiverSide.tree }, backup: receiverSide.backup, partialDir: receiverSide.partialDir, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, inplace: o.inplace, fsync: o.fsync };
+  const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, ...receiverSide.tree }, backup: receiverSide.backup, partialDir: receiverSide.partialDir, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, compressManifest: false, inplace: o.inplace, fsync: o.fsync };
   // Both trees are walked from the start, neither waiting on the handshake or the other
   // side's frames. The receiver's early walk has no exclude rules, so it is started only
   // when the sender has none either (and no -x): then it is the walk the session makes.

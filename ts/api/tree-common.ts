@@ -50,9 +50,10 @@ async function recvManifest(conn: FramedConnection, tree: NativeTreeSync): Promi
  * ~50,000 files. Below it they are a few pool buffers at most, kept for the DATA to come. */
 const EXCHANGE_RELIEF = 4 * 1024 * 1024;
 
-/** Our tree manifest, in TREE_MANIFEST frames; resolves to its size in bytes once sent. */
-export function sendManifest(conn: FramedConnection, tree: NativeTreeSync): Promise<number> {
-  const sent = call(tree.manifest()).then(async (m) => {
+/** Our tree manifest, in TREE_MANIFEST frames; resolves to its size in bytes once sent.
+ * `compress` false: stored uncompressed in its zstd frame (a peer in this process). */
+export function sendManifest(conn: FramedConnection, tree: NativeTreeSync, compress = true): Promise<number> {
+  const sent = call(tree.manifest(compress)).then(async (m) => {
     await sendParts(conn, FrameType.TREE_MANIFEST, m);
     return m.length;
   });
@@ -64,9 +65,9 @@ export function sendManifest(conn: FramedConnection, tree: NativeTreeSync): Prom
  * Both peers send their manifest without waiting for the other's, then each hashes the
  * files triage needs a root for (same-size files the other side's index covers, rename
  * candidates) and sends those roots. After this both can triage identically.
- * `manifestSent`: ours, when it went earlier (sendManifest).
+ * `manifestSent`: ours, going or gone (sendManifest).
  */
-export async function exchangeManifestsAndRoots(conn: FramedConnection, tree: NativeTreeSync, checksum: boolean, events?: SyncEvents, manifestSent = sendManifest(conn, tree)): Promise<void> {
+export async function exchangeManifestsAndRoots(conn: FramedConnection, tree: NativeTreeSync, checksum: boolean, events: SyncEvents | undefined, manifestSent: Promise<number>): Promise<void> {
   const received = await conn.keepAlive(recvManifest(conn, tree));
   let moved = received + (await manifestSent);
   const mine = tree.rootsToSupply(checksum);

@@ -36,7 +36,7 @@ import type { ReceiveOptions } from './receive.js';
 import { hashWithin } from './content-send.js';
 import { receiveFileContent, WRITES_IN_FLIGHT } from './content-receive.js';
 import { WorkLimit } from '../utils/data-turns.js';
-import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, treeSummary } from './tree-common.js';
+import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, sendManifest, treeSummary } from './tree-common.js';
 import { ScanAhead } from './scan-ahead.js';
 import { laneWindow, Multiplexer, SessionWindow } from '../transport/mux.js';
 import { writeSlots } from './write-slots.js';
@@ -233,7 +233,7 @@ class TreeReceiver {
   private async triage(tree: NativeTreeSync, root: string, limits: TreeOptions): Promise<Plan> {
     const { o } = this;
     const stats = tree.stats();
-    await exchangeManifestsAndRoots(this.conn, tree, this.checksum, o.events);
+    await exchangeManifestsAndRoots(this.conn, tree, this.checksum, o.events, sendManifest(this.conn, tree, o.compressManifest !== false));
     const deleteExtraneous = (o.offer.flags & OfferFlag.NO_DELETE) === 0 && !o.tree?.noDelete;
     const counts = await call(tree.triage(this.checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0, limits.maxSize, limits.minSize, limits.omitTimes, limits.omitPerms, limits.sizeOnly, limits.ignoreExisting, limits.existingOnly));
     const summary = treeSummary(stats, counts);

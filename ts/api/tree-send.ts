@@ -150,10 +150,12 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   }
   // Sent before the receiver's HELLO came, our manifest goes now too; nothing of the receiver's
   // is read before its HELLO has been checked against what the offer assumed.
-  const manifestSent = early ? sendManifest(conn, tree) : undefined;
+  // Level 0 (a local sync, or --compress-level 0) compresses no manifest either.
+  const compressManifest = o.compressLevel !== 0;
+  const manifestSent = early ? sendManifest(conn, tree, compressManifest) : undefined;
   if (early) o.negotiated = await confirmEarlyOffer(o, offer);
   const lanes = lanesWanted > 1 ? decodeLanes((await expect(conn, FrameType.LANES)).payload) : undefined;
-  await exchangeManifestsAndRoots(conn, tree, Boolean(o.checksum), o.events, manifestSent);
+  await exchangeManifestsAndRoots(conn, tree, Boolean(o.checksum), o.events, manifestSent ?? sendManifest(conn, tree, compressManifest));
   const triaged = call(tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile), t.maxSize, t.minSize, options.omitTimes, options.omitPerms, options.sizeOnly, options.ignoreExisting, options.existingOnly));
   // The plan is known: each conversation hashes what it needs from here (ahead of it, the
   // scans started by now finish).

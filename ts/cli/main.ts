@@ -5,5 +5,8 @@
 // load nothing of it.
 import path from 'node:path';
 import { startProgram } from './code-cache.js';
+import { startEarlyWalks } from './early-walks.js';
 
+// A local tree sync's walks run while the program loads (./early-walks.ts, decisions §101).
+startEarlyWalks();
 startProgram(path.join(__dirname, 'entry.js'));

@@ -2,6 +2,7 @@
 // `napi build`; never edited by hand). Everything else imports from here.
 import type * as Binding from '../../binding/index.js';
 import { normalizeNativeError } from '../utils/errors.js';
+import { takeEarlyWalk } from './early-walks.js';
 import { loadNative } from './loader.js';
 
 // The prebuilt package ffsync-native-<platform> if installed, else the local build in binding/
@@ -141,9 +142,10 @@ export function markUpToDate(target: string | Buffer, manifest: Buffer, mtimeNs:
   return call(task);
 }
 
-/** Walk a directory tree on every core (entries counted through `onProgress`). */
+/** Walk a directory tree on every core (entries counted through `onProgress`). The same walk
+ * started before the program loaded (ts/cli/early-walks.ts) is taken instead, if there is one. */
 export async function walkTree(root: string, options: Binding.WalkTreeOptions, onProgress?: (entries: number) => void): Promise<Binding.NativeTreeSync> {
-  const tree = await call(native.NativeTreeSync.walk(root, options, progressCallback(onProgress)));
+  const tree = await call(takeEarlyWalk(root, options) ?? native.NativeTreeSync.walk(root, options, progressCallback(onProgress)));
   // The ticker's last value may reach us after the walk resolved: report the total here.
   onProgress?.(tree.entryCount());
   return tree;

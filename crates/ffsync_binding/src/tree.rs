@@ -258,6 +258,7 @@ impl Task for HashTask {
 /// 100,000 entries), so they run on the pool, and in a local sync both peers' run at once.
 pub struct ManifestTask {
     t: Arc<RwLock<TreeSync>>,
+    compress: bool,
 }
 
 impl Task for ManifestTask {
@@ -268,7 +269,11 @@ impl Task for ManifestTask {
         // 100,000-file tree), compressed without it: the peer's manifest parts, pushed from the JS thread
         // meanwhile, take the write lock.
         let manifest = self.t.read().unwrap().local.manifest.clone();
-        Ok(ffsync_core::tree::manifest::compress_encoded(manifest.encoded()))
+        Ok(if self.compress {
+            ffsync_core::tree::manifest::compress_encoded(manifest.encoded())
+        } else {
+            ffsync_core::tree::manifest::store_encoded(manifest.encoded())
+        })
     }
     fn resolve(&mut self, _env: Env, v: Vec<u8>) -> Result<Buffer> {
         Ok(v.into())
@@ -461,10 +466,14 @@ impl NativeTreeSync {
             .into()
     }
 
-    /// Our manifest in wire form (zstd-compressed), encoded on the pool.
+    /// Our manifest in wire form, encoded on the pool: zstd-compressed, or with `compress` false
+    /// stored in a zstd frame uncompressed (a peer in this process: nothing crosses a wire).
     #[napi(ts_return_type = "Promise<Buffer>")]
-    pub fn manifest(&self) -> AsyncTask<ManifestTask> {
-        AsyncTask::new(ManifestTask { t: self.inner.clone() })
+    pub fn manifest(&self, compress: Option<bool>) -> AsyncTask<ManifestTask> {
+        AsyncTask::new(ManifestTask {
+            t: self.inner.clone(),
+            compress: compress.unwrap_or(true),
+        })
     }
 
     #[napi]
