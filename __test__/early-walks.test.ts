@@ -138,8 +138,22 @@ describe('planEarlyWalks', () => {
     for (const a of none) assert.deepEqual(planEarlyWalks(a), [], a.slice(2).join(' '));
   });
 
-  it('on Windows a drive letter is a local path, elsewhere C:x is a host', () => {
+  it("`SRC/..` and `SRC/.` name their directory's contents: the target is DEST itself", () => {
+    const walks = planEarlyWalks(argv('sync', '-a', `${src}/sub/..`, dst, '--state-dir', state));
+    assert.deepEqual(walks.map((w) => w.root), [src, dst]);
+    assert.deepEqual(planEarlyWalks(argv('sync', '-a', `${src}/.`, dst, '--state-dir', state)).map((w) => w.root), [src, dst]);
+  });
+
+  it('C:/x is a host, except on Windows; -P and --partial start nothing when RSYNC_PARTIAL_DIR makes them --partial-dir', () => {
     assert.deepEqual(planEarlyWalks(argv('sync', '-a', 'C:/x/', `${dst}/`), 'linux'), []);
+    assert.equal(planEarlyWalks(argv('sync', '-aP', `${src}/`, `${dst}/`, '--state-dir', state)).length, 2);
+    process.env.RSYNC_PARTIAL_DIR = '.partial';
+    try {
+      assert.deepEqual(planEarlyWalks(argv('sync', '-aP', `${src}/`, `${dst}/`, '--state-dir', state)), []);
+      assert.deepEqual(planEarlyWalks(argv('sync', '-a', '--partial', `${src}/`, `${dst}/`, '--state-dir', state)), []);
+    } finally {
+      delete process.env.RSYNC_PARTIAL_DIR;
+    }
   });
 });
 
@@ -152,7 +166,7 @@ describe('the hand-over', () => {
     assert.notEqual(walkKey('/r', a), walkKey('/other', a));
     const before = earlyWalkCounts().taken;
     const walk = Promise.reject(Object.assign(new Error('ENOENT: no such directory /r'), { code: 'GenericFailure' }));
-    offerEarlyWalk('/r', a, walk as never);
+    offerEarlyWalk('/r', a, () => walk as never);
     await new Promise((r) => setImmediate(r)); // an offered walk that fails is no unhandled rejection
     assert.equal(takeEarlyWalk('/r', { ...a, skipSymlinks: true }), undefined, 'other options: not this walk');
     const taken = takeEarlyWalk('/r', b);
@@ -161,5 +175,19 @@ describe('the hand-over', () => {
     assert.equal(earlyWalkCounts().taken, before + 1);
     // Its error reaches whoever took it as the program's own walk's would.
     await assert.rejects(call(taken!), (e: Error & { code?: string }) => e.code === 'ENOENT' && /no such directory/.test(e.message));
+  });
+
+  it("the walk's progress goes to whoever takes it: what was listed so far at once, then as it comes", () => {
+    let tick: (n: number) => void = () => undefined;
+    const options = { excludes: [], stateDir: '/s', isSender: true };
+    offerEarlyWalk('/p', options, (progress) => {
+      tick = progress;
+      return new Promise(() => undefined);
+    });
+    tick(100); // listed before anyone took it
+    const seen: number[] = [];
+    assert.ok(takeEarlyWalk('/p', options, (n) => seen.push(n)));
+    tick(250);
+    assert.deepEqual(seen, [100, 250]);
   });
 });

@@ -215,7 +215,8 @@ export declare class NativeTreeSync {
   scanAheadCandidates(maxSize: number, maxBytes: number): Buffer
   /**
    * Our manifest in wire form, encoded on the pool: zstd-compressed, or with `compress` false
-   * stored in a zstd frame uncompressed (a peer in this process: nothing crosses a wire).
+   * stored in a zstd frame uncompressed (a peer in this process: nothing crosses a wire) when
+   * that fits the wire's 1 GiB limit.
    */
   manifest(compress?: boolean | undefined | null): Promise<Buffer>
   stats(): TreeStats

@@ -30,6 +30,9 @@ export interface SendOptions {
   checksum?: boolean;
   /** zstd level for chunk data; 0 disables compression. Default 1. */
   compressLevel?: number;
+  /** A tree's manifest goes zstd-compressed (default), or with `false` stored uncompressed in its
+   * zstd frame: a local sync, whose receiver is in this process (decisions §101). */
+  compressManifest?: boolean;
   stateDir?: string;
   /** Abort when the peer sends nothing for this long (exit 30). Default 60 s. */
   timeoutMs?: number;

@@ -37,25 +37,9 @@ const overQuic: typeof import('./over-quic.js').overQuic = (...a) => (require('.
 const loadOrCreateIdentity: typeof import('../security/identity.js').loadOrCreateIdentity = (...a) =>
   (require('../security/identity.js') as typeof import('../security/identity.js')).loadOrCreateIdentity(...a);
 
-export interface Location {
-  /** `[user@]host` for a remote location. */
-  host?: string;
-  path: string;
-  /** Written with a trailing '/' (rsync: "the contents of"). */
-  slash: boolean;
-}
+import { type Location, parseLocation } from '../utils/location.js';
 
-/** rsync's rule: `host:path` when a ':' comes before any '/'; `C:\\…` stays local on Windows. */
-export function parseLocation(spec: string): Location {
-  const colon = spec.indexOf(':');
-  const slash = spec.indexOf('/');
-  const drive = process.platform === 'win32' && /^[a-zA-Z]:[\\/]/.test(spec);
-  if (colon > 0 && (slash < 0 || colon < slash) && !drive) {
-    const p = spec.slice(colon + 1);
-    return { host: spec.slice(0, colon), path: p === '' ? '.' : p, slash: p.endsWith('/') };
-  }
-  return { path: spec, slash: spec.endsWith('/') || spec.endsWith(path.sep) };
-}
+export { type Location, parseLocation };
 
 export interface SyncOptions {
   src: string;
@@ -364,7 +348,7 @@ async function syncLocally(c: SyncContext, st: BigIntStats, srcName: string, kin
   const recvConn = new FramedConnection(b, eng.timeoutMs!);
   const sendConn = new FramedConnection(a, eng.timeoutMs!);
   const lanes = localLanes();
-  const sending = { ...eng, compressLevel: 0, overlap: false, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES, listing: listingOf(o, src, dest, false, destExisted, rootExisted) }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
+  const sending = { ...eng, compressLevel: 0, compressManifest: false, overlap: false, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES, listing: listingOf(o, src, dest, false, destExisted, rootExisted) }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
   const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, ...receiverSide.tree }, backup: receiverSide.backup, partialDir: receiverSide.partialDir, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, compressManifest: false, inplace: o.inplace, fsync: o.fsync };
   // Both trees are walked from the start, neither waiting on the handshake or the other
   // side's frames. The receiver's early walk has no exclude rules, so it is started only

@@ -150,8 +150,8 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   }
   // Sent before the receiver's HELLO came, our manifest goes now too; nothing of the receiver's
   // is read before its HELLO has been checked against what the offer assumed.
-  // Level 0 (a local sync, or --compress-level 0) compresses no manifest either.
-  const compressManifest = o.compressLevel !== 0;
+  // Stored, not compressed, only for a receiver in this process (a local sync).
+  const compressManifest = o.compressManifest !== false;
   const manifestSent = early ? sendManifest(conn, tree, compressManifest) : undefined;
   if (early) o.negotiated = await confirmEarlyOffer(o, offer);
   const lanes = lanesWanted > 1 ? decodeLanes((await expect(conn, FrameType.LANES)).payload) : undefined;

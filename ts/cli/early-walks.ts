@@ -13,9 +13,11 @@ import path from 'node:path';
 import type * as Binding from '../../binding/index.js';
 import { offerEarlyWalk } from '../native/early-walks.js';
 import { loadNative } from '../native/loader.js';
+import { type Location, parseLocation } from '../utils/location.js';
 import { resolveStateDir } from '../utils/state-dir.js';
 
-/** Short options that change neither walk (`-a`, `-r` and `-l` are read for what they do). */
+/** Short options that change neither walk (`-a`, `-r` and `-l` are read for what they do; `-P`,
+ * like `--partial`, only while RSYNC_PARTIAL_DIR is unset). */
 const SHORT = new Set('arlvqztpogDhinuWSP');
 /** Long options without a value that change neither walk. */
 const LONG = new Set([
@@ -53,14 +55,6 @@ const LONG_VALUE = new Set(['--state-dir', '--timeout']);
 export interface EarlyWalk {
   root: string;
   options: Binding.WalkTreeOptions;
-}
-
-/** `host:path` by the CLI's rule (ts/api/sync.ts `parseLocation`): a colon before any slash. */
-function remote(spec: string, platform: NodeJS.Platform): boolean {
-  const colon = spec.indexOf(':');
-  const slash = spec.indexOf('/');
-  const drive = platform === 'win32' && /^[a-zA-Z]:[\\/]/.test(spec);
-  return colon > 0 && (slash < 0 || colon < slash) && !drive;
 }
 
 function isDir(p: string): boolean {
@@ -101,12 +95,15 @@ export function planEarlyWalks(argv: readonly string[], platform: NodeJS.Platfor
     }
   }
   if (paths.length !== 2) return [];
-  const [src, dest] = paths as [string, string];
-  if (remote(src, platform) || remote(dest, platform)) return [];
+  const [src, dest] = paths.map((p) => parseLocation(p, platform)) as [Location, Location];
+  if (src.host !== undefined || dest.host !== undefined) return [];
+  // --partial / -P with RSYNC_PARTIAL_DIR set is --partial-dir, whose rule excludes that directory
+  // from both walks (ts/api/sync.ts `withPartialDirRule`).
+  if ((seen.has('P') || seen.has('--partial')) && process.env.RSYNC_PARTIAL_DIR) return [];
   const explicitR = seen.has('r') || seen.has('--recursive');
   const archive = seen.has('a') || seen.has('--archive');
   if (!archive && !explicitR) return []; // a directory needs -r or -a
-  const root = path.resolve(src);
+  const root = path.resolve(src.path);
   if (!isDir(root)) return [];
   let state: string;
   try {
@@ -116,9 +113,9 @@ export function planEarlyWalks(argv: readonly string[], platform: NodeJS.Platfor
   }
   const links = archive || seen.has('l') || seen.has('--links');
   const walks: EarlyWalk[] = [{ root, options: { excludes: [], stateDir: state, isSender: true, skipSymlinks: !links, filesFromRecursive: explicitR } }];
-  // rsync's placement: `SRC/` lands in DEST, `SRC` in DEST/<its name>.
-  const srcSlash = src.endsWith('/') || src.endsWith(path.sep);
-  const target = path.resolve(srcSlash ? dest : path.join(dest, path.basename(root)));
+  // rsync's placement (ts/api/sync.ts syncTarget): `SRC/` (and `.`, `..`) lands in DEST, `SRC` in
+  // DEST/<its name>.
+  const target = path.resolve(src.slash ? dest.path : path.join(dest.path, path.basename(root)));
   if (target !== root && isDir(target)) walks.push({ root: target, options: { excludes: [], protect: [], stateDir: state, isSender: false } });
   return walks;
 }
@@ -130,7 +127,7 @@ export function startEarlyWalks(argv: readonly string[] = process.argv): void {
     const walks = planEarlyWalks(argv);
     if (walks.length === 0) return;
     const native = loadNative<typeof Binding>(require.resolve('../../binding/index.js')).binding;
-    for (const w of walks) offerEarlyWalk(w.root, w.options, native.NativeTreeSync.walk(w.root, w.options, undefined));
+    for (const w of walks) offerEarlyWalk(w.root, w.options, (progress) => native.NativeTreeSync.walk(w.root, w.options, (n: number) => progress(n)));
   } catch {
     // No addon, or anything else: the program loads it again and says what is wrong.
   }

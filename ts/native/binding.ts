@@ -145,7 +145,7 @@ export function markUpToDate(target: string | Buffer, manifest: Buffer, mtimeNs:
 /** Walk a directory tree on every core (entries counted through `onProgress`). The same walk
  * started before the program loaded (ts/cli/early-walks.ts) is taken instead, if there is one. */
 export async function walkTree(root: string, options: Binding.WalkTreeOptions, onProgress?: (entries: number) => void): Promise<Binding.NativeTreeSync> {
-  const tree = await call(takeEarlyWalk(root, options) ?? native.NativeTreeSync.walk(root, options, progressCallback(onProgress)));
+  const tree = await call(takeEarlyWalk(root, options, onProgress) ?? native.NativeTreeSync.walk(root, options, progressCallback(onProgress)));
   // The ticker's last value may reach us after the walk resolved: report the total here.
   onProgress?.(tree.entryCount());
   return tree;

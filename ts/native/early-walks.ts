@@ -15,9 +15,16 @@ import type * as Binding from '../../binding/index.js';
 
 type Tree = Binding.NativeTreeSync;
 
+interface Offered {
+  walk: Promise<Tree>;
+  /** Entries listed so far, from the walk's ticker, and where they go once the walk is taken. */
+  listed: number;
+  progress?: (entries: number) => void;
+}
+
 interface Registry {
   /** Walks offered and not yet taken, by `walkKey`. */
-  walks: Map<string, Promise<Tree>>;
+  walks: Map<string, Offered>;
   /** How many were taken (tests read it at exit). */
   taken: number;
 }
@@ -41,23 +48,31 @@ export function walkKey(root: string, options: Binding.WalkTreeOptions): string 
   return JSON.stringify([root, fields]);
 }
 
-/** Offer a walk already running for `root` with `options`. */
-export function offerEarlyWalk(root: string, options: Binding.WalkTreeOptions, walk: Promise<Tree>): void {
-  walk.catch(() => undefined); // nobody may take it; the program's own walk reports errors
-  registry(true)!.walks.set(walkKey(root, options), walk);
+/** Start a walk of `root` with `options` (`start` gets the progress callback to give the native
+ * walk) and offer it: its progress goes to whoever takes it, from then on. */
+export function offerEarlyWalk(root: string, options: Binding.WalkTreeOptions, start: (onProgress: (entries: number) => void) => Promise<Tree>): void {
+  const entry: Offered = { walk: undefined as unknown as Promise<Tree>, listed: 0 };
+  entry.walk = start((n) => {
+    entry.listed = n;
+    entry.progress?.(n);
+  });
+  entry.walk.catch(() => undefined); // nobody may take it; the program's own walk reports errors
+  registry(true)!.walks.set(walkKey(root, options), entry);
 }
 
-/** The walk offered for exactly this root and these options, once (undefined if none). */
-export function takeEarlyWalk(root: string, options: Binding.WalkTreeOptions): Promise<Tree> | undefined {
+/** The walk offered for exactly this root and these options, once (undefined if none); its
+ * progress goes to `onProgress` from now on. */
+export function takeEarlyWalk(root: string, options: Binding.WalkTreeOptions, onProgress?: (entries: number) => void): Promise<Tree> | undefined {
   const r = registry(false);
   if (!r || r.walks.size === 0) return undefined;
   const key = walkKey(root, options);
-  const walk = r.walks.get(key);
-  if (walk) {
-    r.walks.delete(key);
-    r.taken++;
-  }
-  return walk;
+  const entry = r.walks.get(key);
+  if (!entry) return undefined;
+  r.walks.delete(key);
+  r.taken++;
+  entry.progress = onProgress;
+  if (entry.listed > 0) onProgress?.(entry.listed);
+  return entry.walk;
 }
 
 /** Walks offered and taken so far, and those left (tests). */

@@ -111,6 +111,10 @@ export function detectMusl(platform: NodeJS.Platform = process.platform): boolea
  * Returns the binding and the .node file it came from.
  */
 export function loadNative<T>(loaderPath: string, req: NodeJS.Require = require): { binding: T; origin: string } {
+  // Loaded already in this process (the executable's early walks, ts/cli/early-walks.ts): the same
+  // module, and its origin is where it was loaded from, not the first candidate of a new plan.
+  const cached = req.cache[loaderPath];
+  if (cached?.loaded) return { binding: cached.exports as T, origin: loadedAddonPath(req) ?? path.dirname(loaderPath) };
   const host: Host = { platform: process.platform, arch: process.arch, musl: detectMusl() };
   const plan = planLoad(host, process.env, (name) => {
     try {

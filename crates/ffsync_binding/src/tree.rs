@@ -269,11 +269,10 @@ impl Task for ManifestTask {
         // 100,000-file tree), compressed without it: the peer's manifest parts, pushed from the JS thread
         // meanwhile, take the write lock.
         let manifest = self.t.read().unwrap().local.manifest.clone();
-        Ok(if self.compress {
-            ffsync_core::tree::manifest::compress_encoded(manifest.encoded())
-        } else {
-            ffsync_core::tree::manifest::store_encoded(manifest.encoded())
-        })
+        Ok(ffsync_core::tree::manifest::wire_form(
+            manifest.encoded(),
+            self.compress,
+        ))
     }
     fn resolve(&mut self, _env: Env, v: Vec<u8>) -> Result<Buffer> {
         Ok(v.into())
@@ -467,7 +466,8 @@ impl NativeTreeSync {
     }
 
     /// Our manifest in wire form, encoded on the pool: zstd-compressed, or with `compress` false
-    /// stored in a zstd frame uncompressed (a peer in this process: nothing crosses a wire).
+    /// stored in a zstd frame uncompressed (a peer in this process: nothing crosses a wire) when
+    /// that fits the wire's 1 GiB limit.
     #[napi(ts_return_type = "Promise<Buffer>")]
     pub fn manifest(&self, compress: Option<bool>) -> AsyncTask<ManifestTask> {
         AsyncTask::new(ManifestTask {

@@ -277,6 +277,25 @@ pub fn store_encoded(raw: &[u8]) -> Vec<u8> {
     out
 }
 
+/// TREE_MANIFEST's largest total on the wire (protocol §9; `MAX_TREE_WIRE_BYTES` in
+/// ts/protocol/messages.ts), which a stored manifest must fit as a compressed one does.
+pub const MAX_WIRE_LEN: usize = 1 << 30;
+
+/// Bytes `store_encoded` makes of `raw_len` raw bytes.
+pub fn stored_len(raw_len: usize) -> usize {
+    8 + 6 + 3 * raw_len.div_ceil(128 * 1024).max(1) + raw_len
+}
+
+/// The wire form to send: stored when `compress` is false and the stored frame fits
+/// `MAX_WIRE_LEN` (a raw manifest may be up to 2 GiB; compressed, it fits), else compressed.
+pub fn wire_form(raw: &[u8], compress: bool) -> Vec<u8> {
+    if !compress && stored_len(raw.len()) <= MAX_WIRE_LEN {
+        store_encoded(raw)
+    } else {
+        compress_encoded(raw)
+    }
+}
+
 /// Smallest encoded entry: path_len, an empty path (only the root's) and the fixed fields.
 pub const MIN_ENTRY_LEN: usize = 24;
 /// Largest encoded entry: the longest path and the longest symlink target (a root is
@@ -733,10 +752,16 @@ mod tests {
         );
         let wire = store_encoded(raw);
         assert_eq!(u64::from_le_bytes(wire[..8].try_into().unwrap()), raw.len() as u64);
-        // zstd's own decoder, and ours fed in parts that split block headers.
+        assert_eq!(wire.len(), stored_len(raw.len()));
+        // zstd's own decoder, and ours fed in 5-byte parts: the block headers (3 bytes at 14,
+        // 131,089 and 262,164, each ≡ 4 mod 5) are each split across two parts.
         assert_eq!(zstd::decode_all(&wire[8..]).unwrap(), raw);
+        for at in [14, 131_089, 262_164] {
+            assert_eq!(at % 5, 4);
+            assert_eq!(wire[at] & 0b110, 0, "a raw block's header at {at}");
+        }
         let mut r = CompressedManifestReader::new(1 << 24);
-        for part in wire.chunks(1000) {
+        for part in wire.chunks(5) {
             r.push(part).unwrap();
         }
         let back = r.finish().unwrap();
@@ -749,6 +774,12 @@ mod tests {
         let back = TreeManifest::decode_compressed(&store_encoded(small.encoded()), 1 << 20).unwrap();
         assert_eq!(back.len(), 5);
         assert_eq!(zstd::decode_all(&store_encoded(b"")[8..]).unwrap(), b"");
+        assert_eq!(store_encoded(b"").len(), stored_len(0));
+        // Stored only when asked and when it fits the wire's limit.
+        assert_eq!(wire_form(small.encoded(), false), store_encoded(small.encoded()));
+        assert_eq!(wire_form(small.encoded(), true), compress_encoded(small.encoded()));
+        assert!(stored_len(MAX_WIRE_LEN - 30_000) <= MAX_WIRE_LEN); // 8,192 block headers
+        assert!(stored_len(MAX_WIRE_LEN - 10) > MAX_WIRE_LEN);
     }
 
     #[test]
