@@ -4,6 +4,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { it } from 'node:test';
+import { earlyTreeTarget, syncTarget } from '../ts/api/sync';
 import { parseLocation } from '../ts/utils/location';
 import { hashTree } from './helpers/data';
 import { run, tmpdir } from './helpers/peers';
@@ -42,4 +43,19 @@ it('sync -a --delete SRC/sub/.. DEST puts SRC\'s contents in DEST, as rsync does
   const dot = path.join(dir, 'dot');
   assert.equal((await run(['sync', '-a', `${src}/.`, dot, '--state-dir', path.join(dir, 'other', 'state')]).done).code, 0);
   assert.deepEqual(hashTree(dot), hashTree(src));
+});
+
+it("a peer's SRC name is one component, and `.` / `..` as a name mean DEST itself (a server's arguments come from the peer)", async () => {
+  const dir = tmpdir();
+  const dest = path.join(dir, 'dest');
+  fs.mkdirSync(dest);
+  for (const name of ['..', '.', '']) {
+    assert.equal(await syncTarget(dest, false, name, 'tree', false), dest, `name ${JSON.stringify(name)}`);
+    assert.equal(await earlyTreeTarget({ path: dest, name, srcSlash: false }), dest, `early target for ${JSON.stringify(name)}`);
+    await assert.rejects(syncTarget(dest, false, name || '.', 'file', false), /cannot be named/);
+  }
+  await assert.rejects(syncTarget(dest, false, '../escape', 'tree', false), /not one path component/);
+  assert.equal(await earlyTreeTarget({ path: dest, name: '../escape', srcSlash: false }), undefined);
+  assert.equal(await syncTarget(dest, false, 'tree', 'tree', false), path.join(dest, 'tree'));
+  assert.deepEqual(fs.readdirSync(dir), ['dest'], 'nothing made beside DEST');
 });

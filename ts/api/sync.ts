@@ -175,6 +175,16 @@ function withPartialDirRule<T extends { partialDir?: string; excludes?: string[]
 /** Where a transfer lands, by rsync's rules: a tree written `src/` fills DEST, `src` goes
  * to DEST/src; a file goes into DEST when DEST is a directory or written `dest/`. */
 export async function syncTarget(dest: string, destSlash: boolean, srcName: string, kind: 'file' | 'tree', srcSlash: boolean, dryRun = false, mkpath = false): Promise<string> {
+  // The name becomes the target's last component: one component, and a tree named `.` or `..` is
+  // its contents (ts/utils/location.ts reads such a SRC so; a server's arguments come from a peer,
+  // whose version may not, and `..` as a name would place the tree in DEST's parent).
+  if (srcName.includes('/') || (process.platform === 'win32' && srcName.includes('\\'))) {
+    throw new FfsyncError('EUSAGE', ExitCode.USAGE, `the source's name ${JSON.stringify(srcName)} is not one path component`);
+  }
+  if (srcName === '' || srcName === '.' || srcName === '..') {
+    if (kind === 'file') throw new FfsyncError('EUSAGE', ExitCode.USAGE, `a file cannot be named ${JSON.stringify(srcName)}`);
+    srcSlash = true; // treeTarget and --mkpath: DEST itself
+  }
   // rsync's --mkpath: the missing components of DEST's path are created first (DEST itself
   // too when it names a directory: written `dest/`, or receiving a tree's contents).
   if (mkpath && !dryRun) {
@@ -202,9 +212,10 @@ export async function syncTarget(dest: string, destSlash: boolean, srcName: stri
   return path.resolve(target);
 }
 
-/** rsync's rule for where a tree lands: DEST itself for `SRC/`, DEST/name for `SRC`. */
+/** rsync's rule for where a tree lands: DEST itself for `SRC/` (and a SRC named `.` or `..`),
+ * DEST/name for `SRC`. */
 function treeTarget(dest: string, srcName: string, srcSlash: boolean): string {
-  return srcSlash ? dest : path.join(dest, srcName);
+  return srcSlash || srcName === '' || srcName === '.' || srcName === '..' ? dest : path.join(dest, srcName);
 }
 
 /** A receiver's early walk (the prewalk) has no exclude rules: it is the walk the session
@@ -647,6 +658,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
  * DEST for `SRC/`, DEST/name for `SRC`), when it exists already as a directory (not a link to
  * one: `syncTarget` refuses that); undefined otherwise. Reads only. */
 export async function earlyTreeTarget(o: Pick<ServerArgs, 'path' | 'srcSlash' | 'name'>): Promise<string | undefined> {
+  if (o.name?.includes('/')) return undefined; // syncTarget refuses it
   const target = path.resolve(treeTarget(o.path, o.name ?? baseName(o.path), Boolean(o.srcSlash)));
   const st = await fs.lstat(target).catch(() => undefined);
   return st?.isDirectory() ? target : undefined;

@@ -530,11 +530,12 @@ async function prepareRoot(o: Context, dryRun: boolean): Promise<{ root: string;
 /** Our side of the tree: the prewalk if it still fits, else a walk now with the sender's
  * excludes. */
 async function openTargetTree(conn: FramedConnection, o: Context, w: { root: string; scratch?: string; excludes: string[]; checksum: boolean }): Promise<NativeTreeSync> {
-  // The prewalk fits if the sender excludes nothing, it did not ask for --checksum (the
-  // prewalk used the index), and it finished moments ago (or is still running).
+  // The prewalk fits if it walked this very directory (its target was guessed before the
+  // offer came), the sender excludes nothing, it did not ask for --checksum (the prewalk used
+  // the index), and it finished moments ago (or is still running).
   const pre = o.prewalk;
   const oneFileSystem = (o.offer.flags & OfferFlag.ONE_FILE_SYSTEM) !== 0;
-  const usable = pre && !w.scratch && !oneFileSystem && w.excludes.length === 0 && (!w.checksum || o.checksum) && (pre.doneAt === 0 || Date.now() - pre.doneAt < PREWALK_FRESH_MS);
+  const usable = pre && pre.root === w.root && !w.scratch && !oneFileSystem && w.excludes.length === 0 && (!w.checksum || o.checksum) && (pre.doneAt === 0 || Date.now() - pre.doneAt < PREWALK_FRESH_MS);
   const tree = await conn.keepAlive(
     usable
       ? pre.tree
