@@ -20,6 +20,7 @@ import { FrameType } from '../protocol/frames.js';
 import { abortable, expect, handshake, reportError } from './session.js';
 import type { QuicListener, QuicSession } from '../transport/quic.js';
 import { netModule } from '../transport/net-module.js';
+import { type Location, parseLocation } from '../utils/location.js';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { runReceiver, checkTarget, type ReceiverContext, waitingScanOf } from './receive.js';
 import { indexedFile, runSender, scanAheadOf, statSource, type SendOptions } from './send.js';
@@ -36,8 +37,6 @@ const quic = () => require('../transport/quic.js') as typeof import('../transpor
 const overQuic: typeof import('./over-quic.js').overQuic = (...a) => (require('./over-quic.js') as typeof import('./over-quic.js')).overQuic(...a);
 const loadOrCreateIdentity: typeof import('../security/identity.js').loadOrCreateIdentity = (...a) =>
   (require('../security/identity.js') as typeof import('../security/identity.js')).loadOrCreateIdentity(...a);
-
-import { type Location, parseLocation } from '../utils/location.js';
 
 export { type Location, parseLocation };
 
