@@ -5,7 +5,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { it } from 'node:test';
 import { earlyTreeTarget, syncTarget } from '../ts/api/sync';
-import { parseLocation } from '../ts/utils/location';
+import { isOneComponent, parseLocation } from '../ts/utils/location';
 import { hashTree } from './helpers/data';
 import { run, tmpdir } from './helpers/peers';
 
@@ -21,6 +21,9 @@ it('parseLocation: hosts, drive letters, trailing slashes and dot components', (
   assert.deepEqual(parseLocation('x\\..', 'linux'), { path: 'x\\..', slash: false }, "a backslash is a name's byte on POSIX");
   for (const p of ['.', '..', 'a/.', 'a/..', '../..', '/']) assert.equal(parseLocation(p, 'linux').slash, true, p);
   for (const p of ['a', 'a/b', '...', 'a/.b', '.hidden']) assert.equal(parseLocation(p, 'linux').slash, false, p);
+  assert.equal(isOneComponent('a\\b', 'linux'), true, 'a backslash is part of a POSIX name');
+  assert.equal(isOneComponent('a\\b', 'win32'), false);
+  assert.equal(isOneComponent('a/b', 'linux'), false);
 });
 
 it('sync -a --delete SRC/sub/.. DEST puts SRC\'s contents in DEST, as rsync does, and touches nothing beside DEST', async () => {

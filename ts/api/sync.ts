@@ -20,7 +20,7 @@ import { FrameType } from '../protocol/frames.js';
 import { abortable, expect, handshake, reportError } from './session.js';
 import type { QuicListener, QuicSession } from '../transport/quic.js';
 import { netModule } from '../transport/net-module.js';
-import { type Location, parseLocation } from '../utils/location.js';
+import { baseName, isOneComponent, type Location, namesContents, parseLocation, treeTarget } from '../utils/location.js';
 import { resolveStateDir } from '../utils/state-dir.js';
 import { runReceiver, checkTarget, type ReceiverContext, waitingScanOf } from './receive.js';
 import { indexedFile, runSender, scanAheadOf, statSource, type SendOptions } from './send.js';
@@ -177,10 +177,10 @@ export async function syncTarget(dest: string, destSlash: boolean, srcName: stri
   // The name becomes the target's last component: one component, and a tree named `.` or `..` is
   // its contents (ts/utils/location.ts reads such a SRC so; a server's arguments come from a peer,
   // whose version may not, and `..` as a name would place the tree in DEST's parent).
-  if (srcName.includes('/') || (process.platform === 'win32' && srcName.includes('\\'))) {
+  if (!isOneComponent(srcName)) {
     throw new FfsyncError('EUSAGE', ExitCode.USAGE, `the source's name ${JSON.stringify(srcName)} is not one path component`);
   }
-  if (srcName === '' || srcName === '.' || srcName === '..') {
+  if (namesContents(srcName)) {
     if (kind === 'file') throw new FfsyncError('EUSAGE', ExitCode.USAGE, `a file cannot be named ${JSON.stringify(srcName)}`);
     srcSlash = true; // treeTarget and --mkpath: DEST itself
   }
@@ -209,12 +209,6 @@ export async function syncTarget(dest: string, destSlash: boolean, srcName: stri
   if (kind === 'file') await checkTarget(path.resolve(target));
   else await checkTreeTarget(path.resolve(target));
   return path.resolve(target);
-}
-
-/** rsync's rule for where a tree lands: DEST itself for `SRC/` (and a SRC named `.` or `..`),
- * DEST/name for `SRC`. */
-function treeTarget(dest: string, srcName: string, srcSlash: boolean): string {
-  return srcSlash || srcName === '' || srcName === '.' || srcName === '..' ? dest : path.join(dest, srcName);
 }
 
 /** A receiver's early walk (the prewalk) has no exclude rules: it is the walk the session
@@ -250,11 +244,6 @@ function treeOnly(o: SyncOptions): FfsyncError | undefined {
   const c = o.choices ?? {};
   const named = [c.sizeOnly && '--size-only', c.ignoreExisting && '--ignore-existing', c.existingOnly && '--existing', o.chown !== undefined && '--chown'].filter(Boolean);
   return named.length ? new FfsyncError('EUSAGE', ExitCode.USAGE, `${named.join(', ')} ${named.length > 1 ? 'apply' : 'applies'} to directory trees in this version, not to a single file`) : undefined;
-}
-
-/** The last component of a path as written (`a/b/` -> `b`). */
-function baseName(p: string): string {
-  return path.basename(p.replace(/[/\\]+$/, '')) || p;
 }
 
 function engineOptions(
@@ -657,7 +646,7 @@ async function serveRole(conn: FramedConnection, o: Parameters<typeof serveStdio
  * DEST for `SRC/`, DEST/name for `SRC`), when it exists already as a directory (not a link to
  * one: `syncTarget` refuses that); undefined otherwise. Reads only. */
 export async function earlyTreeTarget(o: Pick<ServerArgs, 'path' | 'srcSlash' | 'name'>): Promise<string | undefined> {
-  if (o.name?.includes('/')) return undefined; // syncTarget refuses it
+  if (o.name !== undefined && !isOneComponent(o.name)) return undefined; // syncTarget refuses it
   const target = path.resolve(treeTarget(o.path, o.name ?? baseName(o.path), Boolean(o.srcSlash)));
   const st = await fs.lstat(target).catch(() => undefined);
   return st?.isDirectory() ? target : undefined;

@@ -13,7 +13,7 @@ import path from 'node:path';
 import type * as Binding from '../../binding/index.js';
 import { offerEarlyWalk } from '../native/early-walks.js';
 import { loadNative } from '../native/loader.js';
-import { type Location, parseLocation } from '../utils/location.js';
+import { baseName, type Location, parseLocation, treeTarget } from '../utils/location.js';
 import { resolveStateDir } from '../utils/state-dir.js';
 
 /** Short options that change neither walk (`-a`, `-r` and `-l` are read for what they do; `-P`,
@@ -115,7 +115,7 @@ export function planEarlyWalks(argv: readonly string[], platform: NodeJS.Platfor
   const walks: EarlyWalk[] = [{ root, options: { excludes: [], stateDir: state, isSender: true, skipSymlinks: !links, filesFromRecursive: explicitR } }];
   // rsync's placement (ts/api/sync.ts syncTarget): `SRC/` (and `.`, `..`) lands in DEST, `SRC` in
   // DEST/<its name>.
-  const target = path.resolve(src.slash ? dest.path : path.join(dest.path, path.basename(root)));
+  const target = path.resolve(treeTarget(dest.path, baseName(src.path), src.slash));
   if (target !== root && isDir(target)) walks.push({ root: target, options: { excludes: [], protect: [], stateDir: state, isSender: false } });
   return walks;
 }

@@ -1,6 +1,7 @@
 // Where a `sync` argument points: rsync's `[user@]host:path` or a local path, and whether it names
 // a directory's contents. Its own module so that the executable's early walks
-// (ts/cli/early-walks.ts) read arguments as the program does without loading the program.
+// (ts/cli/early-walks.ts) read arguments, and place a tree, as the program does without loading it.
+import path from 'node:path';
 
 export interface Location {
   /** `[user@]host` for a remote location. */
@@ -29,4 +30,26 @@ export function parseLocation(spec: string, platform: NodeJS.Platform = process.
   }
   const seps = platform === 'win32' ? /[\\/]/ : /\//;
   return { path: spec, slash: spec.endsWith('/') || (platform === 'win32' && spec.endsWith('\\')) || dotEnd(spec, seps) };
+}
+
+/** The last component of a path as written (`a/b/` -> `b`). */
+export function baseName(p: string): string {
+  return path.basename(p.replace(/[/\\]+$/, '')) || p;
+}
+
+/** A SRC name is one path component (on Windows `\\` separates too): a name from a peer that is
+ * not would place the tree elsewhere than in DEST. */
+export function isOneComponent(name: string, platform: NodeJS.Platform = process.platform): boolean {
+  return !name.includes('/') && !(platform === 'win32' && name.includes('\\'));
+}
+
+/** A SRC name that means "the contents of" (`.`, `..`, or none): the tree lands in DEST itself. */
+export function namesContents(srcName: string): boolean {
+  return srcName === '' || srcName === '.' || srcName === '..';
+}
+
+/** rsync's rule for where a tree lands: DEST itself for `SRC/` (and a SRC named `.` or `..`),
+ * DEST/name for `SRC`. */
+export function treeTarget(dest: string, srcName: string, srcSlash: boolean): string {
+  return srcSlash || namesContents(srcName) ? dest : path.join(dest, srcName);
 }
