@@ -166,6 +166,42 @@ describe('pipePair: a socket-like in-memory connection', () => {
     assert.ok(Buffer.concat(got).equals(Buffer.alloc(1000, 7)));
   });
 
+  it('a large frame is copied once, into a pooled buffer the reader gives back: no fresh memory per frame', async () => {
+    // Written part by part into fresh buffers, each frame was copied twice into fresh memory
+    // (the pipe's copy, then the decoder joining header and payload): a local sync's JS thread
+    // page-faulting through every byte it moved (decisions §102).
+    const [a, b] = pipePair();
+    const tx = new FramedConnection(a, 30_000);
+    const rx = new FramedConnection(b, 30_000);
+    const payload = Buffer.alloc(1 << 20, 5);
+    const frames = 16;
+    const slow = Buffer.allocUnsafeSlow;
+    const fast = Buffer.allocUnsafe;
+    let fresh = 0;
+    Buffer.allocUnsafeSlow = (n: number) => ((fresh += n), slow(n));
+    Buffer.allocUnsafe = (n: number) => ((fresh += n >= 64 * 1024 ? n : 0), fast(n));
+    const buffers = new Set<ArrayBufferLike>();
+    try {
+      for (let i = 0; i < frames; i++) {
+        payload.writeUInt32LE(i, 0);
+        await tx.send(FrameType.DATA, payload);
+        const f = await rx.recv();
+        assert.equal(f.payload.length, payload.length);
+        assert.equal(f.payload.readUInt32LE(0), i);
+        assert.ok(f.payload.subarray(4).equals(payload.subarray(4)), `frame ${i}: content`);
+        buffers.add(f.payload.buffer);
+        f.release?.();
+      }
+    } finally {
+      Buffer.allocUnsafeSlow = slow;
+      Buffer.allocUnsafe = fast;
+    }
+    // Every frame arrived in one reused buffer (kept by the process's frame pool).
+    assert.equal(buffers.size, 1, `frames arrived in ${buffers.size} buffers`);
+    assert.ok(fresh < 4 * payload.length, `${(fresh / 1048576).toFixed(1)} MiB of fresh buffers for ${frames} MiB of frames`);
+    await Promise.all([tx.close(), rx.close()]);
+  });
+
   it('end: the reader gets the bytes, then end; destroy: the same, and writes to it fail with EPIPE', async () => {
     const [a, b] = pipePair();
     const chunks: Buffer[] = [];

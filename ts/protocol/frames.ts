@@ -136,6 +136,39 @@ export function dropIdleFrameBuffers(): number {
 const leaveOnCollect = new FinalizationRegistry<FramePool>((pool) => pool.leave());
 
 /**
+ * A user of the process's frame pool other than a decoder: an in-memory pipe joins each write
+ * into one of its buffers and lends it to the reading connection (ts/transport/stream-pair.ts).
+ * Counted among the pool's users from its first `take` until `dispose` (or until it is
+ * collected), so the pool keeps idle buffers for it as it does for a decoder.
+ */
+export class FramePoolUser {
+  private joined = false;
+
+  constructor(private readonly pool: FramePool = processFramePool) {}
+
+  take(n: number): Buffer {
+    if (!this.joined) {
+      this.joined = true;
+      this.pool.join();
+      leaveOnCollect.register(this, this.pool, this);
+    }
+    return this.pool.take(n);
+  }
+
+  /** Give a buffer from `take` back (once), whether or not this user was disposed since. */
+  release(b: Buffer): void {
+    this.pool.release(b);
+  }
+
+  dispose(): void {
+    if (!this.joined) return;
+    this.joined = false;
+    leaveOnCollect.unregister(this);
+    this.pool.leave();
+  }
+}
+
+/**
  * Incremental decoder: feed it bytes as they arrive, take out whole frames. Throws a
  * protocol error (exit 12) on an oversized or zero length or an unknown frame type.
  */

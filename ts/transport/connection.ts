@@ -301,8 +301,11 @@ export class FramedConnection {
     // collections only near the budget (relieveNearBudget), and what the decoder allocated to
     // keep them is counted after the push. A stream's chunks are slices of its connection's
     // frames, counted there.
+    // A lent chunk (an in-memory pipe's pooled buffer, stream-pair.ts) goes back to its pool:
+    // no garbage either.
     const allocatedBefore = this.decoder.allocated;
-    if (!this.parent) (reused ? relieveNearBudget : relieveGarbage)(chunk.length);
+    const kept = reused || lent !== undefined;
+    if (!this.parent) (kept ? relieveNearBudget : relieveGarbage)(chunk.length);
     const now = Date.now();
     this.lastBytes = now;
     const frames: Frame[] = [];
@@ -314,7 +317,7 @@ export class FramedConnection {
     }
     // (A multiplexed stream's reads are its connection's, which counts them only when they are
     // fresh buffers; what the stream's decoder copies of them is garbage of its own.)
-    if ((reused || this.parent) && this.decoder.allocated > allocatedBefore) relieveGarbage(this.decoder.allocated - allocatedBefore);
+    if ((kept || this.parent) && this.decoder.allocated > allocatedBefore) relieveGarbage(this.decoder.allocated - allocatedBefore);
     for (const f of frames) {
       const verdict = this.screen(f, now);
       if (verdict instanceof Error) {
