@@ -90,13 +90,28 @@ fn push_record(
     payload: &[u8],
     out: &mut Vec<u8>,
 ) {
-    out.extend_from_slice(&action.to_le_bytes());
-    out.push(status as u8);
-    out.push(enc);
-    out.extend_from_slice(&(if status == FileStatus::Ok { len as u32 } else { 0 }).to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(root);
+    out.extend_from_slice(&record_header(action, status, enc, len, root, payload.len()));
     out.extend_from_slice(payload);
+}
+
+/// A record's header: `len` is the file's length (0 unless `status` is Ok), `payload_len`
+/// that of the payload that follows it.
+pub fn record_header(
+    action: u32,
+    status: FileStatus,
+    enc: u8,
+    len: usize,
+    root: &[u8; 32],
+    payload_len: usize,
+) -> [u8; RECORD_HEADER] {
+    let mut h = [0u8; RECORD_HEADER];
+    h[0..4].copy_from_slice(&action.to_le_bytes());
+    h[4] = status as u8;
+    h[5] = enc;
+    h[6..10].copy_from_slice(&(if status == FileStatus::Ok { len as u32 } else { 0 }).to_le_bytes());
+    h[10..14].copy_from_slice(&(payload_len as u32).to_le_bytes());
+    h[14..46].copy_from_slice(root);
+    h
 }
 
 /// One file of a batch to encode: its action, status, and bytes (empty unless Ok).
@@ -238,11 +253,13 @@ pub fn decode(batch: &[u8]) -> Result<Vec<FileRecord<'_>>> {
 }
 
 impl FileRecord<'_> {
-    /// The file's bytes, checked against the root the sender computed from them.
-    /// Stream records need [`inflate_streams`] over their batch first.
-    pub fn content(&self) -> Result<Vec<u8>> {
-        let data = if let Some(d) = &self.inflated {
-            d.clone()
+    /// The file's bytes, checked against the root the sender computed from them: the
+    /// payload itself for a raw record, no copy. Stream records need [`inflate_streams`]
+    /// over their batch first.
+    pub fn content(&self) -> Result<std::borrow::Cow<'_, [u8]>> {
+        use std::borrow::Cow;
+        let data: Cow<'_, [u8]> = if let Some(d) = &self.inflated {
+            Cow::Borrowed(d)
         } else if matches!(self.encoding, ENC_STREAM_START | ENC_STREAM_CONT) {
             return Err(CoreError::malformed(
                 "file batch",
@@ -252,9 +269,9 @@ impl FileRecord<'_> {
             let mut v = vec![0u8; self.raw_len as usize];
             crate::chunk_batch::decompress_exact(self.payload, &mut v)
                 .map_err(|e| CoreError::malformed("file batch", format!("file record {}: {e}", self.action)))?;
-            v
+            Cow::Owned(v)
         } else {
-            self.payload.to_vec()
+            Cow::Borrowed(self.payload)
         };
         if root_of_bytes(&data) != self.root {
             return Err(CoreError::VerifyFailed(format!(
@@ -333,7 +350,7 @@ mod tests {
         r.iter()
             .map(|r| {
                 if r.status == FileStatus::Ok {
-                    r.content()
+                    r.content().map(|c| c.into_owned())
                 } else {
                     Ok(Vec::new())
                 }

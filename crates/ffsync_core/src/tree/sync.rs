@@ -127,6 +127,23 @@ fn is_fatal(e: &CoreError) -> bool {
     )
 }
 
+/// The status of a small file the sender could not read: gone or changed since the walk
+/// (NotFound, exit 24 at the receiver), or unreadable (exit 23).
+fn read_failure(err: &CoreError) -> FileStatus {
+    match err {
+        CoreError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => FileStatus::Vanished,
+        _ => FileStatus::Unreadable,
+    }
+}
+
+/// A file that is no longer what the walk saw (reported like one that vanished).
+fn changed_during_sync(p: &std::path::Path) -> CoreError {
+    CoreError::io(
+        p,
+        std::io::Error::new(std::io::ErrorKind::NotFound, "changed during the sync"),
+    )
+}
+
 /// Sender reads of its own tree: a link at a file's name is never followed.
 #[cfg(unix)]
 fn nofollow(o: &mut fs::OpenOptions) -> &mut fs::OpenOptions {
@@ -568,6 +585,11 @@ impl TreeSync {
             }
             k += 1;
         }
+        if level == 0 {
+            return self
+                .read_small_raw(&picked, out)
+                .map(|(n, raw)| (n, (k < plan.actions.len()).then_some(k), raw));
+        }
         let files: Vec<(file_batch::BatchFile, Option<Claim>)> = picked
             .par_iter()
             .map(|&k| {
@@ -588,15 +610,9 @@ impl TreeSync {
                         (f, Some(claim))
                     }
                     Err(err) => {
-                        let status = match &err {
-                            CoreError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-                                FileStatus::Vanished
-                            }
-                            _ => FileStatus::Unreadable,
-                        };
                         let f = file_batch::BatchFile {
                             action: k as u32,
-                            status,
+                            status: read_failure(&err),
                             data: Vec::new(),
                         };
                         (f, None)
@@ -632,8 +648,102 @@ impl TreeSync {
         Ok((n, (k < plan.actions.len()).then_some(k), raw))
     }
 
+    /// `read_small` without compression: each file is read straight into its record's place
+    /// in `out` and its root computed there (no copy into a record of its own, then into
+    /// `out`: two passes over fresh memory per byte, decisions §102). Records of files that
+    /// could not be read are shorter than the place kept for them: the records after them
+    /// move up. Returns (bytes written, raw bytes read).
+    fn read_small_raw(&self, picked: &[usize], out: &mut [u8]) -> Result<(usize, u64)> {
+        let plan = self.plan();
+        let s = &self.local.manifest;
+        let mut places = Vec::with_capacity(picked.len());
+        let mut rest = &mut out[..];
+        for &k in picked {
+            let size = s.entry(plan.actions[k].sender_entry as usize).size as usize;
+            if rest.len() < file_batch::RECORD_HEADER + size {
+                return Err(CoreError::Usage("file batch buffer too small".into()));
+            }
+            let (place, after) = std::mem::take(&mut rest).split_at_mut(file_batch::RECORD_HEADER + size);
+            places.push((k, place));
+            rest = after;
+        }
+        let filled: Vec<(usize, usize, u64, Option<Claim>)> = places
+            .into_par_iter()
+            .map(|(k, place)| {
+                let i = plan.actions[k].sender_entry as usize;
+                let (head, data) = place.split_at_mut(file_batch::RECORD_HEADER);
+                let (status, root) = match self.read_whole_into(i, data) {
+                    Ok(()) => (FileStatus::Ok, file_batch::root_of_bytes(data)),
+                    Err(err) => (read_failure(&err), [0; 32]),
+                };
+                let ok = status == FileStatus::Ok;
+                let len = if ok { data.len() } else { 0 };
+                head.copy_from_slice(&file_batch::record_header(
+                    k as u32,
+                    status,
+                    file_batch::ENC_RAW,
+                    len,
+                    &root,
+                    len,
+                ));
+                let claim = ok.then(|| Claim {
+                    entry: ClaimedEntry::Own(i as u32),
+                    identity: self.local.identity(i),
+                    root,
+                });
+                (
+                    file_batch::RECORD_HEADER + data.len(),
+                    file_batch::RECORD_HEADER + len,
+                    len as u64,
+                    claim,
+                )
+            })
+            .collect();
+        let (mut from, mut n, mut raw) = (0, 0, 0);
+        let mut claims = self.claims.lock().unwrap();
+        for (place, used, len, claim) in filled {
+            if from != n {
+                out.copy_within(from..from + used, n);
+            }
+            from += place;
+            n += used;
+            raw += len;
+            claims.extend(claim);
+        }
+        Ok((n, raw))
+    }
+
     /// A small file's bytes, if it still is what the walk saw (else NotFound: vanished).
     fn read_whole(&self, i: usize) -> Result<Vec<u8>> {
+        let e = self.local.manifest.entry(i);
+        let mut data = Vec::with_capacity(e.size as usize);
+        let (mut f, p) = self.open_whole(i)?;
+        (&mut f)
+            .take(e.size + 1)
+            .read_to_end(&mut data)
+            .map_err(|e| CoreError::io(&p, e))?;
+        if data.len() as u64 != e.size {
+            return Err(changed_during_sync(&p));
+        }
+        Ok(data)
+    }
+
+    /// `read_whole` into `data`, which has the length the walk saw.
+    fn read_whole_into(&self, i: usize, data: &mut [u8]) -> Result<()> {
+        let (mut f, p) = self.open_whole(i)?;
+        match f.read_exact(data) {
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(changed_during_sync(&p)),
+            r => r.map_err(|e| CoreError::io(&p, e))?,
+        }
+        let mut more = [0u8; 1];
+        if f.read(&mut more).map_err(|e| CoreError::io(&p, e))? != 0 {
+            return Err(changed_during_sync(&p));
+        }
+        Ok(())
+    }
+
+    /// A small file opened for reading, if it still is what the walk saw.
+    fn open_whole(&self, i: usize) -> Result<(fs::File, PathBuf)> {
         let e = self.local.manifest.entry(i);
         let p = join(&self.local.root, e.path);
         let mut o = fs::OpenOptions::new();
@@ -641,26 +751,12 @@ impl TreeSync {
         if !self.local.follows_links {
             nofollow(&mut o);
         }
-        let mut f = o.open(&p).map_err(|e| CoreError::io(&p, e))?;
+        let f = o.open(&p).map_err(|e| CoreError::io(&p, e))?;
         let m = f.metadata().map_err(|e| CoreError::io(&p, e))?;
-        let changed = || {
-            CoreError::io(
-                &p,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "changed during the sync"),
-            )
-        };
         if FileIdentity::of(&m) != self.local.identity(i) {
-            return Err(changed());
+            return Err(changed_during_sync(&p));
         }
-        let mut data = Vec::with_capacity(e.size as usize);
-        (&mut f)
-            .take(e.size + 1)
-            .read_to_end(&mut data)
-            .map_err(|e| CoreError::io(&p, e))?;
-        if data.len() as u64 != e.size {
-            return Err(changed());
-        }
-        Ok(data)
+        Ok((f, p))
     }
 
     /// After a large file was sent: remember its root for the tree index. An action the plan
