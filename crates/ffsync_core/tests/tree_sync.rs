@@ -1696,3 +1696,42 @@ fn scan_ahead_candidates_are_the_unindexed_large_files_in_walk_order_within_budg
         order(&["big/b.bin"])
     );
 }
+
+/// A file hashed for its root (the peer has a root, this side's index none) whose peer holds
+/// other content at its path travels chunk by chunk next: its manifest goes into the per-file
+/// index then, so the conversation does not hash it a second time (decisions §103). Files the
+/// peer has as they are, and small ones (sent whole), are not stored.
+#[test]
+fn a_file_hashed_for_its_root_that_will_travel_is_indexed_for_its_conversation() {
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("changed.bin", &bytes(300_000, 1));
+    src.put("same.bin", &bytes(300_000, 2));
+    src.put("small.bin", &bytes(60_000, 3));
+    sync_ok(&src, &dst, Opts::default());
+    // The receiver's copies change behind its index, keeping size and mtime: its walk has no
+    // roots for them, the sender's index has, so the receiver hashes them.
+    let mut changed = dst.read("changed.bin");
+    changed[150_000] ^= 0xff;
+    put(&dst.tree, "changed.bin", &changed, T0);
+    put(&dst.tree, "same.bin", &src.read("same.bin"), T0);
+    let mut small = dst.read("small.bin");
+    small[10] ^= 0xff;
+    put(&dst.tree, "small.bin", &small, T0);
+    let per_file = |name: &str| {
+        let p = ffsync_core::scan::index_key(&dst.p(name));
+        let id = FileIdentity::of(&fs::metadata(&p).unwrap());
+        ffsync_core::index::load(&dst.state, &p, &id)
+    };
+    for name in ["changed.bin", "same.bin", "small.bin"] {
+        ffsync_core::index::remove(&dst.state, &ffsync_core::scan::index_key(&dst.p(name)));
+    }
+    negotiate(&src, &dst, Opts::default());
+    let stored = per_file("changed.bin").expect("the delta's old version is indexed");
+    assert_eq!(stored.root, file_batch::root_of_bytes(&changed));
+    assert!(stored.chunks.len() > 1);
+    assert!(
+        per_file("same.bin").is_none(),
+        "equal content: no conversation, nothing stored"
+    );
+    assert!(per_file("small.bin").is_none(), "a small file travels whole");
+}

@@ -380,11 +380,12 @@ impl TreeSync {
             .par_iter()
             .filter_map(|&i| {
                 let f = self.open_checked(i as usize).ok()?;
-                let root = f.manifest(None).root;
+                let manifest = f.manifest(None);
                 if let Some(p) = progress {
                     p.fetch_add(f.identity.size, Ordering::Relaxed);
                 }
-                Some((i, root))
+                self.index_if_it_travels(i as usize, &f, &manifest);
+                Some((i, manifest.root))
             })
             .collect();
         let mut claims = self.claims.lock().unwrap();
@@ -400,6 +401,30 @@ impl TreeSync {
             self.my_extra.insert(i, root);
         }
         out
+    }
+
+    /// A file hashed for its root whose peer has no equal root at its path is about to be
+    /// transferred chunk by chunk (a delta's new version on the sender, its old version on the
+    /// receiver): its conversation would hash it again, unless the per-file index has its
+    /// manifest. Stored as a scan stores it, only while the file is still as hashed
+    /// (decisions §103). A file the plan sends whole in a batch does not need it.
+    fn index_if_it_travels(&self, i: usize, f: &MappedFile, manifest: &crate::manifest::Manifest) {
+        let Some(state_dir) = &self.state_dir else { return };
+        if manifest.size <= triage::SMALL_FILE_MAX {
+            return;
+        }
+        let e = self.local.manifest.entry(i);
+        let peer = self.peer();
+        let equal = peer.find(e.path).is_some_and(|j| {
+            let pe = peer.entry(j);
+            pe.is_file() && pe.root == Some(&manifest.root)
+        });
+        if equal || !f.unchanged() {
+            return;
+        }
+        let key = crate::scan::index_key(&join(&self.local.root, e.path));
+        // A cache: a failed store costs the conversation its hash, nothing else.
+        let _ = crate::index::store(state_dir, &key, &f.identity, manifest);
     }
 
     /// Roots the peer supplied: indices must name files of its manifest.
