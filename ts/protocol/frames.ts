@@ -146,6 +146,11 @@ export class FramePoolUser {
 
   constructor(private readonly pool: FramePool = processFramePool) {}
 
+  /** The pool's buffer size: `take` of more makes a buffer the pool will not keep. */
+  get size(): number {
+    return this.pool.size;
+  }
+
   take(n: number): Buffer {
     if (!this.joined) {
       this.joined = true;
@@ -370,6 +375,16 @@ export class FrameDecoder {
         released = true;
         if (--holders === 0) lent();
       };
+    }
+    if (failure !== undefined) {
+      // What the decoder kept of the chunk (the bytes after the bad header) must not outlive
+      // it: the input ends here, the connection fails.
+      this.parts = [];
+      this.head = 0;
+      this.buffered = 0;
+      this.assembly = undefined;
+      this.tail = undefined;
+      this.tailEnd = 0;
     }
     if (holders === 0) lent();
     if (failure !== undefined) throw failure;

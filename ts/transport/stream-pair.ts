@@ -4,7 +4,8 @@
 //
 //   A write's callback fires only once the transport no longer references the written
 //   bytes: the writer may then reuse the buffer (the send paths release pooled batch
-//   buffers there). A chunk a reader receives is the reader's: nothing writes into it later.
+//   buffers there). A chunk a reader receives is the reader's: nothing writes into it later
+//   (a chunk lent by an in-memory pipe, until the reader gives it back: `takeLent`).
 //
 // TCP, TLS and QUIC honour it already: net.Socket calls back after libuv wrote the bytes
 // (the request keeps the buffer until then); TLSSocket after SSL_write copied the
@@ -15,7 +16,7 @@
 // uncopied, in the inner stream's write queue.
 
 import { copyOf } from '../utils/buffer-pool.js';
-import { FrameDecoder, FramePoolUser } from '../protocol/frames.js';
+import { FramePoolUser } from '../protocol/frames.js';
 import { Duplex, finished, type Readable, type Writable } from 'node:stream';
 import { readIntoStaticBuffer, type StaticReadable } from './static-reads.js';
 
@@ -25,9 +26,11 @@ function epipe(): Error {
   return Object.assign(new Error('write to a pipe whose reading end is closed'), { code: 'EPIPE' });
 }
 
-/** Writes of at least this many bytes go through the frame pool and are lent to the reader
- * (its decoder hands frames this large out in place: FrameDecoder.POOLED_MIN). */
-const LEND_MIN = FrameDecoder.POOLED_MIN;
+/** Writes of at least this many bytes (and at most one pool buffer) go through the frame pool
+ * and are lent to the reader. Half a pool buffer: a lent write holds a whole one until its
+ * frames are released, so smaller ones would hold many times their bytes; and its decoder hands
+ * frames this large out in place (FrameDecoder.POOLED_MIN is lower). */
+const LEND_MIN = 1024 * 1024;
 
 /** One end of `pipePair()`: what it writes is copied into the other end's read buffer. */
 class PipeEnd extends Duplex {
@@ -54,48 +57,52 @@ class PipeEnd extends Duplex {
   // released. Written part by part into fresh buffers, as before, each frame cost two copies
   // into fresh memory (the pipe's, then the decoder's joining header and payload), each
   // page-faulting: ~25 ms of the JS thread for a 22 MB tree (decisions §102). A large joined
-  // copy is never left to the garbage collector (a 1 GiB local sync's frames, kept until
-  // their data was written, outlived the minor GCs and piled up in the old generation: 1.1 GB
-  // resident): the pool takes it back.
+  // copy is not left to the garbage collector (a 1 GiB local sync's frames, kept until their
+  // data was written, outlived the minor GCs and piled up in the old generation: 1.1 GB
+  // resident): the pool takes it back. Writes too small to lend, or larger than a pool buffer,
+  // are copied into fresh memory and paced as garbage by their reader, as a socket's reads.
   override _write(chunk: Buffer, _enc: BufferEncoding, cb: Callback): void {
-    this.deliver([chunk], chunk.length, cb);
+    this.deliver([chunk], cb);
   }
 
   override _writev(chunks: { chunk: Buffer }[], cb: Callback): void {
-    let total = 0;
-    for (const c of chunks) total += c.chunk.length;
     this.deliver(
       chunks.map((c) => c.chunk),
-      total,
       cb,
     );
   }
 
-  private deliver(parts: Buffer[], total: number, cb: Callback): void {
+  private deliver(parts: Buffer[], cb: Callback): void {
     const peer = this.peer;
     if (peer.destroyed || peer.eof) return cb(epipe());
-    let ok: boolean;
-    if (total >= LEND_MIN) {
-      const pool = this.pool;
-      const b = pool.take(total);
-      let at = 0;
-      for (const p of parts) {
-        b.set(p, at);
-        at += p.length;
-      }
-      const view = b.subarray(0, total);
-      let given = false;
-      peer.lent.set(view, () => {
-        if (given) return;
-        given = true;
-        pool.release(b);
-      });
-      ok = peer.push(view);
-    } else {
-      ok = peer.push(joined(parts, total));
+    let ok = true;
+    // Writes queued behind a held callback reach us together, several frames in one `_writev`:
+    // cut into runs of whole writes that fit one pool buffer, each lent (or, small, copied).
+    const size = this.pool.size;
+    for (let i = 0; i < parts.length; ) {
+      let j = i;
+      let n = 0;
+      while (j < parts.length && (j === i || n + parts[j]!.length <= size)) n += parts[j++]!.length;
+      ok = peer.push(n >= LEND_MIN && n <= size ? this.lend(parts, i, j, n) : joined(parts.slice(i, j), n));
+      i = j;
     }
     if (ok) cb();
     else this.held = cb; // released by the peer's next _read
+  }
+
+  /** `parts[i..j)` (`n` bytes) joined into a pool buffer, registered with the peer as lent. */
+  private lend(parts: Buffer[], i: number, j: number, n: number): Buffer {
+    const pool = this.pool;
+    const b = pool.take(n);
+    for (let k = i, at = 0; k < j; at += parts[k]!.length, k++) b.set(parts[k]!, at);
+    const view = b.subarray(0, n);
+    let given = false;
+    this.peer.lent.set(view, () => {
+      if (given) return;
+      given = true;
+      pool.release(b);
+    });
+    return view;
   }
 
   /** The reader's side: what gives `chunk`'s buffer back, if it was lent (once). */

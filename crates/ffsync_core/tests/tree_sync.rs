@@ -259,10 +259,13 @@ fn send_small(s: &TreeSync, r: &TreeSync) -> (Vec<u32>, Vec<String>) {
         .unwrap_or(0);
     let mut buf = vec![0u8; (biggest as usize + 4096).max(48 * 1024)];
     let (mut cursor, mut records, mut errors) = (Some(0), Vec::new(), Vec::new());
+    // Every encoding a batch may have, batch by batch in turn, starting where the test's number
+    // of small files puts it (most tests send one batch): raw (level 0: read in place), files
+    // sharing a stream, files compressed each on its own.
+    let mut batch = small_count(r);
     while let Some(c) = cursor {
-        // Every encoding a batch may have: raw (level 0: read in place), files compressed
-        // each on its own, and files sharing a stream.
-        let (level, shared) = match c % 3 {
+        batch += 1;
+        let (level, shared) = match batch % 3 {
             0 => (0, false),
             1 => (1, true),
             _ => (1, false),
@@ -384,7 +387,7 @@ fn fresh_sync_into_an_empty_target_converges() {
 /// it must not leave a gap or a stale byte before the next.
 #[test]
 fn files_gone_or_changed_since_the_walk_leave_the_other_records_of_their_batch_whole() {
-    for level in [0, 1, 3] {
+    for (level, shared) in [(0, false), (1, false), (3, false), (1, true)] {
         let (src, dst) = (Side::new(), Side::new());
         for i in 0..6u64 {
             src.put(&format!("f{i}"), &bytes(1000 + 700 * i as usize, i));
@@ -394,12 +397,13 @@ fn files_gone_or_changed_since_the_walk_leave_the_other_records_of_their_batch_w
         fs::remove_file(src.p("f1")).unwrap();
         put(&src.tree, "f3", &bytes(5000, 33), T0); // another size than the walk saw
         let mut f4 = File::options().append(true).open(src.p("f4")).unwrap();
-        std::io::Write::write_all(&mut f4, b"more").unwrap(); // grew: the walk's length is read, then more
+        std::io::Write::write_all(&mut f4, b"more").unwrap(); // grew (its identity tells, before any read)
         drop(f4);
         let mut buf = vec![0xa5u8; 64 * 1024];
-        let (n, next, raw) = s.read_small(0, &mut buf, level, false).unwrap();
+        let (n, next, raw) = s.read_small(0, &mut buf, level, shared).unwrap();
         assert_eq!(next, None, "one batch holds the six");
-        let records = file_batch::decode(&buf[..n]).unwrap();
+        let mut records = file_batch::decode(&buf[..n]).unwrap();
+        file_batch::inflate_streams(&mut records).unwrap();
         let names: Vec<String> = records
             .iter()
             .map(|rec| {
@@ -407,13 +411,25 @@ fn files_gone_or_changed_since_the_walk_leave_the_other_records_of_their_batch_w
                 String::from_utf8(s.local.manifest.entry(a.sender_entry as usize).path.to_vec()).unwrap()
             })
             .collect();
-        assert_eq!(names, ["f0", "f1", "f2", "f3", "f4", "f5"], "level {level}");
+        assert_eq!(
+            names,
+            ["f0", "f1", "f2", "f3", "f4", "f5"],
+            "level {level} shared {shared}"
+        );
         let statuses: Vec<FileStatus> = records.iter().map(|rec| rec.status).collect();
         use FileStatus::{Ok as Fine, Vanished as Gone};
-        assert_eq!(statuses, [Fine, Gone, Fine, Gone, Gone, Fine], "level {level}");
+        assert_eq!(
+            statuses,
+            [Fine, Gone, Fine, Gone, Gone, Fine],
+            "level {level} shared {shared}"
+        );
         for (rec, name) in records.iter().zip(&names) {
             if rec.status == FileStatus::Ok {
-                assert_eq!(&*rec.content().unwrap(), &src.read(name)[..], "level {level}: {name}");
+                assert_eq!(
+                    &*rec.content().unwrap(),
+                    &src.read(name)[..],
+                    "level {level} shared {shared}: {name}"
+                );
             } else {
                 assert!(rec.payload.is_empty() && rec.raw_len == 0);
             }
@@ -421,13 +437,13 @@ fn files_gone_or_changed_since_the_walk_leave_the_other_records_of_their_batch_w
         assert_eq!(
             raw,
             (1000 + 2400 + 4500) as u64,
-            "level {level}: bytes read of the files sent"
+            "level {level} shared {shared}: bytes read of the files sent"
         );
         let o = r.write_small(&buf[..n]).unwrap();
-        assert_eq!(o.files, 3, "level {level}");
-        assert_eq!(o.vanished.len(), 3, "level {level}: {:?}", o.vanished);
+        assert_eq!(o.files, 3, "level {level} shared {shared}");
+        assert_eq!(o.vanished.len(), 3, "level {level} shared {shared}: {:?}", o.vanished);
         for name in ["f0", "f2", "f5"] {
-            assert_eq!(dst.read(name), src.read(name), "level {level}: {name}");
+            assert_eq!(dst.read(name), src.read(name), "level {level} shared {shared}: {name}");
         }
     }
 }

@@ -365,10 +365,7 @@ impl TreeSync {
             MappedFile::from_open(&p, file)?
         };
         if f.identity != self.local.identity(i) {
-            return Err(CoreError::io(
-                &p,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "changed during the sync"),
-            ));
+            return Err(changed_during_sync(&p));
         }
         Ok(f)
     }
@@ -403,11 +400,12 @@ impl TreeSync {
         out
     }
 
-    /// A file hashed for its root whose peer has no equal root at its path is about to be
+    /// A file hashed for its root whose peer has another root at its path is about to be
     /// transferred chunk by chunk (a delta's new version on the sender, its old version on the
     /// receiver): its conversation would hash it again, unless the per-file index has its
     /// manifest. Stored as a scan stores it, only while the file is still as hashed
-    /// (decisions §103). A file the plan sends whole in a batch does not need it.
+    /// (decisions §103). A file the plan sends whole in a batch does not need it, nor does one
+    /// hashed under `--checksum` with no root on the peer (its conversation ignores the index).
     fn index_if_it_travels(&self, i: usize, f: &MappedFile, manifest: &crate::manifest::Manifest) {
         let Some(state_dir) = &self.state_dir else { return };
         if manifest.size <= triage::SMALL_FILE_MAX {
@@ -415,11 +413,14 @@ impl TreeSync {
         }
         let e = self.local.manifest.entry(i);
         let peer = self.peer();
-        let equal = peer.find(e.path).is_some_and(|j| {
-            let pe = peer.entry(j);
-            pe.is_file() && pe.root == Some(&manifest.root)
-        });
-        if equal || !f.unchanged() {
+        let travels = match peer.find(e.path).map(|j| peer.entry(j)) {
+            // Hashed because the peer has a root: it differs, a delta follows.
+            Some(pe) if pe.is_file() => pe.root.is_some_and(|r| r != &manifest.root),
+            // New at its path (a rename census): chunk by chunk only over the batch limit, and
+            // only if no file of the peer's has its root (then it is a local copy; not known yet).
+            _ => manifest.size > triage::NEW_FILE_BATCH_MAX,
+        };
+        if !travels || !f.unchanged() {
             return;
         }
         let key = crate::scan::index_key(&join(&self.local.root, e.path));
@@ -740,16 +741,8 @@ impl TreeSync {
 
     /// A small file's bytes, if it still is what the walk saw (else NotFound: vanished).
     fn read_whole(&self, i: usize) -> Result<Vec<u8>> {
-        let e = self.local.manifest.entry(i);
-        let mut data = Vec::with_capacity(e.size as usize);
-        let (mut f, p) = self.open_whole(i)?;
-        (&mut f)
-            .take(e.size + 1)
-            .read_to_end(&mut data)
-            .map_err(|e| CoreError::io(&p, e))?;
-        if data.len() as u64 != e.size {
-            return Err(changed_during_sync(&p));
-        }
+        let mut data = vec![0u8; self.local.manifest.entry(i).size as usize];
+        self.read_whole_into(i, &mut data)?;
         Ok(data)
     }
 
@@ -760,8 +753,14 @@ impl TreeSync {
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(changed_during_sync(&p)),
             r => r.map_err(|e| CoreError::io(&p, e))?,
         }
-        let mut more = [0u8; 1];
-        if f.read(&mut more).map_err(|e| CoreError::io(&p, e))? != 0 {
+        // Grown since the walk: one byte more is enough to tell.
+        let mut more = Vec::new();
+        if (&mut f)
+            .take(1)
+            .read_to_end(&mut more)
+            .map_err(|e| CoreError::io(&p, e))?
+            != 0
+        {
             return Err(changed_during_sync(&p));
         }
         Ok(())
