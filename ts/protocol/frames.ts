@@ -250,17 +250,22 @@ export class FrameDecoder {
   /** The connection closed: drop partial input and leave the frame pool (frames already
    * decoded stay valid; their release() gives their buffers back to it). */
   dispose(): void {
+    this.dropInput();
+    if (this.pooling) {
+      this.pooling = false;
+      leaveOnCollect.unregister(this);
+      this.framePool.leave();
+    }
+  }
+
+  /** Forget partial input: reads kept, the frame being assembled, the accumulator. */
+  private dropInput(): void {
     this.assembly = undefined;
     this.parts = [];
     this.head = 0;
     this.buffered = 0;
     this.tail = undefined;
     this.tailEnd = 0;
-    if (this.pooling) {
-      this.pooling = false;
-      leaveOnCollect.unregister(this);
-      this.framePool.leave();
-    }
   }
 
   /** A pooled buffer of at least `n` bytes from the process's frame pool. */
@@ -376,16 +381,9 @@ export class FrameDecoder {
         if (--holders === 0) lent();
       };
     }
-    if (failure !== undefined) {
-      // What the decoder kept of the chunk (the bytes after the bad header) must not outlive
-      // it: the input ends here, the connection fails.
-      this.parts = [];
-      this.head = 0;
-      this.buffered = 0;
-      this.assembly = undefined;
-      this.tail = undefined;
-      this.tailEnd = 0;
-    }
+    // What the decoder kept of the chunk (the bytes after the bad header) must not outlive it:
+    // the input ends here, the connection fails.
+    if (failure !== undefined) this.dropInput();
     if (holders === 0) lent();
     if (failure !== undefined) throw failure;
     return out;

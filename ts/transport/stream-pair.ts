@@ -15,7 +15,6 @@
 // calls back as soon as the inner `write()` returns true, while the chunk may still sit,
 // uncopied, in the inner stream's write queue.
 
-import { copyOf } from '../utils/buffer-pool.js';
 import { FramePoolUser } from '../protocol/frames.js';
 import { Duplex, finished, type Readable, type Writable } from 'node:stream';
 import { readIntoStaticBuffer, type StaticReadable } from './static-reads.js';
@@ -83,7 +82,8 @@ class PipeEnd extends Duplex {
       let j = i;
       let n = 0;
       while (j < parts.length && (j === i || n + parts[j]!.length <= size)) n += parts[j++]!.length;
-      ok = peer.push(n >= LEND_MIN && n <= size ? this.lend(parts, i, j, n) : joined(parts.slice(i, j), n));
+      // (Buffer.concat copies into allocUnsafe memory: no zero-fill first, §83.)
+      ok = peer.push(n >= LEND_MIN && n <= size ? this.lend(parts, i, j, n) : Buffer.concat(parts.slice(i, j), n));
       i = j;
     }
     if (ok) cb();
@@ -145,18 +145,6 @@ class PipeEnd extends Duplex {
     theirs?.();
     cb(err);
   }
-}
-
-/** `parts` joined in a buffer of their own. */
-function joined(parts: Buffer[], total: number): Buffer {
-  if (parts.length === 1) return copyOf(parts[0]!);
-  const b = Buffer.allocUnsafe(total);
-  let at = 0;
-  for (const p of parts) {
-    b.set(p, at);
-    at += p.length;
-  }
-  return b;
 }
 
 /**
