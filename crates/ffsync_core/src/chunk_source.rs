@@ -150,7 +150,7 @@ impl ChunkSource {
                         read_exact_at(&self.file, head, c.offset - before).map_err(|e| CoreError::io(&self.path, e))?;
                         mid.copy_from_slice(&slot[RECORD_HEADER..]);
                         read_exact_at(&self.file, tail, c.end()).map_err(|e| CoreError::io(&self.path, e))?;
-                        t.diff_chunk(k, sig, padded, before as usize, c.len as usize, d)?;
+                        t.diff_chunk(k, sig, padded, before as usize, c.len as usize, d);
                         if streams {
                             // Staged: compressed below in its group's stream (the marker
                             // carries the delta's length).

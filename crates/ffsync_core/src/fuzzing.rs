@@ -67,11 +67,16 @@ pub fn chunk_batch_decode(data: &[u8]) {
             assert!(holes.iter().all(|h| h.len > 0 && h.end() <= 1 << 30));
         }
         let _ = crate::restore::inplace::Journal::decode(data);
-        // The same bytes as a refinement table from a receiver: refused or valid.
+        // The same bytes as a refinement table from a receiver: refused or valid; the sender's
+        // block match over a valid one's runs ends and writes a delta that parses.
         if let Ok(t) = crate::refine::RefineTable::decode(data, m) {
+            let probe: Vec<u8> = (0..20_000u32).map(|i| (i.wrapping_mul(40503) >> 7) as u8).collect();
             for i in 0..m.chunks.len() as u32 {
                 if let Some(k) = t.run_of(i) {
                     assert!((512..=128 * 1024).contains(&t.block_size(k)));
+                    let mut delta = Vec::new();
+                    crate::refine::diff_into(&t.index(k), &probe, &mut delta);
+                    assert!(crate::refine::literal_len(&delta).is_some_and(|n| n <= probe.len() as u64));
                 }
             }
         }
@@ -302,5 +307,17 @@ mod tests {
         let records = crate::chunk_batch::decode_after(&prefixed, &m, || Ok(Some(history.clone()))).unwrap();
         assert_eq!(records[0].encoding, crate::chunk_batch::ENC_PREFIX_STREAM_START);
         mutate_all(&prefixed, 2_000, chunk_batch_decode);
+        // A receiver's refinement table (the body reads the same bytes as one): decoded, and
+        // its runs indexed and matched by the sender's block match.
+        let run = |first, count| crate::refine::RefineRun {
+            first,
+            count,
+            source: 0,
+            offset: 0,
+            len: 40_000,
+        };
+        let (table, _) = crate::refine::encode_table(&[run(0, 1), run(1, 1)], 65536, |_| Some(&bytes[..40_000]));
+        crate::refine::RefineTable::decode(&table, &m).unwrap();
+        mutate_all(&table, 2_000, chunk_batch_decode);
     }
 }

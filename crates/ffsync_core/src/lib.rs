@@ -16,6 +16,7 @@
 pub mod background;
 pub mod backup;
 pub mod beneath;
+pub mod block_match;
 pub mod chunk_batch;
 pub mod chunk_source;
 pub mod chunker;

@@ -6,7 +6,7 @@
 //! between the neighbouring chunks it does have (its "anchors"). It describes that old
 //! region with rsync block signatures (rolling CRC + 4 bytes of MD4 per block, crate
 //! `fast_rsync`), and the sender encodes each missing chunk of the run as a librsync delta
-//! against that region when the delta is smaller than the chunk. The receiver applies the
+//! against that region (its block match: `block_match.rs`) when the delta is smaller than the chunk. The receiver applies the
 //! delta to its old bytes and checks the chunk's BLAKE3 hash exactly like a chunk sent
 //! whole, so a weak-hash collision can never produce wrong data (it fails the chunk).
 //!
@@ -18,9 +18,10 @@
 //! first u32 | count u32 | sig_len u32 | signature (fast_rsync MD4 format, sig_len bytes)
 //! ```
 
+use crate::block_match::BlockIndex;
 use crate::error::{CoreError, Result};
 use crate::manifest::{u32_at, Manifest};
-use fast_rsync::{IndexedSignature, Signature, SignatureOptions};
+use fast_rsync::{Signature, SignatureOptions};
 
 /// Bytes of MD4 kept per block: with the 32-bit rolling CRC, 64 bits per block decide a
 /// match; a false match is caught by the chunk's BLAKE3 check. (rsync trims its strong sum
@@ -225,8 +226,9 @@ impl RefineTable {
         (index < first + count).then_some(k)
     }
 
-    pub fn index(&self, run: usize) -> IndexedSignature<'_> {
-        self.runs[run].2.index()
+    /// Run `run`'s signature indexed for the sender's block match.
+    pub fn index(&self, run: usize) -> BlockIndex<'_> {
+        BlockIndex::new(self.runs[run].2.serialized()).expect("decode validated the signature")
     }
 }
 
@@ -318,7 +320,7 @@ fn last_literal(delta: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
 }
 
 /// Append a literal command for `bytes`.
-fn push_literal(out: &mut Vec<u8>, bytes: &[u8]) {
+pub(crate) fn push_literal(out: &mut Vec<u8>, bytes: &[u8]) {
     if bytes.is_empty() {
         return;
     }
@@ -334,7 +336,7 @@ fn push_literal(out: &mut Vec<u8>, bytes: &[u8]) {
 }
 
 /// Append a copy command (offset and length in the narrowest widths that hold them).
-fn push_copy(out: &mut Vec<u8>, offset: u64, len: u64) {
+pub(crate) fn push_copy(out: &mut Vec<u8>, offset: u64, len: u64) {
     let (wo, wl) = (width(offset), width(len));
     out.push(OP_COPY_N1_N1 + 4 * wo.trailing_zeros() as u8 + wl.trailing_zeros() as u8);
     out.extend_from_slice(&offset.to_be_bytes()[8 - wo..]);
@@ -426,22 +428,21 @@ impl RefineTable {
     pub fn diff_chunk(
         &self,
         run: usize,
-        sig: &IndexedSignature<'_>,
+        sig: &BlockIndex<'_>,
         padded: &[u8],
         from: usize,
         len: usize,
         out: &mut Vec<u8>,
-    ) -> Result<()> {
+    ) {
         let mut whole = Vec::with_capacity(padded.len() / 8 + 64);
-        diff_into(sig, padded, &mut whole)?;
+        diff_into(sig, padded, &mut whole);
         let start = out.len();
         if slice_delta(&whole, from, len, out).is_none() {
-            // Not expected (we parse what fast_rsync writes): fall back to the plain diff.
+            // Not expected (we parse what block_match writes): fall back to the plain diff.
             out.truncate(start);
-            diff_into(sig, &padded[from..from + len], out)?;
+            diff_into(sig, &padded[from..from + len], out);
         }
         self.trim_tail(run, out);
-        Ok(())
     }
 
     /// A run's old region rarely ends on a block boundary, and rsync matching only finds
@@ -479,8 +480,8 @@ impl RefineTable {
 }
 
 /// Encode `data` as a delta against an indexed signature (appended to `out`).
-pub fn diff_into(sig: &IndexedSignature<'_>, data: &[u8], out: &mut Vec<u8>) -> Result<()> {
-    fast_rsync::diff(sig, data, out).map_err(|e| CoreError::malformed("refinement table", e.to_string()))
+pub fn diff_into(sig: &BlockIndex<'_>, data: &[u8], out: &mut Vec<u8>) {
+    sig.diff(data, out);
 }
 
 /// Apply a delta from the peer to the old region `base`; the result must be exactly
@@ -582,7 +583,7 @@ mod tests {
         let k = t.run_of(0).unwrap();
         let idx = t.index(k);
         let mut delta = Vec::new();
-        diff_into(&idx, &new, &mut delta).unwrap();
+        diff_into(&idx, &new, &mut delta);
         assert!(delta.len() < 4096 + 2 * 2048 + 512, "delta {} bytes", delta.len());
         let mut out = Vec::new();
         apply_into(&old, &delta, new.len(), &mut out).unwrap();
@@ -601,7 +602,7 @@ mod tests {
         let m = manifest_of_bytes(&new, None, &InMemory);
         let t = whole_file_table(&old, &m, 1 << 20);
         let mut delta = Vec::new();
-        diff_into(&t.index(0), &new, &mut delta).unwrap();
+        diff_into(&t.index(0), &new, &mut delta);
         let before = delta.len();
         t.trim_tail(0, &mut delta);
         assert!(delta.len() + 140 <= before, "{before} -> {}", delta.len());
@@ -611,7 +612,7 @@ mod tests {
         // A tail that is new content is left alone.
         new[99_990] ^= 1;
         let mut delta = Vec::new();
-        diff_into(&t.index(0), &new, &mut delta).unwrap();
+        diff_into(&t.index(0), &new, &mut delta);
         let before = delta.clone();
         t.trim_tail(0, &mut delta);
         assert_eq!(delta, before);
@@ -631,11 +632,11 @@ mod tests {
         for c in &m.chunks {
             let (s, e) = (c.offset as usize, c.end() as usize);
             let mut d = Vec::new();
-            diff_into(&idx, &new[s..e], &mut d).unwrap();
+            diff_into(&idx, &new[s..e], &mut d);
             plain += d.len();
             let (ps, pe) = (s.saturating_sub(2 * b), (e + 2 * b).min(new.len()));
             let mut d = Vec::new();
-            t.diff_chunk(0, &idx, &new[ps..pe], s - ps, e - s, &mut d).unwrap();
+            t.diff_chunk(0, &idx, &new[ps..pe], s - ps, e - s, &mut d);
             padded_total += d.len();
             let mut out = Vec::new();
             apply_into(&old, &d, e - s, &mut out).unwrap();
