@@ -32,7 +32,7 @@ fn compare(what: &str, old: &[u8], new: &[u8], block: u32) {
     fast_rsync::diff(&indexed, new, &mut theirs).expect("fast_rsync diff");
     let slow = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let ours = BlockIndex::new(sig.serialized()).expect("signature");
+    let ours = BlockIndex::new(sig.serialized().to_vec()).expect("signature");
     let mut mine = Vec::new();
     ours.diff(new, &mut mine);
     let fast = t.elapsed().as_secs_f64();

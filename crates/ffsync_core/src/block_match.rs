@@ -7,33 +7,47 @@
 //! probes two hash maps at every offset (its collision map, then the signature's), ~10 ns a
 //! byte; rsync's own sender (match.c) first tests a 16-bit tag of the rolling checksum in a
 //! table and searches only on a hit. So does this: a bitmap holds a tag of every block's
-//! rolling checksum (about 32 bits per block, at least 2^16), one load rejects most offsets,
-//! and only a hit looks in the checksum's bucket of the sorted checksums and computes an MD4.
+//! rolling checksum (32–64 bits per block, at least 2^16 bits, at most 2^26: ≥ 8 bits per block
+//! in the largest table a receiver may send), one load rejects most offsets, and only a hit
+//! looks in the checksum's bucket of the sorted blocks and computes an MD4.
 //!
 //! What it writes is what `fast_rsync::diff` writes (same commands, same merging of adjacent
 //! copies; tests compare the bytes), so the receiver's `fast_rsync::apply_limited` is
 //! unchanged. One difference, where the old region repeats a block (runs of zeros in a
 //! binary): of the equal blocks it copies the one after the previous copy when that is one of
-//! them, as rsync does, so the copies merge into one command; otherwise the first.
+//! them, as rsync does, so the copies merge into one command; otherwise the first of them
+//! (fast_rsync keeps the first of two and the last of three or more).
+//!
+//! The signature comes from the receiver, a peer that may lie. Blocks are sorted by checksum
+//! and then by MD4 prefix, so a window costs one MD4 and two binary searches however many
+//! blocks share its checksum; a checksum whose MD4 failed `MAX_CRC_COLLISIONS` times is not
+//! tried again, and a diff stops looking once its failed MD4s have covered
+//! `FAILED_DIGEST_FACTOR` times its data (the rest goes as literals): what a hostile table can
+//! cost the sender is bounded by the sender's own bytes.
 
-use crate::refine::{push_copy, push_literal};
+use crate::rsync_delta::{push_copy, push_literal};
 use md4::{Digest, Md4};
 use std::collections::HashMap;
 
 /// librsync's rolling checksum offset (`RS_CHAR_OFFSET`).
 const CRC_MAGIC: u16 = 31;
-/// A rolling checksum whose MD4 prefix failed this often is not tried again in this diff: a
-/// signature whose checksums collide with the sender's data everywhere (a hostile receiver's,
-/// or a long run of one byte) must not cost an MD4 per byte. `fast_rsync::diff`'s bound.
+/// A rolling checksum whose MD4 prefix failed this often is not tried again in this diff
+/// (`fast_rsync::diff`'s bound): a long run of one byte must not cost an MD4 per byte.
 const MAX_CRC_COLLISIONS: u32 = 1024;
+/// A diff stops looking for blocks once its failed MD4s have hashed this many times its data
+/// (plus `FAILED_DIGEST_SLACK`): many distinct checksums that each fail up to the bound above
+/// would otherwise cost an MD4 of a whole block per byte.
+const FAILED_DIGEST_FACTOR: u64 = 4;
+const FAILED_DIGEST_SLACK: u64 = 4 << 20;
 /// librsync's signature (MD4) and delta magic numbers.
 const SIG_MAGIC: [u8; 4] = 0x7273_0136u32.to_be_bytes();
 const DELTA_MAGIC: [u8; 4] = 0x7273_0236u32.to_be_bytes();
 const SIG_HEADER: usize = 12;
-/// Tag bitmap sizes, in bits (log2): about 32 bits per block, from 2^16 (8 KiB) to 2^26 (8 MiB,
-/// for the largest table a receiver may send).
+/// Tag bitmap sizes, in bits (log2): 2^(⌈log2 n⌉ + 5) for n blocks, within these bounds.
 const MIN_TAG_BITS: u32 = 16;
 const MAX_TAG_BITS: u32 = 26;
+/// Bucket array sizes (log2): about one bucket per one or two blocks, at most 2^22 (16 MiB).
+const MAX_BUCKET_BITS: u32 = 22;
 
 /// The rolling checksum of a window: librsync's (`fast_rsync`'s `Crc`), in its two halves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,50 +87,63 @@ impl RollSum {
     }
 }
 
-/// A run's signature (fast_rsync's serialized MD4 format, as `RefineTable::decode` checked it)
-/// indexed for matching.
-pub struct BlockIndex<'a> {
+/// A run's signature (librsync's MD4 format, as fast_rsync writes it) indexed for matching.
+pub struct BlockIndex {
+    /// The serialized signature: header, then `crc u32 BE | md4 prefix` per block.
+    signature: Vec<u8>,
     block: usize,
     hash_len: usize,
-    /// The signature's block records (`crc u32 BE | md4 prefix`), in block order.
-    records: &'a [u8],
-    /// (mixed checksum, block number) of every block, sorted: a checksum's blocks are
-    /// adjacent, in block order.
+    /// (mixed checksum, block number) of every block, sorted by mixed checksum, then MD4
+    /// prefix, then block number.
     sorted: Vec<(u32, u32)>,
-    /// Where each bucket (the top `bucket_bits` of a mixed checksum) starts in `sorted`.
+    /// Where each bucket (the top `32 - bucket_shift` bits of a mixed checksum) starts in
+    /// `sorted`.
     starts: Vec<u32>,
     bucket_shift: u32,
-    /// One bit per top `tag_bits` of a mixed checksum present: about 32 bits per block, so a
-    /// window that matches nothing passes only ~3% of the time.
+    /// One bit per top `32 - tag_shift` bits of a mixed checksum present.
     tags: Vec<u64>,
     tag_shift: u32,
 }
 
-impl<'a> BlockIndex<'a> {
-    /// Index a serialized signature. `None` if it is not one (the caller has validated it, so
-    /// this is not expected).
-    pub fn new(signature: &'a [u8]) -> Option<BlockIndex<'a>> {
+/// What a diff has spent on MD4s that found nothing.
+struct Misses {
+    per_checksum: HashMap<u32, u32>,
+    bytes: u64,
+    budget: u64,
+}
+
+impl BlockIndex {
+    /// Index a serialized signature; `None` if it is not an MD4 signature of whole records.
+    pub fn new(signature: Vec<u8>) -> Option<BlockIndex> {
         if signature.len() < SIG_HEADER || signature[..4] != SIG_MAGIC {
             return None;
         }
         let block = u32::from_be_bytes(signature[4..8].try_into().ok()?) as usize;
         let hash_len = u32::from_be_bytes(signature[8..12].try_into().ok()?) as usize;
-        let records = &signature[SIG_HEADER..];
         let rec = 4 + hash_len;
+        let records = &signature[SIG_HEADER..];
         if block == 0 || !(1..=16).contains(&hash_len) || records.len() % rec != 0 {
             return None;
         }
         let n = records.len() / rec;
+        if n > u32::MAX as usize {
+            return None;
+        }
+        let digest = |i: u32| &records[i as usize * rec + 4..(i as usize + 1) * rec];
         let mut sorted: Vec<(u32, u32)> = (0..n)
             .map(|i| {
                 let r = &records[i * rec..];
                 (mix(u32::from_be_bytes(r[..4].try_into().unwrap())), i as u32)
             })
             .collect();
-        sorted.sort_unstable();
-        let log_n = usize::BITS - n.max(1).leading_zeros(); // ≥ log2(n), ≤ log2(n) + 1
+        sorted.sort_unstable_by(|a, b| {
+            a.0.cmp(&b.0)
+                .then_with(|| digest(a.1).cmp(digest(b.1)))
+                .then(a.1.cmp(&b.1))
+        });
+        let log_n = usize::BITS - n.max(1).leading_zeros(); // ⌊log2 n⌋ + 1
         let tag_bits = (log_n + 5).clamp(MIN_TAG_BITS, MAX_TAG_BITS);
-        let bucket_bits = log_n.clamp(1, 24);
+        let bucket_bits = log_n.clamp(1, MAX_BUCKET_BITS);
         let (tag_shift, bucket_shift) = (32 - tag_bits, 32 - bucket_bits);
         let mut tags = vec![0u64; 1 << (tag_bits - 6)];
         let mut starts = vec![0u32; (1 << bucket_bits) + 1];
@@ -129,9 +156,9 @@ impl<'a> BlockIndex<'a> {
             starts[k] += starts[k - 1];
         }
         Some(BlockIndex {
+            signature,
             block,
             hash_len,
-            records,
             sorted,
             starts,
             bucket_shift,
@@ -140,8 +167,33 @@ impl<'a> BlockIndex<'a> {
         })
     }
 
+    /// The signature as the receiver sent it.
+    pub fn signature(&self) -> &[u8] {
+        &self.signature
+    }
+
     pub fn block_size(&self) -> usize {
         self.block
+    }
+
+    /// Blocks in the signature.
+    pub fn blocks(&self) -> usize {
+        self.sorted.len()
+    }
+
+    fn record(&self, i: u32) -> &[u8] {
+        let rec = 4 + self.hash_len;
+        &self.signature[SIG_HEADER + i as usize * rec..SIG_HEADER + (i as usize + 1) * rec]
+    }
+
+    /// Whether `window` is what block `i` describes: its checksum and MD4 prefix (what a copy
+    /// of that block asserts; for checks of a delta).
+    pub fn block_matches(&self, i: u32, window: &[u8]) -> bool {
+        if i as usize >= self.blocks() {
+            return false;
+        }
+        let r = self.record(i);
+        r[..4] == RollSum::of(window).value().to_be_bytes() && r[4..] == Md4::digest(window)[..self.hash_len]
     }
 
     #[inline(always)]
@@ -152,32 +204,29 @@ impl<'a> BlockIndex<'a> {
 
     /// A block whose (mixed) checksum is `h` and whose MD4 prefix is the window's: `prefer` if
     /// it is one, else the first.
-    fn find(&self, h: u32, window: &[u8], prefer: Option<u32>, collisions: &mut HashMap<u32, u32>) -> Option<u32> {
+    fn find(&self, h: u32, window: &[u8], prefer: Option<u32>, misses: &mut Misses) -> Option<u32> {
         let b = (h >> self.bucket_shift) as usize;
         let bucket = &self.sorted[self.starts[b] as usize..self.starts[b + 1] as usize];
         let lo = bucket.partition_point(|&(c, _)| c < h);
-        if bucket.get(lo).is_none_or(|&(c, _)| c != h) {
-            return None; // a tag shared with another checksum
-        }
-        if collisions.get(&h).is_some_and(|&n| n >= MAX_CRC_COLLISIONS) {
-            return None;
+        let same = &bucket[lo..lo + bucket[lo..].partition_point(|&(c, _)| c == h)];
+        if same.is_empty() || misses.per_checksum.get(&h).is_some_and(|&n| n >= MAX_CRC_COLLISIONS) {
+            return None; // a tag shared with another checksum, or a checksum given up on
         }
         let digest = Md4::digest(window);
-        let rec = 4 + self.hash_len;
-        let mut first = None;
-        for &(_, i) in bucket[lo..].iter().take_while(|&&(c, _)| c == h) {
-            let at = i as usize * rec + 4;
-            if self.records[at..at + self.hash_len] == digest[..self.hash_len] {
-                if prefer.is_none_or(|p| p == i) {
-                    return Some(i);
-                }
-                first = first.or(Some(i));
-            }
-        }
-        if first.is_none() {
-            *collisions.entry(h).or_insert(0) += 1;
-        }
-        first
+        let want = &digest[..self.hash_len];
+        let first = same.partition_point(|&(_, i)| &self.record(i)[4..] < want);
+        let equal = &same[first..first + same[first..].partition_point(|&(_, i)| &self.record(i)[4..] == want)];
+        let Some(&(_, i)) = equal.first() else {
+            *misses.per_checksum.entry(h).or_insert(0) += 1;
+            misses.bytes += window.len() as u64;
+            return None;
+        };
+        // `equal` is in block order: the preferred block is found by bisection too.
+        Some(
+            prefer
+                .filter(|p| equal.binary_search_by_key(p, |&(_, j)| j).is_ok())
+                .unwrap_or(i),
+        )
     }
 
     /// Append to `out` the delta of `data` against the signature's old bytes (librsync
@@ -189,15 +238,19 @@ impl<'a> BlockIndex<'a> {
             emitted: 0,
             queued: None,
         };
-        let mut collisions = HashMap::new();
+        let mut misses = Misses {
+            per_checksum: HashMap::new(),
+            bytes: 0,
+            budget: FAILED_DIGEST_FACTOR * data.len() as u64 + FAILED_DIGEST_SLACK,
+        };
         let mut here = 0usize;
-        while data.len() - here >= b {
+        while data.len() - here >= b && misses.bytes < misses.budget {
             let mut sum = RollSum::of(&data[here..here + b]);
             loop {
                 let h = mix(sum.value());
-                if self.tagged(h) {
+                if self.tagged(h) && misses.bytes < misses.budget {
                     let prefer = state.next_block(here, b as u64);
-                    if let Some(i) = self.find(h, &data[here..here + b], prefer, &mut collisions) {
+                    if let Some(i) = self.find(h, &data[here..here + b], prefer, &mut misses) {
                         state.copy(i as u64 * b as u64, b as u64, here, data, out);
                         here += b;
                         break;
@@ -279,6 +332,10 @@ mod tests {
         )
     }
 
+    fn index(old: &[u8], block: u32) -> BlockIndex {
+        BlockIndex::new(signature(old, block).into_serialized()).unwrap()
+    }
+
     fn edited(old: &[u8], seed: u64) -> Vec<u8> {
         let mut new = old.to_vec();
         let noise = pseudo_random(64 * 1024, seed);
@@ -290,6 +347,27 @@ mod tests {
         let m = new.len();
         new[m - m / 5..m - m / 5 + 9000].fill(0);
         new
+    }
+
+    /// A hand-made signature: a header and (checksum, MD4 prefix) records.
+    fn raw_signature(block: u32, records: &[(u32, [u8; 4])]) -> Vec<u8> {
+        let mut sig = SIG_MAGIC.to_vec();
+        sig.extend_from_slice(&block.to_be_bytes());
+        sig.extend_from_slice(&4u32.to_be_bytes());
+        for (crc, digest) in records {
+            sig.extend_from_slice(&crc.to_be_bytes());
+            sig.extend_from_slice(digest);
+        }
+        sig
+    }
+
+    fn md4_prefix(window: &[u8]) -> [u8; 4] {
+        Md4::digest(window)[..4].try_into().unwrap()
+    }
+
+    /// The delta's commands as (copy offset or None for a literal, length).
+    fn commands(delta: &[u8]) -> Vec<(Option<u64>, u64)> {
+        crate::rsync_delta::delta_commands(delta).map(|c| c.unwrap()).collect()
     }
 
     #[test]
@@ -314,21 +392,24 @@ mod tests {
 
     #[test]
     fn deltas_are_fast_rsyncs_byte_for_byte() {
-        for (len, block, seed) in [
+        let cases = [
             (200_000, 512u32, 1u64),
             (1 << 20, 2048, 2),
             (3 << 20, 8192, 3),
+            (3 << 20, 65536, 5),
+            (5 << 20, 131072, 6),
             (100, 512, 4),
-        ] {
+        ];
+        for (len, block, seed) in cases {
             let old = pseudo_random(len, seed);
             let sig = signature(&old, block);
-            let ours = BlockIndex::new(sig.serialized()).unwrap();
+            let ours = BlockIndex::new(sig.serialized().to_vec()).unwrap();
             let changed = if len > 100_000 {
                 edited(&old, seed + 10)
             } else {
                 old[50..].to_vec()
             };
-            for new in [changed, old.clone(), pseudo_random(len / 2 + 1, seed + 20)] {
+            for new in [changed, old.clone(), pseudo_random(len / 2 + 1, seed + 20), Vec::new()] {
                 let mut theirs = Vec::new();
                 fast_rsync::diff(&sig.index(), &new, &mut theirs).unwrap();
                 let mut mine = Vec::new();
@@ -339,17 +420,21 @@ mod tests {
                 assert_eq!(back, new);
             }
         }
+        // A signature of nothing: everything is literal.
+        let empty = index(&[], 512);
+        let mut delta = Vec::new();
+        empty.diff(b"abc", &mut delta);
+        assert_eq!(commands(&delta), vec![(None, 3)]);
     }
 
     #[test]
-    fn repeated_blocks_and_long_literals_still_rebuild_the_data() {
+    fn repeated_blocks_are_copied_in_sequence() {
         // Old data of repeated blocks (duplicate checksums and digests), new data with
-        // literals of every length class.
+        // literals of every length class around a copy of most of it.
         let mut old = vec![7u8; 64 * 1024];
         old.extend_from_slice(&pseudo_random(64 * 1024, 9));
         old.extend_from_slice(&vec![7u8; 64 * 1024]);
-        let sig = signature(&old, 1024);
-        let ours = BlockIndex::new(sig.serialized()).unwrap();
+        let ours = index(&old, 1024);
         for extra in [1usize, 64, 65, 255, 256, 70_000] {
             let mut new = pseudo_random(extra, 11);
             new.extend_from_slice(&old[10_000..150_000]);
@@ -359,41 +444,81 @@ mod tests {
             let mut back = Vec::new();
             fast_rsync::apply(&old, &delta, &mut back).unwrap();
             assert_eq!(back, new, "literal of {extra}");
-            let literal = crate::refine::literal_len(&delta).unwrap() as usize;
+            let literal = crate::rsync_delta::literal_len(&delta).unwrap() as usize;
             assert!(literal < 2 * extra + 2 * 1024, "{literal} literal bytes");
-            // The equal blocks of zeros are copied in sequence, so each stretch is one command.
-            assert!(
-                delta.len() < literal + 80,
-                "{} bytes of commands",
-                delta.len() - literal
-            );
+            // The equal blocks of 7s are copied in sequence: each stretch is one command.
+            let copies = commands(&delta).iter().filter(|c| c.0.is_some()).count();
+            assert!(copies <= 3, "{copies} copy commands");
         }
     }
 
     #[test]
-    fn colliding_checksums_cost_a_bounded_number_of_digests() {
-        // A signature of one block of zeros whose MD4 prefix is wrong: every offset of a long
-        // run of zeros hits its checksum. After MAX_CRC_COLLISIONS misses the checksum is
-        // not tried again, so the diff ends quickly and sends the run as literal bytes.
-        let mut sig = signature(&[0u8; 512], 512).into_serialized();
-        let last = sig.len() - 1;
-        sig[last] ^= 0xff;
-        let ours = BlockIndex::new(&sig).unwrap();
+    fn a_checksum_shared_by_blocks_copies_the_one_whose_digest_matches() {
+        let old = pseudo_random(4096, 21);
+        let (a, b) = (&old[..1024], &old[1024..2048]);
+        // Block 0 claims b's checksum with a wrong digest; block 1 is b.
+        let sig = raw_signature(
+            1024,
+            &[
+                (RollSum::of(b).value(), [9, 9, 9, 9]),
+                (RollSum::of(b).value(), md4_prefix(b)),
+                (RollSum::of(a).value(), md4_prefix(a)),
+            ],
+        );
+        let ours = BlockIndex::new(sig).unwrap();
+        let mut delta = Vec::new();
+        ours.diff(b, &mut delta);
+        assert_eq!(commands(&delta), vec![(Some(1024), 1024)]);
+        assert!(ours.block_matches(1, b) && !ours.block_matches(0, b) && !ours.block_matches(7, b));
+    }
+
+    #[test]
+    fn a_hostile_signature_costs_a_bounded_number_of_digests() {
+        // 200,000 blocks that all claim the checksum of a block of zeros with wrong digests,
+        // and the true one last: a window of zeros costs one MD4 and two bisections, not a
+        // walk over the 200,000 (the whole diff would take minutes).
+        let zeros = vec![0u8; 512];
+        let crc = RollSum::of(&zeros).value();
+        let mut records: Vec<(u32, [u8; 4])> = (0..200_000u32).map(|k| (crc, (k * 2 + 1).to_be_bytes())).collect();
+        records.push((crc, md4_prefix(&zeros)));
+        let ours = BlockIndex::new(raw_signature(512, &records)).unwrap();
         let data = vec![0u8; 8 << 20];
         let t = std::time::Instant::now();
         let mut delta = Vec::new();
         ours.diff(&data, &mut delta);
-        assert_eq!(crate::refine::literal_len(&delta), Some(data.len() as u64));
-        // 8 Mi MD4s of 512 bytes would take seconds; the bound makes it ~a scan.
-        assert!(t.elapsed() < std::time::Duration::from_secs(2), "{:?}", t.elapsed());
+        assert_eq!(commands(&delta).iter().map(|c| c.1).sum::<u64>(), data.len() as u64);
+        assert_eq!(crate::rsync_delta::literal_len(&delta), Some(0));
+        // A window of zeros whose digest is wrong everywhere: after MAX_CRC_COLLISIONS misses
+        // the checksum is given up, and the run goes as literal bytes.
+        records.pop();
+        let wrong = BlockIndex::new(raw_signature(512, &records)).unwrap();
+        let mut delta = Vec::new();
+        wrong.diff(&data, &mut delta);
+        assert_eq!(crate::rsync_delta::literal_len(&delta), Some(data.len() as u64));
+        // Each of many distinct checksums found in the data, each with a wrong digest: the
+        // diff gives up once its failed digests cover FAILED_DIGEST_FACTOR times its data.
+        let noise = pseudo_random(1 << 20, 22);
+        let many: Vec<(u32, [u8; 4])> = (0..noise.len() - 512)
+            .step_by(7)
+            .map(|at| (RollSum::of(&noise[at..at + 512]).value(), [1, 2, 3, 4]))
+            .collect();
+        let many = BlockIndex::new(raw_signature(512, &many)).unwrap();
+        let mut delta = Vec::new();
+        many.diff(&noise, &mut delta);
+        assert_eq!(crate::rsync_delta::literal_len(&delta), Some(noise.len() as u64));
+        // Without the bounds these would be ~10^9 comparisons and ~10^6 digests of 512 bytes.
+        assert!(t.elapsed() < std::time::Duration::from_secs(20), "{:?}", t.elapsed());
     }
 
     #[test]
     fn not_a_signature_is_refused() {
-        assert!(BlockIndex::new(&[]).is_none());
-        assert!(BlockIndex::new(&[0x72, 0x73, 0x01, 0x37, 0, 0, 2, 0, 0, 0, 0, 4]).is_none());
-        let mut sig = signature(&[1u8; 5000], 512).into_serialized();
-        sig.pop();
-        assert!(BlockIndex::new(&sig).is_none());
+        assert!(BlockIndex::new(Vec::new()).is_none());
+        // librsync's BLAKE2 magic, which fast_rsync's parser accepts: not ours.
+        let mut blake2 = signature(&[1u8; 5000], 512).into_serialized();
+        blake2[3] = 0x37;
+        assert!(BlockIndex::new(blake2).is_none());
+        let mut cut = signature(&[1u8; 5000], 512).into_serialized();
+        cut.pop();
+        assert!(BlockIndex::new(cut).is_none());
     }
 }

@@ -11,7 +11,6 @@ use crate::io::read_exact_at;
 use crate::manifest::Manifest;
 use crate::refine::RefineTable;
 use rayon::prelude::*;
-use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -116,15 +115,6 @@ impl ChunkSource {
             slots.push((i, slot));
             rest = tail;
         }
-        // Index each refinement run this batch touches once, not once per chunk.
-        let mut indexed = HashMap::new();
-        if let Some(t) = self.refine.get() {
-            for &i in indices {
-                if let Some(k) = t.run_of(i) {
-                    indexed.entry(k).or_insert_with(|| t.index(k));
-                }
-            }
-        }
         let refine = self.refine.get();
         let streams = self.policy.streams();
         let mut used: Vec<Result<usize>> = slots
@@ -134,7 +124,7 @@ impl ChunkSource {
                 read_exact_at(&self.file, &mut slot[RECORD_HEADER..], c.offset)
                     .map_err(|e| CoreError::io(&self.path, e))?;
                 let run = refine.and_then(|t| t.run_of(*i).map(|k| (t, k)));
-                if let Some((t, k, sig)) = run.and_then(|(t, k)| indexed.get(&k).map(|s| (t, k, s))) {
+                if let Some((t, k, sig)) = run.map(|(t, k)| (t, k, t.block_index(k))) {
                     let encoded = DELTA_BUF.with(|d| -> Result<Option<usize>> {
                         let mut guard = d.borrow_mut();
                         let (d, padded) = &mut *guard;

@@ -67,20 +67,52 @@ pub fn chunk_batch_decode(data: &[u8]) {
             assert!(holes.iter().all(|h| h.len > 0 && h.end() <= 1 << 30));
         }
         let _ = crate::restore::inplace::Journal::decode(data);
-        // The same bytes as a refinement table from a receiver: refused or valid; the sender's
-        // block match over a valid one's runs ends and writes a delta that parses.
+        // The same bytes as a refinement table from a receiver: refused or valid. Over each
+        // valid run, the sender's block match writes a delta whose commands describe the probe
+        // exactly, and every block it copies is one whose checksum and MD4 prefix are the
+        // probe's bytes there (what a copy asserts), whatever the receiver's signature says.
         if let Ok(t) = crate::refine::RefineTable::decode(data, m) {
-            let probe: Vec<u8> = (0..20_000u32).map(|i| (i.wrapping_mul(40503) >> 7) as u8).collect();
+            let probe = refine_probe();
+            let mut seen = std::collections::HashSet::new();
             for i in 0..m.chunks.len() as u32 {
-                if let Some(k) = t.run_of(i) {
-                    assert!((512..=128 * 1024).contains(&t.block_size(k)));
-                    let mut delta = Vec::new();
-                    crate::refine::diff_into(&t.index(k), &probe, &mut delta);
-                    assert!(crate::refine::literal_len(&delta).is_some_and(|n| n <= probe.len() as u64));
+                let Some(k) = t.run_of(i) else { continue };
+                assert!((512..=128 * 1024).contains(&t.block_size(k)));
+                if !seen.insert(k) {
+                    continue;
                 }
+                let index = t.block_index(k);
+                let mut delta = Vec::new();
+                crate::refine::diff_into(index, &probe, &mut delta);
+                let b = index.block_size() as u64;
+                let mut at = 0u64;
+                for c in crate::rsync_delta::delta_commands(&delta) {
+                    match c.expect("the block match writes only what the parser reads") {
+                        (Some(offset), len) => {
+                            assert!(offset % b == 0 && len % b == 0 && len > 0);
+                            for j in 0..len / b {
+                                let window = &probe[(at + j * b) as usize..(at + (j + 1) * b) as usize];
+                                assert!(index.block_matches((offset / b + j) as u32, window));
+                            }
+                            at += len;
+                        }
+                        (None, len) => at += len,
+                    }
+                }
+                assert_eq!(at, probe.len() as u64);
             }
         }
     });
+}
+
+/// The sender's data the chunk-batch body matches a receiver's refinement tables against:
+/// the start of the body's manifest bytes, a run of zeros, and more of them (its seed table
+/// describes an edited copy of it, so blocks match, repeat and miss).
+fn refine_probe() -> Vec<u8> {
+    let bytes = |r: std::ops::Range<u32>| r.map(|i| (i.wrapping_mul(2654435761) >> 13) as u8);
+    bytes(0..9_000)
+        .chain(std::iter::repeat_n(0, 5_000))
+        .chain(bytes(9_000..16_000))
+        .collect()
 }
 
 /// Tree manifests from a peer: decode never panics; what decodes is in tree order with
@@ -309,15 +341,24 @@ mod tests {
         mutate_all(&prefixed, 2_000, chunk_batch_decode);
         // A receiver's refinement table (the body reads the same bytes as one): decoded, and
         // its runs indexed and matched by the sender's block match.
+        let mut old = refine_probe();
+        old[3_000..3_100].fill(1);
+        old.splice(12_000..12_000, [0u8; 3_000]);
         let run = |first, count| crate::refine::RefineRun {
             first,
             count,
             source: 0,
             offset: 0,
-            len: 40_000,
+            len: old.len() as u64,
         };
-        let (table, _) = crate::refine::encode_table(&[run(0, 1), run(1, 1)], 65536, |_| Some(&bytes[..40_000]));
-        crate::refine::RefineTable::decode(&table, &m).unwrap();
+        let (table, _) = crate::refine::encode_table(&[run(0, 1), run(1, 1)], 65536, |_| Some(&old[..]));
+        let t = crate::refine::RefineTable::decode(&table, &m).unwrap();
+        let mut delta = Vec::new();
+        crate::refine::diff_into(t.block_index(0), &refine_probe(), &mut delta);
+        assert!(
+            crate::rsync_delta::literal_len(&delta).unwrap() < 4_000,
+            "the seed's runs match"
+        );
         mutate_all(&table, 2_000, chunk_batch_decode);
     }
 }

@@ -35,6 +35,7 @@ pub mod params;
 pub mod quic;
 pub mod refine;
 pub mod restore;
+pub mod rsync_delta;
 pub mod scan;
 pub mod sparse;
 #[cfg(test)]

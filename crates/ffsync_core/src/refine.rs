@@ -21,6 +21,7 @@
 use crate::block_match::BlockIndex;
 use crate::error::{CoreError, Result};
 use crate::manifest::{u32_at, Manifest};
+use crate::rsync_delta::{commands, last_literal, push_copy, push_literal, Command, OP_COPY_N8_N8, OP_END};
 use fast_rsync::{Signature, SignatureOptions};
 
 /// Bytes of MD4 kept per block: with the 32-bit rolling CRC, 64 bits per block decide a
@@ -163,10 +164,11 @@ pub fn encode_table<'a>(
     (out, kept)
 }
 
-/// The sender's half: the receiver's table, validated against the manifest.
+/// The sender's half: the receiver's table, validated against the manifest, each run's
+/// signature indexed once for the block match.
 pub struct RefineTable {
     /// (first, count, signature), ascending and disjoint.
-    runs: Vec<(u32, u32, Signature)>,
+    runs: Vec<(u32, u32, BlockIndex)>,
 }
 
 impl RefineTable {
@@ -199,8 +201,8 @@ impl RefineTable {
             }
             let sig_bytes = &buf[at..at + sig_len];
             at += sig_len;
-            // fast_rsync checks the magic and the record size; the block size and hash
-            // length are ours to bound (a zero block size would never finish a diff).
+            // The block size and hash length are ours to bound (a zero block size would never
+            // finish a diff); the index checks the magic (MD4 only) and the record size.
             let block = u32::from_be_bytes(sig_bytes[4..8].try_into().unwrap());
             let hash = u32::from_be_bytes(sig_bytes[8..12].try_into().unwrap());
             if !(MIN_BLOCK..=MAX_BLOCK).contains(&block) || !(4..=16).contains(&hash) {
@@ -208,7 +210,8 @@ impl RefineTable {
                     "run {first}: block size {block} / hash length {hash} not allowed"
                 )));
             }
-            let sig = Signature::deserialize(sig_bytes.to_vec()).map_err(|e| bad(format!("run {first}: {e}")))?;
+            let sig = BlockIndex::new(sig_bytes.to_vec())
+                .ok_or_else(|| bad(format!("run {first}: invalid or unsupported signature")))?;
             runs.push((first, count, sig));
         }
         Ok(RefineTable { runs })
@@ -226,129 +229,9 @@ impl RefineTable {
         (index < first + count).then_some(k)
     }
 
-    /// Run `run`'s signature indexed for the sender's block match.
-    pub fn index(&self, run: usize) -> BlockIndex<'_> {
-        BlockIndex::new(self.runs[run].2.serialized()).expect("decode validated the signature")
-    }
-}
-
-/// librsync delta commands (fast_rsync's encoding; integers big endian).
-const OP_END: u8 = 0;
-const OP_LITERAL_64: u8 = 0x40;
-const OP_LITERAL_N8: u8 = 0x44;
-const OP_COPY_N1_N1: u8 = 0x45;
-const OP_COPY_N8_N8: u8 = 0x54;
-
-/// One command of a librsync delta.
-enum Command {
-    /// Literal bytes at `data` in the delta; the command itself starts at `start`.
-    Literal {
-        start: usize,
-        data: std::ops::Range<usize>,
-    },
-    Copy {
-        offset: u64,
-        len: u64,
-    },
-}
-
-/// The commands of a delta up to END, in order. Yields None (and stops) at anything this
-/// parser does not understand or that runs past the buffer.
-fn commands(delta: &[u8]) -> impl Iterator<Item = Option<Command>> + '_ {
-    let mut at = 4;
-    let mut done = false;
-    let int = move |at: &mut usize, w: usize| -> Option<u64> {
-        let mut b = [0u8; 8];
-        b[8 - w..].copy_from_slice(delta.get(*at..*at + w)?);
-        *at += w;
-        Some(u64::from_be_bytes(b))
-    };
-    std::iter::from_fn(move || {
-        if done {
-            return None;
-        }
-        let start = at;
-        let parsed = (|| {
-            let op = *delta.get(at)?;
-            at += 1;
-            match op {
-                OP_END => Some(None),
-                1..=OP_LITERAL_N8 => {
-                    let n = if op <= OP_LITERAL_64 {
-                        op as usize
-                    } else {
-                        usize::try_from(int(&mut at, 1 << (op - 0x41))?).ok()?
-                    };
-                    let data = at..at.checked_add(n).filter(|&e| e <= delta.len())?;
-                    at = data.end;
-                    Some(Some(Command::Literal { start, data }))
-                }
-                OP_COPY_N1_N1..=OP_COPY_N8_N8 => {
-                    let k = op - OP_COPY_N1_N1;
-                    let offset = int(&mut at, 1 << (k / 4))?;
-                    let len = int(&mut at, 1 << (k % 4))?;
-                    Some(Some(Command::Copy { offset, len }))
-                }
-                _ => None,
-            }
-        })();
-        match parsed {
-            Some(Some(c)) => Some(Some(c)),
-            Some(None) => {
-                done = true;
-                None
-            }
-            None => {
-                done = true;
-                Some(None)
-            }
-        }
-    })
-}
-
-/// Where the delta's last command starts and, if it is a literal, its bytes. None for a
-/// delta this parser does not understand (left as is).
-fn last_literal(delta: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
-    let mut last = None;
-    for c in commands(delta) {
-        last = match c? {
-            Command::Literal { start, data } => Some((start, data)),
-            Command::Copy { .. } => None,
-        };
-    }
-    last
-}
-
-/// Append a literal command for `bytes`.
-pub(crate) fn push_literal(out: &mut Vec<u8>, bytes: &[u8]) {
-    if bytes.is_empty() {
-        return;
-    }
-    let n = bytes.len() as u64;
-    if n <= OP_LITERAL_64 as u64 {
-        out.push(n as u8);
-    } else {
-        let w = width(n);
-        out.push(0x41 + w.trailing_zeros() as u8);
-        out.extend_from_slice(&n.to_be_bytes()[8 - w..]);
-    }
-    out.extend_from_slice(bytes);
-}
-
-/// Append a copy command (offset and length in the narrowest widths that hold them).
-pub(crate) fn push_copy(out: &mut Vec<u8>, offset: u64, len: u64) {
-    let (wo, wl) = (width(offset), width(len));
-    out.push(OP_COPY_N1_N1 + 4 * wo.trailing_zeros() as u8 + wl.trailing_zeros() as u8);
-    out.extend_from_slice(&offset.to_be_bytes()[8 - wo..]);
-    out.extend_from_slice(&len.to_be_bytes()[8 - wl..]);
-}
-
-fn width(n: u64) -> usize {
-    match n {
-        0..=0xff => 1,
-        0x100..=0xffff => 2,
-        0x1_0000..=0xffff_ffff => 4,
-        _ => 8,
+    /// Run `run`'s signature, indexed for the sender's block match.
+    pub fn block_index(&self, run: usize) -> &BlockIndex {
+        &self.runs[run].2
     }
 }
 
@@ -402,22 +285,10 @@ fn slice_delta(delta: &[u8], from: usize, len: usize, out: &mut Vec<u8>) -> Opti
     Some(())
 }
 
-/// Bytes a delta carries as literals (the rest of its output is copied from the receiver's
-/// old bytes); None if the delta is not understood.
-pub fn literal_len(delta: &[u8]) -> Option<u64> {
-    let mut n = 0u64;
-    for c in commands(delta) {
-        if let Command::Literal { data, .. } = c? {
-            n += data.len() as u64;
-        }
-    }
-    Some(n)
-}
-
 impl RefineTable {
     /// Block size of run `run`'s signature.
     pub fn block_size(&self, run: usize) -> u32 {
-        u32::from_be_bytes(self.runs[run].2.serialized()[4..8].try_into().unwrap())
+        self.runs[run].2.block_size() as u32
     }
 
     /// Delta of one chunk, `padded[from..from + len]`, where `padded` also holds up to two
@@ -425,15 +296,7 @@ impl RefineTable {
     /// through the chunk's edges instead of restarting there, so blocks that straddle them
     /// are found (and cut to the chunk) instead of being sent as literals. The receiver
     /// only ever sees the chunk's own commands.
-    pub fn diff_chunk(
-        &self,
-        run: usize,
-        sig: &BlockIndex<'_>,
-        padded: &[u8],
-        from: usize,
-        len: usize,
-        out: &mut Vec<u8>,
-    ) {
+    pub fn diff_chunk(&self, run: usize, sig: &BlockIndex, padded: &[u8], from: usize, len: usize, out: &mut Vec<u8>) {
         let mut whole = Vec::with_capacity(padded.len() / 8 + 64);
         diff_into(sig, padded, &mut whole);
         let start = out.len();
@@ -450,7 +313,7 @@ impl RefineTable {
     /// anchor) would go as a literal. If the delta ends with a literal shorter than a block
     /// whose signature equals the region's short last block, copy that block instead.
     pub fn trim_tail(&self, run: usize, delta: &mut Vec<u8>) {
-        let sig = self.runs[run].2.serialized();
+        let sig = self.runs[run].2.signature();
         let block = u32::from_be_bytes(sig[4..8].try_into().unwrap());
         let hash = u32::from_be_bytes(sig[8..12].try_into().unwrap()) as usize;
         let rec = 4 + hash;
@@ -480,7 +343,7 @@ impl RefineTable {
 }
 
 /// Encode `data` as a delta against an indexed signature (appended to `out`).
-pub fn diff_into(sig: &BlockIndex<'_>, data: &[u8], out: &mut Vec<u8>) {
+pub fn diff_into(sig: &BlockIndex, data: &[u8], out: &mut Vec<u8>) {
     sig.diff(data, out);
 }
 
@@ -502,6 +365,7 @@ pub fn apply_into(base: &[u8], delta: &[u8], len: usize, out: &mut Vec<u8>) -> R
 mod tests {
     use super::*;
     use crate::chunker::InMemory;
+    use crate::rsync_delta::literal_len;
     use crate::scan::manifest_of_bytes;
     use crate::testutil::pseudo_random;
 
@@ -581,9 +445,9 @@ mod tests {
         let m = manifest_of_bytes(&new, None, &InMemory);
         let t = whole_file_table(&old, &m, 65536);
         let k = t.run_of(0).unwrap();
-        let idx = t.index(k);
+        let idx = t.block_index(k);
         let mut delta = Vec::new();
-        diff_into(&idx, &new, &mut delta);
+        diff_into(idx, &new, &mut delta);
         assert!(delta.len() < 4096 + 2 * 2048 + 512, "delta {} bytes", delta.len());
         let mut out = Vec::new();
         apply_into(&old, &delta, new.len(), &mut out).unwrap();
@@ -602,7 +466,7 @@ mod tests {
         let m = manifest_of_bytes(&new, None, &InMemory);
         let t = whole_file_table(&old, &m, 1 << 20);
         let mut delta = Vec::new();
-        diff_into(&t.index(0), &new, &mut delta);
+        diff_into(t.block_index(0), &new, &mut delta);
         let before = delta.len();
         t.trim_tail(0, &mut delta);
         assert!(delta.len() + 140 <= before, "{before} -> {}", delta.len());
@@ -612,7 +476,7 @@ mod tests {
         // A tail that is new content is left alone.
         new[99_990] ^= 1;
         let mut delta = Vec::new();
-        diff_into(&t.index(0), &new, &mut delta);
+        diff_into(t.block_index(0), &new, &mut delta);
         let before = delta.clone();
         t.trim_tail(0, &mut delta);
         assert_eq!(delta, before);
@@ -626,17 +490,17 @@ mod tests {
         new[400_000..400_050].fill(3);
         let m = manifest_of_bytes(&new, None, &InMemory);
         let t = whole_file_table(&old, &m, 1 << 20);
-        let idx = t.index(0);
+        let idx = t.block_index(0);
         let b = t.block_size(0) as usize;
         let (mut plain, mut padded_total) = (0, 0);
         for c in &m.chunks {
             let (s, e) = (c.offset as usize, c.end() as usize);
             let mut d = Vec::new();
-            diff_into(&idx, &new[s..e], &mut d);
+            diff_into(idx, &new[s..e], &mut d);
             plain += d.len();
             let (ps, pe) = (s.saturating_sub(2 * b), (e + 2 * b).min(new.len()));
             let mut d = Vec::new();
-            t.diff_chunk(0, &idx, &new[ps..pe], s - ps, e - s, &mut d);
+            t.diff_chunk(0, idx, &new[ps..pe], s - ps, e - s, &mut d);
             padded_total += d.len();
             let mut out = Vec::new();
             apply_into(&old, &d, e - s, &mut out).unwrap();
@@ -676,5 +540,9 @@ mod tests {
         let mut bad_magic = good.clone();
         bad_magic[ENTRY_HEADER] ^= 0xff;
         assert!(RefineTable::decode(&bad_magic, &m).is_err());
+        // librsync's BLAKE2 signature magic (fast_rsync parses it; the block match is MD4's).
+        let mut blake2 = good.clone();
+        blake2[ENTRY_HEADER + 3] = 0x37;
+        assert!(RefineTable::decode(&blake2, &m).is_err());
     }
 }

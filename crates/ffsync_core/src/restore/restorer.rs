@@ -529,7 +529,7 @@ impl Reconstruction {
             let mut d = d.borrow_mut();
             let delta = r.delta(&mut d)?;
             refine::apply_into(base, delta, r.raw_len as usize, out)?;
-            Ok(refine::literal_len(delta)
+            Ok(crate::rsync_delta::literal_len(delta)
                 .unwrap_or(r.raw_len as u64)
                 .min(r.raw_len as u64))
         });
