@@ -107,7 +107,30 @@ describe('sub-chunk refinement', () => {
     assert.ok(sent < 96 * KiB, `tree sent ${sent} bytes (TLS included)`);
   });
 
-  it('a hostile receiver sending a garbage refinement table: the sender stops with exit 12', async () => {
+  /** A table of one run (chunk 0) whose signature is `sig` and whose length field says `sigLen`. */
+  function refineTable(sig: Buffer, sigLen = sig.length): Buffer {
+    const head = Buffer.alloc(12);
+    head.writeUInt32LE(0, 0);
+    head.writeUInt32LE(1, 4);
+    head.writeUInt32LE(sigLen, 8);
+    return Buffer.concat([head, sig]);
+  }
+  /** A librsync signature header (magic, block size, hash length) and one block record. */
+  function signature(magic: number): Buffer {
+    const sig = Buffer.alloc(12 + 8);
+    sig.writeUInt32BE(magic, 0);
+    sig.writeUInt32BE(512, 4);
+    sig.writeUInt32BE(4, 8);
+    return sig;
+  }
+  const hostileTables: [string, Buffer][] = [
+    ['a signature of absurd length', refineTable(Buffer.alloc(12), 0xffff)],
+    // fast_rsync's parser accepts librsync's BLAKE2 magic; the sender's block match is MD4's
+    // (decisions §104: a build that indexed it after decoding panicked here).
+    ['a BLAKE2 signature', refineTable(signature(0x72730137))],
+  ];
+  for (const [what, table] of hostileTables)
+  it(`a hostile receiver sending a refinement table with ${what}: the sender stops with exit 12`, async () => {
     const dir = tmpdir();
     const src = path.join(dir, 'source.bin');
     fs.writeFileSync(src, seeded(3 * MiB, 64));
@@ -125,13 +148,9 @@ describe('sub-chunk refinement', () => {
             if (f.type === FrameType.OFFER) sock.write(encodeFrame(FrameType.DECISION, encodeDecision(Decision.SEND_MANIFEST)));
             if (f.type === FrameType.MANIFEST && !manifestSeen) {
               manifestSeen = true;
-              // Need chunk 0, then a table whose run claims a signature of absurd length.
+              // Need chunk 0, then the hostile table.
               const need = Buffer.alloc(5);
               need[4] = 1;
-              const table = Buffer.alloc(12 + 12);
-              table.writeUInt32LE(0, 0);
-              table.writeUInt32LE(1, 4);
-              table.writeUInt32LE(0xffff, 8);
               sock.write(encodeFrame(FrameType.NEED, need));
               sock.write(encodeFrame(FrameType.REFINE, table));
               sock.write(encodeFrame(FrameType.NEED_END, encodeNeedEnd({ wireChunks: 1, identical: false })));
