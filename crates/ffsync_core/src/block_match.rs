@@ -294,7 +294,7 @@ impl Output {
         if self.emitted == until {
             return;
         }
-        if let Some((offset, len)) = self.queued {
+        if let Some((offset, len)) = self.queued.take() {
             push_copy(out, offset, len);
             self.emitted += len as usize;
         }
