@@ -196,12 +196,6 @@ impl BlockIndex {
         r[..4] == RollSum::of(window).value().to_be_bytes() && r[4..] == Md4::digest(window)[..self.hash_len]
     }
 
-    #[inline(always)]
-    fn tagged(&self, h: u32) -> bool {
-        let t = (h >> self.tag_shift) as usize;
-        self.tags[t >> 6] & (1 << (t & 63)) != 0
-    }
-
     /// A block whose (mixed) checksum is `h` and whose MD4 prefix is the window's: `prefer` if
     /// it is one, else the first.
     fn find(&self, h: u32, window: &[u8], prefer: Option<u32>, misses: &mut Misses) -> Option<u32> {
@@ -244,11 +238,18 @@ impl BlockIndex {
             budget: FAILED_DIGEST_FACTOR * data.len() as u64 + FAILED_DIGEST_SLACK,
         };
         let mut here = 0usize;
+        let (tags, tag_shift) = (&self.tags[..], self.tag_shift);
+        let tagged = |h: u32| {
+            let t = h >> tag_shift;
+            tags[(t >> 6) as usize] & (1 << (t & 63)) != 0
+        };
         while data.len() - here >= b && misses.bytes < misses.budget {
             let mut sum = RollSum::of(&data[here..here + b]);
+            // The bytes leaving and entering the window as it slides from `here` to the end.
+            let mut slide = data[here..data.len() - b].iter().zip(&data[here + b..]);
             loop {
                 let h = mix(sum.value());
-                if self.tagged(h) && misses.bytes < misses.budget {
+                if tagged(h) && misses.bytes < misses.budget {
                     let prefer = state.next_block(here, b as u64);
                     if let Some(i) = self.find(h, &data[here..here + b], prefer, &mut misses) {
                         state.copy(i as u64 * b as u64, b as u64, here, data, out);
@@ -256,11 +257,12 @@ impl BlockIndex {
                         break;
                     }
                 }
-                here += 1;
-                if here + b > data.len() {
+                let Some((&old, &new)) = slide.next() else {
+                    here += 1; // past the last window: the rest is literal
                     break;
-                }
-                sum.roll(b as u16, data[here - 1], data[here + b - 1]);
+                };
+                here += 1;
+                sum.roll(b as u16, old, new);
             }
         }
         state.emit(data.len(), data, out);
