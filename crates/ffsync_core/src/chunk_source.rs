@@ -124,7 +124,7 @@ impl ChunkSource {
                 read_exact_at(&self.file, &mut slot[RECORD_HEADER..], c.offset)
                     .map_err(|e| CoreError::io(&self.path, e))?;
                 let run = refine.and_then(|t| t.run_of(*i).map(|k| (t, k)));
-                if let Some((t, k, sig)) = run.map(|(t, k)| (t, k, t.block_index(k))) {
+                if let Some((t, k)) = run {
                     let encoded = DELTA_BUF.with(|d| -> Result<Option<usize>> {
                         let mut guard = d.borrow_mut();
                         let (d, padded) = &mut *guard;
@@ -140,7 +140,7 @@ impl ChunkSource {
                         read_exact_at(&self.file, head, c.offset - before).map_err(|e| CoreError::io(&self.path, e))?;
                         mid.copy_from_slice(&slot[RECORD_HEADER..]);
                         read_exact_at(&self.file, tail, c.end()).map_err(|e| CoreError::io(&self.path, e))?;
-                        t.diff_chunk(k, sig, padded, before as usize, c.len as usize, d);
+                        t.diff_chunk(k, padded, before as usize, c.len as usize, d);
                         if streams {
                             // Staged: compressed below in its group's stream (the marker
                             // carries the delta's length).

@@ -82,7 +82,7 @@ pub fn chunk_batch_decode(data: &[u8]) {
                 }
                 let index = t.block_index(k);
                 let mut delta = Vec::new();
-                crate::refine::diff_into(index, &probe, &mut delta);
+                index.diff(&probe, &mut delta);
                 let b = index.block_size() as u64;
                 let mut at = 0u64;
                 for c in crate::rsync_delta::delta_commands(&delta) {
@@ -354,7 +354,7 @@ mod tests {
         let (table, _) = crate::refine::encode_table(&[run(0, 1), run(1, 1)], 65536, |_| Some(&old[..]));
         let t = crate::refine::RefineTable::decode(&table, &m).unwrap();
         let mut delta = Vec::new();
-        crate::refine::diff_into(t.block_index(0), &refine_probe(), &mut delta);
+        t.block_index(0).diff(&refine_probe(), &mut delta);
         assert!(
             crate::rsync_delta::literal_len(&delta).unwrap() < 4_000,
             "the seed's runs match"

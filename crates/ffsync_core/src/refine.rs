@@ -21,7 +21,7 @@
 use crate::block_match::BlockIndex;
 use crate::error::{CoreError, Result};
 use crate::manifest::{u32_at, Manifest};
-use crate::rsync_delta::{commands, last_literal, push_copy, push_literal, Command, OP_COPY_N8_N8, OP_END};
+use crate::rsync_delta::{commands, last_literal, push_copy, push_literal, Command, OP_END};
 use fast_rsync::{Signature, SignatureOptions};
 
 /// Bytes of MD4 kept per block: with the 32-bit rolling CRC, 64 bits per block decide a
@@ -296,14 +296,15 @@ impl RefineTable {
     /// through the chunk's edges instead of restarting there, so blocks that straddle them
     /// are found (and cut to the chunk) instead of being sent as literals. The receiver
     /// only ever sees the chunk's own commands.
-    pub fn diff_chunk(&self, run: usize, sig: &BlockIndex, padded: &[u8], from: usize, len: usize, out: &mut Vec<u8>) {
+    pub fn diff_chunk(&self, run: usize, padded: &[u8], from: usize, len: usize, out: &mut Vec<u8>) {
+        let sig = self.block_index(run);
         let mut whole = Vec::with_capacity(padded.len() / 8 + 64);
-        diff_into(sig, padded, &mut whole);
+        sig.diff(padded, &mut whole);
         let start = out.len();
         if slice_delta(&whole, from, len, out).is_none() {
             // Not expected (we parse what block_match writes): fall back to the plain diff.
             out.truncate(start);
-            diff_into(sig, &padded[from..from + len], out);
+            sig.diff(&padded[from..from + len], out);
         }
         self.trim_tail(run, out);
     }
@@ -311,40 +312,21 @@ impl RefineTable {
     /// A run's old region rarely ends on a block boundary, and rsync matching only finds
     /// whole blocks, so the last bytes of a run (unchanged, right before the receiver's next
     /// anchor) would go as a literal. If the delta ends with a literal shorter than a block
-    /// whose signature equals the region's short last block, copy that block instead.
+    /// whose checksum and MD4 prefix are the region's short last block's, copy that block instead.
     pub fn trim_tail(&self, run: usize, delta: &mut Vec<u8>) {
-        let sig = self.runs[run].2.signature();
-        let block = u32::from_be_bytes(sig[4..8].try_into().unwrap());
-        let hash = u32::from_be_bytes(sig[8..12].try_into().unwrap()) as usize;
-        let rec = 4 + hash;
-        let blocks = (sig.len() - SIG_HEADER) / rec;
+        let sig = self.block_index(run);
         let Some((cmd, lit)) = last_literal(delta) else { return };
-        if blocks == 0 || lit.is_empty() || lit.len() >= block as usize {
+        let Some(last) = sig.blocks().checked_sub(1) else {
+            return;
+        };
+        if lit.is_empty() || lit.len() >= sig.block_size() || !sig.block_matches(last as u32, &delta[lit.clone()]) {
             return;
         }
-        let tail = Signature::calculate(
-            &delta[lit.clone()],
-            SignatureOptions {
-                block_size: block,
-                crypto_hash_size: hash as u32,
-            },
-        );
-        if tail.serialized()[SIG_HEADER..] != sig[sig.len() - rec..] {
-            return;
-        }
-        let offset = (blocks as u64 - 1) * block as u64;
-        let len = lit.len() as u64;
+        let offset = last as u64 * sig.block_size() as u64;
         delta.truncate(cmd);
-        delta.push(OP_COPY_N8_N8);
-        delta.extend_from_slice(&offset.to_be_bytes());
-        delta.extend_from_slice(&len.to_be_bytes());
+        push_copy(delta, offset, lit.len() as u64);
         delta.push(OP_END);
     }
-}
-
-/// Encode `data` as a delta against an indexed signature (appended to `out`).
-pub fn diff_into(sig: &BlockIndex, data: &[u8], out: &mut Vec<u8>) {
-    sig.diff(data, out);
 }
 
 /// Apply a delta from the peer to the old region `base`; the result must be exactly
@@ -447,7 +429,7 @@ mod tests {
         let k = t.run_of(0).unwrap();
         let idx = t.block_index(k);
         let mut delta = Vec::new();
-        diff_into(idx, &new, &mut delta);
+        idx.diff(&new, &mut delta);
         assert!(delta.len() < 4096 + 2 * 2048 + 512, "delta {} bytes", delta.len());
         let mut out = Vec::new();
         apply_into(&old, &delta, new.len(), &mut out).unwrap();
@@ -466,7 +448,7 @@ mod tests {
         let m = manifest_of_bytes(&new, None, &InMemory);
         let t = whole_file_table(&old, &m, 1 << 20);
         let mut delta = Vec::new();
-        diff_into(t.block_index(0), &new, &mut delta);
+        t.block_index(0).diff(&new, &mut delta);
         let before = delta.len();
         t.trim_tail(0, &mut delta);
         assert!(delta.len() + 140 <= before, "{before} -> {}", delta.len());
@@ -476,7 +458,7 @@ mod tests {
         // A tail that is new content is left alone.
         new[99_990] ^= 1;
         let mut delta = Vec::new();
-        diff_into(t.block_index(0), &new, &mut delta);
+        t.block_index(0).diff(&new, &mut delta);
         let before = delta.clone();
         t.trim_tail(0, &mut delta);
         assert_eq!(delta, before);
@@ -496,11 +478,11 @@ mod tests {
         for c in &m.chunks {
             let (s, e) = (c.offset as usize, c.end() as usize);
             let mut d = Vec::new();
-            diff_into(idx, &new[s..e], &mut d);
+            idx.diff(&new[s..e], &mut d);
             plain += d.len();
             let (ps, pe) = (s.saturating_sub(2 * b), (e + 2 * b).min(new.len()));
             let mut d = Vec::new();
-            t.diff_chunk(0, idx, &new[ps..pe], s - ps, e - s, &mut d);
+            t.diff_chunk(0, &new[ps..pe], s - ps, e - s, &mut d);
             padded_total += d.len();
             let mut out = Vec::new();
             apply_into(&old, &d, e - s, &mut out).unwrap();

@@ -9,7 +9,7 @@ pub(crate) const OP_END: u8 = 0;
 const OP_LITERAL_64: u8 = 0x40;
 const OP_LITERAL_N8: u8 = 0x44;
 const OP_COPY_N1_N1: u8 = 0x45;
-pub(crate) const OP_COPY_N8_N8: u8 = 0x54;
+const OP_COPY_N8_N8: u8 = 0x54;
 
 /// One command of a librsync delta.
 pub(crate) enum Command {
