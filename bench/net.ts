@@ -6,6 +6,7 @@
 //                        [--scenarios artifact,files,big] [--tools tls,parallel,quic,ssh,rsync,rsync-z]
 //                        [--files 200] [--size-mib 1024] [--repeat 3] [--timeout-s 900] [--dir DIR]
 //                        [--basis index|copy] [--keep] [--no-write] [--out bench/RESULTS-net.md]
+//                        [--timeline DIR]
 //
 // Needs Linux, root (ip netns, tc), sshd and rsync. The link: a veth pair between namespace S
 // (sender side) and R (receiver side), `tc tbf` at the given rate on both ends (netem is not in
@@ -29,8 +30,13 @@
 // --parallel 8, with --quic, `ffsync-native sync` over ssh, rsync -a and rsync -az over ssh.
 // Wire bytes are the veth's counters (both directions, every tool alike); the floor is the
 // busier direction's bytes at the link rate. Writes bench/RESULTS-net.md.
+// --timeline DIR: where each run's time goes on the link. The sending end's byte counters are read
+// every 5 ms from inside namespace S (a bash loop of builtin reads: a process per sample would
+// load the machine it measures) into DIR/<link>.<scenario>.<step>.<tool>.<run>.tsv (ms since the
+// sending command started, bytes sent and received since then), and each run's line gets when
+// the first 64 KiB and the first MiB had crossed, and when the last byte did (decisions §105).
 
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -44,7 +50,7 @@ import { XorShift128, diffHashes, hashTree, modifyScattered, writeSeededFile } f
 const HELP = `Usage: npm run bench:net -- [--cli dist/cli/main.js] [--links 100mbit/30,1gbit/30,100mbit/0,1gbit/0]
          [--scenarios artifact,files,big] [--tools tls,parallel,quic,ssh,rsync,rsync-z] [--files 200]
          [--size-mib 1024] [--repeat 3] [--timeout-s 900] [--dir DIR] [--basis index|copy] [--keep]
-         [--no-write] [--out bench/RESULTS-net.md]
+         [--no-write] [--out bench/RESULTS-net.md] [--timeline DIR]
 The link, the scenarios and the tools: the comment at the top of bench/net.ts.
 `;
 const values = benchArgs(
@@ -62,6 +68,7 @@ const values = benchArgs(
     keep: { type: 'boolean' },
     'no-write': { type: 'boolean' },
     out: { type: 'string' },
+    timeline: { type: 'string' },
     basis: { type: 'string' },
     // Internal: the TCP delay relay, started by this script inside namespace S.
     'relay-tcp': { type: 'string' },
@@ -110,6 +117,7 @@ const repeat = orUsage(HELP, () => intOption('repeat', values.repeat, 3, 1, 100)
 const timeoutMs = orUsage(HELP, () => intOption('timeout-s', values['timeout-s'], 900, 1, 86400)) * 1000;
 const basisMode = orUsage(HELP, () => pickList('basis', values.basis, ['index', 'copy'], ['index']))[0]!;
 const outFile = path.resolve(values.out ?? path.join(REPO, 'bench', 'RESULTS-net.md'));
+const timelineDir = values.timeline ? path.resolve(values.timeline) : undefined;
 let work = '';
 
 // ---------------------------------------------------------------------------------------------
@@ -334,6 +342,8 @@ interface Sample {
   rssR?: number;
   /** Files left different from the source (changed, missing or extra). */
   stale: string[];
+  /** --timeline: ms from the start until 64 KiB, 1 MiB and the last byte had crossed (S→R). */
+  timeline?: { first64k?: number; first1m?: number; last?: number };
 }
 
 interface States {
@@ -422,12 +432,66 @@ async function startSession(tool: Tool, st: Step, dst: string, ep: Endpoints, st
   session.procs.push(new Proc(tool, inNs(NS_S, argv), { rssFile: rss.s }));
 }
 
-async function runOnce(tool: Tool, st: Step, ep: Endpoints, states: States): Promise<Sample> {
+/** --timeline: the sending end's byte counters every 5 ms, sampled from inside namespace S by a
+ * bash loop of builtin reads (its 5 ms wait is a `read` with a timeout on a FIFO nobody writes),
+ * each line `seconds.micros tx rx` into `raw`. Resolves once the first sample is in. */
+async function startTimeline(raw: string): Promise<{ stop: () => Promise<void> }> {
+  const fifo = path.join(work, 'timeline.fifo');
+  const dev = `/sys/class/net/${IF_S}/statistics`;
+  const script = `rm -f '${fifo}' && mkfifo '${fifo}' && exec 9<>'${fifo}' && while :; do read tx < ${dev}/tx_bytes; read rx < ${dev}/rx_bytes; echo "$EPOCHREALTIME $tx $rx"; read -t 0.005 -u 9; done`;
+  const fd = fs.openSync(raw, 'w');
+  const child = spawn('ip', ['netns', 'exec', NS_S, 'bash', '-c', script], { stdio: ['ignore', fd, 'ignore'] });
+  fs.closeSync(fd);
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  for (let i = 0; i < 100 && fs.statSync(raw).size === 0; i++) await new Promise((r) => setTimeout(r, 10));
+  if (fs.statSync(raw).size === 0) throw new Error('--timeline: the counter sampler wrote nothing (bash with EPOCHREALTIME is needed)');
+  return {
+    stop: async () => {
+      child.kill();
+      await exited;
+    },
+  };
+}
+
+/** A run's samples as `ms tx rx` since the sending command started (`t0`, performance clock),
+ * written to `tsv`; and when 64 KiB, 1 MiB and the last byte had gone from S to R. */
+function writeTimeline(raw: string, tsv: string, t0: number): NonNullable<Sample['timeline']> {
+  const startEpochMs = performance.timeOrigin + t0;
+  const rows = fs
+    .readFileSync(raw, 'utf8')
+    .split('\n')
+    .map((l) => l.trim().split(/\s+/).map(Number))
+    .filter((r) => r.length === 3 && r.every(Number.isFinite));
+  fs.rmSync(raw, { force: true });
+  const base = rows.filter((r) => r[0]! * 1000 <= startEpochMs).at(-1) ?? rows[0];
+  const out: string[] = ['ms\ttx\trx'];
+  const t: NonNullable<Sample['timeline']> = {};
+  let lastTx = 0;
+  for (const r of rows) {
+    const ms = r[0]! * 1000 - startEpochMs;
+    if (ms < 0 || !base) continue;
+    const tx = r[1]! - base[1]!;
+    const rx = r[2]! - base[2]!;
+    out.push(`${ms.toFixed(1)}\t${tx}\t${rx}`);
+    if (t.first64k === undefined && tx >= 64 * KiB) t.first64k = ms;
+    if (t.first1m === undefined && tx >= MiB) t.first1m = ms;
+    if (tx !== lastTx) t.last = ms;
+    lastTx = tx;
+  }
+  fs.writeFileSync(tsv, out.join('\n') + '\n');
+  return t;
+}
+
+const fmtMs = (ms: number | undefined): string => (ms === undefined ? '—' : `${Math.round(ms)} ms`);
+
+async function runOnce(tool: Tool, st: Step, ep: Endpoints, states: States, timelineFile?: string): Promise<Sample> {
   const dst = path.join(work, st.tree ? 'target' : 'target.bin');
   prepareTarget(tool, st, dst, states);
   const rss = { s: path.join(work, 'rss-sender'), r: path.join(work, 'rss-receiver') };
   for (const f of [rss.s, rss.r]) fs.rmSync(f, { force: true });
   const session: Session = { procs: [], t0: 0, before: { tx: 0, rx: 0 } };
+  const raw = timelineFile && `${timelineFile}.raw`;
+  const sampler = raw ? await startTimeline(raw) : undefined;
   try {
     await startSession(tool, st, dst, ep, states, rss, session);
     await waitAll(`${TOOL_LABEL[tool]}, ${st.scenario}: ${st.step}`, session.procs);
@@ -437,7 +501,9 @@ async function runOnce(tool: Tool, st: Step, ep: Endpoints, states: States): Pro
     throw e;
   } finally {
     await session.closeRelay?.();
+    await sampler?.stop();
   }
+  const timeline = raw && timelineFile ? writeTimeline(raw, timelineFile, session.t0) : undefined;
   const ms = Math.max(...session.procs.map((p) => p.exit!.at)) - session.t0;
   const after = counters();
   const d = diffHashes(st.want, hashTree(dst));
@@ -449,6 +515,7 @@ async function runOnce(tool: Tool, st: Step, ep: Endpoints, states: States): Pro
     rssS: await sender!.peakRssKb(),
     rssR: receiver ? await receiver.peakRssKb() : readRssFile(rss.r),
     stale: [...d.changed, ...d.missing.map((f) => `${f} (missing)`), ...d.extra.map((f) => `${f} (extra)`)],
+    timeline,
   };
 }
 
@@ -523,6 +590,21 @@ function staleList(): string[] {
   return [...groups].map(([k, who]) => `- ${k}; left by: ${who.join('; ')}`);
 }
 
+/** --timeline: per row, the medians of when 64 KiB, 1 MiB and the last byte had crossed the link
+ * (S→R, ms from the sending command's start): the start of a session against its data phase. */
+function timelineTable(): { head: string[]; rows: string[][] } | undefined {
+  const timed = rows.filter((r) => !r.error && r.samples.some((s) => s.timeline));
+  if (!timed.length) return undefined;
+  const med = (r: Row, f: (t: NonNullable<Sample['timeline']>) => number | undefined) => {
+    const v = r.samples.map((s) => (s.timeline ? f(s.timeline) : undefined)).filter((x): x is number => x !== undefined);
+    return v.length ? fmtMs(median(v)) : '—';
+  };
+  return {
+    head: ['link', 'scenario', 'tool', '64 KiB crossed', '1 MiB crossed', 'last byte crossed', 'session ends'],
+    rows: timed.map((r) => [r.link.name, `${r.step.scenario}: ${r.step.step}`, TOOL_LABEL[r.tool], med(r, (t) => t.first64k), med(r, (t) => t.first1m), med(r, (t) => t.last), fmtMs(median(r.samples.map((s) => s.ms)))]),
+  };
+}
+
 function report(machine: ReturnType<typeof machineInfo>, describe: string[]): string {
   return [
     '# Network model: ffsync-native vs rsync over a shaped link (`npm run bench:net`)',
@@ -540,6 +622,7 @@ function report(machine: ReturnType<typeof machineInfo>, describe: string[]): st
     markdown(table()),
     '',
     ...(staleList().length ? ['Files left different from the source (the first run of each row that left any):', '', ...staleList(), ''] : []),
+    ...(timelineTable() ? ['Where the time goes on the link (`--timeline`; medians, ms from the sending command\'s start; each run\'s samples are in the timeline directory):', '', markdown(timelineTable()!), ''] : []),
   ].join('\n');
 }
 
@@ -580,6 +663,7 @@ async function main(): Promise<number> {
   const states: States = { s: path.join(work, 'state-s'), r: path.join(work, 'state-r'), fpS: '', fpR: '' };
   states.fpS = await fingerprint(states.s);
   states.fpR = await fingerprint(states.r);
+  if (timelineDir) fs.mkdirSync(timelineDir, { recursive: true });
 
   let failed = false;
   for (const link of links) {
@@ -597,10 +681,12 @@ async function main(): Promise<number> {
           for (const r of mine) {
             if (r.error) continue;
             try {
-              const s = await runOnce(r.tool, st, ep, states);
+              const name = timelineDir && path.join(timelineDir, [link.rate, link.rttMs, st.scenario, st.step, r.tool, rep + 1].map((x) => String(x).replace(/[^A-Za-z0-9-]+/g, '_')).join('.') + '.tsv');
+              const s = await runOnce(r.tool, st, ep, states, name);
               r.samples.push(s);
               if (s.stale.length && strict(r.tool, st)) failed = true;
-              process.stderr.write(`  ${link.name} | ${st.scenario}: ${st.step} | ${TOOL_LABEL[r.tool]}: ${fmtS(s.ms)} s, wire ${fmtBytes(s.tx)} / ${fmtBytes(s.rx)}${s.stale.length ? `, ${s.stale.length} files differ` : ''}\n`);
+              const tl = s.timeline && ` | link: 64 KiB at ${fmtMs(s.timeline.first64k)}, 1 MiB at ${fmtMs(s.timeline.first1m)}, last byte at ${fmtMs(s.timeline.last)} (${path.basename(name!)})`;
+              process.stderr.write(`  ${link.name} | ${st.scenario}: ${st.step} | ${TOOL_LABEL[r.tool]}: ${fmtS(s.ms)} s, wire ${fmtBytes(s.tx)} / ${fmtBytes(s.rx)}${s.stale.length ? `, ${s.stale.length} files differ` : ''}${tl ?? ''}\n`);
             } catch (e) {
               r.error = (e as Error).message;
               failed = true;
