@@ -31,10 +31,11 @@
 // Wire bytes are the veth's counters (both directions, every tool alike); the floor is the
 // busier direction's bytes at the link rate. Writes bench/RESULTS-net.md.
 // --timeline DIR: where each run's time goes on the link. The sending end's byte counters are read
-// every 5 ms from inside namespace S (a bash loop of builtin reads: a process per sample would
-// load the machine it measures) into DIR/<link>.<scenario>.<step>.<tool>.<run>.tsv (ms since the
-// sending command started, bytes sent and received since then), and each run's line gets when
-// the first 64 KiB and the first MiB had crossed, and when the last byte did (decisions §105).
+// about every 5 ms from inside namespace S (a bash loop of builtin reads: a process per sample
+// would load the machine it measures) into DIR/<rate>.<rtt>.<scenario>.<step>.<tool>.<run>.tsv (ms
+// since the sending command started, bytes sent and received since then), and each run's line
+// gets when the first 64 KiB, the first MiB, and all but the last 64 KiB had crossed S→R (the
+// last, not the last packet: teardown's few packets would mark the session's end) (decisions §105).
 
 import { spawn, spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -342,8 +343,9 @@ interface Sample {
   rssR?: number;
   /** Files left different from the source (changed, missing or extra). */
   stale: string[];
-  /** --timeline: ms from the start until 64 KiB, 1 MiB and the last byte had crossed (S→R). */
-  timeline?: { first64k?: number; first1m?: number; last?: number };
+  /** --timeline: ms from the start until 64 KiB, 1 MiB, and all but the last 64 KiB of what
+   * the run sent S→R, had crossed. */
+  timeline?: { first64k?: number; first1m?: number; allBut64k?: number };
 }
 
 interface States {
@@ -432,53 +434,70 @@ async function startSession(tool: Tool, st: Step, dst: string, ep: Endpoints, st
   session.procs.push(new Proc(tool, inNs(NS_S, argv), { rssFile: rss.s }));
 }
 
-/** --timeline: the sending end's byte counters every 5 ms, sampled from inside namespace S by a
- * bash loop of builtin reads (its 5 ms wait is a `read` with a timeout on a FIFO nobody writes),
- * each line `seconds.micros tx rx` into `raw`. Resolves once the first sample is in. */
+/** --timeline: the sending end's byte counters about every 5 ms, sampled from inside namespace S by
+ * a bash loop of builtin reads (its wait is a `read` with a timeout on a FIFO nobody writes), each
+ * line `seconds.micros tx rx` into `raw` (its errors into `raw.err`). Resolves once a sample that
+ * parses is in; otherwise the sampler is stopped and the error says why. */
 async function startTimeline(raw: string): Promise<{ stop: () => Promise<void> }> {
   const fifo = path.join(work, 'timeline.fifo');
   const dev = `/sys/class/net/${IF_S}/statistics`;
-  const script = `rm -f '${fifo}' && mkfifo '${fifo}' && exec 9<>'${fifo}' && while :; do read tx < ${dev}/tx_bytes; read rx < ${dev}/rx_bytes; echo "$EPOCHREALTIME $tx $rx"; read -t 0.005 -u 9; done`;
-  const fd = fs.openSync(raw, 'w');
-  const child = spawn('ip', ['netns', 'exec', NS_S, 'bash', '-c', script], { stdio: ['ignore', fd, 'ignore'] });
-  fs.closeSync(fd);
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  for (let i = 0; i < 100 && fs.statSync(raw).size === 0; i++) await new Promise((r) => setTimeout(r, 10));
-  if (fs.statSync(raw).size === 0) throw new Error('--timeline: the counter sampler wrote nothing (bash with EPOCHREALTIME is needed)');
-  return {
-    stop: async () => {
-      child.kill();
-      await exited;
-    },
+  // Paths as arguments (never spliced into the script); LC_ALL=C keeps $EPOCHREALTIME's point a point.
+  const script = 'rm -f "$1" && mkfifo "$1" && exec 9<>"$1" && while :; do read tx < "$2/tx_bytes"; read rx < "$2/rx_bytes"; echo "$EPOCHREALTIME $tx $rx"; read -t 0.005 -u 9; done';
+  const out = fs.openSync(raw, 'w');
+  const err = fs.openSync(`${raw}.err`, 'w');
+  const child = spawn('ip', ['netns', 'exec', NS_S, 'env', 'LC_ALL=C', 'bash', '-c', script, 'timeline', fifo, dev], { stdio: ['ignore', out, err] });
+  fs.closeSync(out);
+  fs.closeSync(err);
+  const exited = new Promise<void>((resolve) => {
+    child.once('exit', () => resolve());
+    child.once('error', () => resolve());
+  });
+  const stop = async () => {
+    child.kill('SIGKILL');
+    await exited;
+    fs.rmSync(fifo, { force: true });
+    fs.rmSync(`${raw}.err`, { force: true });
   };
+  for (let i = 0; i < 100 && !timelineRows(raw).length; i++) await new Promise((r) => setTimeout(r, 10));
+  if (!timelineRows(raw).length) {
+    const why = fs.readFileSync(`${raw}.err`, 'utf8').trim();
+    await stop();
+    fs.rmSync(raw, { force: true });
+    throw new Error(`--timeline: the counter sampler gave no sample in 1 s (bash 5 with $EPOCHREALTIME is needed)${why ? `: ${why}` : ''}`);
+  }
+  return { stop };
 }
 
-/** A run's samples as `ms tx rx` since the sending command started (`t0`, performance clock),
- * written to `tsv`; and when 64 KiB, 1 MiB and the last byte had gone from S to R. */
-function writeTimeline(raw: string, tsv: string, t0: number): NonNullable<Sample['timeline']> {
-  const startEpochMs = performance.timeOrigin + t0;
-  const rows = fs
+/** The sampler's lines that parse: [seconds, tx, rx]. */
+function timelineRows(raw: string): number[][] {
+  return fs
     .readFileSync(raw, 'utf8')
     .split('\n')
     .map((l) => l.trim().split(/\s+/).map(Number))
     .filter((r) => r.length === 3 && r.every(Number.isFinite));
+}
+
+/** A run's samples as `ms tx rx` since the sending command started (`t0`, performance clock), up
+ * to its end (`endMs`), written to `tsv`; and when 64 KiB, 1 MiB, and all but the last 64 KiB of
+ * what it sent S→R had crossed. */
+function writeTimeline(raw: string, tsv: string, t0: number, endMs: number): NonNullable<Sample['timeline']> {
+  const startEpochMs = performance.timeOrigin + t0;
+  const samples = timelineRows(raw);
   fs.rmSync(raw, { force: true });
-  const base = rows.filter((r) => r[0]! * 1000 <= startEpochMs).at(-1) ?? rows[0];
-  const out: string[] = ['ms\ttx\trx'];
+  const base = samples.filter((r) => r[0]! * 1000 <= startEpochMs).at(-1) ?? samples[0];
   const t: NonNullable<Sample['timeline']> = {};
-  let lastTx = 0;
-  for (const r of rows) {
-    const ms = r[0]! * 1000 - startEpochMs;
-    if (ms < 0 || !base) continue;
-    const tx = r[1]! - base[1]!;
-    const rx = r[2]! - base[2]!;
-    out.push(`${ms.toFixed(1)}\t${tx}\t${rx}`);
-    if (t.first64k === undefined && tx >= 64 * KiB) t.first64k = ms;
-    if (t.first1m === undefined && tx >= MiB) t.first1m = ms;
-    if (tx !== lastTx) t.last = ms;
-    lastTx = tx;
+  if (!base) {
+    process.stderr.write(`  --timeline: no samples for ${path.basename(tsv)}\n`);
+    return t;
   }
-  fs.writeFileSync(tsv, out.join('\n') + '\n');
+  const points = samples
+    .map((r) => ({ ms: r[0]! * 1000 - startEpochMs, tx: r[1]! - base[1]!, rx: r[2]! - base[2]! }))
+    .filter((p) => p.ms >= 0 && p.ms <= endMs + 5);
+  fs.writeFileSync(tsv, ['ms\ttx\trx', ...points.map((p) => `${p.ms.toFixed(1)}\t${p.tx}\t${p.rx}`)].join('\n') + '\n');
+  const total = points.at(-1)?.tx ?? 0;
+  t.first64k = points.find((p) => p.tx >= 64 * KiB)?.ms;
+  t.first1m = points.find((p) => p.tx >= MiB)?.ms;
+  t.allBut64k = total > 64 * KiB ? points.find((p) => p.tx >= total - 64 * KiB)?.ms : undefined;
   return t;
 }
 
@@ -500,11 +519,16 @@ async function runOnce(tool: Tool, st: Step, ep: Endpoints, states: States, time
     for (const p of session.procs) p.kill();
     throw e;
   } finally {
-    await session.closeRelay?.();
-    await sampler?.stop();
+    try {
+      await session.closeRelay?.();
+    } finally {
+      await sampler?.stop();
+      // A failed run's samples are not kept (its row says FAILED).
+      if (raw && session.procs.some((p) => !p.exit)) fs.rmSync(raw, { force: true });
+    }
   }
-  const timeline = raw && timelineFile ? writeTimeline(raw, timelineFile, session.t0) : undefined;
   const ms = Math.max(...session.procs.map((p) => p.exit!.at)) - session.t0;
+  const timeline = raw && timelineFile ? writeTimeline(raw, timelineFile, session.t0, ms) : undefined;
   const after = counters();
   const d = diffHashes(st.want, hashTree(dst));
   const [sender, receiver] = session.procs;
@@ -590,8 +614,9 @@ function staleList(): string[] {
   return [...groups].map(([k, who]) => `- ${k}; left by: ${who.join('; ')}`);
 }
 
-/** --timeline: per row, the medians of when 64 KiB, 1 MiB and the last byte had crossed the link
- * (S→R, ms from the sending command's start): the start of a session against its data phase. */
+/** --timeline: per row, the medians of when 64 KiB, 1 MiB, and all but the last 64 KiB had crossed
+ * the link (S→R, ms from the sending command's start): the start of a session against its data
+ * phase. */
 function timelineTable(): { head: string[]; rows: string[][] } | undefined {
   const timed = rows.filter((r) => !r.error && r.samples.some((s) => s.timeline));
   if (!timed.length) return undefined;
@@ -600,8 +625,8 @@ function timelineTable(): { head: string[]; rows: string[][] } | undefined {
     return v.length ? fmtMs(median(v)) : '—';
   };
   return {
-    head: ['link', 'scenario', 'tool', '64 KiB crossed', '1 MiB crossed', 'last byte crossed', 'session ends'],
-    rows: timed.map((r) => [r.link.name, `${r.step.scenario}: ${r.step.step}`, TOOL_LABEL[r.tool], med(r, (t) => t.first64k), med(r, (t) => t.first1m), med(r, (t) => t.last), fmtMs(median(r.samples.map((s) => s.ms)))]),
+    head: ['link', 'scenario', 'tool', '64 KiB crossed', '1 MiB crossed', 'all but the last 64 KiB crossed', 'session ends'],
+    rows: timed.map((r) => [r.link.name, `${r.step.scenario}: ${r.step.step}`, TOOL_LABEL[r.tool], med(r, (t) => t.first64k), med(r, (t) => t.first1m), med(r, (t) => t.allBut64k), fmtMs(median(r.samples.map((s) => s.ms)))]),
   };
 }
 
@@ -685,7 +710,7 @@ async function main(): Promise<number> {
               const s = await runOnce(r.tool, st, ep, states, name);
               r.samples.push(s);
               if (s.stale.length && strict(r.tool, st)) failed = true;
-              const tl = s.timeline && ` | link: 64 KiB at ${fmtMs(s.timeline.first64k)}, 1 MiB at ${fmtMs(s.timeline.first1m)}, last byte at ${fmtMs(s.timeline.last)} (${path.basename(name!)})`;
+              const tl = s.timeline && ` | link: 64 KiB at ${fmtMs(s.timeline.first64k)}, 1 MiB at ${fmtMs(s.timeline.first1m)}, all but 64 KiB at ${fmtMs(s.timeline.allBut64k)} (${path.basename(name!)})`;
               process.stderr.write(`  ${link.name} | ${st.scenario}: ${st.step} | ${TOOL_LABEL[r.tool]}: ${fmtS(s.ms)} s, wire ${fmtBytes(s.tx)} / ${fmtBytes(s.rx)}${s.stale.length ? `, ${s.stale.length} files differ` : ''}${tl ?? ''}\n`);
             } catch (e) {
               r.error = (e as Error).message;
@@ -704,6 +729,8 @@ async function main(): Promise<number> {
 
   const section = report(machine, describe);
   process.stdout.write(`\n${textTable(table())}\n`);
+  const tl = timelineTable();
+  if (tl) process.stdout.write(`\nWhere the time goes on the link (--timeline, medians, ms from the start):\n${textTable(tl)}\n`);
   if (!values['no-write']) {
     fs.writeFileSync(outFile, `${section}\n`);
     process.stderr.write(`wrote ${path.relative(process.cwd(), outFile)}\n`);
