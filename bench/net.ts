@@ -34,8 +34,9 @@
 // about every 5 ms from inside namespace S (a bash loop of builtin reads: a process per sample
 // would load the machine it measures) into DIR/<rate>.<rtt>.<scenario>.<step>.<tool>.<run>.tsv (ms
 // since the sending command started, bytes sent and received since then), and each run's line
-// gets when the first 64 KiB, the first MiB, and all but the last 64 KiB had crossed S→R (the
-// last, not the last packet: teardown's few packets would mark the session's end) (decisions §105).
+// gets when the first 64 KiB, the first MiB, and all but the last 64 KiB of what the run sent had
+// crossed S→R (not its last packet: a session's teardown sends a few, which would mark its end)
+// (decisions §105).
 
 import { spawn, spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
@@ -458,8 +459,9 @@ async function startTimeline(raw: string): Promise<{ stop: () => Promise<void> }
     fs.rmSync(fifo, { force: true });
     fs.rmSync(`${raw}.err`, { force: true });
   };
-  for (let i = 0; i < 100 && !timelineRows(raw).length; i++) await new Promise((r) => setTimeout(r, 10));
-  if (!timelineRows(raw).length) {
+  let sampled = false;
+  for (let i = 0; i < 100 && !(sampled = timelineRows(raw).length > 0); i++) await new Promise((r) => setTimeout(r, 10));
+  if (!sampled) {
     const why = fs.readFileSync(`${raw}.err`, 'utf8').trim();
     await stop();
     fs.rmSync(raw, { force: true });
@@ -511,9 +513,11 @@ async function runOnce(tool: Tool, st: Step, ep: Endpoints, states: States, time
   const session: Session = { procs: [], t0: 0, before: { tx: 0, rx: 0 } };
   const raw = timelineFile && `${timelineFile}.raw`;
   const sampler = raw ? await startTimeline(raw) : undefined;
+  let ran = false;
   try {
     await startSession(tool, st, dst, ep, states, rss, session);
     await waitAll(`${TOOL_LABEL[tool]}, ${st.scenario}: ${st.step}`, session.procs);
+    ran = true;
   } catch (e) {
     // Nothing of a failed run may linger (a receiver would hold the port for the next one).
     for (const p of session.procs) p.kill();
@@ -524,11 +528,11 @@ async function runOnce(tool: Tool, st: Step, ep: Endpoints, states: States, time
     } finally {
       await sampler?.stop();
       // A failed run's samples are not kept (its row says FAILED).
-      if (raw && session.procs.some((p) => !p.exit)) fs.rmSync(raw, { force: true });
+      if (raw && !ran) fs.rmSync(raw, { force: true });
     }
   }
   const ms = Math.max(...session.procs.map((p) => p.exit!.at)) - session.t0;
-  const timeline = raw && timelineFile ? writeTimeline(raw, timelineFile, session.t0, ms) : undefined;
+  const timeline = raw ? writeTimeline(raw, timelineFile!, session.t0, ms) : undefined;
   const after = counters();
   const d = diffHashes(st.want, hashTree(dst));
   const [sender, receiver] = session.procs;
@@ -631,6 +635,7 @@ function timelineTable(): { head: string[]; rows: string[][] } | undefined {
 }
 
 function report(machine: ReturnType<typeof machineInfo>, describe: string[]): string {
+  const timeline = timelineTable();
   return [
     '# Network model: ffsync-native vs rsync over a shaped link (`npm run bench:net`)',
     '',
@@ -647,7 +652,7 @@ function report(machine: ReturnType<typeof machineInfo>, describe: string[]): st
     markdown(table()),
     '',
     ...(staleList().length ? ['Files left different from the source (the first run of each row that left any):', '', ...staleList(), ''] : []),
-    ...(timelineTable() ? ['Where the time goes on the link (`--timeline`; medians, ms from the sending command\'s start; each run\'s samples are in the timeline directory):', '', markdown(timelineTable()!), ''] : []),
+    ...(timeline ? ['Where the time goes on the link (`--timeline`; medians, ms from the sending command\'s start; each run\'s samples are in the timeline directory):', '', markdown(timeline), ''] : []),
   ].join('\n');
 }
 

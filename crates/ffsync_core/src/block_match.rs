@@ -108,10 +108,13 @@ pub struct BlockIndex {
 /// What a diff has spent: MD4s that found nothing (bounded), and its work on hits (counted for
 /// the tests that bound what a hostile signature costs).
 #[derive(Default)]
-struct Misses {
+struct Spent {
+    /// Failed MD4s per checksum (given up on at MAX_CRC_COLLISIONS).
     per_checksum: HashMap<u32, u32>,
+    /// Bytes of the windows whose MD4 failed, and their bound for this diff.
     bytes: u64,
     budget: u64,
+    /// MD4s computed, and digests compared, on tag hits.
     digests: u64,
     compared: u64,
 }
@@ -202,16 +205,16 @@ impl BlockIndex {
 
     /// A block whose (mixed) checksum is `h` and whose MD4 prefix is the window's: `prefer` if
     /// it is one, else the first.
-    fn find(&self, h: u32, window: &[u8], prefer: Option<u32>, misses: &mut Misses) -> Option<u32> {
+    fn find(&self, h: u32, window: &[u8], prefer: Option<u32>, spent: &mut Spent) -> Option<u32> {
         let b = (h >> self.bucket_shift) as usize;
         let bucket = &self.sorted[self.starts[b] as usize..self.starts[b + 1] as usize];
         let lo = bucket.partition_point(|&(c, _)| c < h);
         let same = &bucket[lo..lo + bucket[lo..].partition_point(|&(c, _)| c == h)];
-        if same.is_empty() || misses.per_checksum.get(&h).is_some_and(|&n| n >= MAX_CRC_COLLISIONS) {
+        if same.is_empty() || spent.per_checksum.get(&h).is_some_and(|&n| n >= MAX_CRC_COLLISIONS) {
             return None; // a tag shared with another checksum, or a checksum given up on
         }
         let digest = Md4::digest(window);
-        misses.digests += 1;
+        spent.digests += 1;
         let want = &digest[..self.hash_len];
         let mut compared = 0u64;
         let mut cmp = |i: u32| {
@@ -220,10 +223,10 @@ impl BlockIndex {
         };
         let first = same.partition_point(|&(_, i)| cmp(i).is_lt());
         let equal = &same[first..first + same[first..].partition_point(|&(_, i)| cmp(i).is_eq())];
-        misses.compared += compared;
+        spent.compared += compared;
         let Some(&(_, i)) = equal.first() else {
-            *misses.per_checksum.entry(h).or_insert(0) += 1;
-            misses.bytes += window.len() as u64;
+            *spent.per_checksum.entry(h).or_insert(0) += 1;
+            spent.bytes += window.len() as u64;
             return None;
         };
         // `equal` is in block order: the preferred block is found by bisection too.
@@ -248,9 +251,9 @@ impl BlockIndex {
             emitted: 0,
             queued: None,
         };
-        let mut misses = Misses {
+        let mut spent = Spent {
             budget: FAILED_DIGEST_FACTOR * data.len() as u64 + FAILED_DIGEST_SLACK,
-            ..Misses::default()
+            ..Spent::default()
         };
         let mut here = 0usize;
         let (tags, tag_shift) = (&self.tags[..], self.tag_shift);
@@ -258,15 +261,15 @@ impl BlockIndex {
             let t = h >> tag_shift;
             tags[(t >> 6) as usize] & (1 << (t & 63)) != 0
         };
-        while data.len() - here >= b && misses.bytes < misses.budget {
+        while data.len() - here >= b && spent.bytes < spent.budget {
             let mut sum = RollSum::of(&data[here..here + b]);
             // The bytes leaving and entering the window as it slides from `here` to the end.
             let mut slide = data[here..data.len() - b].iter().zip(&data[here + b..]);
             loop {
                 let h = mix(sum.value());
-                if tagged(h) && misses.bytes < misses.budget {
+                if tagged(h) && spent.bytes < spent.budget {
                     let prefer = state.next_block(here, b as u64);
-                    if let Some(i) = self.find(h, &data[here..here + b], prefer, &mut misses) {
+                    if let Some(i) = self.find(h, &data[here..here + b], prefer, &mut spent) {
                         state.copy(i as u64 * b as u64, b as u64, here, data, out);
                         here += b;
                         break;
@@ -282,7 +285,7 @@ impl BlockIndex {
         }
         state.emit(data.len(), data, out);
         out.push(0); // END
-        (misses.digests, misses.compared)
+        (spent.digests, spent.compared)
     }
 }
 
