@@ -298,6 +298,36 @@ describe('FramedConnection over TLS: one buffer per socket write, a large payloa
     await Promise.all([tx.close(), rx.close()]);
   });
 
+  it('small frames sent in one turn of the event loop go in one socket write, also when the socket was idle; the next turn writes again', async () => {
+    const [a, b] = await tlsPair(id);
+    const seen = spy(a);
+    const tx = new FramedConnection(a, 30_000);
+    const rx = new FramedConnection(b, 30_000);
+    // Several awaits in one turn (a conversation's FILE_BEGIN, MANIFEST, HOLES): each send
+    // resolves at once, so they all run before the turn ends.
+    const turn = async (k: number) => {
+      for (let i = 0; i < 5; i++) await tx.send(FrameType.NEED, Buffer.alloc(40 + i, k * 10 + i));
+    };
+    await turn(1);
+    await new Promise((r) => setImmediate(r));
+    await sleep(10); // the first write has called back: the socket is idle again
+    await turn(2);
+    for (let k = 1; k <= 2; k++) {
+      for (let i = 0; i < 5; i++) {
+        const f = await rx.recv();
+        assert.ok(f.payload.equals(Buffer.alloc(40 + i, k * 10 + i)), `turn ${k}, frame ${i} intact and in order`);
+      }
+    }
+    assert.equal(seen.writes.length, 2, `one socket write per turn, not one per frame (${seen.writes.length} writes)`);
+    assert.deepEqual(seen.writevs, []);
+    // A large frame on an idle socket is not held for the end of the turn.
+    const big = Buffer.alloc(TLS_JOIN_MAX, 7);
+    void tx.send(FrameType.DATA, big);
+    assert.equal(seen.writes.length, 3, 'a large frame is handed to the idle socket at once');
+    assert.ok((await rx.recv()).payload.equals(big));
+    await Promise.all([tx.close(), rx.close()]);
+  });
+
   it('close right after sending: the peer gets every queued frame, then the end', async () => {
     const [a, b] = await tlsPair(id);
     const tx = new FramedConnection(a, 30_000);

@@ -11,8 +11,13 @@ export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-was
 
 /** The sender's reader: encodes requested chunks into DATA batches. */
 export declare class NativeChunkSource {
-  /** `compressLevel` is a zstd level; 0 sends every chunk raw. Opened off the JS thread. */
-  static open(path: string | Buffer, manifest: Buffer, compressLevel: number, stream?: boolean | undefined | null): Promise<NativeChunkSource>
+  /**
+   * `compressLevel` is a zstd level; 0 sends every chunk raw. Opened off the JS thread.
+   * With `scanned`, the file opened must still be that version (checked on the open file,
+   * in the same step): else the promise rejects with `ECHANGED` (the source vanished or
+   * changed since it was scanned: exit 24).
+   */
+  static open(path: string | Buffer, manifest: Buffer, compressLevel: number, stream?: boolean | undefined | null, scanned?: ScannedIdentity | undefined | null): Promise<NativeChunkSource>
   /**
    * Encode the chunks into `out` (a buffer the caller recycles; it must hold at least
    * `batchCapacity(indices)` bytes and must not be touched until the promise settles).
@@ -504,6 +509,15 @@ export interface ScanFileOptions {
    * (no index is read or written). Used when the peer's file straddles the threshold.
    */
   paramsForSize?: number
+}
+
+/** What a source was when it was scanned, as Node's `fs.stat(path, { bigint: true })` said. */
+export interface ScannedIdentity {
+  size: bigint
+  mtimeNs: bigint
+  ctimeNs: bigint
+  ino: bigint
+  dev: bigint
 }
 
 export interface ScanResult {

@@ -11,7 +11,6 @@
 
 import { nowMs } from '../utils/clock.js';
 import type { LevelGovernor } from './compress-level.js';
-import fs from 'node:fs/promises';
 import type { BigIntStats } from 'node:fs';
 import { FramedConnection, workMeter } from '../transport/connection.js';
 import { FrameType, protocolError } from '../protocol/frames.js';
@@ -204,13 +203,14 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
   const total = needed.reduce((a, i) => a + manifestChunkLength(scan.manifest, i), 0);
   if (needed.length > 0) await turn.take(Math.min(batches.length, SEND_BUFFERS), total);
   else turn.done();
-  // The chunk source must read the version that was scanned: the file is re-checked
-  // against the identity it had before the scan (a change during or after it is exit 24).
-  const now = await fs.stat(o.path, { bigint: true }).catch(() => undefined);
-  if (identityChanged(now, o.st)) {
-    throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.label} changed or vanished during the sync; rerun to send the new version`);
-  }
-  const src = await openChunkSource(o.path, scan.manifest, o.governor?.level ?? o.level, o.batchStream);
+  // The chunk source must read the version that was scanned: the file it opens is checked
+  // against the identity it had before the scan (a change during or after it is exit 24), in
+  // the same native step as the open (one trip to the thread pool per file, not two).
+  const { size, mtimeNs, ctimeNs, ino, dev } = o.st;
+  const src = await openChunkSource(o.path, scan.manifest, o.governor?.level ?? o.level, o.batchStream, { size, mtimeNs, ctimeNs, ino, dev }).catch((e: unknown) => {
+    if ((e as FfsyncError).code !== 'ECHANGED') throw e;
+    throw new FfsyncError('EVANISHED', ExitCode.VANISHED, `source ${o.label} changed or vanished during the sync; rerun to send the new version`, { cause: e });
+  });
   holder.source = src;
   // Released as soon as the data is out: a long-lived process (serve) must not keep the
   // file open until the object is collected (`unchanged()` still answers afterwards).
@@ -258,9 +258,22 @@ async function offerManifest(conn: FramedConnection, o: SendContentOptions, stre
   const manifestOut = streamed ? scan.manifest.subarray(0, MANIFEST_HEADER) : scan.manifest;
   for (const part of manifestFrames(manifestOut)) await conn.send(FrameType.MANIFEST, part);
   // A file that cannot be asked for its holes has none to tell (a file that vanished is
-  // reported by the identity check, as exit 24).
-  if (o.sparse) await conn.send(FrameType.HOLES, await fileHoles(o.path).catch(() => Buffer.alloc(4)));
+  // reported by the identity check, as exit 24); nor has one whose blocks hold all its bytes,
+  // which is not asked (most files: one trip to the thread pool fewer per file).
+  if (o.sparse) await conn.send(FrameType.HOLES, mayHaveHoles(o.st) ? await fileHoles(o.path).catch(() => noHoles()) : noHoles());
   return scan;
+}
+
+/** The HOLES payload of a file without holes (a count of 0). */
+function noHoles(): Buffer {
+  return Buffer.alloc(4);
+}
+
+/** False when the file's allocated blocks cover its size: it has no hole the filesystem could
+ * report (where the platform counts no blocks, as on Windows, it is asked). Saying "no holes"
+ * of a file that has some is never wrong, only less sparse: the receiver writes the zeros. */
+export function mayHaveHoles(st: BigIntStats): boolean {
+  return st.blocks * 512n < st.size;
 }
 
 /** The receiver's answer: NEED bitmaps and (with REFINE) its old bytes' signatures, until

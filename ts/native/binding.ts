@@ -98,8 +98,10 @@ export function decodeManifest(buf: Buffer): Promise<Binding.ManifestInfo> {
   return call(() => native.decodeManifest(buf));
 }
 
-export function openChunkSource(path: string | Buffer, manifest: Buffer, compressLevel: number, batchStream?: boolean): Promise<Binding.NativeChunkSource> {
-  return call(native.NativeChunkSource.open(path, manifest, compressLevel, batchStream));
+/** With `scanned` (the source's stat when it was scanned), the file opened must still be that
+ * version, checked on the open file: else the promise rejects with code ECHANGED. */
+export function openChunkSource(path: string | Buffer, manifest: Buffer, compressLevel: number, batchStream?: boolean, scanned?: Binding.ScannedIdentity): Promise<Binding.NativeChunkSource> {
+  return call(native.NativeChunkSource.open(path, manifest, compressLevel, batchStream, scanned));
 }
 
 export function beginReconstruction(

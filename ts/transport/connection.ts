@@ -197,6 +197,8 @@ export class FramedConnection {
   private outboxBytes = 0;
   /** A write handed to the TLS socket has not called back yet. */
   private tlsWriting = false;
+  /** A write to an idle TLS socket is due at the end of this turn of the event loop. */
+  private tlsFlushDue = false;
   /** `close` asked to end the stream while the outbox still held writes. */
   private endWhenWritten = false;
   /** Waiting for the outbox to empty (what 'drain' is for other streams). */
@@ -711,7 +713,20 @@ export class FramedConnection {
       box.push({ chunk: parts[i], done: i === parts.length - 1 ? onWritten : undefined });
       this.outboxBytes += parts[i].length;
     }
-    this.writeTls();
+    // An idle socket is written at the end of this turn of the event loop, not at once: the
+    // frames a conversation sends in one turn (a file's FILE_BEGIN, MANIFEST and HOLES; NEED
+    // and NEED_END; the next file's beginning behind a RESULT) then go as one TLS record and
+    // one system call, and the peer decodes them from one read (decisions §106). A large
+    // chunk is not held: it would be written alone anyway.
+    if (this.tlsWriting || this.tlsFlushDue) return this.outboxBytes + this.stream.writableLength < this.stream.writableHighWaterMark;
+    if (this.outboxBytes >= TLS_JOIN_MAX) this.writeTls();
+    else {
+      this.tlsFlushDue = true;
+      setImmediate(() => {
+        this.tlsFlushDue = false;
+        this.writeTls();
+      });
+    }
     return this.outboxBytes + this.stream.writableLength < this.stream.writableHighWaterMark;
   }
 
@@ -721,7 +736,7 @@ export class FramedConnection {
    * the only copies left are of small chunks (frame headers, control frames). */
   private writeTls(): void {
     const box = this.outbox!;
-    if (this.tlsWriting || this.stream.destroyed) return;
+    if (this.tlsWriting || this.tlsFlushDue || this.stream.destroyed) return;
     if (box.length === 0) {
       if (this.endWhenWritten) {
         this.endWhenWritten = false;
@@ -761,7 +776,7 @@ export class FramedConnection {
 
   /** Half-close the stream, after the writes still in the outbox (TLS). */
   private endStream(): void {
-    if (this.outbox && (this.tlsWriting || this.outbox.length > 0)) this.endWhenWritten = true;
+    if (this.outbox && (this.tlsWriting || this.tlsFlushDue || this.outbox.length > 0)) this.endWhenWritten = true;
     else this.stream.end();
   }
 

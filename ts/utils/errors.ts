@@ -67,6 +67,8 @@ export const NATIVE_EXIT: Record<string, ExitCode> = {
   EADDRINUSE: ExitCode.SOCKET_IO,
   EADDRNOTAVAIL: ExitCode.SOCKET_IO,
   ETLS: ExitCode.PROTOCOL_INCOMPATIBLE,
+  // The binding's own: a source opened to be read is no longer the version that was scanned.
+  ECHANGED: ExitCode.VANISHED,
 };
 
 export function normalizeNativeError(e: unknown): FfsyncError {

@@ -66,19 +66,86 @@ impl Task for SetRefinementTask {
     }
 }
 
+/// What a source was when it was scanned, as Node's `fs.stat(path, { bigint: true })` said.
+#[napi(object)]
+pub struct ScannedIdentity {
+    pub size: BigInt,
+    pub mtime_ns: BigInt,
+    pub ctime_ns: BigInt,
+    pub ino: BigInt,
+    pub dev: BigInt,
+}
+
+/// `ScannedIdentity` in numbers; compared with the open file's identity.
+struct Scanned {
+    size: u64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+    ino: u64,
+    dev: u64,
+}
+
+impl Scanned {
+    fn of(s: &ScannedIdentity) -> Result<Scanned> {
+        Ok(Scanned {
+            size: s.size.get_u64().1,
+            mtime_ns: crate::bigint_to_i64(&s.mtime_ns)?,
+            ctime_ns: crate::bigint_to_i64(&s.ctime_ns)?,
+            ino: s.ino.get_u64().1,
+            dev: s.dev.get_u64().1,
+        })
+    }
+
+    /// Node's change time, inode and device are the file's on every platform; on Windows the
+    /// core's identity holds the creation time and no file index, so size and mtime decide there.
+    fn matches(&self, id: &FileIdentity) -> bool {
+        let same = id.size == self.size && id.mtime_ns == self.mtime_ns;
+        if cfg!(unix) {
+            same && id.ctime_ns == self.ctime_ns && id.inode == self.ino && id.dev == self.dev
+        } else {
+            same
+        }
+    }
+}
+
 #[napi]
 impl NativeChunkSource {
     /// `compressLevel` is a zstd level; 0 sends every chunk raw. Opened off the JS thread.
+    /// With `scanned`, the file opened must still be that version (checked on the open file,
+    /// in the same step): else the promise rejects with `ECHANGED` (the source vanished or
+    /// changed since it was scanned: exit 24).
     #[napi(ts_return_type = "Promise<NativeChunkSource>")]
     pub fn open(
         #[napi(ts_arg_type = "string | Buffer")] path: crate::PathArg,
         manifest: Buffer,
         compress_level: i32,
         stream: Option<bool>,
-    ) -> AsyncTask<Blocking<NativeChunkSource>> {
+        scanned: Option<ScannedIdentity>,
+    ) -> Result<AsyncTask<Blocking<NativeChunkSource>>> {
         let path = crate::path_arg(path);
-        AsyncTask::new(Blocking::new(move || {
+        let scanned = scanned.as_ref().map(Scanned::of).transpose()?;
+        Ok(AsyncTask::new(Blocking::new(move || {
             let m = Manifest::decode(&manifest).map_err(to_napi)?;
+            if let Some(scanned) = scanned {
+                let src = ChunkSource::open_as_scanned(
+                    &path,
+                    m,
+                    |id| scanned.matches(id),
+                    compress_level,
+                    stream.unwrap_or(false),
+                )
+                .map_err(to_napi)?
+                .ok_or_else(|| {
+                    napi::Error::from_reason(format!(
+                        "ECHANGED: {} changed or vanished since it was scanned",
+                        path.display()
+                    ))
+                })?;
+                return Ok(NativeChunkSource {
+                    inner: Mutex::new(Some(Arc::new(src))),
+                    unchanged_at_release: OnceLock::new(),
+                });
+            }
             let meta = std::fs::metadata(&path).map_err(|e| to_napi(ffsync_core::CoreError::io(&path, e)))?;
             let src = ChunkSource::open(
                 &path,
@@ -92,7 +159,7 @@ impl NativeChunkSource {
                 inner: Mutex::new(Some(Arc::new(src))),
                 unchanged_at_release: OnceLock::new(),
             })
-        }))
+        })))
     }
 
     /// Encode the chunks into `out` (a buffer the caller recycles; it must hold at least

@@ -148,15 +148,24 @@ pub(crate) fn write_atomically(p: &Path, bytes: &[u8]) -> Result<()> {
 /// large one is never held in memory whole.
 pub(crate) fn write_atomically_with(p: &Path, fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<()> {
     let dir = p.parent().unwrap();
-    fs::create_dir_all(dir).map_err(|e| CoreError::io(dir, e))?;
     // Unique per write, not only per process: two threads may index the same file at once
     // (a scan ahead and the conversation that did not wait for it, decisions §95; two sessions
     // of one daemon), and each must rename a whole file of its own.
     static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = p.with_extension(format!("tmp{}-{n}", std::process::id()));
+    // The directory is made only when the temp file cannot be created without it: it exists
+    // for every write but a state directory's first, and `create_dir_all` on each write cost a
+    // `mkdir` that fails and a `stat` per file of a tree, on both peers (decisions §106).
+    let create = || match fs::File::create(&tmp) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            fs::create_dir_all(dir)?;
+            fs::File::create(&tmp)
+        }
+        r => r,
+    };
     let write = || -> std::io::Result<()> {
-        let mut f = std::io::BufWriter::with_capacity(64 * 1024, fs::File::create(&tmp)?);
+        let mut f = std::io::BufWriter::with_capacity(64 * 1024, create()?);
         fill(&mut f)?;
         f.flush()?;
         drop(f);
@@ -240,6 +249,26 @@ mod tests {
         fs::write(&p, bytes).unwrap();
         assert_eq!(load(dir.path(), file, &id), None);
         assert!(!p.exists(), "corrupt index must be removed");
+    }
+
+    #[test]
+    fn store_makes_the_directory_when_missing_and_writes_into_it_when_present() {
+        let state = tempfile::tempdir().unwrap();
+        let nested = state.path().join("not").join("yet");
+        let (id, m) = entry();
+        store(&nested, Path::new("/data/one"), &id, &m).unwrap();
+        store(&nested, Path::new("/data/two"), &id, &m).unwrap();
+        assert_eq!(load(&nested, Path::new("/data/one"), &id), Some(m.clone()));
+        assert_eq!(load(&nested, Path::new("/data/two"), &id), Some(m.clone()));
+        let names: Vec<_> = fs::read_dir(nested.join("index"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "two entries and no temp file left: {names:?}");
+        // A state path that is not a directory fails with an error, nothing written.
+        let file = state.path().join("plain");
+        fs::write(&file, b"x").unwrap();
+        assert!(store(&file, Path::new("/data/one"), &id, &m).is_err());
     }
 
     #[test]

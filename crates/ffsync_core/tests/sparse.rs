@@ -69,6 +69,38 @@ fn rebuild(src: &Path, dst: &Path, hole_list: Vec<Hole>, local: bool) -> ffsync_
     }
 }
 
+/// The sender asks for holes only when a file's allocated blocks are fewer than its bytes
+/// (ts/api/content-send.ts, `mayHaveHoles`): a file with holes always is such a file, and a
+/// file written whole is not and has none.
+#[test]
+fn a_file_with_holes_has_fewer_blocks_than_bytes_and_a_dense_one_has_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let sparse = dir.path().join("sparse.img");
+    let found = sparse_source(&sparse);
+    if found.is_empty() {
+        return; // this filesystem reports no holes: nothing to check
+    }
+    let m = fs::metadata(&sparse).unwrap();
+    assert!(
+        m.blocks() * 512 < m.len(),
+        "{} blocks of 512 for {} bytes",
+        m.blocks(),
+        m.len()
+    );
+    let dense = dir.path().join("dense.bin");
+    fs::write(&dense, rand_bytes(3 * MIB as usize + 123, 9)).unwrap();
+    let f = File::open(&dense).unwrap();
+    f.sync_all().unwrap();
+    let d = f.metadata().unwrap();
+    assert!(
+        d.blocks() * 512 >= d.len(),
+        "a dense file: {} blocks of 512 for {} bytes",
+        d.blocks(),
+        d.len()
+    );
+    assert!(holes(&f, d.len()).unwrap().is_empty());
+}
+
 #[test]
 fn holes_are_not_sent_and_are_recreated() {
     let d = tempfile::tempdir().unwrap();
