@@ -68,12 +68,20 @@ function relay(targetPort: number, o: RelayOptions, seen: Seen): Promise<{ port:
             for (let at = 0; at < payload.length; at += 13 + payload.readUInt32LE(at + 9)) seen.data.add(payload[at + 4]);
           }
           // Protocol version 2 carries large files' DATA inside MUX frames (docs/protocol.md
-          // §9.9): `stream id u32 | inner frames`; our peers write an inner frame's header and
-          // payload in one MUX frame, so a DATA frame starts right after the id.
-          if (fromSender && type === FrameType.MUX && payload.length > 9 && payload[8] === FrameType.DATA && payload.readUInt32LE(4) === payload.length - 8) {
-            const inner = payload.subarray(9);
-            relabel(inner);
-            for (let at = 0; at < inner.length; at += 13 + inner.readUInt32LE(at + 9)) seen.data.add(inner[at + 4]);
+          // §9.9): `stream id u32 | inner frames`; our peers cut MUX frames between a stream's
+          // frames, so the first inner frame starts right after the id, and a MUX frame may
+          // carry several (those one turn of the sender's event loop sent: DATA and DATA_END).
+          if (fromSender && type === FrameType.MUX) {
+            for (let at = 4; at + 5 <= payload.length; ) {
+              const end = at + 4 + payload.readUInt32LE(at);
+              if (end > payload.length) break; // a frame continued in the next MUX frame
+              if (payload[at + 4] === FrameType.DATA) {
+                const inner = payload.subarray(at + 5, end);
+                relabel(inner);
+                for (let k = 0; k < inner.length; k += 13 + inner.readUInt32LE(k + 9)) seen.data.add(inner[k + 4]);
+              }
+              at = end;
+            }
           }
           to.write(frame);
         }

@@ -39,8 +39,8 @@ function scene(n = 6) {
 /** The stream id of a MUX frame. */
 const streamOf = (f: RawFrame) => f.payload.readUInt32LE(0);
 
-/** MUX frame whose bytes start with an inner frame of type `type` (our peers write an inner
- * frame's header and payload in one MUX frame). */
+/** The type of a MUX frame's first inner frame (our peers cut MUX frames between a stream's
+ * frames, so each starts with one; it may carry the rest of what one turn sent after it). */
 function innerType(f: RawFrame): number | undefined {
   return f.type === FrameType.MUX && f.payload.length >= 9 ? f.payload[8] : undefined;
 }

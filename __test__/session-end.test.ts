@@ -65,10 +65,20 @@ async function barrier(targetPort: number, needs?: NeedGate, corrupt?: { stream:
         return false;
       }
       const ofCorrupted = corrupt && frame[4] === FrameType.MUX && frame.length >= 9 && frame.readUInt32LE(5) === corrupt.stream;
-      // One byte of the stream's first DATA frame, in its last record's bytes.
-      if (ofCorrupted && !corrupt.done && frame.length > 64 && frame[13] === FrameType.DATA) {
-        frame[frame.length - 20] ^= 0xff;
-        corrupt.done = true;
+      // One byte of the stream's first DATA frame, in its last record's bytes. A MUX frame may
+      // carry several of the stream's frames (those one turn sent: DATA and DATA_END, say):
+      // the DATA frame is found among them, never a length field of another hit.
+      if (ofCorrupted && !corrupt.done) {
+        for (let at = 9; at + 5 <= frame.length; ) {
+          const end = at + 4 + frame.readUInt32LE(at);
+          if (end > frame.length) break;
+          if (frame[at + 4] === FrameType.DATA && end - at > 64) {
+            frame[end - 20] ^= 0xff;
+            corrupt.done = true;
+            break;
+          }
+          at = end;
+        }
       }
       if (ofCorrupted && corrupt.done && !treeEndPassed) {
         corruptedHeld.push(frame);

@@ -55,6 +55,9 @@ export const NATIVE_EXIT: Record<string, ExitCode> = {
   EIO: ExitCode.FILE_IO,
   ENOSPC: ExitCode.FILE_IO,
   ENOTFILE: ExitCode.FILE_IO,
+  // A source opened to be read is no longer the version that was scanned (the sender reports
+  // it as the file vanishing: ts/api/content-send.ts).
+  ECHANGED: ExitCode.VANISHED,
   EMALFORMED: ExitCode.PROTOCOL_STREAM,
   ECHUNK: ExitCode.PROTOCOL_STREAM,
   EVERIFY: ExitCode.PARTIAL,
@@ -67,8 +70,6 @@ export const NATIVE_EXIT: Record<string, ExitCode> = {
   EADDRINUSE: ExitCode.SOCKET_IO,
   EADDRNOTAVAIL: ExitCode.SOCKET_IO,
   ETLS: ExitCode.PROTOCOL_INCOMPATIBLE,
-  // The binding's own: a source opened to be read is no longer the version that was scanned.
-  ECHANGED: ExitCode.VANISHED,
 };
 
 export function normalizeNativeError(e: unknown): FfsyncError {

@@ -134,13 +134,7 @@ impl NativeChunkSource {
                     compress_level,
                     stream.unwrap_or(false),
                 )
-                .map_err(to_napi)?
-                .ok_or_else(|| {
-                    napi::Error::from_reason(format!(
-                        "ECHANGED: {} changed or vanished since it was scanned",
-                        path.display()
-                    ))
-                })?;
+                .map_err(to_napi)?;
                 return Ok(NativeChunkSource {
                     inner: Mutex::new(Some(Arc::new(src))),
                     unchanged_at_release: OnceLock::new(),

@@ -55,32 +55,36 @@ impl ChunkSource {
 
     /// Open `path` only if the file opened is still the version that was scanned: the identity
     /// of the open handle (not of the path, which a rename could point elsewhere meanwhile)
-    /// must satisfy `as_scanned`. `Ok(None)`: the file vanished or changed since; any other
-    /// failure to open it is an error.
+    /// must satisfy `as_scanned`. A file gone or changed since fails with
+    /// [`CoreError::SourceChanged`] (ECHANGED: the sender's exit 24); any other failure to
+    /// open it is an I/O error.
     pub fn open_as_scanned(
         path: &Path,
         manifest: Manifest,
         as_scanned: impl FnOnce(&FileIdentity) -> bool,
         compress_level: i32,
         stream: bool,
-    ) -> Result<Option<ChunkSource>> {
+    ) -> Result<ChunkSource> {
+        let changed = || CoreError::SourceChanged {
+            path: path.to_path_buf(),
+        };
         let file = match File::open(path) {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(changed()),
             Err(e) => return Err(CoreError::io(path, e)),
         };
         let identity = FileIdentity::of(&file.metadata().map_err(|e| CoreError::io(path, e))?);
         if !as_scanned(&identity) {
-            return Ok(None);
+            return Err(changed());
         }
-        Ok(Some(ChunkSource {
+        Ok(ChunkSource {
             path: path.to_path_buf(),
             file,
             identity,
             manifest,
             policy: CompressPolicy::with_stream(compress_level, stream),
             refine: OnceLock::new(),
-        }))
+        })
     }
 
     /// Install the receiver's refinement table (validated against the manifest). Once only.

@@ -14,6 +14,9 @@ pub enum CoreError {
     },
     #[error("{path}: not a regular file")]
     NotAFile { path: PathBuf },
+    /// A source opened to be read is gone, or is no longer the version that was scanned.
+    #[error("{path} changed or vanished since it was scanned")]
+    SourceChanged { path: PathBuf },
     #[error("malformed {what}: {reason}")]
     Malformed { what: &'static str, reason: String },
     #[error("verification failed: {0}")]
@@ -55,6 +58,7 @@ impl CoreError {
                 _ => "EIO",
             },
             CoreError::NotAFile { .. } => "ENOTFILE",
+            CoreError::SourceChanged { .. } => "ECHANGED",
             CoreError::Malformed { .. } => "EMALFORMED",
             CoreError::VerifyFailed(_) => "EVERIFY",
             CoreError::ChunkCorrupt { .. } => "ECHUNK",
@@ -72,6 +76,7 @@ pub const ERROR_CODES: &[&str] = &[
     "EACCES",
     "EIO",
     "ENOTFILE",
+    "ECHANGED",
     "EMALFORMED",
     "EVERIFY",
     "ECHUNK",

@@ -242,8 +242,8 @@ fn a_chunk_that_does_not_decompress_poisons_the_reconstruction() {
 }
 
 /// The sender opens its source only as the version it scanned (the identity of the handle it
-/// opened, not of the path): an unchanged file opens and reads; one rewritten, replaced by a
-/// rename, or gone since is refused (`None`), which the sender reports as changed (exit 24).
+/// opened, not of the path): an unchanged file opens and reads; one replaced by a rename or gone
+/// since is refused with ECHANGED, which the sender reports as changed (exit 24).
 #[test]
 fn a_source_opens_only_as_the_version_that_was_scanned() {
     let dir = tempfile::tempdir().unwrap();
@@ -252,9 +252,7 @@ fn a_source_opens_only_as_the_version_that_was_scanned() {
     let s = scan_file(&src, &ScanOptions::default()).unwrap();
     let same = |id: &ffsync_core::file_identity::FileIdentity| *id == s.identity;
 
-    let opened = ChunkSource::open_as_scanned(&src, s.manifest.clone(), same, 0, false)
-        .unwrap()
-        .expect("unchanged: opens");
+    let opened = ChunkSource::open_as_scanned(&src, s.manifest.clone(), same, 0, false).expect("unchanged: opens");
     assert!(opened.unchanged());
     let all: Vec<u32> = (0..s.manifest.chunks.len() as u32).collect();
     let (batch, raw) = opened.read_batch(&all).unwrap();
@@ -266,21 +264,22 @@ fn a_source_opens_only_as_the_version_that_was_scanned() {
     let other = dir.path().join("other.bin");
     fs::write(&other, rand_bytes(300_000, 42)).unwrap();
     fs::rename(&other, &src).unwrap();
-    assert!(ChunkSource::open_as_scanned(&src, s.manifest.clone(), same, 0, false)
-        .unwrap()
-        .is_none());
+    let replaced = ChunkSource::open_as_scanned(&src, s.manifest.clone(), same, 0, false)
+        .err()
+        .expect("replaced: refused");
+    assert_eq!(replaced.code(), "ECHANGED");
 
     // Gone.
     fs::remove_file(&src).unwrap();
-    assert!(ChunkSource::open_as_scanned(&src, s.manifest.clone(), same, 0, false)
-        .unwrap()
-        .is_none());
+    let gone = ChunkSource::open_as_scanned(&src, s.manifest.clone(), same, 0, false)
+        .err()
+        .expect("gone: refused");
+    assert_eq!(gone.code(), "ECHANGED");
 
-    // Not openable for another reason (a directory where the file was): an error, not "changed".
+    // A directory where the file was: it opens on some platforms, else fails; never as "changed"
+    // when its identity is accepted.
     fs::create_dir(&src).unwrap();
-    let denied = ChunkSource::open_as_scanned(&src, s.manifest.clone(), |_| true, 0, false);
-    assert!(
-        denied.is_err() || denied.unwrap().is_some(),
-        "a directory opens on some platforms; never reads as 'changed'"
-    );
+    if let Err(e) = ChunkSource::open_as_scanned(&src, s.manifest.clone(), |_| true, 0, false) {
+        assert_ne!(e.code(), "ECHANGED");
+    }
 }
