@@ -328,6 +328,20 @@ describe('FramedConnection over TLS: one buffer per socket write, a large payloa
     await Promise.all([tx.close(), rx.close()]);
   });
 
+  it('destroyed in the turn it sent a small frame (an ERROR saying why): the frame is handed to the socket first', async () => {
+    const [a, b] = await tlsPair(id);
+    const seen = spy(a);
+    const tx = new FramedConnection(a, 30_000);
+    const rx = new FramedConnection(b, 30_000);
+    void tx.send(FrameType.ERROR, Buffer.from('why')).catch(() => undefined);
+    assert.equal(seen.writes.length, 0, 'held for the end of the turn');
+    tx.destroy();
+    assert.equal(seen.writes.length, 1, 'handed to the socket before it was destroyed');
+    assert.ok(seen.writes[0]!.subarray(5).equals(Buffer.from('why')));
+    b.destroy();
+    rx.destroy();
+  });
+
   it('close right after sending: the peer gets every queued frame, then the end', async () => {
     const [a, b] = await tlsPair(id);
     const tx = new FramedConnection(a, 30_000);

@@ -199,8 +199,6 @@ export class FramedConnection {
   private tlsWriting = false;
   /** A write to an idle TLS socket is due at the end of this turn of the event loop. */
   private tlsFlushDue = false;
-  /** A multiplexed stream is corked until the end of this turn (see sendParts). */
-  private corkedForTurn = false;
   /** `close` asked to end the stream while the outbox still held writes. */
   private endWhenWritten = false;
   /** Waiting for the outbox to empty (what 'drain' is for other streams). */
@@ -658,27 +656,13 @@ export class FramedConnection {
     let ok: boolean;
     if (this.outbox) ok = this.queueTls(header, parts, onWritten);
     else {
-      // A multiplexed stream stays corked until the end of this turn of the event loop: the
-      // frames its conversation sends in one turn reach the multiplexer in one `_writev`, so
-      // they travel in one MUX frame (cut between frames as ever) and the peer's stream takes
-      // them in one read (decisions §106). Other streams are corked per frame (header and
-      // payload in one `writev`): their writes are MUX frames or whole frames already.
-      const turn = this.parent !== undefined;
-      if (!turn) this.stream.cork();
-      else if (!this.corkedForTurn) {
-        this.corkedForTurn = true;
-        this.stream.cork();
-        setImmediate(() => {
-          this.corkedForTurn = false;
-          this.stream.uncork();
-        });
-      }
+      this.stream.cork();
       ok = this.stream.write(header);
       for (let i = 0; i < parts.length; i++) {
         const last = i === parts.length - 1;
         ok = this.stream.write(parts[i], last && onWritten ? () => onWritten() : undefined);
       }
-      if (!turn) this.stream.uncork();
+      this.stream.uncork();
     }
     // Our own KEEPALIVE is not the peer's progress, nor our DELIVERED (the peer's bytes, not
     // its progress); nor is a stream's frame (the stream's own conversation says whether it
@@ -912,14 +896,11 @@ export class FramedConnection {
     this.stream.destroy();
   }
 
-  /** Hand the stream what this turn's frames left waiting for its end (sendParts), now: a frame
-   * sent just before the connection is destroyed (an ERROR saying why) goes as it would have
-   * gone before frames waited for the turn's end, as far as the stream takes it. */
+  /** Hand a TLS socket what this turn's frames left in the outbox for the turn's end
+   * (queueTls), now: a frame sent just before the connection is destroyed (an ERROR saying why)
+   * goes as it would have gone before frames waited for the turn's end, as far as the socket
+   * takes it. */
   private flushTurn(): void {
-    if (this.corkedForTurn) {
-      this.corkedForTurn = false;
-      this.stream.uncork();
-    }
     if (this.tlsFlushDue) {
       this.tlsFlushDue = false;
       this.writeTls();
