@@ -70,7 +70,7 @@ function relay(targetPort: number, o: RelayOptions, seen: Seen): Promise<{ port:
           // Protocol version 2 carries large files' DATA inside MUX frames (docs/protocol.md
           // §9.9): `stream id u32 | inner frames`; our peers cut MUX frames between a stream's
           // frames, so the first inner frame starts right after the id, and a MUX frame may
-          // carry several (those one turn of the sender's event loop sent: DATA and DATA_END).
+          // carry several (a stream's writes that queued behind a pending one go together).
           if (fromSender && type === FrameType.MUX) {
             for (let at = 4; at + 5 <= payload.length; ) {
               const end = at + 4 + payload.readUInt32LE(at);

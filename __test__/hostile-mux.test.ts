@@ -40,7 +40,7 @@ function scene(n = 6) {
 const streamOf = (f: RawFrame) => f.payload.readUInt32LE(0);
 
 /** The type of a MUX frame's first inner frame (our peers cut MUX frames between a stream's
- * frames, so each starts with one; it may carry the rest of what one turn sent after it). */
+ * frames, so each starts with one; writes that queued behind a pending one may follow it). */
 function innerType(f: RawFrame): number | undefined {
   return f.type === FrameType.MUX && f.payload.length >= 9 ? f.payload[8] : undefined;
 }

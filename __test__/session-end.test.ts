@@ -66,8 +66,8 @@ async function barrier(targetPort: number, needs?: NeedGate, corrupt?: { stream:
       }
       const ofCorrupted = corrupt && frame[4] === FrameType.MUX && frame.length >= 9 && frame.readUInt32LE(5) === corrupt.stream;
       // One byte of the stream's first DATA frame, in its last record's bytes. A MUX frame may
-      // carry several of the stream's frames (those one turn sent: DATA and DATA_END, say):
-      // the DATA frame is found among them, never a length field of another hit.
+      // carry several of the stream's frames (writes that queued behind a pending one): the
+      // DATA frame is found among them, never a length field of another hit.
       if (ofCorrupted && !corrupt.done) {
         for (let at = 9; at + 5 <= frame.length; ) {
           const end = at + 4 + frame.readUInt32LE(at);

@@ -270,8 +270,9 @@ function noHoles(): Buffer {
 }
 
 /** False when the file's allocated blocks cover its size: it has no hole the filesystem could
- * report (where the platform counts no blocks, as on Windows, it is asked). Saying "no holes"
- * of a file that has some is never wrong, only less sparse: the receiver writes the zeros. */
+ * report (a platform or filesystem that reports no blocks, or fewer than the bytes written so
+ * far, is asked). Saying "no holes" of a file that has some (blocks allocated past its end can
+ * hide them) is never wrong, only less sparse: the receiver writes the zeros. */
 export function mayHaveHoles(st: BigIntStats): boolean {
   return st.blocks * 512n < st.size;
 }

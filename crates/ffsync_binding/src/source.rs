@@ -85,15 +85,28 @@ struct Scanned {
     dev: u64,
 }
 
+/// The low 64 bits of `b` in two's complement: the bits the core's identity holds. Node fills
+/// bigint stats from a signed 64-bit array, so an inode or device number with its top bit set
+/// (NFS, FUSE, overlayfs; a macOS device) arrives negative; and a time past 2262 is wider than
+/// 64 bits, where the core's nanoseconds wrap (`FileIdentity::of`). Never fails.
+fn low_bits(b: &BigInt) -> u64 {
+    let low = b.words.first().copied().unwrap_or(0);
+    if b.sign_bit {
+        low.wrapping_neg()
+    } else {
+        low
+    }
+}
+
 impl Scanned {
-    fn of(s: &ScannedIdentity) -> Result<Scanned> {
-        Ok(Scanned {
-            size: s.size.get_u64().1,
-            mtime_ns: crate::bigint_to_i64(&s.mtime_ns)?,
-            ctime_ns: crate::bigint_to_i64(&s.ctime_ns)?,
-            ino: s.ino.get_u64().1,
-            dev: s.dev.get_u64().1,
-        })
+    fn of(s: &ScannedIdentity) -> Scanned {
+        Scanned {
+            size: low_bits(&s.size),
+            mtime_ns: low_bits(&s.mtime_ns) as i64,
+            ctime_ns: low_bits(&s.ctime_ns) as i64,
+            ino: low_bits(&s.ino),
+            dev: low_bits(&s.dev),
+        }
     }
 
     /// Node's change time, inode and device are the file's on every platform; on Windows the
@@ -123,7 +136,7 @@ impl NativeChunkSource {
         scanned: Option<ScannedIdentity>,
     ) -> Result<AsyncTask<Blocking<NativeChunkSource>>> {
         let path = crate::path_arg(path);
-        let scanned = scanned.as_ref().map(Scanned::of).transpose()?;
+        let scanned = scanned.as_ref().map(Scanned::of);
         Ok(AsyncTask::new(Blocking::new(move || {
             let m = Manifest::decode(&manifest).map_err(to_napi)?;
             if let Some(scanned) = scanned {

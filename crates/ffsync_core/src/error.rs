@@ -120,6 +120,7 @@ mod tests {
             CoreError::io(p, io::Error::from(io::ErrorKind::PermissionDenied)),
             CoreError::io(p, io::Error::other("x")),
             CoreError::NotAFile { path: p.into() },
+            CoreError::SourceChanged { path: p.into() },
             CoreError::malformed("x", "y"),
             CoreError::VerifyFailed("x".into()),
             CoreError::ChunkCorrupt { index: 0, origin: "x" },

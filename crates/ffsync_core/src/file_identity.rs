@@ -18,8 +18,10 @@ impl FileIdentity {
         use std::os::unix::fs::MetadataExt;
         FileIdentity {
             size: m.len(),
-            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-            ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+            // Wrapping: a time past 2262 keeps its low 64 bits, as the binding reads Node's
+            // wider BigInt (a check of a source against its stat compares those bits).
+            mtime_ns: m.mtime().wrapping_mul(1_000_000_000).wrapping_add(m.mtime_nsec()),
+            ctime_ns: m.ctime().wrapping_mul(1_000_000_000).wrapping_add(m.ctime_nsec()),
             inode: m.ino(),
             dev: m.dev(),
         }

@@ -70,8 +70,8 @@ fn rebuild(src: &Path, dst: &Path, hole_list: Vec<Hole>, local: bool) -> ffsync_
 }
 
 /// The sender asks for holes only when a file's allocated blocks are fewer than its bytes
-/// (ts/api/content-send.ts, `mayHaveHoles`): a file with holes always is such a file, and a
-/// file written whole is not and has none.
+/// (ts/api/content-send.ts, `mayHaveHoles`): a file with holes always is such a file (so one
+/// not asked has none); a file written whole has none.
 #[test]
 fn a_file_with_holes_has_fewer_blocks_than_bytes_and_a_dense_one_has_none() {
     let dir = tempfile::tempdir().unwrap();
@@ -92,12 +92,8 @@ fn a_file_with_holes_has_fewer_blocks_than_bytes_and_a_dense_one_has_none() {
     let f = File::open(&dense).unwrap();
     f.sync_all().unwrap();
     let d = f.metadata().unwrap();
-    assert!(
-        d.blocks() * 512 >= d.len(),
-        "a dense file: {} blocks of 512 for {} bytes",
-        d.blocks(),
-        d.len()
-    );
+    // (On filesystems whose block counts lag behind writes, ZFS's, a dense file may show fewer:
+    // then it is asked, which costs a query, never a wrong answer.)
     assert!(holes(&f, d.len()).unwrap().is_empty());
 }
 
