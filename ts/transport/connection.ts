@@ -718,14 +718,12 @@ export class FramedConnection {
     // and NEED_END; the next file's beginning behind a RESULT) then go as one TLS record and
     // one system call, and the peer decodes them from one read (decisions §106). A large
     // chunk is not held: it would be written alone anyway.
-    if (this.tlsWriting || this.tlsFlushDue) return this.outboxBytes + this.stream.writableLength < this.stream.writableHighWaterMark;
-    if (this.outboxBytes >= TLS_JOIN_MAX) this.writeTls();
-    else {
-      this.tlsFlushDue = true;
-      setImmediate(() => {
-        this.tlsFlushDue = false;
-        this.writeTls();
-      });
+    if (!this.tlsWriting && !this.tlsFlushDue) {
+      if (this.outboxBytes >= TLS_JOIN_MAX) this.writeTls();
+      else {
+        this.tlsFlushDue = true;
+        setImmediate(() => this.flushTurn());
+      }
     }
     return this.outboxBytes + this.stream.writableLength < this.stream.writableHighWaterMark;
   }
@@ -897,9 +895,8 @@ export class FramedConnection {
   }
 
   /** Hand a TLS socket what this turn's frames left in the outbox for the turn's end
-   * (queueTls), now: a frame sent just before the connection is destroyed (an ERROR saying why)
-   * goes as it would have gone before frames waited for the turn's end, as far as the socket
-   * takes it. */
+   * (queueTls): at that end, or sooner when the connection is destroyed first (a frame sent just
+   * before, an ERROR saying why, goes as far as the socket takes it); once either way. */
   private flushTurn(): void {
     if (this.tlsFlushDue) {
       this.tlsFlushDue = false;

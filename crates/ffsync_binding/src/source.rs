@@ -134,39 +134,26 @@ impl NativeChunkSource {
         compress_level: i32,
         stream: Option<bool>,
         scanned: Option<ScannedIdentity>,
-    ) -> Result<AsyncTask<Blocking<NativeChunkSource>>> {
+    ) -> AsyncTask<Blocking<NativeChunkSource>> {
         let path = crate::path_arg(path);
         let scanned = scanned.as_ref().map(Scanned::of);
-        Ok(AsyncTask::new(Blocking::new(move || {
+        let stream = stream.unwrap_or(false);
+        AsyncTask::new(Blocking::new(move || {
             let m = Manifest::decode(&manifest).map_err(to_napi)?;
-            if let Some(scanned) = scanned {
-                let src = ChunkSource::open_as_scanned(
-                    &path,
-                    m,
-                    |id| scanned.matches(id),
-                    compress_level,
-                    stream.unwrap_or(false),
-                )
-                .map_err(to_napi)?;
-                return Ok(NativeChunkSource {
-                    inner: Mutex::new(Some(Arc::new(src))),
-                    unchanged_at_release: OnceLock::new(),
-                });
+            let src = match scanned {
+                Some(scanned) => {
+                    ChunkSource::open_as_scanned(&path, m, |id| scanned.matches(id), compress_level, stream)
+                }
+                None => std::fs::metadata(&path)
+                    .map_err(|e| ffsync_core::CoreError::io(&path, e))
+                    .and_then(|meta| ChunkSource::open(&path, m, FileIdentity::of(&meta), compress_level, stream)),
             }
-            let meta = std::fs::metadata(&path).map_err(|e| to_napi(ffsync_core::CoreError::io(&path, e)))?;
-            let src = ChunkSource::open(
-                &path,
-                m,
-                FileIdentity::of(&meta),
-                compress_level,
-                stream.unwrap_or(false),
-            )
             .map_err(to_napi)?;
             Ok(NativeChunkSource {
                 inner: Mutex::new(Some(Arc::new(src))),
                 unchanged_at_release: OnceLock::new(),
             })
-        })))
+        }))
     }
 
     /// Encode the chunks into `out` (a buffer the caller recycles; it must hold at least

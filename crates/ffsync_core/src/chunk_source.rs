@@ -43,14 +43,25 @@ impl ChunkSource {
         stream: bool,
     ) -> Result<ChunkSource> {
         let file = File::open(path).map_err(|e| CoreError::io(path, e))?;
-        Ok(ChunkSource {
+        Ok(Self::of_file(path, file, identity, manifest, compress_level, stream))
+    }
+
+    fn of_file(
+        path: &Path,
+        file: File,
+        identity: FileIdentity,
+        manifest: Manifest,
+        compress_level: i32,
+        stream: bool,
+    ) -> ChunkSource {
+        ChunkSource {
             path: path.to_path_buf(),
             file,
             identity,
             manifest,
             policy: CompressPolicy::with_stream(compress_level, stream),
             refine: OnceLock::new(),
-        })
+        }
     }
 
     /// Open `path` only if the file opened is still the version that was scanned: the identity
@@ -77,14 +88,7 @@ impl ChunkSource {
         if !as_scanned(&identity) {
             return Err(changed());
         }
-        Ok(ChunkSource {
-            path: path.to_path_buf(),
-            file,
-            identity,
-            manifest,
-            policy: CompressPolicy::with_stream(compress_level, stream),
-            refine: OnceLock::new(),
-        })
+        Ok(Self::of_file(path, file, identity, manifest, compress_level, stream))
     }
 
     /// Install the receiver's refinement table (validated against the manifest). Once only.
