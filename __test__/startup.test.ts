@@ -63,15 +63,19 @@ it('a local sync loads the addon but no TLS, QUIC, serve daemon or spinner', asy
   const src = path.join(dir, 'src');
   fs.mkdirSync(path.join(src, 'd'), { recursive: true });
   fs.writeFileSync(path.join(src, 'd', 'a.bin'), seeded(10_000, 1));
+  // Two large files: the second one goes over an in-memory lane, which joins with a token.
+  for (const n of [2, 3]) fs.writeFileSync(path.join(src, `l${n}.bin`), seeded(1536 * 1024, n));
   const { loaded, code, stderr } = await loadedBy(['sync', '-a', `${src}/`, `${path.join(dir, 'dst')}/`, '--state-dir', path.join(dir, 'state')], dir);
   assert.equal(code, 0, stderr);
   assert.deepEqual(fs.readFileSync(path.join(dir, 'dst', 'd', 'a.bin')), seeded(10_000, 1));
+  for (const n of [2, 3]) assert.deepEqual(fs.readFileSync(path.join(dir, 'dst', `l${n}.bin`)), seeded(1536 * 1024, n));
   assert.equal(addon(loaded).length > 0, true, 'the sync ran without the addon?');
   assert.equal(loaded.esmImported, false);
   assert.deepEqual(ours(loaded, 'transport/tls.js', 'transport/quic.js', 'serve/daemon.js', 'api/over-quic.js', 'security/identity.js', 'api/pull.js'), []);
   assert.ok(!loaded.builtins.includes('tls') && !loaded.builtins.includes('dns/promises'), loaded.builtins.join(' '));
   // No child process and no perf_hooks: their modules are loaded at first use (decisions §100).
-  assert.deepEqual(loaded.builtins.filter((b) => ['child_process', 'dgram', 'perf_hooks'].includes(b)), [], loaded.builtins.join(' '));
+  // No OpenSSL either: a local sync draws no lane token and checks no certificate (§107).
+  assert.deepEqual(loaded.builtins.filter((b) => ['child_process', 'dgram', 'perf_hooks', 'crypto'].includes(b)), [], loaded.builtins.join(' '));
 });
 
 it('a quiet local sync makes neither stdout nor stderr (a pipe here): no net, no tty, no child process', async () => {

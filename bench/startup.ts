@@ -11,7 +11,8 @@
 // session for one 1 KiB file (`receive` and `send` on loopback, both pinned); local `sync -a`
 // no-ops of a 10,000 × 4 KiB tree and of the npm tree bench/tree.ts uses (typescript@5.6.2,
 // 121 files, 21 MiB), its cold copy and its v1 → v2 update, each against `rsync -a` (`--delete`
-// on both for the update). Every sync's result is compared with its source after the last round.
+// on both for the update); 200 changed files of 128 KiB over their old versions, by default and
+// with `--no-whole-file` on both (decisions §107). Every sync's result is compared with its source after the last round.
 // `--baseline` times another build's CLI (e.g. one built from the previous commit) beside this one.
 // When NODE_EXTRA_CA_CERTS is set (it is on our CI machines), Node reads and parses every certificate
 // in that file before it runs any script, ~65 ms here, a cost of the environment that a plain
@@ -112,6 +113,26 @@ function tree10k(root: string): void {
   }
 }
 
+/** 200 files of 128 KiB in 10 directories, old and new: each new one has 1 KiB overwritten at
+ * a seeded offset and an mtime a minute later (a build tree of mid-size files, rebuilt). */
+function midTrees(oldRoot: string, newRoot: string): void {
+  const rng = new XorShift128(1, 20);
+  const buf = Buffer.alloc(128 * KiB);
+  const edit = Buffer.alloc(KiB);
+  const t = Date.now() / 1000 - 86_400;
+  for (let i = 0; i < 200; i++) {
+    const rel = path.join(`d${i % 10}`, `f${i}.bin`);
+    if (i < 10) for (const r of [oldRoot, newRoot]) fs.mkdirSync(path.join(r, `d${i}`), { recursive: true });
+    rng.fill(buf);
+    fs.writeFileSync(path.join(oldRoot, rel), buf);
+    fs.utimesSync(path.join(oldRoot, rel), t, t);
+    rng.fill(edit);
+    edit.copy(buf, rng.below(buf.length - KiB));
+    fs.writeFileSync(path.join(newRoot, rel), buf);
+    fs.utimesSync(path.join(newRoot, rel), t + 60, t + 60);
+  }
+}
+
 /** Paths, kinds, modes, sizes, mtimes (seconds) and contents equal: '' or the first difference. */
 function sameTree(a: string, b: string): string {
   const list = (root: string, rel = ''): string[] =>
@@ -174,6 +195,8 @@ async function main(): Promise<void> {
     const v2 = path.join(work, 'npm-v2');
     extract(tarball(NPM_V1), v1);
     extract(tarball(NPM_V2), v2);
+    const [midOld, midNew] = [path.join(work, 'mid-old'), path.join(work, 'mid-new')];
+    midTrees(midOld, midNew);
     const state = (label: string) => path.join(work, `state-${slug(label)}`);
 
     const cases: Case[] = [{ name: 'node -e 0', kind: 'start', argv: [node, '-e', '0'], samples: [], cpu: [] }];
@@ -242,26 +265,43 @@ async function main(): Promise<void> {
         check: () => sameTree(v1, dst),
       });
     }
-    for (const [label, argv, env] of npmTools) {
-      const dst = path.join(work, `upd-${slug(label)}`);
-      const st = state(`upd-${label}`);
-      cases.push({
-        name: `${label === 'rsync' ? 'rsync' : `${label} sync`} npm v1→v2`,
-        kind: 'sync',
-        before: () => {
-          fs.rmSync(dst, { recursive: true, force: true });
-          fs.rmSync(st, { recursive: true, force: true });
-          must(argv(v1, dst, st), 'prep v1');
-          flushWorkFs(work);
-        },
-        argv: argv(v2, dst, st),
-        env,
-        samples: [],
-        cpu: [],
-        // rsync's quick check leaves one v2 file with v1's content (same size and mtime):
-        // reported as what it is, not as a failure of the bench.
-        check: () => sameTree(v2, dst),
-      });
+    /** `tools` updating `from` to `to`: each run over a fresh target and state of an untimed
+     * sync of `from`. (The check reports what differs, rsync's stale files included.) */
+    const updates = (tools: Tool[], what: string, tag: string, from: string, to: string) => {
+      for (const [label, argv, env] of tools) {
+        const dst = path.join(work, `${tag}-${slug(label)}`);
+        const st = state(`${tag}-${label}`);
+        cases.push({
+          name: `${label === 'rsync' ? 'rsync' : `${label} sync`} ${what}`,
+          kind: 'sync',
+          before: () => {
+            fs.rmSync(dst, { recursive: true, force: true });
+            fs.rmSync(st, { recursive: true, force: true });
+            must(argv(from, dst, st), `prep ${what}`);
+            flushWorkFs(work);
+          },
+          argv: argv(to, dst, st),
+          env,
+          samples: [],
+          cpu: [],
+          check: () => sameTree(to, dst),
+        });
+      }
+    };
+    // rsync's quick check leaves one v2 file with v1's content (same size and mtime): reported
+    // as what it is, not as a failure of the bench.
+    updates(npmTools, 'npm v1→v2', 'upd', v1, v2);
+
+    // 200 mid-size files changed, over their old versions as a sync of them left them: by
+    // default (whole up to 1 MiB, as rsync copies whole between local paths) and as deltas.
+    for (const delta of [false, true]) {
+      const flags = delta ? ['--no-whole-file'] : [];
+      const midTools: Tool[] = [
+        // (A baseline build may not know --no-whole-file: deltas are what its default does.)
+        ...clis.filter(([label]) => !(delta && label.startsWith('baseline'))).map(([label, cli, env]): Tool => [label, (src, dst, st) => [node, cli, 'sync', '-a', ...flags, `${src}/`, `${dst}/`, '--state-dir', st, '-q'], env]),
+        ['rsync', (src, dst) => [RSYNC_BIN, '-a', ...flags, `${src}/`, `${dst}/`]],
+      ];
+      updates(midTools, `200 × 128 KiB changed${delta ? ' --no-whole-file' : ''}`, delta ? 'mid-delta' : 'mid', midOld, midNew);
     }
 
     for (let round = 1; round <= RUNS; round++) {
@@ -303,6 +343,8 @@ async function main(): Promise<void> {
       syncRows.push(syncRow(`${label} sync no-op npm`, 'rsync no-op npm'));
       syncRows.push(syncRow(`${label} sync npm cold`, 'rsync npm cold'));
       syncRows.push(syncRow(`${label} sync npm v1→v2`, 'rsync npm v1→v2'));
+      syncRows.push(syncRow(`${label} sync 200 × 128 KiB changed`, 'rsync 200 × 128 KiB changed'));
+      if (!label.startsWith('baseline')) syncRows.push(syncRow(`${label} sync 200 × 128 KiB changed --no-whole-file`, 'rsync 200 × 128 KiB changed --no-whole-file'));
     }
     const startTable = { head: ['command', 'median ms', 'above node -e 0', 'min – max ms', 'CPU ms'], rows: startRows };
     const syncTable = { head: ['ffsync-native', 'median ms', 'rsync ms', 'rsync/ffsync', 'CPU ms ffsync / rsync', 'verified', 'note'], rows: syncRows };
@@ -351,7 +393,7 @@ async function main(): Promise<void> {
       '',
       markdown(startTable),
       '',
-      `Local syncs, \`sync -a SRC/ DST/ -q\` against \`rsync -a SRC/ DST/\` (\`--delete\` on both for the npm cold and v1→v2 rows). No-op: the target and state of an untimed first sync, unchanged. npm cold: empty target and state dir, dirty pages flushed before each run (ffsync-native makes the tree durable with one syncfs; rsync does not). v1→v2: a fresh v1 sync's target and state, then \`${NPM_PKG}@${NPM_V2}\` (4 files changed, one with the same size and mtime, which rsync's quick check leaves stale). rsync/ffsync > 1 means ffsync-native is faster.`,
+      `Local syncs, \`sync -a SRC/ DST/ -q\` against \`rsync -a SRC/ DST/\` (\`--delete\` on both for the npm cold and v1→v2 rows). No-op: the target and state of an untimed first sync, unchanged. npm cold: empty target and state dir, dirty pages flushed before each run (ffsync-native makes the tree durable with one syncfs; rsync does not). v1→v2: a fresh v1 sync's target and state, then \`${NPM_PKG}@${NPM_V2}\` (4 files changed, one with the same size and mtime, which rsync's quick check leaves stale). 200 × 128 KiB changed: 200 files of 128 KiB in 10 directories, each with 1 KiB overwritten and a later mtime, synced over the old versions as an untimed sync of them left them (target and state); by default (ffsync-native sends changed files up to 1 MiB whole between local paths, as rsync copies whole there) and with \`--no-whole-file\` on both (deltas). rsync/ffsync > 1 means ffsync-native is faster.`,
       '',
       markdown(syncTable),
       '',

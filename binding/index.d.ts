@@ -237,7 +237,7 @@ export declare class NativeTreeSync {
   hashEntries(indices: Uint32Array, onProgress?: ((doneBytes: number) => void) | undefined | null): Promise<Buffer>
   setPeerRoots(roots: Buffer): void
   /** Run triage (identical on both peers) on the pool and count what the plan does. */
-  triage(checksum: boolean, deleteExtraneous: boolean, update?: boolean | undefined | null, wholeFile?: boolean | undefined | null, maxSize?: number | undefined | null, minSize?: number | undefined | null, omitTimes?: boolean | undefined | null, omitPerms?: boolean | undefined | null, sizeOnly?: boolean | undefined | null, ignoreExisting?: boolean | undefined | null, existingOnly?: boolean | undefined | null): Promise<PlanCounts>
+  triage(checksum: boolean, deleteExtraneous: boolean, update?: boolean | undefined | null, wholeFile?: boolean | undefined | null, maxSize?: number | undefined | null, minSize?: number | undefined | null, omitTimes?: boolean | undefined | null, omitPerms?: boolean | undefined | null, sizeOnly?: boolean | undefined | null, ignoreExisting?: boolean | undefined | null, existingOnly?: boolean | undefined | null, wholeSmall?: boolean | undefined | null): Promise<PlanCounts>
   largeTransfers(): Array<LargeTransferInfo>
   /** What the plan does, one line per action (dry-run and verbose output). */
   describe(): string

@@ -72,7 +72,7 @@ export function openLanes(count: number, o: Parameters<typeof openLane>[0], use:
 export function localLanes(): { listener: Listener; dial: () => Promise<Duplex> } {
   const queue = new SocketQueue<Duplex>();
   return {
-    listener: { host: 'local', port: 0, accept: () => queue.next(), close: () => queue.close() },
+    listener: { host: 'local', port: 0, accept: () => queue.next(), close: () => queue.close(), inProcess: true },
     dial: async () => {
       const [a, b] = pipePair();
       queue.push(b);
@@ -114,7 +114,7 @@ export async function acceptLanes(
     } catch {
       break; // listener closed: the session is past the point where lanes join
     }
-    const p: Promise<void> = joinLane(sock, o).then(
+    const p: Promise<void> = joinLane(sock, { ...o, inProcess: listener.inProcess }).then(
       (conn) => {
         joined++;
         o.onLane(conn);
@@ -128,7 +128,7 @@ export async function acceptLanes(
 }
 
 /** One accepted connection: the session's fingerprint, the handshake, and its token. */
-async function joinLane(sock: SecureStream, o: { token: Buffer; peerFingerprint?: string; timeoutMs: number; multiplexed?: boolean }): Promise<FramedConnection> {
+async function joinLane(sock: SecureStream, o: { token: Buffer; peerFingerprint?: string; timeoutMs: number; multiplexed?: boolean; inProcess?: boolean }): Promise<FramedConnection> {
   const conn = new FramedConnection(sock, o.timeoutMs);
   // Its first MUX frames may arrive in the very read that brings JOIN: held until onLane
   // attaches the multiplexer (dropped with the connection if JOIN is refused).
@@ -137,7 +137,10 @@ async function joinLane(sock: SecureStream, o: { token: Buffer; peerFingerprint?
     checkFingerprint(sock, o.peerFingerprint, `${sock.remoteAddress}:${sock.remotePort}`);
     await handshake(conn, Role.RECEIVER);
     const f = await expect(conn, FrameType.JOIN);
-    if (f.payload.length !== LANE_TOKEN_BYTES || !crypto.timingSafeEqual(f.payload, o.token)) throw protocolError('lane presented a wrong session token');
+    // In process there is no secret to time (the token is zeros): compared without loading
+    // OpenSSL for it.
+    const same = f.payload.length === LANE_TOKEN_BYTES && (o.inProcess ? f.payload.equals(o.token) : crypto.timingSafeEqual(f.payload, o.token));
+    if (!same) throw protocolError('lane presented a wrong session token');
     return conn;
   } catch (e) {
     conn.destroy();

@@ -103,7 +103,9 @@ export interface SyncOptions {
   /** rsync's -4 / -6 (passed to ssh) and --contimeout (ssh's ConnectTimeout, in seconds). */
   ipFamily?: 4 | 6;
   contimeoutS?: number;
-  /** rsync's -u, -W, -x. */
+  /** rsync's -u, -W (true) and --no-whole-file (false), -x. Unset: a local tree sync sends
+   * changed files up to 1 MiB whole and larger ones as deltas (decisions §107); a sync over
+   * ssh sends deltas. */
   update?: boolean;
   wholeFile?: boolean;
   oneFileSystem?: boolean;
@@ -347,7 +349,13 @@ async function syncLocally(c: SyncContext, st: BigIntStats, srcName: string, kin
   const recvConn = new FramedConnection(b, eng.timeoutMs!);
   const sendConn = new FramedConnection(a, eng.timeoutMs!);
   const lanes = localLanes();
-  const sending = { ...eng, compressLevel: 0, compressManifest: false, overlap: false, tree: { ...eng.tree, parallel: o.jobs ?? LOCAL_LANES, listing: listingOf(o, src, dest, false, destExisted, rootExisted) }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
+  // rsync copies whole between local paths (its -W is the default there): with no link to
+  // save, a delta of a mid-size file costs more than it spares (its conversation, hashing the
+  // old version). Changed files up to 1 MiB go whole in batches, as new ones do; larger ones
+  // keep their deltas, whose local copies of unchanged chunks cost no more than a whole copy
+  // (decisions §107). -W sends every file whole, --no-whole-file every one as a delta.
+  const wholeSmall = o.wholeFile === undefined;
+  const sending = { ...eng, compressLevel: 0, compressManifest: false, overlap: false, tree: { ...eng.tree, choices: { ...eng.tree.choices, wholeSmall }, parallel: o.jobs ?? LOCAL_LANES, listing: listingOf(o, src, dest, false, destExisted, rootExisted) }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
   const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, ...receiverSide.tree }, backup: receiverSide.backup, partialDir: receiverSide.partialDir, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, compressManifest: false, inplace: o.inplace, fsync: o.fsync };
   // Both trees are walked from the start, neither waiting on the handshake or the other
   // side's frames. The receiver's early walk has no exclude rules, so it is started only

@@ -235,7 +235,7 @@ class TreeReceiver {
     const stats = tree.stats();
     await exchangeManifestsAndRoots(this.conn, tree, this.checksum, o.events, sendManifest(this.conn, tree, o.compressManifest !== false));
     const deleteExtraneous = (o.offer.flags & OfferFlag.NO_DELETE) === 0 && !o.tree?.noDelete;
-    const counts = await call(tree.triage(this.checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0, limits.maxSize, limits.minSize, limits.omitTimes, limits.omitPerms, limits.sizeOnly, limits.ignoreExisting, limits.existingOnly));
+    const counts = await call(tree.triage(this.checksum, deleteExtraneous, (o.offer.flags & OfferFlag.UPDATE) !== 0, (o.offer.flags & OfferFlag.WHOLE_FILE) !== 0, limits.maxSize, limits.minSize, limits.omitTimes, limits.omitPerms, limits.sizeOnly, limits.ignoreExisting, limits.existingOnly, limits.wholeSmall));
     const summary = treeSummary(stats, counts);
     o.summary.tree = summary;
     o.summary.size = counts.sourceBytes;
@@ -356,7 +356,10 @@ class TreeReceiver {
     const granted = o.listener ? Math.min(Number(o.offer.size), MAX_LANES) : 1;
     this.connections = granted;
     for (const m of this.muxes) m.setWindow(laneWindow(granted));
-    const token = crypto.randomBytes(LANE_TOKEN_BYTES);
+    // The token admits lanes to a listening port. Without one (an ssh session: no lane can
+    // join) or with one only this process reaches (a local sync's lanes), it guards nothing:
+    // zeros, and no OpenSSL set up for them (decisions §107).
+    const token = o.listener && !o.listener.inProcess ? crypto.randomBytes(LANE_TOKEN_BYTES) : Buffer.alloc(LANE_TOKEN_BYTES);
     await conn.send(FrameType.LANES, encodeLanes(granted, token));
     if (!o.listener) return;
     this.accepting = acceptLanes(o.listener, {

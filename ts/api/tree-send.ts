@@ -12,7 +12,7 @@ import {
   Capability,
   decodeLanes,
   encodeTreeOptions,
-  hasTriageChoices,
+  hasRsyncChoices,
   type TreeOptions,
   decodeTreeResult,
   encodeFileBegin,
@@ -104,7 +104,7 @@ export interface TreeSendOptions {
    * (with deletion on: it implies --delete, as in rsync). */
   deleteExcluded?: boolean;
   /** rsync's --size-only, --ignore-existing, --existing (see TreeOptions). */
-  choices?: { sizeOnly?: boolean; ignoreExisting?: boolean; existingOnly?: boolean };
+  choices?: { sizeOnly?: boolean; ignoreExisting?: boolean; existingOnly?: boolean; wholeSmall?: boolean };
   /** rsync's --max-size / --min-size (bytes): files outside are left alone on both sides. */
   maxSize?: number;
   minSize?: number;
@@ -156,7 +156,7 @@ export async function sendTree(conn: FramedConnection, o: Context): Promise<void
   if (early) o.negotiated = await confirmEarlyOffer(o, offer);
   const lanes = lanesWanted > 1 ? decodeLanes((await expect(conn, FrameType.LANES)).payload) : undefined;
   await exchangeManifestsAndRoots(conn, tree, Boolean(o.checksum), o.events, manifestSent ?? sendManifest(conn, tree, compressManifest));
-  const triaged = call(tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile), t.maxSize, t.minSize, options.omitTimes, options.omitPerms, options.sizeOnly, options.ignoreExisting, options.existingOnly));
+  const triaged = call(tree.triage(Boolean(o.checksum), !t.noDelete, Boolean(o.update), Boolean(o.wholeFile), t.maxSize, t.minSize, options.omitTimes, options.omitPerms, options.sizeOnly, options.ignoreExisting, options.existingOnly, options.wholeSmall));
   // The plan is known: each conversation hashes what it needs from here (ahead of it, the
   // scans started by now finish).
   const counts = await triaged.finally(() => o.scanAhead?.stop());
@@ -216,8 +216,12 @@ interface OfferSent {
  * goes (capability SIZE_LIMITS), or why these options cannot go to it at all (exit 2). */
 function offerShape(options: TreeOptions, n: Negotiated): { treeOptions: boolean } | FfsyncError {
   const peer = n.peerSoftware;
-  if (hasTriageChoices(options) && !(n.capabilities & Capability.TRIAGE_CHOICES)) {
+  if (hasRsyncChoices(options) && !(n.capabilities & Capability.TRIAGE_CHOICES)) {
     return new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) does not support --size-only / --ignore-existing / --existing: upgrade it`);
+  }
+  // Set by a local sync only, whose receiver is this build (so never refused in practice).
+  if (options.wholeSmall && !(n.capabilities & Capability.WHOLE_SMALL && n.capabilities & Capability.TRIAGE_CHOICES)) {
+    return new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) cannot take changed files whole in batches: give --no-whole-file, or upgrade it`);
   }
   if ((options.omitTimes || options.omitPerms) && !(n.capabilities & Capability.OMIT_ATTRS)) {
     return new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) always keeps times and permissions: give -t and -p (or -a), or upgrade it`);

@@ -33,6 +33,7 @@ const LONG = new Set([
   '--compress',
   '--sparse',
   '--whole-file',
+  '--no-whole-file',
   '--update',
   '--human-readable',
   '--itemize-changes',

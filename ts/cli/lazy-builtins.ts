@@ -5,9 +5,12 @@
 // this CLI has none of), and child_process requires `net`, `dgram` and their internals: 3–8 ms
 // of every start, `--version` and a local sync included, for a module only ssh's spawn uses
 // (decisions §100). The bundle's own code already loads what a command needs lazily
-// (./program.ts); this covers the dependency we do not write.
+// (./program.ts); this covers the dependency we do not write, and `node:crypto`, which modules
+// every session loads import for one call each on paths a local sync never takes (a lane's
+// token, a certificate's fingerprint, pairing): loading it initializes OpenSSL, ~5 ms of every
+// start (decisions §107).
 /** Built-ins whose first `require` may be deferred to their first use. */
-export const LAZY = new Set(['node:child_process', 'child_process']);
+export const LAZY = new Set(['node:child_process', 'child_process', 'node:crypto', 'crypto']);
 
 /** An object that stands for `load()`'s module: any use of it loads the module (once) and acts
  * on it. `__esModule` answers undefined without loading, so TypeScript's `__importDefault`,

@@ -124,6 +124,7 @@ function dataOptions(cmd: Command): void {
   .option('-c, --checksum', 'compare content, not size and mtime')
   .option('-u, --update', 'skip files that are newer on the receiver')
   .option('-W, --whole-file', 'send changed files whole (no delta against the old version)')
+  .option('--no-whole-file', 'send changed files over 64 KiB as deltas even between local paths (default there: whole up to 1 MiB, deltas above)')
   .option('-x, --one-file-system', "don't cross filesystem boundaries");
 }
 

@@ -69,8 +69,11 @@ export const Capability = {
    * the file's previous DATA frame as history (§4.7), so on a slow link a batch compresses
    * against the one before it too; the receiver reads that history back from what it wrote. */
   BATCH_PREFIX: 1 << 15,
+  /** Tree sessions: TREE_OPTIONS' 18th byte may carry WHOLE_SMALL (8): a changed file up to
+   * 1 MiB travels whole in a batch, not as a delta (a local sync's default, §9.2). */
+  WHOLE_SMALL: 1 << 16,
 } as const;
-export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM | Capability.BATCH_STREAM | Capability.OMIT_ATTRS | Capability.TRIAGE_CHOICES | Capability.DELETE_LIMIT | Capability.DELIVERY | Capability.BATCH_PREFIX;
+export const OUR_CAPABILITIES = Capability.ZSTD | Capability.SIZE_LIMITS | Capability.REFINE | Capability.SPARSE | Capability.COMMIT_REFUSAL | Capability.STREAM | Capability.BATCH_STREAM | Capability.OMIT_ATTRS | Capability.TRIAGE_CHOICES | Capability.DELETE_LIMIT | Capability.DELIVERY | Capability.BATCH_PREFIX | Capability.WHOLE_SMALL;
 /** Most REFINE bytes one file transfer may carry (the core's refine::MAX_TABLE_BYTES;
  * __test__/native-constants.test.ts checks they agree). */
 export const MAX_REFINE_TABLE = 64 * 1024 * 1024;
@@ -589,6 +592,10 @@ export interface TreeOptions extends SizeLimits {
   sizeOnly?: boolean;
   ignoreExisting?: boolean;
   existingOnly?: boolean;
+  /** A changed file up to 1 MiB travels whole in a batch, not as a delta against the
+   * receiver's old version: a local sync's default, as rsync's -W is for local copies
+   * (capability WHOLE_SMALL; bit 8 of the 18th byte; decisions §107). */
+  wholeSmall?: boolean;
 }
 
 const OMIT_TIMES = 16;
@@ -596,9 +603,17 @@ const OMIT_PERMS = 32;
 const SIZE_ONLY = 1;
 const IGNORE_EXISTING = 2;
 const EXISTING_ONLY = 4;
+const WHOLE_SMALL = 8;
 
-/** Whether these options need the 18th byte (only sent to a peer with TRIAGE_CHOICES). */
+/** Whether these options need the 18th byte (only sent to a peer with TRIAGE_CHOICES, and
+ * `wholeSmall` only to one with WHOLE_SMALL too). */
 export function hasTriageChoices(l: TreeOptions): boolean {
+  return Boolean(l.sizeOnly || l.ignoreExisting || l.existingOnly || l.wholeSmall);
+}
+
+/** Whether these options carry one of rsync's triage choices (--size-only, --ignore-existing,
+ * --existing), which a user asked for. */
+export function hasRsyncChoices(l: TreeOptions): boolean {
   return Boolean(l.sizeOnly || l.ignoreExisting || l.existingOnly);
 }
 
@@ -606,7 +621,7 @@ const NO_MAX = 0xffff_ffff_ffff_ffffn;
 
 export function encodeTreeOptions(l: TreeOptions): Buffer {
   const b = Buffer.alloc(hasTriageChoices(l) ? 18 : 17);
-  if (b.length === 18) b.writeUInt8((l.sizeOnly ? SIZE_ONLY : 0) | (l.ignoreExisting ? IGNORE_EXISTING : 0) | (l.existingOnly ? EXISTING_ONLY : 0), 17);
+  if (b.length === 18) b.writeUInt8((l.sizeOnly ? SIZE_ONLY : 0) | (l.ignoreExisting ? IGNORE_EXISTING : 0) | (l.existingOnly ? EXISTING_ONLY : 0) | (l.wholeSmall ? WHOLE_SMALL : 0), 17);
   b.writeBigUInt64LE(l.maxSize === undefined ? NO_MAX : BigInt(l.maxSize), 0);
   b.writeBigUInt64LE(BigInt(l.minSize ?? 0), 8);
   b.writeUInt8(l.attrs | (l.omitTimes ? OMIT_TIMES : 0) | (l.omitPerms ? OMIT_PERMS : 0), 16);
@@ -614,13 +629,13 @@ export function encodeTreeOptions(l: TreeOptions): Buffer {
 }
 
 export function decodeTreeOptions(p: Buffer): TreeOptions {
-  if ((p.length !== 17 && p.length !== 18) || p[16] > 63 || (p.length === 18 && (p[17] === 0 || p[17] > 7))) throw protocolError('bad TREE_OPTIONS');
+  if ((p.length !== 17 && p.length !== 18) || p[16] > 63 || (p.length === 18 && (p[17] === 0 || p[17] > 15))) throw protocolError('bad TREE_OPTIONS');
   const choices = p.length === 18 ? p[17] : 0;
   const max = p.readBigUInt64LE(0);
   const min = p.readBigUInt64LE(8);
   if (max > BigInt(Number.MAX_SAFE_INTEGER) && max !== NO_MAX) throw protocolError('bad TREE_OPTIONS: max too large');
   if (min > BigInt(Number.MAX_SAFE_INTEGER)) throw protocolError('bad TREE_OPTIONS: min too large');
-  return { maxSize: max === NO_MAX ? undefined : Number(max), minSize: min === 0n ? undefined : Number(min), attrs: p[16] & 15, omitTimes: (p[16] & OMIT_TIMES) !== 0, omitPerms: (p[16] & OMIT_PERMS) !== 0, sizeOnly: (choices & SIZE_ONLY) !== 0, ignoreExisting: (choices & IGNORE_EXISTING) !== 0, existingOnly: (choices & EXISTING_ONLY) !== 0 };
+  return { maxSize: max === NO_MAX ? undefined : Number(max), minSize: min === 0n ? undefined : Number(min), attrs: p[16] & 15, omitTimes: (p[16] & OMIT_TIMES) !== 0, omitPerms: (p[16] & OMIT_PERMS) !== 0, sizeOnly: (choices & SIZE_ONLY) !== 0, ignoreExisting: (choices & IGNORE_EXISTING) !== 0, existingOnly: (choices & EXISTING_ONLY) !== 0, wholeSmall: (choices & WHOLE_SMALL) !== 0 };
 }
 
 export const MAX_ERROR_MESSAGE = 4096;

@@ -17,6 +17,9 @@ export interface Listener {
   accept(): Promise<SecureStream>;
   /** Stop accepting; connections not taken yet are closed. */
   close(): void;
+  /** Only this process can connect (a local sync's in-memory lanes): a lane's token guards
+   * nothing there, so it is not drawn from the system's random source (decisions §107). */
+  inProcess?: boolean;
 }
 
 /** Hands out sockets in arrival order to whoever asks; drops the rest on close. */

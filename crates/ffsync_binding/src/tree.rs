@@ -555,6 +555,7 @@ impl NativeTreeSync {
         size_only: Option<bool>,
         ignore_existing: Option<bool>,
         existing_only: Option<bool>,
+        whole_small: Option<bool>,
     ) -> AsyncTask<TriageTask> {
         let options = TriageOptions {
             checksum,
@@ -568,6 +569,7 @@ impl NativeTreeSync {
             size_only: size_only.unwrap_or(false),
             ignore_existing: ignore_existing.unwrap_or(false),
             existing_only: existing_only.unwrap_or(false),
+            whole_small: whole_small.unwrap_or(false),
         };
         AsyncTask::new(TriageTask {
             t: self.inner.clone(),

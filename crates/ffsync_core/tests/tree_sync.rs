@@ -145,6 +145,8 @@ struct Opts {
     size_only: bool,
     ignore_existing: bool,
     existing_only: bool,
+    /// A local sync's default: changed files up to 1 MiB travel whole.
+    whole_small: bool,
 }
 
 struct Synced {
@@ -177,6 +179,17 @@ impl Synced {
             .iter()
             .any(|a| matches!(a.op, Op::Transfer | Op::LocalCopy | Op::Delete | Op::Mkdir))
     }
+}
+
+/// The plan's chunk-level transfers, by path, each with whether it is a delta.
+fn large_paths(t: &TreeSync) -> Vec<(String, bool)> {
+    let mut large: Vec<(String, bool)> = t
+        .large_transfers()
+        .into_iter()
+        .map(|l| (String::from_utf8(l.path).unwrap(), l.delta))
+        .collect();
+    large.sort();
+    large
 }
 
 fn small_count(t: &TreeSync) -> usize {
@@ -237,6 +250,7 @@ fn negotiate(src: &Side, dst: &Side, o: Opts) -> (TreeSync, TreeSync) {
         size_only: o.size_only,
         ignore_existing: o.ignore_existing,
         existing_only: o.existing_only,
+        whole_small: o.whole_small,
         ..Default::default()
     };
     let sp = s.triage(t).actions.clone();
@@ -993,14 +1007,8 @@ fn large_files_are_listed_for_the_chunk_conversation() {
     src.put("new_mid.bin", &bytes(300 * 1024, 5)); // new and <= 1 MiB: still a batch
     src.put("small.txt", b"small");
     let (s, r) = negotiate(&src, &dst, Opts::default());
-    let mut large: Vec<(String, bool)> = r
-        .large_transfers()
-        .into_iter()
-        .map(|l| (String::from_utf8(l.path).unwrap(), l.delta))
-        .collect();
-    large.sort();
     let expect = [("grown.bin", true), ("new_big.bin", false), ("was_empty.bin", false)];
-    assert_eq!(large, expect.map(|(p, d)| (p.to_string(), d)));
+    assert_eq!(large_paths(&r), expect.map(|(p, d)| (p.to_string(), d)));
     assert_eq!(small_count(&r), 2);
     let (records, errors) = execute(&src, &dst, &s, &r, true);
     assert!(errors.is_empty(), "{errors:?}");
@@ -1018,6 +1026,52 @@ fn large_files_are_listed_for_the_chunk_conversation() {
     );
     out.find(Op::LocalCopy, "moved_big.bin");
     assert!(out.r.large_transfers().is_empty());
+    assert_same(&src, &dst);
+}
+
+#[test]
+fn whole_small_sends_changed_files_up_to_a_mebibyte_whole_and_larger_ones_as_deltas() {
+    const MIB: usize = 1 << 20;
+    let (src, dst) = (Side::new(), Side::new());
+    // Changed at the same path: 200 KiB and exactly 1 MiB (whole with whole_small), 1 MiB + 1
+    // (a delta either way), 64 KiB (whole either way).
+    for (name, len, seed) in [
+        ("mid.bin", 200 * 1024, 1),
+        ("mib.bin", MIB, 3),
+        ("over.bin", MIB + 1, 5),
+        ("edge.bin", 64 * 1024, 7),
+    ] {
+        let old = bytes(len, seed);
+        let mut new = old.clone();
+        new[len / 2] ^= 0xff;
+        dst.put(name, &old);
+        src.put(name, &new);
+        set_mtime(&src.p(name), T0 + 1_000_000_000);
+    }
+    let plan_of = |whole_small: bool| {
+        let (_, r) = negotiate(
+            &src,
+            &dst,
+            Opts {
+                whole_small,
+                ..Default::default()
+            },
+        );
+        (large_paths(&r), small_count(&r))
+    };
+    let delta = |names: &[&str]| names.iter().map(|n| (n.to_string(), true)).collect::<Vec<_>>();
+    assert_eq!(plan_of(false), (delta(&["mib.bin", "mid.bin", "over.bin"]), 1));
+    assert_eq!(plan_of(true), (delta(&["over.bin"]), 3));
+    // And the whole copies land, verified, as the deltas do.
+    let out = sync_ok(
+        &src,
+        &dst,
+        Opts {
+            whole_small: true,
+            ..Default::default()
+        },
+    );
+    assert_eq!(out.records.len(), 3);
     assert_same(&src, &dst);
 }
 

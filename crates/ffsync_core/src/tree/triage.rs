@@ -89,6 +89,11 @@ pub struct TriageOptions {
     pub ignore_existing: bool,
     /// rsync's --existing: nothing new is created; only what the receiver has is updated.
     pub existing_only: bool,
+    /// A changed file up to [`NEW_FILE_BATCH_MAX`] travels whole in a batch, as a new one
+    /// does, not chunk by chunk against the receiver's old version: a local sync's default
+    /// (rsync's `-W` is the default for local copies), where no link makes a delta pay for
+    /// its conversation and for hashing the old file (decisions §107).
+    pub whole_small: bool,
 }
 
 impl TriageOptions {
@@ -351,7 +356,11 @@ pub fn triage(
                                 }
                                 return;
                             }
-                            if se.size <= SMALL_FILE_MAX || re.size == 0 || o.whole_file {
+                            if se.size <= SMALL_FILE_MAX
+                                || re.size == 0
+                                || o.whole_file
+                                || (o.whole_small && se.size <= NEW_FILE_BATCH_MAX)
+                            {
                                 small_or_large(&mut small, &mut large, act(Op::Transfer, 0, i, b, NONE), se.size);
                             } else {
                                 large.push(act(Op::Transfer, action_flags::DELTA, i, b, NONE));

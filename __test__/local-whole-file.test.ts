@@ -1,0 +1,103 @@
+// A local `sync` sends a changed file up to 1 MiB whole, as rsync copies whole between local
+// paths, and keeps deltas for larger ones (decisions §107): `-W` sends every file whole,
+// `--no-whole-file` every one over 64 KiB as a delta. The plan's counts (small transfers, large
+// ones) and the bytes matched against the old versions say which way each file went; every
+// run leaves the target equal to the source. And the option's wire form: TREE_OPTIONS' 18th
+// byte (capability WHOLE_SMALL).
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { describe, it } from 'node:test';
+import { Capability, decodeTreeOptions, encodeTreeOptions, OUR_CAPABILITIES } from '../ts/protocol/messages';
+import { assertSameTree, run, seeded, T0, tmpdir, writeAt } from './helpers/peers';
+
+const KiB = 1024;
+const MiB = 1024 * KiB;
+
+/** Old versions at the target, new ones (one byte changed in the middle, a later mtime) at the
+ * source: 200 KiB and exactly 1 MiB (whole by default), 1 MiB + 1 and 3 MiB (deltas). */
+const FILES: [string, number][] = [
+  ['mid.bin', 200 * KiB],
+  ['sub/mib.bin', MiB],
+  ['over.bin', MiB + 1],
+  ['big.bin', 3 * MiB],
+];
+
+function fixture(dir: string): { src: string; old: string } {
+  const src = path.join(dir, 'src');
+  const old = path.join(dir, 'old');
+  FILES.forEach(([name, len], i) => {
+    const data = seeded(len, 40 + i);
+    writeAt(old, name, data, 0o644, T0);
+    const changed = Buffer.from(data);
+    changed[len >> 1] ^= 0xff;
+    writeAt(src, name, changed, 0o644, T0 + 60);
+  });
+  return { src, old };
+}
+
+interface TreeSummary {
+  matchedBytes: number;
+  literalBytes: number;
+  tree: { smallTransfers: number; largeTransfers: number };
+}
+
+async function syncInto(dir: string, src: string, old: string, name: string, flags: string[]): Promise<TreeSummary> {
+  const dst = path.join(dir, name);
+  fs.cpSync(old, dst, { recursive: true, preserveTimestamps: true });
+  const r = await run(['sync', '-a', '--json', '--state-dir', path.join(dir, `state-${name}`), ...flags, `${src}/`, `${dst}/`]).done;
+  assert.equal(r.code, 0, r.stderr);
+  assertSameTree(dst, src);
+  return r.summary as unknown as TreeSummary;
+}
+
+describe('a local sync sends changed files up to 1 MiB whole', () => {
+  it('by default: 200 KiB and 1 MiB whole in batches, larger files as deltas against their old versions', async () => {
+    const dir = tmpdir('ffsync-whole-');
+    const { src, old } = fixture(dir);
+    const s = await syncInto(dir, src, old, 'default', []);
+    assert.equal(s.tree.smallTransfers, 2, JSON.stringify(s.tree));
+    assert.equal(s.tree.largeTransfers, 2, JSON.stringify(s.tree));
+    // The two large files' unchanged chunks come from their old versions: all but the chunk
+    // holding the changed byte (at most 256 KiB each with these sizes' chunk parameters).
+    const large = MiB + 1 + 3 * MiB;
+    assert.ok(s.matchedBytes >= large - 2 * 256 * KiB, `matched ${s.matchedBytes}`);
+    // What went whole went in full.
+    assert.ok(s.literalBytes >= 200 * KiB + MiB, `literal ${s.literalBytes}`);
+  });
+
+  it('--no-whole-file: every changed file over 64 KiB is a delta; -W: every file whole', async () => {
+    const dir = tmpdir('ffsync-whole-');
+    const { src, old } = fixture(dir);
+    const deltas = await syncInto(dir, src, old, 'deltas', ['--no-whole-file']);
+    assert.equal(deltas.tree.smallTransfers, 0, JSON.stringify(deltas.tree));
+    assert.equal(deltas.tree.largeTransfers, 4, JSON.stringify(deltas.tree));
+    const total = FILES.reduce((n, [, len]) => n + len, 0);
+    // The 200 KiB and 1 MiB files matched too: more than the default's large files alone.
+    assert.ok(deltas.matchedBytes > MiB + 1 + 3 * MiB, `matched ${deltas.matchedBytes}`);
+    assert.ok(deltas.literalBytes < total / 2, `literal ${deltas.literalBytes}`);
+    const whole = await syncInto(dir, src, old, 'whole', ['-W']);
+    assert.equal(whole.matchedBytes, 0);
+    assert.equal(whole.literalBytes, total);
+    assert.equal(whole.tree.smallTransfers, 2, JSON.stringify(whole.tree));
+  });
+
+  it('TREE_OPTIONS carries it as bit 8 of the 18th byte, which this build accepts and advertises', () => {
+    assert.ok(OUR_CAPABILITIES & Capability.WHOLE_SMALL);
+    const alone = encodeTreeOptions({ attrs: 0, wholeSmall: true });
+    assert.equal(alone.length, 18);
+    assert.equal(alone[17], 8);
+    assert.equal(decodeTreeOptions(alone).wholeSmall, true);
+    const all = encodeTreeOptions({ attrs: 0, sizeOnly: true, ignoreExisting: true, existingOnly: true, wholeSmall: true });
+    assert.equal(all[17], 15);
+    assert.deepEqual(
+      [decodeTreeOptions(all).sizeOnly, decodeTreeOptions(all).ignoreExisting, decodeTreeOptions(all).existingOnly, decodeTreeOptions(all).wholeSmall],
+      [true, true, true, true],
+    );
+    assert.equal(encodeTreeOptions({ attrs: 0 }).length, 17, 'no choices, no 18th byte');
+    assert.equal(decodeTreeOptions(encodeTreeOptions({ attrs: 0, sizeOnly: true })).wholeSmall, false);
+    const unknown = Buffer.from(all);
+    unknown[17] = 16;
+    assert.throws(() => decodeTreeOptions(unknown), /bad TREE_OPTIONS/);
+  });
+});
