@@ -1,6 +1,7 @@
 // A local `sync` sends a changed file up to 1 MiB whole, as rsync copies whole between local
 // paths, and keeps deltas for larger ones (decisions §107): `-W` sends every file whole,
-// `--no-whole-file` every one over 64 KiB as a delta. The plan's counts (small transfers, large
+// `--no-whole-file` every one over 64 KiB as a delta, and so does `--inplace` (its files keep
+// their inodes). The plan's counts (small transfers, large
 // ones) and the bytes matched against the old versions say which way each file went; every
 // run leaves the target equal to the source. And the option's wire form: TREE_OPTIONS' 18th
 // byte (capability WHOLE_SMALL).
@@ -42,13 +43,15 @@ interface TreeSummary {
   tree: { smallTransfers: number; largeTransfers: number };
 }
 
-async function syncInto(dir: string, src: string, old: string, name: string, flags: string[]): Promise<TreeSummary> {
+async function syncInto(dir: string, src: string, old: string, name: string, flags: string[]): Promise<TreeSummary & { inodesKept: number }> {
   const dst = path.join(dir, name);
   fs.cpSync(old, dst, { recursive: true, preserveTimestamps: true });
+  const inodes = FILES.map(([f]) => fs.statSync(path.join(dst, f)).ino);
   const r = await run(['sync', '-a', '--json', '--state-dir', path.join(dir, `state-${name}`), ...flags, `${src}/`, `${dst}/`]).done;
   assert.equal(r.code, 0, r.stderr);
   assertSameTree(dst, src);
-  return r.summary as unknown as TreeSummary;
+  const inodesKept = FILES.filter(([f], i) => fs.statSync(path.join(dst, f)).ino === inodes[i]).length;
+  return { ...(r.summary as unknown as TreeSummary), inodesKept };
 }
 
 describe('a local sync sends changed files up to 1 MiB whole', () => {
@@ -64,9 +67,24 @@ describe('a local sync sends changed files up to 1 MiB whole', () => {
     assert.ok(s.matchedBytes >= large - 2 * 256 * KiB, `matched ${s.matchedBytes}`);
     // What went whole went in full.
     assert.ok(s.literalBytes >= 200 * KiB + MiB, `literal ${s.literalBytes}`);
+    // The receiver's index learned the whole copies too: a second sync finds all four unchanged
+    // by content, and a same-size, same-mtime change to one of them is still found.
+    const dst = path.join(dir, 'default');
+    const again = async () => (await run(['sync', '-a', '--json', '--state-dir', path.join(dir, 'state-default'), `${src}/`, `${dst}/`]).done).summary as unknown as TreeSummary & { tree: { unchanged: number } };
+    const second = await again();
+    assert.deepEqual([second.tree.smallTransfers, second.tree.largeTransfers, second.tree.unchanged], [0, 0, FILES.length]);
+    const mid = path.join(dst, 'mid.bin');
+    const st = fs.statSync(mid);
+    const bytes = fs.readFileSync(mid);
+    bytes[7] ^= 1;
+    fs.writeFileSync(mid, bytes);
+    fs.utimesSync(mid, st.atime, st.mtime);
+    const third = await again();
+    assert.equal(third.tree.smallTransfers, 1, JSON.stringify(third.tree));
+    assertSameTree(dst, src);
   });
 
-  it('--no-whole-file: every changed file over 64 KiB is a delta; -W: every file whole', async () => {
+  it('--no-whole-file and --inplace: every changed file over 64 KiB is a delta; -W: every file whole', async () => {
     const dir = tmpdir('ffsync-whole-');
     const { src, old } = fixture(dir);
     const deltas = await syncInto(dir, src, old, 'deltas', ['--no-whole-file']);
@@ -80,6 +98,11 @@ describe('a local sync sends changed files up to 1 MiB whole', () => {
     assert.equal(whole.matchedBytes, 0);
     assert.equal(whole.literalBytes, total);
     assert.equal(whole.tree.smallTransfers, 2, JSON.stringify(whole.tree));
+    // --inplace: every file a delta, updated inside its target (the same inode).
+    const inplace = await syncInto(dir, src, old, 'inplace', ['--inplace']);
+    assert.equal(inplace.tree.smallTransfers, 0, JSON.stringify(inplace.tree));
+    assert.equal(inplace.tree.largeTransfers, 4, JSON.stringify(inplace.tree));
+    assert.equal(inplace.inodesKept, FILES.length);
   });
 
   it('TREE_OPTIONS carries it as bit 8 of the 18th byte, which this build accepts and advertises', () => {

@@ -353,8 +353,10 @@ async function syncLocally(c: SyncContext, st: BigIntStats, srcName: string, kin
   // save, a delta of a mid-size file costs more than it spares (its conversation, hashing the
   // old version). Changed files up to 1 MiB go whole in batches, as new ones do; larger ones
   // keep their deltas, whose local copies of unchanged chunks cost no more than a whole copy
-  // (decisions §107). -W sends every file whole, --no-whole-file every one as a delta.
-  const wholeSmall = o.wholeFile === undefined;
+  // (decisions §107). -W sends every file whole, --no-whole-file every one as a delta; and
+  // --inplace keeps its deltas, which update a file inside the target (its inode, its hard
+  // links) where a whole copy replaces it.
+  const wholeSmall = o.wholeFile === undefined && !o.inplace;
   const sending = { ...eng, compressLevel: 0, compressManifest: false, overlap: false, tree: { ...eng.tree, choices: { ...eng.tree.choices, wholeSmall }, parallel: o.jobs ?? LOCAL_LANES, listing: listingOf(o, src, dest, false, destExisted, rootExisted) }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
   const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, ...receiverSide.tree }, backup: receiverSide.backup, partialDir: receiverSide.partialDir, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, compressManifest: false, inplace: o.inplace, fsync: o.fsync };
   // Both trees are walked from the start, neither waiting on the handshake or the other
