@@ -9,8 +9,9 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
+import { send } from '../ts/api/send';
 import { Capability, decodeTreeOptions, encodeTreeOptions, OUR_CAPABILITIES } from '../ts/protocol/messages';
-import { assertSameTree, run, seeded, T0, tmpdir, writeAt } from './helpers/peers';
+import { assertSameTree, run, seeded, snapshotTree, T0, tmpdir, writeAt } from './helpers/peers';
 
 const KiB = 1024;
 const MiB = 1024 * KiB;
@@ -103,6 +104,34 @@ describe('a local sync sends changed files up to 1 MiB whole', () => {
     assert.equal(inplace.tree.smallTransfers, 0, JSON.stringify(inplace.tree));
     assert.equal(inplace.tree.largeTransfers, 4, JSON.stringify(inplace.tree));
     assert.equal(inplace.inodesKept, FILES.length);
+  });
+
+  it('a receiver applies the option from the wire, and one running with --inplace refuses it (exit 2, nothing written)', async () => {
+    // Only a local sync sets it; the library's tree choices can send it to any receiver.
+    const dir = tmpdir('ffsync-whole-');
+    const { src, old } = fixture(dir);
+    for (const inplace of [false, true]) {
+      const dst = path.join(dir, inplace ? 'inplace' : 'plain');
+      fs.cpSync(old, dst, { recursive: true, preserveTimestamps: true });
+      const before = snapshotTree(dst);
+      const recv = run(['receive', dst, '0', '--bind', '127.0.0.1', '--plaintext', '--json', '--timeout', '20', '--state-dir', path.join(dir, `r-${inplace}`), ...(inplace ? ['--inplace'] : [])]);
+      const port = (await recv.waitFor((e) => e.event === 'listening')).port as number;
+      const sending = send({ path: src, host: '127.0.0.1', port, plaintext: true, stateDir: path.join(dir, `s-${inplace}`), timeoutMs: 20_000, tree: { choices: { wholeSmall: true } } });
+      if (inplace) {
+        // The sender is told why, with the receiver's exit code.
+        await assert.rejects(sending, (e: Error & { exitCode?: number }) => e.exitCode === 2 && /this --inplace receiver would replace/.test(e.message));
+        const r = await recv.done;
+        assert.equal(r.code, 2, r.stderr);
+        assert.match(r.stderr, /this --inplace receiver would replace/);
+        assert.deepEqual(snapshotTree(dst), before, 'nothing written');
+      } else {
+        const summary = (await sending) as unknown as TreeSummary & { ok: boolean };
+        assert.equal(summary.ok, true);
+        assert.equal(summary.tree.smallTransfers, 2, JSON.stringify(summary.tree));
+        assert.equal((await recv.done).code, 0);
+        assertSameTree(dst, src);
+      }
+    }
   });
 
   it('TREE_OPTIONS carries it as bit 8 of the 18th byte, which this build accepts and advertises', () => {

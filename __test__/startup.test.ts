@@ -65,10 +65,12 @@ it('a local sync loads the addon but no TLS, QUIC, serve daemon or spinner', asy
   fs.writeFileSync(path.join(src, 'd', 'a.bin'), seeded(10_000, 1));
   // Two large files: the second one goes over an in-memory lane, which joins with a token.
   for (const n of [2, 3]) fs.writeFileSync(path.join(src, `l${n}.bin`), seeded(1536 * 1024, n));
-  const { loaded, code, stderr } = await loadedBy(['sync', '-a', `${src}/`, `${path.join(dir, 'dst')}/`, '--state-dir', path.join(dir, 'state')], dir);
+  const { loaded, code, stderr, stdout } = await loadedBy(['sync', '-a', '--json', `${src}/`, `${path.join(dir, 'dst')}/`, '--state-dir', path.join(dir, 'state')], dir);
   assert.equal(code, 0, stderr);
   assert.deepEqual(fs.readFileSync(path.join(dir, 'dst', 'd', 'a.bin')), seeded(10_000, 1));
   for (const n of [2, 3]) assert.deepEqual(fs.readFileSync(path.join(dir, 'dst', `l${n}.bin`)), seeded(1536 * 1024, n));
+  const summary = stdout.split('\n').filter(Boolean).map((l) => JSON.parse(l) as { event: string; tree?: { lanes: number } }).find((e) => e.event === 'summary');
+  assert.ok((summary?.tree?.lanes ?? 0) >= 2, `a lane joined: ${JSON.stringify(summary?.tree)}`);
   assert.equal(addon(loaded).length > 0, true, 'the sync ran without the addon?');
   assert.equal(loaded.esmImported, false);
   assert.deepEqual(ours(loaded, 'transport/tls.js', 'transport/quic.js', 'serve/daemon.js', 'api/over-quic.js', 'security/identity.js', 'api/pull.js'), []);

@@ -185,6 +185,10 @@ class TreeReceiver {
     await this.grantLanes();
     const excludes = decodeFilter((await expect(conn, FrameType.FILTER)).payload);
     const limits: TreeOptions = o.negotiated.capabilities & Capability.SIZE_LIMITS ? decodeTreeOptions((await expect(conn, FrameType.TREE_OPTIONS)).payload) : { attrs: 0 };
+    // Whole copies replace a file (a new inode, its hard links cut) where --inplace updates it:
+    // this receiver's --inplace is not dropped silently, and ignoring the option instead would
+    // leave the peers with different plans (decisions §107).
+    if (limits.wholeSmall && o.inplace) throw new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, 'the sender sends changed files up to 1 MiB whole, which this --inplace receiver would replace instead of updating: run the sender with --no-whole-file');
     const { root, scratch, existed } = await prepareRoot(o, this.dryRun);
     let opened: NativeTreeSync | undefined;
     try {

@@ -13,6 +13,7 @@ import {
   decodeLanes,
   encodeTreeOptions,
   hasRsyncChoices,
+  hasTriageChoices,
   type TreeOptions,
   decodeTreeResult,
   encodeFileBegin,
@@ -227,8 +228,10 @@ function offerShape(options: TreeOptions, n: Negotiated): { treeOptions: boolean
     return new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) always keeps times and permissions: give -t and -p (or -a), or upgrade it`);
   }
   if (n.capabilities & Capability.SIZE_LIMITS) return { treeOptions: true };
-  if (options.maxSize !== undefined || options.minSize !== undefined || options.attrs) {
-    return new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) does not support --max-size / --min-size / -o / -g / -X`);
+  // Without SIZE_LIMITS no TREE_OPTIONS goes: options only it carries cannot apply, and this
+  // side's triage must not use what the receiver's will not (its choices byte included).
+  if (options.maxSize !== undefined || options.minSize !== undefined || options.attrs || hasTriageChoices(options)) {
+    return new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) does not support --max-size / --min-size / -o / -g / -X${hasTriageChoices(options) ? ' / --size-only / --ignore-existing / --existing' : ''}`);
   }
   return { treeOptions: false };
 }

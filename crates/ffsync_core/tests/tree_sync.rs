@@ -1062,6 +1062,14 @@ fn whole_small_sends_changed_files_up_to_a_mebibyte_whole_and_larger_ones_as_del
     let delta = |names: &[&str]| names.iter().map(|n| (n.to_string(), true)).collect::<Vec<_>>();
     assert_eq!(plan_of(false), (delta(&["mib.bin", "mid.bin", "over.bin"]), 1));
     assert_eq!(plan_of(true), (delta(&["over.bin"]), 3));
+    // An earlier chunk-level attempt at mid.bin left a partial of another version: the whole
+    // copy leaves none behind. A name of that shape that is not ours (a hard link) stays.
+    let stale = dst.p(&ffsync_core::restore::partial_name(b"mid.bin", &[7; 32]).to_string_lossy());
+    fs::write(&stale, b"half of another version").unwrap();
+    let foreign = dst.p(&ffsync_core::restore::partial_name(b"mib.bin", &[9; 32]).to_string_lossy());
+    let elsewhere = dst.base.join("elsewhere");
+    fs::write(&elsewhere, b"someone else's").unwrap();
+    fs::hard_link(&elsewhere, &foreign).unwrap();
     // And the whole copies land, verified, as the deltas do.
     let out = sync_ok(
         &src,
@@ -1072,6 +1080,11 @@ fn whole_small_sends_changed_files_up_to_a_mebibyte_whole_and_larger_ones_as_del
         },
     );
     assert_eq!(out.records.len(), 3);
+    assert!(!stale.exists(), "a stale partial of a file replaced whole");
+    assert!(foreign.exists(), "a name not ours is left alone");
+    let synced = fs::metadata(&dst.tree).unwrap();
+    fs::remove_file(&foreign).unwrap();
+    set_mtime(&dst.tree, synced.mtime() * 1_000_000_000 + synced.mtime_nsec());
     assert_same(&src, &dst);
 }
 

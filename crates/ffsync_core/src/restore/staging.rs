@@ -122,6 +122,23 @@ pub(crate) fn for_each_partial(target: &Target, mut f: impl FnMut(Target)) {
     }
 }
 
+/// Our partials of the files named `names` in `sibling`'s directory, removed, with one listing
+/// of it for all of them: each of these files was just renamed into place whole, so an earlier
+/// chunk-level attempt's partial of any version (or early placement's) is never resumed. Only
+/// private regular files of ours go, as in [`remove_stale_partials`].
+pub(crate) fn remove_partials_of(sibling: &Target, names: &[Vec<u8>]) {
+    let Ok(listing) = sibling.dir.names() else { return };
+    for n in listing {
+        let candidate = crate::tree::path::name_bytes(&n);
+        if names.iter().any(|name| is_partial_name(name, &candidate)) {
+            let p = sibling.sibling(n);
+            if p.open_read().is_ok_and(|f| crate::beneath::is_private_regular(&f)) {
+                let _ = p.unlink();
+            }
+        }
+    }
+}
+
 pub(crate) fn remove_stale_partials(target: &Target, keep: &Target) {
     for_each_partial(target, |p| {
         // Only our own stale partials go: a name planted by someone else (a hard link to a

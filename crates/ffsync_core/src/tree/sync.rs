@@ -1135,25 +1135,52 @@ impl TreeSync {
             }
             return Err(e);
         }
-        let committed: Vec<(Result<u64>, u64, String)> = temps
+        let committed: Vec<(Result<u64>, usize, u64, String)> = temps
             .par_iter()
             .map(|(k, tmp, root, len)| {
                 let a = &self.plan().actions[*k];
                 let rel = display(s.entry(a.sender_entry as usize).path);
-                (self.commit_with_root(a, tmp, *root), *len, rel)
+                (self.commit_with_root(a, tmp, *root), *k, *len, rel)
             })
             .collect();
-        for (c, len, rel) in committed {
+        let mut replaced = Vec::new();
+        for (c, k, len, rel) in committed {
             match c {
                 Ok(_) => {
                     out.files += 1;
                     out.bytes += len;
+                    replaced.push(k);
                 }
                 Err(e) if is_fatal(&e) => return Err(e),
                 Err(e) => out.errors.push(format!("cannot write {rel}: {e}")),
             }
         }
+        self.remove_replaced_partials(&replaced);
         Ok(out)
+    }
+
+    /// After a batch: a file over [`triage::SMALL_FILE_MAX`] that replaced the receiver's file
+    /// whole may have a partial beside it from an earlier chunk-level attempt (interrupted, or
+    /// by a build or a `--no-whole-file` sync that sent it as a delta; a local sync sends such
+    /// files whole since decisions §107), which nothing would resume or remove any more. One
+    /// listing per directory of the batch. (Partials moved to a `--partial-dir` stay there.)
+    fn remove_replaced_partials(&self, actions: &[usize]) {
+        let s = self.sender_manifest();
+        let mut by_dir: std::collections::BTreeMap<&[u8], Vec<Target>> = Default::default();
+        for &k in actions {
+            let a = &self.plan().actions[k];
+            let e = s.entry(a.sender_entry as usize);
+            if a.receiver_entry == triage::NONE || e.size <= triage::SMALL_FILE_MAX {
+                continue;
+            }
+            if let Ok(t) = self.target(a) {
+                by_dir.entry(super::path::parent_of(e.path)).or_default().push(t);
+            }
+        }
+        for targets in by_dir.values() {
+            let names: Vec<Vec<u8>> = targets.iter().map(Target::name_bytes).collect();
+            crate::restore::staging::remove_partials_of(&targets[0], &names);
+        }
     }
 
     /// A small file's content in a temp beside its target (metadata set), not yet renamed.
