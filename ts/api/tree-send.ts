@@ -231,7 +231,8 @@ function offerShape(options: TreeOptions, n: Negotiated): { treeOptions: boolean
   // Without SIZE_LIMITS no TREE_OPTIONS goes: options only it carries cannot apply, and this
   // side's triage must not use what the receiver's will not (its choices byte included).
   if (options.maxSize !== undefined || options.minSize !== undefined || options.attrs || hasTriageChoices(options)) {
-    return new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) does not support --max-size / --min-size / -o / -g / -X${hasTriageChoices(options) ? ' / --size-only / --ignore-existing / --existing' : ''}`);
+    const asked = ['--max-size / --min-size / -o / -g / -X', ...(hasRsyncChoices(options) ? ['--size-only / --ignore-existing / --existing'] : []), ...(options.wholeSmall ? ['whole copies of changed files'] : [])];
+    return new FfsyncError('EPROTOCAP', ExitCode.PROTOCOL_INCOMPATIBLE, `the receiver (${peer}) does not support ${asked.join(' / ')}`);
   }
   return { treeOptions: false };
 }

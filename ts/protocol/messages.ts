@@ -608,7 +608,7 @@ const WHOLE_SMALL = 8;
 /** Whether these options need the 18th byte (only sent to a peer with TRIAGE_CHOICES, and
  * `wholeSmall` only to one with WHOLE_SMALL too). */
 export function hasTriageChoices(l: TreeOptions): boolean {
-  return Boolean(l.sizeOnly || l.ignoreExisting || l.existingOnly || l.wholeSmall);
+  return hasRsyncChoices(l) || Boolean(l.wholeSmall);
 }
 
 /** Whether these options carry one of rsync's triage choices (--size-only, --ignore-existing,

@@ -131,31 +131,28 @@ pub(crate) fn remove_partials_of(sibling: &Target, names: &[Vec<u8>]) {
     for n in listing {
         let candidate = crate::tree::path::name_bytes(&n);
         if names.iter().any(|name| is_partial_name(name, &candidate)) {
-            let p = sibling.sibling(n);
-            if p.open_read().is_ok_and(|f| crate::beneath::is_private_regular(&f)) {
-                let _ = p.unlink();
-            }
+            unlink_if_ours(&sibling.sibling(n));
         }
+    }
+}
+
+/// Only our own files go: a name planted by someone else (a hard link to a file elsewhere,
+/// another user's file) is not ours to remove or reuse.
+fn unlink_if_ours(p: &Target) {
+    if p.open_read().is_ok_and(|f| crate::beneath::is_private_regular(&f)) {
+        let _ = p.unlink();
     }
 }
 
 pub(crate) fn remove_stale_partials(target: &Target, keep: &Target) {
     for_each_partial(target, |p| {
-        // Only our own stale partials go: a name planted by someone else (a hard link to a
-        // file elsewhere, another user's file) is not ours to remove or reuse.
-        if p.name != keep.name && p.open_read().is_ok_and(|f| crate::beneath::is_private_regular(&f)) {
-            let _ = p.unlink();
+        if p.name != keep.name {
+            unlink_if_ours(&p);
         }
     });
     // A provisional file of early placement that was not adopted (a receiver killed
     // mid-stream) is never resumable.
-    let streaming = streaming_of(target);
-    if streaming
-        .open_read()
-        .is_ok_and(|f| crate::beneath::is_private_regular(&f))
-    {
-        let _ = streaming.unlink();
-    }
+    unlink_if_ours(&streaming_of(target));
 }
 
 /// Reopen an existing partial for resuming: only a regular file with one link, owned by

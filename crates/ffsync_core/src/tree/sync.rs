@@ -1135,21 +1135,21 @@ impl TreeSync {
             }
             return Err(e);
         }
-        let committed: Vec<(Result<u64>, usize, u64, String)> = temps
+        let committed: Vec<(Result<u64>, u64, String)> = temps
             .par_iter()
             .map(|(k, tmp, root, len)| {
                 let a = &self.plan().actions[*k];
                 let rel = display(s.entry(a.sender_entry as usize).path);
-                (self.commit_with_root(a, tmp, *root), *k, *len, rel)
+                (self.commit_with_root(a, tmp, *root), *len, rel)
             })
             .collect();
         let mut replaced = Vec::new();
-        for (c, k, len, rel) in committed {
+        for ((c, len, rel), w) in committed.into_iter().zip(&temps) {
             match c {
                 Ok(_) => {
                     out.files += 1;
                     out.bytes += len;
-                    replaced.push(k);
+                    replaced.push(w);
                 }
                 Err(e) if is_fatal(&e) => return Err(e),
                 Err(e) => out.errors.push(format!("cannot write {rel}: {e}")),
@@ -1163,23 +1163,27 @@ impl TreeSync {
     /// whole may have a partial beside it from an earlier chunk-level attempt (interrupted, or
     /// by a build or a `--no-whole-file` sync that sent it as a delta; a local sync sends such
     /// files whole since decisions §107), which nothing would resume or remove any more. One
-    /// listing per directory of the batch. (Partials moved to a `--partial-dir` stay there.)
-    fn remove_replaced_partials(&self, actions: &[usize]) {
+    /// listing per directory of the batch, through the temp's directory handle (the target's:
+    /// nothing is resolved again). (Partials moved to a `--partial-dir` stay there.)
+    fn remove_replaced_partials(&self, written: &[&Written]) {
         let s = self.sender_manifest();
-        let mut by_dir: std::collections::BTreeMap<&[u8], Vec<Target>> = Default::default();
-        for &k in actions {
-            let a = &self.plan().actions[k];
+        let mut by_dir: std::collections::BTreeMap<&[u8], (&Target, Vec<Vec<u8>>)> = Default::default();
+        for (k, tmp, _, _) in written {
+            let a = &self.plan().actions[*k];
             let e = s.entry(a.sender_entry as usize);
             if a.receiver_entry == triage::NONE || e.size <= triage::SMALL_FILE_MAX {
                 continue;
             }
-            if let Ok(t) = self.target(a) {
-                by_dir.entry(super::path::parent_of(e.path)).or_default().push(t);
-            }
+            // The target's name as `place` makes it (a sibling of the temp).
+            let name = super::path::name_bytes(&super::path::os_name(super::path::name_of(e.path)));
+            by_dir
+                .entry(super::path::parent_of(e.path))
+                .or_insert((tmp, Vec::new()))
+                .1
+                .push(name);
         }
-        for targets in by_dir.values() {
-            let names: Vec<Vec<u8>> = targets.iter().map(Target::name_bytes).collect();
-            crate::restore::staging::remove_partials_of(&targets[0], &names);
+        for (sibling, names) in by_dir.values() {
+            crate::restore::staging::remove_partials_of(sibling, names);
         }
     }
 
