@@ -81,6 +81,30 @@ describe('--partial-dir: where an interrupted attempt keeps its partial, and the
     });
   }
 
+  it('local: a file that now goes whole in a batch (600 KiB, decisions §107) takes its kept partial with it, and the emptied directory goes', async () => {
+    // rsync removes a file's partial from --partial-dir once the file is done, however it was
+    // done. The build before left it there for good: nothing resumes a file that travels whole.
+    const dir = tmpdir();
+    const src = path.join(dir, 'src');
+    const dst = path.join(dir, 'dst');
+    const data = seeded(24 * MiB, 44);
+    writeAt(src, 'sub/big.bin', data, 0o644, T0);
+    fs.mkdirSync(dst);
+    const first = startSync(dir, ['-a', '--partial-dir=.rsync-partial', '--bwlimit', String(6 * 1024), `${src}/`, `${dst}/`]);
+    await until(() => mostBlocksInPartials(dst, data) >= 3, 30_000, 'a partial with 3 MiB in it');
+    first.child.kill('SIGTERM');
+    assert.equal((await first.done).code, 20);
+    const pdir = path.join(dst, 'sub', '.rsync-partial');
+    assert.equal(partsIn(pdir).length, 1, 'kept in DEST/sub/.rsync-partial');
+    // The next version is small enough to travel whole between local paths.
+    writeAt(src, 'sub/big.bin', seeded(600 * 1024, 45), 0o644, T0 + 60);
+    const second = await startSync(dir, ['-a', '--partial-dir=.rsync-partial', `${src}/`, `${dst}/`]).done;
+    assert.equal(second.code, 0, second.stderr);
+    assert.equal(sha256(path.join(dst, 'sub', 'big.bin')), sha256(path.join(src, 'sub', 'big.bin')));
+    assert.deepEqual(partials(dst), [], 'no partial left anywhere');
+    assert.equal(fs.existsSync(pdir), false, 'the emptied partial directory is removed');
+  });
+
   it('an absolute --partial-dir holds the partial of a single file and stays; a link planted at a relative one is refused, not followed', async () => {
     const dir = tmpdir();
     const data = seeded(24 * MiB, 42);

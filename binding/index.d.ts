@@ -207,6 +207,11 @@ export declare class NativeTreeSync {
    */
   setChown(spec: string): void
   /**
+   * Receiver: rsync's --partial-dir (`null`: none); a file replaced whole by a batch has its
+   * partials there removed (see `TreeSync::set_partial_dir`). Call before the batches.
+   */
+  setPartialDir(dir?: string | undefined | null): void
+  /**
    * Receiver: rsync's --max-delete (`null`: no limit); see `TreeSync::set_max_delete`.
    * Call before `finishReceiver`.
    */

@@ -553,11 +553,13 @@ async function openTargetTree(conn: FramedConnection, o: Context, w: { root: str
   return tree;
 }
 
-/** The session's settings for writing into our tree: durability, --max-delete, -b, --chown. */
+/** The session's settings for writing into our tree: durability, --max-delete, -b, --chown,
+ * --partial-dir (whose partials of a file a batch replaced whole go). */
 function applyTreeSettings(tree: NativeTreeSync, o: Context, dryRun: boolean): void {
   tree.setFsync(o.fsync !== false);
   tree.setMaxDelete(o.tree?.maxDelete ?? null);
   if (!dryRun) tree.setBackup(o.backup ?? null);
+  if (!dryRun && o.partialDir !== undefined) tree.setPartialDir(o.partialDir);
   if (o.tree?.chown) tree.setChown(o.tree.chown);
 }
 

@@ -441,6 +441,21 @@ impl NativeTreeSync {
         Ok(())
     }
 
+    /// Receiver: rsync's --partial-dir (`null`: none); a file replaced whole by a batch has its
+    /// partials there removed (see `TreeSync::set_partial_dir`). Call before the batches.
+    #[napi]
+    pub fn set_partial_dir(&self, dir: Option<String>) -> Result<()> {
+        let d = match dir {
+            Some(d) => Some(
+                ffsync_core::restore::partial_dir::PartialDir::parse(&d)
+                    .map_err(|e| to_napi(ffsync_core::CoreError::Usage(e.to_string())))?,
+            ),
+            None => None,
+        };
+        self.inner.write().unwrap().set_partial_dir(d);
+        Ok(())
+    }
+
     /// Receiver: rsync's --max-delete (`null`: no limit); see `TreeSync::set_max_delete`.
     /// Call before `finishReceiver`.
     #[napi]

@@ -147,6 +147,8 @@ struct Opts {
     existing_only: bool,
     /// A local sync's default: changed files up to 1 MiB travel whole.
     whole_small: bool,
+    /// The receiver's rsync --partial-dir.
+    partial_dir: Option<&'static str>,
 }
 
 struct Synced {
@@ -230,6 +232,10 @@ fn negotiate(src: &Side, dst: &Side, o: Opts) -> (TreeSync, TreeSync) {
     let mut s = open(src, &filter, None, true);
     let mut r = open(dst, &wire_filter, (!o.protect.is_empty()).then_some(&protect), false);
     r.set_fsync(!o.no_fsync);
+    r.set_partial_dir(
+        o.partial_dir
+            .map(|d| ffsync_core::restore::partial_dir::PartialDir::parse(d).unwrap()),
+    );
     let (sm, rm) = (
         s.local.manifest.encode_compressed(),
         r.local.manifest.encode_compressed(),
@@ -1086,6 +1092,84 @@ fn whole_small_sends_changed_files_up_to_a_mebibyte_whole_and_larger_ones_as_del
     fs::remove_file(&foreign).unwrap();
     set_mtime(&dst.tree, synced.mtime() * 1_000_000_000 + synced.mtime_nsec());
     assert_same(&src, &dst);
+}
+
+/// rsync removes a file's partial from its --partial-dir once the file is done. A whole copy in a
+/// batch is a file done: the partials kept there for it go (a replaced file's and a new one's,
+/// of any version), in a relative directory beside each file (removed once empty) and in an
+/// absolute one; another file's partial, a file of ours by another name and a name that is not
+/// ours stay.
+#[test]
+fn whole_copies_remove_their_partials_from_the_partial_dir() {
+    const KIB: usize = 1024;
+    let absolute = tempfile::tempdir().unwrap();
+    let abs: &'static str = Box::leak(
+        absolute
+            .path()
+            .join("parts")
+            .to_string_lossy()
+            .into_owned()
+            .into_boxed_str(),
+    );
+    for dir in [".rsync-partial", abs] {
+        let (src, dst) = (Side::new(), Side::new());
+        let old = bytes(300 * KIB, 1);
+        let mut new = old.clone();
+        new[1000] ^= 0xff;
+        dst.put("sub/changed.bin", &old);
+        src.put("sub/changed.bin", &new);
+        set_mtime(&src.p("sub/changed.bin"), T0 + 1_000_000_000);
+        src.put("sub/fresh.bin", &bytes(200 * KIB, 2)); // new here, larger when it was interrupted
+        src.put("sub/kept.bin", &bytes(150 * KIB, 3));
+        dst.put("sub/kept.bin", &bytes(150 * KIB, 3));
+        let pdir = if dir.starts_with('/') {
+            PathBuf::from(dir)
+        } else {
+            dst.p("sub").join(dir)
+        };
+        fs::create_dir_all(&pdir).unwrap();
+        let part = |name: &[u8], v: u8| pdir.join(ffsync_core::restore::partial_name(name, &[v; 32]));
+        let gone = [part(b"changed.bin", 7), part(b"fresh.bin", 8)];
+        for p in &gone {
+            fs::write(p, b"half of an earlier attempt").unwrap();
+        }
+        // kept.bin is unchanged (no batch writes it); notes.txt is not a partial.
+        let stay = [part(b"kept.bin", 9), pdir.join("notes.txt")];
+        for p in &stay {
+            fs::write(p, b"stays").unwrap();
+        }
+        let elsewhere = dst.base.join("elsewhere");
+        fs::write(&elsewhere, b"someone else's").unwrap();
+        let foreign = part(b"changed.bin", 5);
+        fs::hard_link(&elsewhere, &foreign).unwrap();
+        let sync_with_partial_dir = || {
+            let o = Opts {
+                whole_small: true,
+                partial_dir: Some(dir),
+                ..Default::default()
+            };
+            sync_ok(&src, &dst, o)
+        };
+        let out = sync_with_partial_dir();
+        assert!(out.r.large_transfers().is_empty(), "{dir}: everything went in batches");
+        for p in &gone {
+            assert!(!p.exists(), "{dir}: {} removed", p.display());
+        }
+        for p in stay.iter().chain([&foreign]) {
+            assert!(p.exists(), "{dir}: {} stays", p.display());
+        }
+        // Emptied, a relative partial directory goes (rsync's rule); an absolute one stays.
+        for p in stay.iter().chain([&foreign]) {
+            fs::remove_file(p).unwrap();
+        }
+        fs::write(dst.p("sub/changed.bin"), b"x").unwrap();
+        set_mtime(&dst.p("sub/changed.bin"), T0);
+        fs::write(part(b"changed.bin", 7), b"half again").unwrap();
+        sync_with_partial_dir();
+        assert!(!part(b"changed.bin", 7).exists());
+        assert_eq!(pdir.exists(), dir.starts_with('/'), "{dir}: emptied");
+        assert_eq!(fs::read(dst.p("sub/changed.bin")).unwrap(), new);
+    }
 }
 
 #[test]

@@ -64,13 +64,14 @@ impl PartialDir {
         }
     }
 
-    /// The directory for `target`'s partials; None if it does not exist and `create` is false.
-    fn open(&self, target: &Target, create: bool) -> io::Result<Option<Dir>> {
+    /// The directory for the partials of files in `dir` (beside them, or the absolute one); None
+    /// if it does not exist and `create` is false.
+    fn open(&self, dir: &Dir, create: bool) -> io::Result<Option<Dir>> {
         match self {
             PartialDir::Relative(name) => {
-                match target.dir.lstat(name)? {
+                match dir.lstat(name)? {
                     None if !create => return Ok(None),
-                    None => match target.dir.mkdir(name, 0o700) {
+                    None => match dir.mkdir(name, 0o700) {
                         Ok(()) => {}
                         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                         Err(e) => return Err(e),
@@ -80,12 +81,12 @@ impl PartialDir {
                     Some(st) if st.kind != Kind::Dir => {
                         return Err(io::Error::other(format!(
                             "{} is not a directory (a link or a file is never followed or replaced)",
-                            target.dir.shown_child(name).display()
+                            dir.shown_child(name).display()
                         )))
                     }
                     Some(_) => {}
                 }
-                target.dir.open_dir(name).map(Some)
+                dir.open_dir(name).map(Some)
             }
             PartialDir::Absolute(path) => {
                 if create {
@@ -110,7 +111,7 @@ impl PartialDir {
         if names.is_empty() {
             return Ok(0);
         }
-        let Some(into) = self.open(target, true)? else {
+        let Some(into) = self.open(&target.dir, true)? else {
             return Ok(0);
         };
         move_each(&target.dir, &into, names)
@@ -119,13 +120,40 @@ impl PartialDir {
     /// Move the partials of `target` waiting in the partial directory back beside it, where
     /// the next attempt looks for them; how many. A relative directory left empty goes.
     pub fn restore(&self, target: &Target) -> io::Result<usize> {
-        let Some(from) = self.open(target, false)? else {
+        let Some(from) = self.open(&target.dir, false)? else {
             return Ok(0);
         };
         let names = partials_in(&from, &target.name_bytes())?;
         let moved = move_each(&from, &target.dir, names)?;
         self.remove_if_empty(target);
         Ok(moved)
+    }
+
+    /// The partials kept for the files named `names` in `dir`, removed: each of these files was
+    /// just replaced whole, so nothing will resume them (rsync removes a file's partial from its
+    /// partial directory once the file is done). One listing of the partial directory for all
+    /// of them; only our own files go. An absolute directory is shared by every directory's
+    /// files, so a partial there of a same-named file elsewhere goes too, as with rsync, whose
+    /// partial directory keeps one partial per name: that costs a resume, never a wrong byte
+    /// (a resume re-verifies every chunk). A relative directory left empty goes. Best effort.
+    pub fn remove_partials_of(&self, dir: &Dir, names: &[Vec<u8>]) {
+        let Ok(Some(pd)) = self.open(dir, false) else {
+            return;
+        };
+        let Ok(listing) = pd.names() else { return };
+        for n in listing {
+            let candidate = name_bytes(&n);
+            if names.iter().any(|name| is_partial_name(name, &candidate))
+                && pd.open_read(&n).is_ok_and(|f| crate::beneath::is_private_regular(&f))
+            {
+                let _ = pd.unlink(&n);
+            }
+        }
+        if let PartialDir::Relative(name) = self {
+            if dir.lstat(name).ok().flatten().is_some_and(|s| s.kind == Kind::Dir) {
+                let _ = dir.rmdir(name);
+            }
+        }
     }
 
     /// Remove a relative partial directory beside `target` if it is empty (as rsync does once

@@ -109,6 +109,8 @@ pub struct TreeSync {
     backup: Option<Arc<Backup>>,
     /// Receiver: rsync's --chown (ids resolved here), applied with the attribute table.
     chown: attrs::Chown,
+    /// Receiver: rsync's --partial-dir, where a file replaced whole may have a partial waiting.
+    partial_dir: Option<crate::restore::partial_dir::PartialDir>,
     /// Receiver: the attribute table's entries for symlinks, which `finish_receiver` creates
     /// after the table was applied to everything else.
     link_attrs: Mutex<Option<AttrTable>>,
@@ -225,8 +227,16 @@ impl TreeSync {
             max_delete: None,
             backup: None,
             chown: attrs::Chown::default(),
+            partial_dir: None,
             link_attrs: Mutex::new(None),
         }
+    }
+
+    /// Receiver: rsync's --partial-dir. Partials of earlier chunk-level attempts wait there; a
+    /// file this tree's batches replace whole has its partials there removed. Call before
+    /// the batches arrive.
+    pub fn set_partial_dir(&mut self, dir: Option<crate::restore::partial_dir::PartialDir>) {
+        self.partial_dir = dir;
     }
 
     /// Receiver: rsync's --chown USER:GROUP (see `attrs::Chown::parse`). Call before
@@ -1164,26 +1174,39 @@ impl TreeSync {
     /// by a build or a `--no-whole-file` sync that sent it as a delta; a local sync sends such
     /// files whole since decisions §107), which nothing would resume or remove any more. One
     /// listing per directory of the batch, through the temp's directory handle (the target's:
-    /// nothing is resolved again). (Partials moved to a `--partial-dir` stay there.)
+    /// nothing is resolved again). With `--partial-dir`, the partials kept there for the batch's
+    /// files over that size go too, new files' included (one was larger when its attempt was
+    /// interrupted): that costs a look for the directory per directory of the batch, and only
+    /// with the option.
     fn remove_replaced_partials(&self, written: &[&Written]) {
         let s = self.sender_manifest();
-        let mut by_dir: std::collections::BTreeMap<&[u8], (&Target, Vec<Vec<u8>>)> = Default::default();
+        // Per directory: the temp (its handle), names of replaced files, names of all files.
+        type Names = Vec<Vec<u8>>;
+        let mut by_dir: std::collections::BTreeMap<&[u8], (&Target, Names, Names)> = Default::default();
         for (k, tmp, _, _) in written {
             let a = &self.plan().actions[*k];
             let e = s.entry(a.sender_entry as usize);
-            if a.receiver_entry == triage::NONE || e.size <= triage::SMALL_FILE_MAX {
+            let replaced = a.receiver_entry != triage::NONE;
+            if e.size <= triage::SMALL_FILE_MAX || (!replaced && self.partial_dir.is_none()) {
                 continue;
             }
             // The target's name as `place` makes it (a sibling of the temp).
             let name = super::path::name_bytes(&super::path::os_name(super::path::name_of(e.path)));
-            by_dir
+            let d = by_dir
                 .entry(super::path::parent_of(e.path))
-                .or_insert((tmp, Vec::new()))
-                .1
-                .push(name);
+                .or_insert((tmp, Vec::new(), Vec::new()));
+            if replaced {
+                d.1.push(name.clone());
+            }
+            d.2.push(name);
         }
-        for (sibling, names) in by_dir.values() {
-            crate::restore::staging::remove_partials_of(sibling, names);
+        for (sibling, replaced, all) in by_dir.values() {
+            if !replaced.is_empty() {
+                crate::restore::staging::remove_partials_of(sibling, replaced);
+            }
+            if let Some(pd) = &self.partial_dir {
+                pd.remove_partials_of(&sibling.dir, all);
+            }
         }
     }
 
