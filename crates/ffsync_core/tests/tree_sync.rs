@@ -1095,10 +1095,12 @@ fn whole_small_sends_changed_files_up_to_a_mebibyte_whole_and_larger_ones_as_del
 }
 
 /// rsync removes a file's partial from its --partial-dir once the file is done. A whole copy in a
-/// batch is a file done: the partials kept there for it go (a replaced file's and a new one's,
-/// of any version), in a relative directory beside each file (removed once empty) and in an
-/// absolute one; another file's partial, a file of ours by another name and a name that is not
-/// ours stay.
+/// batch is a file done: the partials kept there for it go (a replaced file's, a new one's, a
+/// small one's, of any version), in a relative directory beside each file (removed once this
+/// emptied it) and in an absolute one. Another file's partial, a file of ours by another name, a
+/// name that is not ours and what a link planted at the relative directory points to stay; and in
+/// a shared (absolute) directory, so do the partials of a name the same session still sends
+/// chunk by chunk elsewhere (they may be that file's).
 #[test]
 fn whole_copies_remove_their_partials_from_the_partial_dir() {
     const KIB: usize = 1024;
@@ -1112,6 +1114,7 @@ fn whole_copies_remove_their_partials_from_the_partial_dir() {
             .into_boxed_str(),
     );
     for dir in [".rsync-partial", abs] {
+        let shared = dir.starts_with('/');
         let (src, dst) = (Side::new(), Side::new());
         let old = bytes(300 * KIB, 1);
         let mut new = old.clone();
@@ -1119,29 +1122,32 @@ fn whole_copies_remove_their_partials_from_the_partial_dir() {
         dst.put("sub/changed.bin", &old);
         src.put("sub/changed.bin", &new);
         set_mtime(&src.p("sub/changed.bin"), T0 + 1_000_000_000);
-        src.put("sub/fresh.bin", &bytes(200 * KIB, 2)); // new here, larger when it was interrupted
+        // New here, and larger when their attempts were interrupted.
+        src.put("sub/fresh.bin", &bytes(200 * KIB, 2));
+        src.put("sub/tiny.bin", &bytes(10 * KIB, 4));
         src.put("sub/kept.bin", &bytes(150 * KIB, 3));
         dst.put("sub/kept.bin", &bytes(150 * KIB, 3));
-        let pdir = if dir.starts_with('/') {
+        // A file named like a batch's file, elsewhere, that goes chunk by chunk (new, 2 MiB).
+        src.put("other/fresh.bin", &bytes(2048 * KIB, 6));
+        let pdir = if shared {
             PathBuf::from(dir)
         } else {
             dst.p("sub").join(dir)
         };
         fs::create_dir_all(&pdir).unwrap();
         let part = |name: &[u8], v: u8| pdir.join(ffsync_core::restore::partial_name(name, &[v; 32]));
-        let gone = [part(b"changed.bin", 7), part(b"fresh.bin", 8)];
-        for p in &gone {
-            fs::write(p, b"half of an earlier attempt").unwrap();
-        }
+        let mut gone = vec![part(b"changed.bin", 7), part(b"tiny.bin", 6)];
         // kept.bin is unchanged (no batch writes it); notes.txt is not a partial.
-        let stay = [part(b"kept.bin", 9), pdir.join("notes.txt")];
-        for p in &stay {
-            fs::write(p, b"stays").unwrap();
+        let mut stay = vec![part(b"kept.bin", 9), pdir.join("notes.txt")];
+        if shared { &mut stay } else { &mut gone }.push(part(b"fresh.bin", 8));
+        for p in gone.iter().chain(&stay) {
+            fs::write(p, b"half of an earlier attempt").unwrap();
         }
         let elsewhere = dst.base.join("elsewhere");
         fs::write(&elsewhere, b"someone else's").unwrap();
         let foreign = part(b"changed.bin", 5);
         fs::hard_link(&elsewhere, &foreign).unwrap();
+        stay.push(foreign);
         let sync_with_partial_dir = || {
             let o = Opts {
                 whole_small: true,
@@ -1151,25 +1157,52 @@ fn whole_copies_remove_their_partials_from_the_partial_dir() {
             sync_ok(&src, &dst, o)
         };
         let out = sync_with_partial_dir();
-        assert!(out.r.large_transfers().is_empty(), "{dir}: everything went in batches");
+        let large: Vec<_> = out.r.large_transfers().into_iter().map(|l| l.path).collect();
+        assert_eq!(large, [b"other/fresh.bin".to_vec()], "{dir}: the rest went in batches");
         for p in &gone {
             assert!(!p.exists(), "{dir}: {} removed", p.display());
         }
-        for p in stay.iter().chain([&foreign]) {
+        for p in &stay {
             assert!(p.exists(), "{dir}: {} stays", p.display());
         }
-        // Emptied, a relative partial directory goes (rsync's rule); an absolute one stays.
-        for p in stay.iter().chain([&foreign]) {
+        // A relative directory this emptied goes (rsync's rule); an absolute one stays, and so
+        // does a relative one that held nothing of the batch's files.
+        for p in &stay {
             fs::remove_file(p).unwrap();
         }
         fs::write(dst.p("sub/changed.bin"), b"x").unwrap();
         set_mtime(&dst.p("sub/changed.bin"), T0);
         fs::write(part(b"changed.bin", 7), b"half again").unwrap();
-        sync_with_partial_dir();
+        // A batch's new file beside an empty directory of that name (the user's, say).
+        src.put("lone/new.bin", &bytes(100 * KIB, 10));
+        fs::create_dir_all(dst.p("lone/.rsync-partial")).unwrap();
+        let again = sync_with_partial_dir();
+        assert!(again.r.large_transfers().is_empty());
         assert!(!part(b"changed.bin", 7).exists());
-        assert_eq!(pdir.exists(), dir.starts_with('/'), "{dir}: emptied");
+        assert_eq!(pdir.exists(), shared, "{dir}: emptied");
+        assert!(dst.p("lone/.rsync-partial").exists(), "{dir}: held nothing, stays");
         assert_eq!(fs::read(dst.p("sub/changed.bin")).unwrap(), new);
     }
+    // A link planted where the relative directory goes is not followed: what it points to stays.
+    let (src, dst) = (Side::new(), Side::new());
+    src.put("f.bin", &bytes(100 * KIB, 9));
+    let outside = tempfile::tempdir().unwrap();
+    let planted = outside
+        .path()
+        .join(ffsync_core::restore::partial_name(b"f.bin", &[3; 32]));
+    fs::write(&planted, b"not through a link").unwrap();
+    symlink(outside.path(), dst.tree.join(".rsync-partial")).unwrap();
+    let o = Opts {
+        whole_small: true,
+        partial_dir: Some(".rsync-partial"),
+        ..Default::default()
+    };
+    sync_ok(&src, &dst, o);
+    assert!(planted.exists());
+    assert!(fs::symlink_metadata(dst.tree.join(".rsync-partial"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
 }
 
 #[test]

@@ -10,7 +10,9 @@
 //! empty. An absolute DIR is the local user's own path, shared by every file and kept; a
 //! partial's name carries its file's name and the sender's root, so files of the same name in
 //! different directories can only meet there as different versions of one name, and the
-//! resume re-verifies every chunk in any case.
+//! resume re-verifies every chunk in any case. A file a tree sends whole removes its name's
+//! partials from DIR (`remove_partials_of`), except where a file of that name is still to come
+//! chunk by chunk in the same session: with an absolute DIR that partial may be the other's.
 //!
 //! Only our own files move: regular, one link, owned by us (`is_private_regular`), opened
 //! without following a link; a name already taken where one would go is left alone.
@@ -65,28 +67,41 @@ impl PartialDir {
     }
 
     /// The directory for the partials of files in `dir` (beside them, or the absolute one); None
-    /// if it does not exist and `create` is false.
+    /// if it does not exist and `create` is false. A relative directory that another file's
+    /// clean-up removes meanwhile (an emptied one goes, see `remove_partials_of`) is "none"
+    /// when looking, and made again when creating.
     fn open(&self, dir: &Dir, create: bool) -> io::Result<Option<Dir>> {
         match self {
             PartialDir::Relative(name) => {
-                match dir.lstat(name)? {
-                    None if !create => return Ok(None),
-                    None => match dir.mkdir(name, 0o700) {
-                        Ok(()) => {}
-                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                        Err(e) => return Err(e),
-                    },
-                    // Looking for partials to take back: something else there holds none.
-                    Some(st) if st.kind != Kind::Dir && !create => return Ok(None),
-                    Some(st) if st.kind != Kind::Dir => {
-                        return Err(io::Error::other(format!(
-                            "{} is not a directory (a link or a file is never followed or replaced)",
-                            dir.shown_child(name).display()
-                        )))
+                for attempt in 0..2 {
+                    match dir.lstat(name)? {
+                        None if !create => return Ok(None),
+                        None => match dir.mkdir(name, 0o700) {
+                            Ok(()) => {}
+                            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                            Err(e) => return Err(e),
+                        },
+                        // Looking for partials to take back: something else there holds none.
+                        Some(st) if st.kind != Kind::Dir && !create => return Ok(None),
+                        Some(st) if st.kind != Kind::Dir => {
+                            return Err(io::Error::other(format!(
+                                "{} is not a directory (a link or a file is never followed or replaced)",
+                                dir.shown_child(name).display()
+                            )))
+                        }
+                        Some(_) => {}
                     }
-                    Some(_) => {}
+                    match dir.open_dir(name) {
+                        Ok(d) => return Ok(Some(d)),
+                        Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
+                        Err(e) if e.kind() == io::ErrorKind::NotFound && attempt == 0 => continue,
+                        Err(e) => return Err(e),
+                    }
                 }
-                dir.open_dir(name).map(Some)
+                Err(io::Error::other(format!(
+                    "{} keeps vanishing",
+                    dir.shown_child(name).display()
+                )))
             }
             PartialDir::Absolute(path) => {
                 if create {
@@ -132,28 +147,36 @@ impl PartialDir {
     /// The partials kept for the files named `names` in `dir`, removed: each of these files was
     /// just replaced whole, so nothing will resume them (rsync removes a file's partial from its
     /// partial directory once the file is done). One listing of the partial directory for all
-    /// of them; only our own files go. An absolute directory is shared by every directory's
-    /// files, so a partial there of a same-named file elsewhere goes too, as with rsync, whose
-    /// partial directory keeps one partial per name: that costs a resume, never a wrong byte
-    /// (a resume re-verifies every chunk). A relative directory left empty goes. Best effort.
+    /// of them; only our own files go. A relative directory emptied by this goes, as rsync
+    /// removes its partial directory after taking a partial out of it; one that held nothing of
+    /// these files' stays. For an absolute directory, shared by every directory's files, `dir`
+    /// is not used: the caller passes the names of a whole batch at once, and leaves out the
+    /// names of files still to come as chunk-level conversations, whose partials are theirs.
+    /// Best effort.
     pub fn remove_partials_of(&self, dir: &Dir, names: &[Vec<u8>]) {
         let Ok(Some(pd)) = self.open(dir, false) else {
             return;
         };
         let Ok(listing) = pd.names() else { return };
+        let mut removed = false;
         for n in listing {
             let candidate = name_bytes(&n);
             if names.iter().any(|name| is_partial_name(name, &candidate))
                 && pd.open_read(&n).is_ok_and(|f| crate::beneath::is_private_regular(&f))
             {
-                let _ = pd.unlink(&n);
+                removed |= pd.unlink(&n).is_ok();
             }
         }
         if let PartialDir::Relative(name) = self {
-            if dir.lstat(name).ok().flatten().is_some_and(|s| s.kind == Kind::Dir) {
+            if removed && dir.lstat(name).ok().flatten().is_some_and(|s| s.kind == Kind::Dir) {
                 let _ = dir.rmdir(name);
             }
         }
+    }
+
+    /// One directory for every file (rsync's absolute DIR).
+    pub fn is_shared(&self) -> bool {
+        matches!(self, PartialDir::Absolute(_))
     }
 
     /// Remove a relative partial directory beside `target` if it is empty (as rsync does once

@@ -1174,39 +1174,63 @@ impl TreeSync {
     /// by a build or a `--no-whole-file` sync that sent it as a delta; a local sync sends such
     /// files whole since decisions §107), which nothing would resume or remove any more. One
     /// listing per directory of the batch, through the temp's directory handle (the target's:
-    /// nothing is resolved again). With `--partial-dir`, the partials kept there for the batch's
-    /// files over that size go too, new files' included (one was larger when its attempt was
-    /// interrupted): that costs a look for the directory per directory of the batch, and only
-    /// with the option.
+    /// nothing is resolved again). With `--partial-dir`, the partials kept there for every file
+    /// of the batch go too, new and small ones included (a file may have been larger when its
+    /// attempt was interrupted), as rsync removes a finished file's partial (decisions §108):
+    /// a look for the directory per directory of the batch, or one listing of a shared
+    /// (absolute) one for the whole batch, which leaves the partials of names that the plan
+    /// still sends chunk by chunk (a same-named file elsewhere, whose partial it may be).
     fn remove_replaced_partials(&self, written: &[&Written]) {
         let s = self.sender_manifest();
-        // Per directory: the temp (its handle), names of replaced files, names of all files.
+        let name_of = |path: &[u8]| super::path::name_bytes(&super::path::os_name(super::path::name_of(path)));
+        // Per directory: the temp (its handle), the names whose partials beside them go, and
+        // every name (for the partial directory).
         type Names = Vec<Vec<u8>>;
         let mut by_dir: std::collections::BTreeMap<&[u8], (&Target, Names, Names)> = Default::default();
         for (k, tmp, _, _) in written {
             let a = &self.plan().actions[*k];
             let e = s.entry(a.sender_entry as usize);
-            let replaced = a.receiver_entry != triage::NONE;
-            if e.size <= triage::SMALL_FILE_MAX || (!replaced && self.partial_dir.is_none()) {
+            let beside = a.receiver_entry != triage::NONE && e.size > triage::SMALL_FILE_MAX;
+            if !beside && self.partial_dir.is_none() {
                 continue;
             }
             // The target's name as `place` makes it (a sibling of the temp).
-            let name = super::path::name_bytes(&super::path::os_name(super::path::name_of(e.path)));
+            let name = name_of(e.path);
             let d = by_dir
                 .entry(super::path::parent_of(e.path))
                 .or_insert((tmp, Vec::new(), Vec::new()));
-            if replaced {
+            if beside {
                 d.1.push(name.clone());
             }
             d.2.push(name);
         }
-        for (sibling, replaced, all) in by_dir.values() {
-            if !replaced.is_empty() {
-                crate::restore::staging::remove_partials_of(sibling, replaced);
+        for (sibling, beside, _) in by_dir.values() {
+            if !beside.is_empty() {
+                crate::restore::staging::remove_partials_of(sibling, beside);
             }
-            if let Some(pd) = &self.partial_dir {
+        }
+        let Some(pd) = &self.partial_dir else { return };
+        if !pd.is_shared() {
+            for (sibling, _, all) in by_dir.values() {
                 pd.remove_partials_of(&sibling.dir, all);
             }
+            return;
+        }
+        let chunked: std::collections::HashSet<Vec<u8>> = self
+            .plan()
+            .actions
+            .iter()
+            .filter(|a| a.op == Op::Transfer && a.flags & action_flags::SMALL == 0)
+            .map(|a| name_of(s.entry(a.sender_entry as usize).path))
+            .collect();
+        let names: Names = by_dir
+            .values()
+            .flat_map(|d| d.2.iter())
+            .filter(|n| !chunked.contains(*n))
+            .cloned()
+            .collect();
+        if let Some((sibling, _, _)) = by_dir.values().next().filter(|_| !names.is_empty()) {
+            pd.remove_partials_of(&sibling.dir, &names);
         }
     }
 
