@@ -52,6 +52,7 @@ const ALLOWED_SYNC: Record<string, string> = {
   'NativeTreeSync.setBackup': SMALL,
   'NativeTreeSync.setChown': SMALL,
   'NativeTreeSync.setMaxDelete': STATE,
+  'NativeTreeSync.setPartialDir': SMALL,
   'NativeTreeSync.entryCount': STATE,
   'NativeTreeSync.stats': STATE,
   'NativeTreeSync.releaseHandles': RELEASE,

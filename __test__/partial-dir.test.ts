@@ -151,6 +151,27 @@ describe('--partial-dir: where an interrupted attempt keeps its partial, and the
   });
 });
 
+describe('--partial-dir with --inplace, as rsync has it', { skip: !hasRsync && 'rsync is not installed' }, () => {
+  it('an explicit --partial-dir with --inplace is refused in rsync\'s words (exit 1, nothing written); RSYNC_PARTIAL_DIR with -P --inplace is not used', () => {
+    for (const tool of ['ours', 'theirs'] as const) {
+      const dir = tmpdir();
+      const src = path.join(dir, 'src');
+      writeAt(src, 'a.bin', seeded(100 * 1024, 46), 0o644, T0);
+      const out = path.join(dir, 'out');
+      const refused = syncLikeRsync(dir, tool, ['-a', '--inplace', '--partial-dir=.p', `${src}/`, out]);
+      assert.equal(refused.status, 1, `${tool}: ${refused.stderr}`);
+      assert.match(refused.stderr, /--inplace cannot be used with --partial-dir/, tool);
+      if (tool === 'ours') assert.match(refused.stderr, /^ffsync-native: error: --inplace cannot be used with --partial-dir\n$/);
+      assert.equal(fs.existsSync(out), false, `${tool}: nothing written`);
+      const env = { ...process.env, RSYNC_PARTIAL_DIR: '.p' };
+      const ran = syncLikeRsync(dir, tool, ['-a', '-P', '--inplace', `${src}/`, out], { env });
+      assert.equal(ran.status, 0, `${tool}: ${ran.stderr}`);
+      assert.equal(sha256(path.join(out, 'a.bin')), sha256(path.join(src, 'a.bin')), tool);
+      assert.equal(fs.existsSync(path.join(out, '.p')), false, tool);
+    }
+  });
+});
+
 describe('--partial-dir against rsync: a relative one is neither sent nor deleted', { skip: !hasRsync && 'rsync is not installed' }, () => {
   for (const remote of [false, true]) {
     it(`${remote ? 'push and pull through ssh' : 'local'}: same tree as rsync -a --delete --partial-dir=.rsync-partial`, () => {

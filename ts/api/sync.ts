@@ -161,6 +161,8 @@ function receivingOptions(o: { maxDelete?: number; chown?: string; backup?: bool
   tree: { maxDelete?: number; chown?: string; protect: string[] };
 } {
   const backup = backupOf(o);
+  // rsync's own refusal, word for word: --inplace writes into the target, where no partial is kept.
+  if (o.inplace && o.partialDir !== undefined) throw new FfsyncError('EUSAGE', ExitCode.USAGE, '--inplace cannot be used with --partial-dir');
   if (o.partialDir !== undefined) partialDirRule(o.partialDir);
   return { backup, partialDir: o.partialDir, tree: { maxDelete: o.maxDelete, chown: o.chown, protect: backupProtect(backup) } };
 }

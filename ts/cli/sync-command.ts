@@ -279,8 +279,9 @@ function deletionAndBackup(o: SyncFlags): Pick<SyncOptions, 'delete' | 'deleteEx
     backup: o.backup,
     suffix: o.suffix,
     backupDir: o.backupDir,
-    // rsync: RSYNC_PARTIAL_DIR is the partial directory of --partial (and -P) unless --partial-dir names one.
-    partialDir: o.partialDir ?? ((o.partial || o.P) && process.env.RSYNC_PARTIAL_DIR ? process.env.RSYNC_PARTIAL_DIR : undefined),
+    // rsync: RSYNC_PARTIAL_DIR is the partial directory of --partial (and -P) unless --partial-dir names one,
+    // and not with --inplace, which keeps no partial (an explicit --partial-dir with it is refused).
+    partialDir: o.partialDir ?? ((o.partial || o.P) && !o.inplace && process.env.RSYNC_PARTIAL_DIR ? process.env.RSYNC_PARTIAL_DIR : undefined),
   };
 }
 
