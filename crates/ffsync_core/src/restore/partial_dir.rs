@@ -72,37 +72,11 @@ impl PartialDir {
     /// when looking, and made again when creating.
     fn open(&self, dir: &Dir, create: bool) -> io::Result<Option<Dir>> {
         match self {
-            PartialDir::Relative(name) => {
-                for attempt in 0..2 {
-                    match dir.lstat(name)? {
-                        None if !create => return Ok(None),
-                        None => match dir.mkdir(name, 0o700) {
-                            Ok(()) => {}
-                            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                            Err(e) => return Err(e),
-                        },
-                        // Looking for partials to take back: something else there holds none.
-                        Some(st) if st.kind != Kind::Dir && !create => return Ok(None),
-                        Some(st) if st.kind != Kind::Dir => {
-                            return Err(io::Error::other(format!(
-                                "{} is not a directory (a link or a file is never followed or replaced)",
-                                dir.shown_child(name).display()
-                            )))
-                        }
-                        Some(_) => {}
-                    }
-                    match dir.open_dir(name) {
-                        Ok(d) => return Ok(Some(d)),
-                        Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
-                        Err(e) if e.kind() == io::ErrorKind::NotFound && attempt == 0 => continue,
-                        Err(e) => return Err(e),
-                    }
-                }
-                Err(io::Error::other(format!(
-                    "{} keeps vanishing",
-                    dir.shown_child(name).display()
-                )))
-            }
+            PartialDir::Relative(name) => match open_beside(dir, name, create) {
+                // Removed between our mkdir and our open: made once more.
+                Err(e) if create && e.kind() == io::ErrorKind::NotFound => open_beside(dir, name, create),
+                r => r,
+            },
             PartialDir::Absolute(path) => {
                 if create {
                     match std::fs::create_dir(path) {
@@ -122,7 +96,7 @@ impl PartialDir {
 
     /// Move the partials of `target` found beside it into the partial directory; how many.
     pub fn stash(&self, target: &Target) -> io::Result<usize> {
-        let names = partials_in(&target.dir, &target.name_bytes())?;
+        let names = partials_in(&target.dir, &[target.name_bytes()])?;
         if names.is_empty() {
             return Ok(0);
         }
@@ -138,7 +112,7 @@ impl PartialDir {
         let Some(from) = self.open(&target.dir, false)? else {
             return Ok(0);
         };
-        let names = partials_in(&from, &target.name_bytes())?;
+        let names = partials_in(&from, &[target.name_bytes()])?;
         let moved = move_each(&from, &target.dir, names)?;
         self.remove_if_empty(target);
         Ok(moved)
@@ -157,15 +131,10 @@ impl PartialDir {
         let Ok(Some(pd)) = self.open(dir, false) else {
             return;
         };
-        let Ok(listing) = pd.names() else { return };
+        let Ok(ours) = partials_in(&pd, names) else { return };
         let mut removed = false;
-        for n in listing {
-            let candidate = name_bytes(&n);
-            if names.iter().any(|name| is_partial_name(name, &candidate))
-                && pd.open_read(&n).is_ok_and(|f| crate::beneath::is_private_regular(&f))
-            {
-                removed |= pd.unlink(&n).is_ok();
-            }
+        for n in ours {
+            removed |= pd.unlink(&n).is_ok();
         }
         if let PartialDir::Relative(name) = self {
             if removed && dir.lstat(name).ok().flatten().is_some_and(|s| s.kind == Kind::Dir) {
@@ -196,11 +165,39 @@ impl PartialDir {
     }
 }
 
-/// Names in `dir` that are partials of a file named `name` and are our own files.
-fn partials_in(dir: &Dir, name: &[u8]) -> io::Result<Vec<OsString>> {
+/// The relative partial directory `name` in `dir`, opened without following a link; with
+/// `create`, made (0700) when missing. Looking (`create` false), a directory that is not there,
+/// or not a directory, or gone before it could be opened, holds nothing: None.
+fn open_beside(dir: &Dir, name: &OsString, create: bool) -> io::Result<Option<Dir>> {
+    match dir.lstat(name)? {
+        None if !create => return Ok(None),
+        None => match dir.mkdir(name, 0o700) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        },
+        // Looking for partials to take back: something else there holds none.
+        Some(st) if st.kind != Kind::Dir && !create => return Ok(None),
+        Some(st) if st.kind != Kind::Dir => {
+            return Err(io::Error::other(format!(
+                "{} is not a directory (a link or a file is never followed or replaced)",
+                dir.shown_child(name).display()
+            )))
+        }
+        Some(_) => {}
+    }
+    match dir.open_dir(name) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound && !create => Ok(None),
+        r => r.map(Some),
+    }
+}
+
+/// Names in `dir` that are partials of a file named one of `names` and are our own files.
+fn partials_in(dir: &Dir, names: &[Vec<u8>]) -> io::Result<Vec<OsString>> {
     let mut found = Vec::new();
     for n in dir.names()? {
-        if is_partial_name(name, &name_bytes(&n))
+        let candidate = name_bytes(&n);
+        if names.iter().any(|name| is_partial_name(name, &candidate))
             && dir.open_read(&n).is_ok_and(|f| crate::beneath::is_private_regular(&f))
         {
             found.push(n);

@@ -111,6 +111,9 @@ pub struct TreeSync {
     chown: attrs::Chown,
     /// Receiver: rsync's --partial-dir, where a file replaced whole may have a partial waiting.
     partial_dir: Option<crate::restore::partial_dir::PartialDir>,
+    /// Receiver with a shared (absolute) --partial-dir: the names of the plan's chunk-level
+    /// transfers, whose partials there a batch leaves (made at the first batch, once).
+    chunked_names: std::sync::OnceLock<std::collections::HashSet<Vec<u8>>>,
     /// Receiver: the attribute table's entries for symlinks, which `finish_receiver` creates
     /// after the table was applied to everything else.
     link_attrs: Mutex<Option<AttrTable>>,
@@ -228,6 +231,7 @@ impl TreeSync {
             backup: None,
             chown: attrs::Chown::default(),
             partial_dir: None,
+            chunked_names: Default::default(),
             link_attrs: Mutex::new(None),
         }
     }
@@ -1216,13 +1220,14 @@ impl TreeSync {
             }
             return;
         }
-        let chunked: std::collections::HashSet<Vec<u8>> = self
-            .plan()
-            .actions
-            .iter()
-            .filter(|a| a.op == Op::Transfer && a.flags & action_flags::SMALL == 0)
-            .map(|a| name_of(s.entry(a.sender_entry as usize).path))
-            .collect();
+        let chunked = self.chunked_names.get_or_init(|| {
+            self.plan()
+                .actions
+                .iter()
+                .filter(|a| a.op == Op::Transfer && a.flags & action_flags::SMALL == 0)
+                .map(|a| name_of(s.entry(a.sender_entry as usize).path))
+                .collect()
+        });
         let names: Names = by_dir
             .values()
             .flat_map(|d| d.2.iter())
