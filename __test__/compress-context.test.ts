@@ -5,12 +5,12 @@
 // context must send fewer bytes than the per-record format in the same run.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
-import net from 'node:net';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { FrameType } from '../ts/protocol/frames';
 import { Capability } from '../ts/protocol/messages';
 import { releaseTrees, type ReleaseTrees } from './helpers/npm-fixtures';
+import { frameRelay } from './helpers/frame-relay';
 import { assertSameTree, type PeerResult, run, seeded, startReceiver, tmpdir } from './helpers/peers';
 
 /** Encodings seen in the sender's FILE_BATCH and DATA records. */
@@ -43,55 +43,35 @@ function relay(targetPort: number, o: RelayOptions, seen: Seen): Promise<{ port:
       relabelled = true;
     }
   };
-  const server = net.createServer((down) => {
-    const up = net.connect(targetPort, '127.0.0.1');
-    const pipe = (from: net.Socket, to: net.Socket, fromSender: boolean) => {
-      let buf = Buffer.alloc(0);
-      from.on('end', () => to.end());
-      from.on('error', () => to.destroy());
-      from.on('data', (d: Buffer) => {
-        buf = Buffer.concat([buf, d]);
-        while (buf.length >= 5 && buf.length >= 4 + buf.readUInt32LE(0)) {
-          const len = buf.readUInt32LE(0);
-          const frame = Buffer.from(buf.subarray(0, 4 + len));
-          buf = buf.subarray(4 + len);
-          const type = frame[4];
-          const payload = frame.subarray(5);
-          if (type === FrameType.HELLO && o.clear && (!fromSender || o.bothWays)) {
-            payload.writeUInt32LE(payload.readUInt32LE(10) & ~(o.mask ?? Capability.BATCH_STREAM), 10);
-          }
-          if (fromSender && type === FrameType.FILE_BATCH) {
-            for (let at = 0; at < payload.length; at += 46 + payload.readUInt32LE(at + 10)) seen.fileBatch.add(payload[at + 5]);
-          }
-          if (fromSender && type === FrameType.DATA) {
-            relabel(payload);
-            for (let at = 0; at < payload.length; at += 13 + payload.readUInt32LE(at + 9)) seen.data.add(payload[at + 4]);
-          }
-          // Protocol version 2 carries large files' DATA inside MUX frames (docs/protocol.md
-          // §9.9): `stream id u32 | inner frames`; our peers cut MUX frames between a stream's
-          // frames, so the first inner frame starts right after the id, and a MUX frame may
-          // carry several (a stream's writes that queued behind a pending one go together).
-          if (fromSender && type === FrameType.MUX) {
-            for (let at = 4; at + 5 <= payload.length; ) {
-              const end = at + 4 + payload.readUInt32LE(at);
-              if (end > payload.length) break; // a frame continued in the next MUX frame
-              if (payload[at + 4] === FrameType.DATA) {
-                const inner = payload.subarray(at + 5, end);
-                relabel(inner);
-                for (let k = 0; k < inner.length; k += 13 + inner.readUInt32LE(k + 9)) seen.data.add(inner[k + 4]);
-              }
-              at = end;
-            }
-          }
-          to.write(frame);
+  return frameRelay(targetPort, (frame, fromSender) => {
+    const type = frame[4];
+    const payload = frame.subarray(5);
+    if (type === FrameType.HELLO && o.clear && (!fromSender || o.bothWays)) {
+      payload.writeUInt32LE(payload.readUInt32LE(10) & ~(o.mask ?? Capability.BATCH_STREAM), 10);
+    }
+    if (fromSender && type === FrameType.FILE_BATCH) {
+      for (let at = 0; at < payload.length; at += 46 + payload.readUInt32LE(at + 10)) seen.fileBatch.add(payload[at + 5]);
+    }
+    if (fromSender && type === FrameType.DATA) {
+      relabel(payload);
+      for (let at = 0; at < payload.length; at += 13 + payload.readUInt32LE(at + 9)) seen.data.add(payload[at + 4]);
+    }
+    // Protocol version 2 carries large files' DATA inside MUX frames (docs/protocol.md
+    // §9.9): `stream id u32 | inner frames`; our peers cut MUX frames between a stream's
+    // frames, so the first inner frame starts right after the id, and a MUX frame may
+    // carry several (a stream's writes that queued behind a pending one go together).
+    if (fromSender && type === FrameType.MUX) {
+      for (let at = 4; at + 5 <= payload.length; ) {
+        const end = at + 4 + payload.readUInt32LE(at);
+        if (end > payload.length) break; // a frame continued in the next MUX frame
+        if (payload[at + 4] === FrameType.DATA) {
+          const inner = payload.subarray(at + 5, end);
+          relabel(inner);
+          for (let k = 0; k < inner.length; k += 13 + inner.readUInt32LE(k + 9)) seen.data.add(inner[k + 4]);
         }
-      });
-    };
-    pipe(down, up, true);
-    pipe(up, down, false);
-  });
-  return new Promise((resolve) => {
-    server.listen(0, '127.0.0.1', () => resolve({ port: (server.address() as net.AddressInfo).port, close: () => server.close() }));
+        at = end;
+      }
+    }
   });
 }
 

@@ -23,3 +23,20 @@ export function relayFrames(from: net.Socket, to: net.Socket, each: (frame: Buff
     }
   });
 }
+
+/**
+ * A plaintext relay on a port of its own to `targetPort` on loopback, each connection's frames
+ * relayed both ways (`relayFrames`): `onFrame` sees every frame (`fromSender`: the connecting
+ * side's) and may change it in place before it goes on.
+ */
+export async function frameRelay(targetPort: number, onFrame: (frame: Buffer, fromSender: boolean) => void): Promise<{ port: number; close: () => void }> {
+  const { createServer, connect } = await import('node:net');
+  const server = createServer((down) => {
+    const up = connect(targetPort, '127.0.0.1');
+    relayFrames(down, up, (frame) => (onFrame(frame, true), true));
+    relayFrames(up, down, (frame) => (onFrame(frame, false), true));
+  });
+  return new Promise((resolve) => {
+    server.listen(0, '127.0.0.1', () => resolve({ port: (server.address() as net.AddressInfo).port, close: () => server.close() }));
+  });
+}

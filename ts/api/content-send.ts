@@ -39,6 +39,7 @@ import { batchByBytes, MANIFEST_ENTRY, MANIFEST_HEADER, manifestChunkCount, mani
 import { ExitCode, FfsyncError } from '../utils/errors.js';
 import { BufferPool } from '../utils/buffer-pool.js';
 import type { DataTurn, WorkLimit } from '../utils/data-turns.js';
+import { type BatchRamp, RAMP_FIRST_BYTES } from '../utils/batch-ramp.js';
 import { expect } from './session.js';
 import { inPhase, type SyncEvents } from './events.js';
 import { rateLimiter } from '../utils/rate-limit.js';
@@ -108,6 +109,9 @@ export interface SendContentOptions {
   batchPrefix?: boolean;
   /** Adapts the level batch by batch (shared by the session's files); else `level` stays. */
   governor?: LevelGovernor;
+  /** The session's ramp of first batches (shared by its files): the first DATA goes in small
+   * batches that grow. Without it every batch is BATCH_BYTES. */
+  ramp?: BatchRamp;
 }
 
 /** The conversation before this one on the same stream failed (`fatal`: with `cause`) or
@@ -198,11 +202,17 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
   if (asked.refused) return { root: scan.root, upToDate: false, literalBytes: 0, matchedBytes: 0, refused: 'refused by the receiver' };
   const { needed, refinement } = asked;
   // The DATA turn comes before the source is checked again: a file that changed while it
-  // waited is caught here. It holds one unit per batch buffer this file will use.
-  const batches = batchByBytes(scan.manifest, needed, BATCH_BYTES);
+  // waited is caught here. It holds one unit per batch buffer this file will use. The session's
+  // first DATA goes in small batches that grow, so the idle link need not wait for a whole batch
+  // to be encoded (BatchRamp): planned before the turn (its units cover them), kept only by the
+  // file whose turn comes first; one that finds the ramp taken sends full batches.
+  const full = () => batchByBytes(scan.manifest, needed, BATCH_BYTES);
+  const ramped = o.ramp?.pending && needed.length > 0 ? batchByBytes(scan.manifest, needed, BATCH_BYTES, RAMP_FIRST_BYTES) : undefined;
+  let batches = ramped ?? full();
   const total = needed.reduce((a, i) => a + manifestChunkLength(scan.manifest, i), 0);
   if (needed.length > 0) await turn.take(Math.min(batches.length, SEND_BUFFERS), total);
   else turn.done();
+  if (ramped && !o.ramp!.claim()) batches = full();
   // The chunk source must read the version that was scanned: the file it opens is checked
   // against the identity it had before the scan (a change during or after it is exit 24), in
   // the same native step as the open (one trip to the thread pool per file, not two).

@@ -19,6 +19,7 @@ import { newSummary, type SyncEvents, type SyncSummary } from './events.js';
 import { identityChanged, sendFileContent } from './content-send.js';
 import { sendTree, startWalk, type TreeSendOptions } from './tree-send.js';
 import { ScanAhead } from './scan-ahead.js';
+import { BatchRamp } from '../utils/batch-ramp.js';
 import { removeSourceFile } from './remove-sources.js';
 import path from 'node:path';
 
@@ -294,7 +295,7 @@ async function sendFile(conn: FramedConnection, o: SenderContext, hello: Promise
     const governor = new LevelGovernor(level, o.compressLevel === undefined, startLevel(level, o.handshakeMs), { link: deliveryMeter(conn, negotiated) });
     const r = await sendFileContent(
       conn,
-      { path: o.path, st, scan, stateDir, checksum: o.checksum, level, bwlimitKiBps: o.bwlimitKiBps, events: o.events, label: o.path, refine: Boolean(caps & Capability.REFINE), sparse: Boolean(caps & Capability.SPARSE), stream: Boolean(caps & Capability.STREAM), overlap: o.overlap, batchStream: Boolean(caps & Capability.BATCH_STREAM), batchPrefix: Boolean(caps & Capability.BATCH_PREFIX), governor },
+      { path: o.path, st, scan, stateDir, checksum: o.checksum, level, bwlimitKiBps: o.bwlimitKiBps, events: o.events, label: o.path, refine: Boolean(caps & Capability.REFINE), sparse: Boolean(caps & Capability.SPARSE), stream: Boolean(caps & Capability.STREAM), overlap: o.overlap, batchStream: Boolean(caps & Capability.BATCH_STREAM), batchPrefix: Boolean(caps & Capability.BATCH_PREFIX), governor, ramp: new BatchRamp() },
       holder,
     );
     summary.root = r.root;

@@ -41,6 +41,7 @@ import { rateLimiter } from '../utils/rate-limit.js';
 import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, sendManifest, sendParts, treeSummary } from './tree-common.js';
 import { Multiplexer } from '../transport/mux.js';
 import { NOTHING_REMOVED, removeSourceTree } from './remove-sources.js';
+import { BatchRamp } from '../utils/batch-ramp.js';
 import { ConnectionShare, type DataTurn, SharedUnits, WorkLimit } from '../utils/data-turns.js';
 import { type FileProgress, TreeTransferProgress } from './tree-progress.js';
 import type { ScanAhead } from './scan-ahead.js';
@@ -290,7 +291,9 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
   const connections = 1 + Math.max(0, extra);
   const budget = dataBuffers(connections);
   const buffers = new BufferPool(BATCH_BUFFER, multiplexed ? budget : SEND_BUFFERS * Math.max(1, lanes?.granted ?? 1));
-  const shared: LargeSending = { tree, gov, problems, o, queue: [...large], limiter, buffers, transfer };
+  // One ramp of first batches for the session: its first chunk-level DATA starts small.
+  const ramp = new BatchRamp();
+  const shared: LargeSending = { tree, gov, problems, o, queue: [...large], limiter, buffers, transfer, ramp };
   // Files start on the first connection at once; each lane takes its share of the streams
   // (or, in version 1, its turn at the queue) as soon as it has joined.
   const streamsEach = Math.ceil(MUX_WINDOW / connections);
@@ -298,7 +301,7 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
   // A lane's work ends with its last RESULT (its LANE_END follows, on its own connection).
   const worker = async (c: FramedConnection, lanesJoining?: Promise<void>) => {
     if (streams) return streams(c, streamsEach, lanesJoining).settled;
-    for (let lt = shared.queue.shift(); lt; lt = shared.queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter, buffers, transfer })).rest;
+    for (let lt = shared.queue.shift(); lt; lt = shared.queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter, buffers, transfer, ramp })).rest;
   };
   // The first connection's streams: TREE_END waits only until every file on them is sent; their
   // last RESULTs are read after it (decisions §91).
@@ -357,6 +360,7 @@ interface LargeSending {
   limiter: ((n: number) => Promise<void>) | undefined;
   buffers: BufferPool;
   transfer: TreeTransferProgress;
+  ramp: BatchRamp;
 }
 
 /** Version 2: large files on up to MUX_WINDOW streams spread over the connections (lanes add
@@ -382,7 +386,7 @@ function streamSender(s: LargeSending, budget: number, perConnection: boolean): 
     try {
       for (let item = await take(); item; item = await take()) {
         try {
-          prior = (await sendLarge(c, s.tree, item.lt, s.gov, s.problems, s.o, { limiter: s.limiter, turn: item.turn, stream: true, prior, hashing, buffers: s.buffers, transfer: s.transfer })).rest;
+          prior = (await sendLarge(c, s.tree, item.lt, s.gov, s.problems, s.o, { limiter: s.limiter, turn: item.turn, stream: true, prior, hashing, buffers: s.buffers, transfer: s.transfer, ramp: s.ramp })).rest;
         } catch (e) {
           if (!(e instanceof PriorFailed)) throw e;
           if (e.fatal) throw e.cause;
@@ -513,6 +517,8 @@ interface LargeOptions {
   buffers?: BufferPool;
   /** The tree's sending phase, which counts this file's progress. */
   transfer: TreeTransferProgress;
+  /** The session's ramp of first batches (see SendContentOptions.ramp). */
+  ramp?: BatchRamp;
 }
 
 /** One large file's conversation on connection `c` (FILE_BEGIN, then the single-file
@@ -581,6 +587,7 @@ async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: Larg
       prior: lo.prior,
       resultLater: lo.stream,
       hashing: lo.hashing,
+      ramp: lo.ramp,
     });
   } catch (e) {
     if (e instanceof PriorFailed) throw e;

@@ -12,17 +12,21 @@ export function manifestChunkLength(m: Buffer, i: number): number {
   return m.readUInt32LE(MANIFEST_HEADER + i * MANIFEST_ENTRY);
 }
 
-/** Group chunk indices into batches of at most `maxBytes` raw bytes (at least one each). */
-export function batchByBytes(m: Buffer, indices: Uint32Array, maxBytes: number): Uint32Array[] {
+/** Group chunk indices into batches of at most `maxBytes` raw bytes (at least one each). With
+ * `firstBytes` (below `maxBytes`) the first batch holds at most that and each next one twice the
+ * one before, up to `maxBytes` (see BatchRamp). */
+export function batchByBytes(m: Buffer, indices: Uint32Array, maxBytes: number, firstBytes = maxBytes): Uint32Array[] {
   const out: Uint32Array[] = [];
+  let limit = Math.min(firstBytes, maxBytes);
   let start = 0;
   let bytes = 0;
   for (let k = 0; k < indices.length; k++) {
     const len = manifestChunkLength(m, indices[k]);
-    if (k > start && bytes + len > maxBytes) {
+    if (k > start && bytes + len > limit) {
       out.push(indices.subarray(start, k));
       start = k;
       bytes = 0;
+      limit = Math.min(limit * 2, maxBytes);
     }
     bytes += len;
   }
