@@ -71,6 +71,7 @@ const ALLOWED_SYNC: Record<string, string> = {
   decodeManifest: 'decodes one received manifest (bounded by the frames that carried it)',
   excludesFromText: SMALL,
   generateIdentity: 'one key pair for `id`, before any session',
+  tcpRttMicros: 'one getsockopt(TCP_INFO) on a connected socket, once per session',
   nativeConstants: SMALL,
   normalizePairingCode: SMALL,
   pairingCode: SMALL,

@@ -569,6 +569,12 @@ export interface StepOutcome {
   deletesSkipped: number
 }
 
+/**
+ * The kernel's smoothed RTT of the connected TCP socket `fd` in microseconds, or null where the
+ * platform does not say (ffsync_core::tcp_rtt). One getsockopt: brief, on the calling thread.
+ */
+export declare function tcpRttMicros(fd: number): number | null
+
 export interface TreeStats {
   entries: number
   files: number

@@ -863,5 +863,6 @@ module.exports.quicListen = nativeBinding.quicListen
 module.exports.recoverInplace = nativeBinding.recoverInplace
 module.exports.scanFileBackground = nativeBinding.scanFileBackground
 module.exports.scanFileNative = nativeBinding.scanFileNative
+module.exports.tcpRttMicros = nativeBinding.tcpRttMicros
 module.exports.validateChown = nativeBinding.validateChown
 module.exports.validateExcludes = nativeBinding.validateExcludes

@@ -205,6 +205,12 @@ export function generateIdentity(label: string): { certPem: string; keyPem: stri
   }
 }
 
+/** The kernel's smoothed round trip of the connected TCP socket `fd`, in microseconds; null where
+ * the platform does not say. One getsockopt, on the JS thread. */
+export function tcpRttMicros(fd: number): number | null {
+  return native.tcpRttMicros(fd);
+}
+
 /** rsync's --chmod applied to one mode; a one-line usage error (exit 1) for a bad rule. */
 export function applyChmod(rules: string, mode: number, isDir: boolean): number {
   try {

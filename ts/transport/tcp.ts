@@ -8,6 +8,7 @@ import type { SecureStream } from './peer-identity.js';
 import type { Duplex } from 'node:stream';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { noteHandshake } from './handshake-time.js';
+import { takeEarlyConnection } from './early-connect.js';
 
 export interface Listener {
   host: string;
@@ -84,24 +85,58 @@ export async function bind(server: net.Server, host: string, port: number): Prom
 }
 
 export function connect(host: string, port: number, timeoutMs = 15000): Promise<net.Socket> {
+  const early = takeEarlyConnection(host, port);
+  if (!early) return dial(host, port, timeoutMs);
+  // Connected while the program loaded (decisions §110): its handshake time is the kernel's RTT.
+  const started = nowMs();
+  return connected(early, host, port, timeoutMs).then(
+    (s) => {
+      noteHandshake(s, kernelRttMs(s) ?? nowMs() - started);
+      return tune(s);
+    },
+    () => dial(host, port, timeoutMs), // failed meanwhile: connect as usual, and report that
+  );
+}
+
+function dial(host: string, port: number, timeoutMs: number): Promise<net.Socket> {
+  const started = nowMs();
+  return connected(netModule().connect({ host, port }), host, port, timeoutMs).then((s) => {
+    noteHandshake(s, nowMs() - started);
+    return tune(s);
+  });
+}
+
+/** `sock` once its TCP handshake is done: at once if it is (an early connection,
+ * ts/transport/early-connect.ts), else when it completes; a timeout (from now) or an error
+ * rejects, as a refused or unreachable connect is reported. */
+export function connected(sock: net.Socket, host: string, port: number, timeoutMs: number): Promise<net.Socket> {
+  if (!sock.connecting) return Promise.resolve(sock);
   return new Promise((resolve, reject) => {
-    const started = nowMs();
-    const sock = netModule().connect({ host, port });
     const timer = setTimeout(() => {
       sock.destroy();
       reject(new FfsyncError('ETIMEDOUT', ExitCode.TIMEOUT, `connecting to ${host}:${port} timed out`));
     }, timeoutMs);
     sock.once('connect', () => {
       clearTimeout(timer);
-      noteHandshake(sock, nowMs() - started);
       sock.removeAllListeners('error');
-      resolve(tune(sock));
+      resolve(sock);
     });
     sock.once('error', (e) => {
       clearTimeout(timer);
       reject(fromSystemError(e, `cannot connect to ${host}:${port}`));
     });
   });
+}
+
+/** The kernel's round trip of a connected early socket, in ms: its TCP handshake ran while the
+ * program loaded, when no timer of ours could see it complete (decisions §110). Undefined where
+ * the platform does not say (the early connection is only made where it does). */
+export function kernelRttMs(sock: net.Socket): number | undefined {
+  const fd = (sock as unknown as { _handle?: { fd?: number } })._handle?.fd;
+  if (typeof fd !== 'number' || fd < 0) return undefined;
+  const { tcpRttMicros } = require('../native/binding.js') as typeof import('../native/binding.js'); // eslint-disable-line @typescript-eslint/no-require-imports
+  const us = tcpRttMicros(fd);
+  return us === null || us === undefined ? undefined : us / 1000;
 }
 
 function tune(s: net.Socket): net.Socket {

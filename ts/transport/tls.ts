@@ -8,7 +8,8 @@ import type { Identity } from '../security/identity.js';
 import { recordPeerCertificate } from './peer-identity.js';
 import { noteHandshake } from './handshake-time.js';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
-import { bind, type Listener, SocketQueue } from './tcp.js';
+import { bind, connected, kernelRttMs, type Listener, SocketQueue } from './tcp.js';
+import { takeEarlyConnection } from './early-connect.js';
 
 const BASE: tls.SecureContextOptions & tls.CommonConnectionOptions = {
   minVersion: 'TLSv1.3',
@@ -102,17 +103,24 @@ async function listenTls(
   };
 }
 
-export function tlsConnect(host: string, port: number, id: Identity, timeoutMs = 15000): Promise<tls.TLSSocket> {
+export async function tlsConnect(host: string, port: number, id: Identity, timeoutMs = 15000): Promise<tls.TLSSocket> {
+  // A connection opened while the program loaded (decisions §110): TLS starts on it; the
+  // handshake time is its TCP round trip, which the kernel measured, plus TLS's own.
+  const early = takeEarlyConnection(host, port);
+  const socket = early && (await connected(early, host, port, timeoutMs).catch(() => undefined));
+  const tcpMs = socket ? kernelRttMs(socket) : 0;
   return new Promise((resolve, reject) => {
     const started = nowMs();
-    const sock = tls.connect({ ...BASE, host, port, key: id.keyPem, cert: id.certPem, checkServerIdentity: () => undefined, servername: net.isIP(host) ? undefined : host });
+    const options = { ...BASE, key: id.keyPem, cert: id.certPem, checkServerIdentity: () => undefined, servername: net.isIP(host) ? undefined : host };
+    const sock = socket ? tls.connect({ ...options, socket }) : tls.connect({ ...options, host, port });
     const timer = setTimeout(() => {
       sock.destroy();
       reject(new FfsyncError('ETIMEDOUT', ExitCode.TIMEOUT, `connecting to ${host}:${port} timed out`));
     }, timeoutMs);
     sock.once('secureConnect', () => {
       clearTimeout(timer);
-      noteHandshake(sock, nowMs() - started);
+      const tlsMs = nowMs() - started;
+      noteHandshake(sock, tcpMs === undefined ? tlsMs : tcpMs + tlsMs);
       sock.removeAllListeners('error');
       sock.setNoDelay(true);
       capture(sock);

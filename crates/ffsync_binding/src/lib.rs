@@ -5,6 +5,7 @@
 
 mod blocking;
 mod identity;
+mod net;
 mod pairing;
 mod progress;
 mod quic;

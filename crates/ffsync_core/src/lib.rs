@@ -38,6 +38,7 @@ pub mod restore;
 pub mod rsync_delta;
 pub mod scan;
 pub mod sparse;
+pub mod tcp_rtt;
 #[cfg(test)]
 mod testutil;
 pub mod tree;
