@@ -16,7 +16,16 @@ import { handshakeMs } from '../ts/transport/handshake-time';
 import { connect } from '../ts/transport/tcp';
 import { earlyConnectionCounts, offerEarlyConnection, takeEarlyConnection } from '../ts/transport/early-connect';
 import { hashTree } from './helpers/data';
-import { run, sender, startReceiver, tmpdir } from './helpers/peers';
+import { run, tmpdir } from './helpers/peers';
+
+/** `receive` and `send` over TLS (the helpers in ./helpers/peers add --plaintext, over which no
+ * early connection is made). */
+async function tlsReceiver(target: string, args: string[]): Promise<{ peer: ReturnType<typeof run>; port: number }> {
+  const peer = run(['receive', target, '0', '--json', '--timeout', '20', ...args]);
+  const ev = await peer.waitFor((e) => e.event === 'listening');
+  return { peer, port: ev.port as number };
+}
+const tlsSender = (source: string, port: number, args: string[], env: NodeJS.ProcessEnv = {}) => run(['send', source, `127.0.0.1:${port}`, '--timeout', '20', ...args], env);
 
 const HOOK = `
 const fs = require('node:fs');
@@ -47,7 +56,7 @@ function hooked(dir: string): { env: NodeJS.ProcessEnv; early: () => { taken: nu
 }
 
 describe('early connection of a send', { skip: process.platform !== 'linux' && 'the kernel tells the round trip on Linux only' }, () => {
-  it('the program takes the connection started from argv (TLS and plaintext, a file and a tree); the result is whole', async () => {
+  it('the program takes the connection started from argv (a file and a tree); the result is whole', async () => {
     const dir = tmpdir();
     const src = path.join(dir, 'src');
     fs.mkdirSync(path.join(src, 'sub'), { recursive: true });
@@ -57,21 +66,46 @@ describe('early connection of a send', { skip: process.platform !== 'linux' && '
     const [fpS, fpR] = [await id(fps.s), await id(fps.r)];
     const forms: { name: string; src: string; recv: string[]; send: string[] }[] = [
       { name: 'TLS tree', src: `${src}/`, recv: ['--trust', fpS], send: ['--trust', fpR, '-q'] },
-      { name: 'plaintext tree, --json, --timeout=30', src, recv: ['--plaintext'], send: ['--plaintext', '--json', '--timeout=30'] },
+      { name: 'TLS tree, --json, --timeout=30', src, recv: ['--trust', fpS], send: ['--trust', fpR, '--json', '--timeout=30'] },
+      { name: 'plaintext tree (no early connection)', src, recv: ['--plaintext'], send: ['--plaintext', '-q'] },
       { name: 'TLS file, -qc', src: path.join(src, 'f0.txt'), recv: ['--trust', fpS], send: ['-qc', '--trust', fpR, '--compress-level', '3'] },
     ];
     for (const f of forms) {
       const dst = path.join(dir, `dst-${forms.indexOf(f)}`);
-      const { peer, port } = await startReceiver(dst, ['--state-dir', fps.r, ...f.recv]);
+      const { peer, port } = await tlsReceiver(dst, ['--state-dir', fps.r, ...f.recv]);
       const h = hooked(dir);
-      const s = await sender(f.src, port, ['--state-dir', fps.s, ...f.send], h.env).done;
+      const s = await tlsSender(f.src, port, ['--state-dir', fps.s, ...f.send], h.env).done;
       const r = await peer.done;
       assert.equal(s.code, 0, `${f.name}: ${s.stderr}`);
       assert.equal(r.code, 0, `${f.name}: ${r.stderr}`);
-      assert.deepEqual(h.early(), { taken: 1, left: false }, `${f.name}: the early connection was the session's`);
+      assert.deepEqual(h.early(), f.recv.includes('--plaintext') ? null : { taken: 1, left: false }, `${f.name}: the early connection was the session's`);
       if (f.src.endsWith('.txt')) assert.ok(fs.readFileSync(dst).equals(fs.readFileSync(f.src)));
       else assert.deepEqual(hashTree(dst), hashTree(src));
     }
+  });
+
+  it('a TLS receive ignores a connection that closes before its first byte (an early one a sender gave up), and serves the next', async () => {
+    const dir = tmpdir();
+    fs.writeFileSync(path.join(dir, 'f'), 'payload\n'.repeat(1000));
+    const st = { s: path.join(dir, 'state-s'), r: path.join(dir, 'state-r') };
+    const id = (state: string) => run(['id', '--state-dir', state]).done.then((r) => r.stdout.trim().split(/\s+/).pop()!);
+    const [fpS, fpR] = [await id(st.s), await id(st.r)];
+    const dst = path.join(dir, 'out');
+    const { peer, port } = await tlsReceiver(dst, ['--state-dir', st.r, '--trust', fpS]);
+    for (const close of ['end', 'destroy'] as const) {
+      const probe = net.connect({ host: '127.0.0.1', port });
+      await new Promise<void>((r) => probe.once('connect', () => r()));
+      await new Promise<void>((r) => {
+        probe.once('close', () => r());
+        probe[close]();
+      });
+    }
+    await new Promise((r) => setTimeout(r, 100));
+    const s = await tlsSender(path.join(dir, 'f'), port, ['--state-dir', st.s, '--trust', fpR]).done;
+    const r = await peer.done;
+    assert.equal(s.code, 0, s.stderr);
+    assert.equal(r.code, 0, r.stderr);
+    assert.ok(fs.readFileSync(dst).equals(fs.readFileSync(path.join(dir, 'f'))));
   });
 
   it('a send to nobody: the early connection fails, the program connects itself and says so (exit 10), and exits', async () => {
@@ -79,9 +113,9 @@ describe('early connection of a send', { skip: process.platform !== 'linux' && '
     fs.writeFileSync(path.join(dir, 'f'), 'x');
     const port = await closedPort();
     const h = hooked(dir);
-    const s = await run(['send', path.join(dir, 'f'), `127.0.0.1:${port}`, '--plaintext', '--state-dir', path.join(dir, 'st')], h.env).done;
+    const s = await run(['send', path.join(dir, 'f'), `127.0.0.1:${port}`, '--state-dir', path.join(dir, 'st')], h.env).done;
     assert.equal(s.code, 10, s.stderr);
-    assert.match(s.stderr, new RegExp(`cannot connect to 127\\.0\\.0\\.1:${port}.*(refused|ECONNREFUSED)`, 'i'));
+    assert.match(s.stderr, new RegExp(`connecting to 127\\.0\\.0\\.1:${port}.*(refused|ECONNREFUSED)`, 'i'));
     // Taken while still connecting, or found failed: either way the program's own connect reported it.
     assert.equal(h.early()?.left, false);
   });
@@ -96,7 +130,7 @@ describe('planEarlyConnect', () => {
     const yes = [
       argv('send', file, '127.0.0.1:7788'),
       argv('send', file, '10.0.0.5:7788/some/path', '--trust', FP, '--state-dir', dir, '-q'),
-      argv('send', '--json', '--plaintext', file, 'example.com:7788', '--timeout', '30', '--bwlimit=100', '--parallel', '4', '-cnv'),
+      argv('send', '--json', file, 'example.com:7788', '--timeout', '30', '--bwlimit=100', '--parallel', '4', '-cnv'),
       argv('send', dir, '[::1]:7788', '--no-compress', '--no-delete', '--no-overlap', '--stats', '--progress-interval', '2', '--compress-level', '19'),
     ];
     const want = [
@@ -108,12 +142,13 @@ describe('planEarlyConnect', () => {
     yes.forEach((a, i) => assert.deepEqual(planEarlyConnect(a, 'linux'), { host: want[i]![0], port: want[i]![1] }, a.slice(2).join(' ')));
   });
 
-  it('starts nothing where the program might not connect: other commands, --pair, --quic, unknown options, bad values, a missing source, other platforms', () => {
+  it('starts nothing where the program might not connect, or over plaintext: other commands, --pair, --quic, --plaintext, unknown options, bad values, a missing source, other platforms', () => {
     const none = [
       argv('receive', dir, '7788'),
       argv('sync', file, 'host:dst'),
       argv('send', file, '127.0.0.1:7788', '--pair', '7-amber-orbit'),
       argv('send', file, '127.0.0.1:7788', '--quic'),
+      argv('send', file, '127.0.0.1:7788', '--plaintext'),
       argv('send', file, '127.0.0.1:7788', '--exclude-from', 'list'),
       argv('send', file, '127.0.0.1:7788', '--exclude', '*.o'),
       argv('send', file, '127.0.0.1:7788', '--max-size', '1M'),

@@ -107,11 +107,14 @@ describe('regressions found by fault injection', () => {
     fs.writeFileSync(dst, 'old\n');
     const { peer, port } = await startReceiver(dst, ['--state-dir', path.join(dir, 'state-r')]);
     // The relay holds the receiver's answers: the sender has stat'ed its source and
-    // connected, and waits for the handshake while the source goes.
+    // connected, and waits for the handshake while the source goes. Its first bytes (its
+    // HELLO) are what say so: over TLS the TCP connection itself is opened before the program
+    // has even loaded (decisions §110).
     const relay = await faultProxy(port);
     relay.hold(true);
     const s = sender(src, relay.port, ['--state-dir', path.join(dir, 'state-s')]);
     await relay.connected;
+    while (relay.upstreamBytes() === 0) await new Promise((r) => setTimeout(r, 5));
     fs.rmSync(src);
     relay.hold(false);
     const [sr, rr] = await Promise.all([s.done, peer.done]);
@@ -156,7 +159,10 @@ describe('regressions found by fault injection', () => {
     const dir = tmpdir();
     const [src, dst] = ['src', 'dst'].map((d) => path.join(dir, d));
     // Two large files, so the second connection (a lane) carries one of them; both are
-    // rewritten in their fourth 2 MiB batch (see the test above for the timing).
+    // rewritten at 9 MiB, in their last batch (see the test above for the timing): with 3 MiB
+    // across in all, neither has read that far ahead, whichever of them started with the
+    // session's smaller first batches (decisions §109: the one whose 6.5 MiB this rewrote
+    // before had read it, and went whole as it was when read).
     writeAt(src, 'a.bin', seeded(10 * MiB, 99));
     writeAt(src, 'b.bin', seeded(10 * MiB, 100));
     writeAt(dst, 'extra.txt', 'receiver only\n');
@@ -168,7 +174,7 @@ describe('regressions found by fault injection', () => {
     while (relay.upstreamBytes() < 3 * MiB && !ended) await new Promise((r) => setTimeout(r, 20));
     for (const name of ['a.bin', 'b.bin']) {
       const fd = fs.openSync(path.join(src, name), 'r+');
-      fs.writeSync(fd, seeded(256 * 1024, 101), 0, 256 * 1024, 6.5 * MiB);
+      fs.writeSync(fd, seeded(256 * 1024, 101), 0, 256 * 1024, 9 * MiB);
       fs.closeSync(fd);
     }
     const [sr, rr] = await Promise.all([s.done, peer.done]);
@@ -187,7 +193,7 @@ describe('regressions found by fault injection', () => {
     assert.match(rr.stderr, /ffsync-native: error: .*(changed during the sync|source files vanished during the run)/);
     assert.match(rr.stderr, /a\.bin changed/, both);
     assert.equal(fs.readFileSync(path.join(dst, 'extra.txt'), 'utf8'), 'receiver only\n', 'nothing deleted');
-    assert.deepEqual(fs.readdirSync(dst).filter((n) => n.endsWith('.bin')), [], 'nothing committed');
+    assert.deepEqual(fs.readdirSync(dst).filter((n) => n.endsWith('.bin')), [], `nothing committed\n${both}`);
     fs.rmSync(dir, { recursive: true, force: true });
   });
 

@@ -7,19 +7,21 @@
 // (ts/transport/early-connect.ts) and starts TLS (or, with --plaintext, the session) on it.
 // Decisions §110.
 //
-// A connection opened and never used would end a waiting `receive` (its first connection is its
-// session), so this starts one only when the program is bound to connect: every option here is
-// one the program takes without a check that could fail before it connects (values checked the
-// way it checks them), the source exists and is readable, and the platform tells the connection's
-// round trip (Linux: the start level of compression is picked from it). Anything else — another
-// option (--pair, --quic, --exclude-from, …), another command — starts nothing.
+// Only over TLS (the default): a `receive` takes its first connection as its session, and while a
+// TLS receiver ignores a connection that closes before its first byte (ts/transport/tls.ts
+// `tlsListenOnce`), a plaintext one would take it for its session and fail. And only where the
+// program is bound to connect: every option here is one the program takes without a check that
+// could fail before it connects (values checked the way it checks them), the source exists and is
+// readable, and the platform tells the connection's round trip (Linux: the start level of
+// compression is picked from it). Anything else — --plaintext, --pair, --quic, --exclude-from,
+// any other option or command — starts nothing.
 import fs from 'node:fs';
 import path from 'node:path';
 
 /** Short options of `send` that only change what the session does once connected. */
 const SHORT = new Set('qcnv');
 /** Long options without a value, likewise. */
-const LONG = new Set(['--json', '--quiet', '--plaintext', '--checksum', '--progress', '--no-progress', '--stats', '--no-compress', '--no-delete', '--dry-run', '--verbose', '--no-overlap']);
+const LONG = new Set(['--json', '--quiet', '--checksum', '--progress', '--no-progress', '--stats', '--no-compress', '--no-delete', '--dry-run', '--verbose', '--no-overlap']);
 /** Long options with a value, and the values the program accepts without an error. */
 const LONG_VALUE: Record<string, (v: string) => boolean> = {
   '--state-dir': (v) => v.length > 0,

@@ -40,6 +40,13 @@ function handshakeError(e: unknown, context: string): FfsyncError {
   return new FfsyncError('ETLS', ExitCode.PROTOCOL_INCOMPATIBLE, `${context}: ${why}`, { cause: e });
 }
 
+/** The TCP connection under `sock` closed before its peer sent a single byte (no ClientHello).
+ * Node keeps that connection as the TLS socket's `_parent`; without it, false (as before). */
+function sentNothing(sock: tls.TLSSocket): boolean {
+  const raw = (sock as unknown as { _parent?: net.Socket })._parent;
+  return raw !== undefined && raw.bytesRead === 0;
+}
+
 function capture(sock: tls.TLSSocket): void {
   recordPeerCertificate(sock, sock.getPeerCertificate(true)?.raw);
 }
@@ -47,11 +54,13 @@ function capture(sock: tls.TLSSocket): void {
 export async function tlsListenOnce(host: string, port: number, id: Identity): Promise<Listener> {
   let first = true;
   // A peer that fails the TLS handshake before any session started (e.g. --plaintext on
-  // its side) ends the receive with a clear error instead of leaving us waiting.
+  // its side) ends the receive with a clear error instead of leaving us waiting. One that sent
+  // nothing at all before it closed started nothing: a port probe, or a sender that opened its
+  // connection early and stopped before its session (decisions §110); we keep waiting.
   return listenTls(host, port, id, 16, {
     onSecure: () => (first = false),
-    onClientError: (e, _remote, fail) => {
-      if (first) fail(e);
+    onClientError: (e, _remote, fail, silent) => {
+      if (first && !silent) fail(e);
     },
   });
 }
@@ -78,7 +87,7 @@ async function listenTls(
   port: number,
   id: Identity,
   backlog: number,
-  on: { onSecure?: () => void; onClientError: (e: FfsyncError, remote: string, fail: (e: Error) => void) => void; onConnection?: (raw: net.Socket) => void },
+  on: { onSecure?: () => void; onClientError: (e: FfsyncError, remote: string, fail: (e: Error) => void, silent: boolean) => void; onConnection?: (raw: net.Socket) => void },
   handshakeTimeoutMs?: number,
 ): Promise<Listener> {
   const server = tls.createServer({ ...BASE, key: id.keyPem, cert: id.certPem, requestCert: true, ...(handshakeTimeoutMs ? { handshakeTimeout: handshakeTimeoutMs } : {}) });
@@ -90,7 +99,7 @@ async function listenTls(
     capture(sock);
     queue.push(sock);
   });
-  server.on('tlsClientError', (e, sock) => on.onClientError(handshakeError(e, 'incoming connection'), `${sock.remoteAddress}:${sock.remotePort}`, (err) => queue.fail(err)));
+  server.on('tlsClientError', (e, sock) => on.onClientError(handshakeError(e, 'incoming connection'), `${sock.remoteAddress}:${sock.remotePort}`, (err) => queue.fail(err), sentNothing(sock)));
   const addr = await bind(server, host, port);
   return {
     host: addr.address,
