@@ -3,10 +3,9 @@
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { CLI, seeded, sender, sha256, snapshotTree, startReceiver, sync, tmpdir, T0, assertSameTree, writeAt } from './helpers/peers';
+import { CLI, seeded, sender, sha256, snapshotTree, startReceiver, sync, tmpdir, T0, assertSameTree, unusedPort, writeAt } from './helpers/peers';
 
 const KiB = 1024;
 const MiB = 1024 * KiB;
@@ -56,14 +55,6 @@ function buildRichTree(src: string) {
 function extract(tgz: string, into: string) {
   fs.mkdirSync(into, { recursive: true });
   execFileSync('tar', ['xzf', tgz, '-C', into]);
-}
-
-async function unusedPort(): Promise<number> {
-  const srv = net.createServer();
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
-  const port = (srv.address() as net.AddressInfo).port;
-  await new Promise<void>((r) => srv.close(() => r()));
-  return port;
 }
 
 /** Relative paths of a tree (no root entry). */

@@ -4,6 +4,7 @@ import assert from 'node:assert/strict';
 import { type ChildProcess, execFileSync, spawnSync, type SpawnSyncReturns } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { sha256 } from './data';
@@ -73,6 +74,15 @@ process.once('exit', () => {
     }
   }
 });
+
+/** A loopback port nobody listens on (it was free a moment ago). */
+export async function unusedPort(): Promise<number> {
+  const srv = net.createServer();
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  const port = (srv.address() as net.AddressInfo).port;
+  await new Promise<void>((r) => srv.close(() => r()));
+  return port;
+}
 
 export function tmpdir(prefix = 'ffsync-test-'): string {
   const d = fs.mkdtempSync(path.join(os.tmpdir(), prefix));

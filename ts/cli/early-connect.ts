@@ -4,8 +4,7 @@
 // `send PATH HOST:PORT`, read from argv alone, it starts the TCP connection, whose handshake then
 // crosses the network while the bundle and the addon load (~30 ms after Node's start), instead of
 // after them. The program's first connect to the same host and port takes it
-// (ts/transport/early-connect.ts) and starts TLS (or, with --plaintext, the session) on it.
-// Decisions §110.
+// (ts/transport/early-connect.ts) and starts TLS on it. Decisions §110.
 //
 // Only over TLS (the default): a `receive` takes its first connection as its session, and while a
 // TLS receiver ignores a connection that closes before its first byte (ts/transport/tls.ts
@@ -17,6 +16,7 @@
 // any other option or command — starts nothing.
 import fs from 'node:fs';
 import path from 'node:path';
+import { fingerprintHex } from '../security/fingerprint-text.js';
 
 /** Short options of `send` that only change what the session does once connected. */
 const SHORT = new Set('qcnv');
@@ -25,7 +25,7 @@ const LONG = new Set(['--json', '--quiet', '--checksum', '--progress', '--no-pro
 /** Long options with a value, and the values the program accepts without an error. */
 const LONG_VALUE: Record<string, (v: string) => boolean> = {
   '--state-dir': (v) => v.length > 0,
-  '--trust': (v) => /^[0-9a-fA-F]{64}$/.test(v.replace(/^sha256:/i, '').replace(/[\s:-]/g, '')),
+  '--trust': (v) => fingerprintHex(v) !== undefined,
   '--timeout': (v) => isInt(v, 1, 86400),
   '--progress-interval': (v) => isInt(v, 1, 3600),
   '--compress-level': (v) => isInt(v, 1, 19),
@@ -39,12 +39,16 @@ function isInt(v: string, min: number, max: number): boolean {
   return n >= min && n <= max;
 }
 
-/** `HOST:PORT` or `HOST:PORT/path` (a serve daemon's), as ts/transport/tcp.ts parseRemote reads it. */
+/** `HOST:PORT` or `HOST:PORT/path` (a serve daemon's), read as the program reads it
+ * (ts/transport/tcp.ts parseRemote, loaded only for a `send`); undefined where it refuses it. */
 function remoteOf(spec: string): { host: string; port: number } | undefined {
-  const m = /^(?:\[([^\]]+)\]|([^:/[\]]+)):(\d+)(?:\/.*)?$/.exec(spec);
-  const port = m ? Number(m[3]) : NaN;
-  if (!m || !Number.isInteger(port) || port < 1 || port > 65535) return undefined;
-  return { host: (m[1] ?? m[2])!, port };
+  const { parseRemote } = require('../transport/tcp.js') as typeof import('../transport/tcp.js'); // eslint-disable-line @typescript-eslint/no-require-imports
+  try {
+    const { host, port } = parseRemote(spec);
+    return { host, port };
+  } catch {
+    return undefined;
+  }
 }
 
 /** The address a `send` with these arguments will connect to first, or none when the arguments

@@ -2,6 +2,7 @@
 // upper-case hex digits ("3F2A-9C1B-…"). Parsing accepts any case and any separators.
 import crypto from 'node:crypto';
 import { ExitCode, FfsyncError } from '../utils/errors.js';
+import { fingerprintHex } from './fingerprint-text.js';
 
 export function fingerprintOfDer(der: Buffer): string {
   return formatFingerprint(crypto.createHash('sha256').update(der).digest('hex'));
@@ -17,8 +18,8 @@ export function formatFingerprint(hex: string): string {
 
 /** Normalize user input to the canonical form; a usage error (exit 1) if it is not one. */
 export function parseFingerprint(input: string): string {
-  const hex = input.replace(/^sha256:/i, '').replace(/[\s:-]/g, '');
-  if (!/^[0-9a-fA-F]{64}$/.test(hex)) {
+  const hex = fingerprintHex(input);
+  if (hex === undefined) {
     throw new FfsyncError('EUSAGE', ExitCode.USAGE, `not a SHA-256 fingerprint: '${input}' (expected 64 hex digits, as printed by 'ffsync-native id')`);
   }
   return formatFingerprint(hex);

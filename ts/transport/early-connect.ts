@@ -5,8 +5,8 @@
 // and only then connects: the TCP handshake's round trip (tens of milliseconds across regions)
 // came after all of it. The executable (ts/cli/main.ts) recognises the plain `send` cases from
 // argv alone (ts/cli/early-connect.ts) and opens the connection first; the program's first
-// connect to that host and port takes it here (ts/transport/tcp.ts, tls.ts) and goes on from
-// there: TLS, or plain frames. This module is in both bundles (main.js and entry.js): what they
+// connect to that host and port takes it here (ts/transport/tls.ts) and goes on from
+// there: TLS. This module is in both bundles (main.js and entry.js): what they
 // share lives on `process` under a registered symbol, not in module state, which each bundle has
 // its own copy of (as ts/native/early-walks.ts).
 //

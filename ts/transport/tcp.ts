@@ -8,7 +8,6 @@ import type { SecureStream } from './peer-identity.js';
 import type { Duplex } from 'node:stream';
 import { ExitCode, FfsyncError, fromSystemError } from '../utils/errors.js';
 import { noteHandshake } from './handshake-time.js';
-import { takeEarlyConnection } from './early-connect.js';
 
 export interface Listener {
   host: string;
@@ -85,20 +84,6 @@ export async function bind(server: net.Server, host: string, port: number): Prom
 }
 
 export function connect(host: string, port: number, timeoutMs = 15000): Promise<net.Socket> {
-  const early = takeEarlyConnection(host, port);
-  if (!early) return dial(host, port, timeoutMs);
-  // Connected while the program loaded (decisions §110): its handshake time is the kernel's RTT.
-  const started = nowMs();
-  return connected(early, host, port, timeoutMs).then(
-    (s) => {
-      noteHandshake(s, kernelRttMs(s) ?? nowMs() - started);
-      return tune(s);
-    },
-    () => dial(host, port, timeoutMs), // failed meanwhile: connect as usual, and report that
-  );
-}
-
-function dial(host: string, port: number, timeoutMs: number): Promise<net.Socket> {
   const started = nowMs();
   return connected(netModule().connect({ host, port }), host, port, timeoutMs).then((s) => {
     noteHandshake(s, nowMs() - started);
@@ -107,8 +92,8 @@ function dial(host: string, port: number, timeoutMs: number): Promise<net.Socket
 }
 
 /** `sock` once its TCP handshake is done: at once if it is (an early connection,
- * ts/transport/early-connect.ts), else when it completes; a timeout (from now) or an error
- * rejects, as a refused or unreachable connect is reported. */
+ * ts/transport/early-connect.ts, taken by tls.ts), else when it completes; a timeout (from now)
+ * or an error rejects, as a refused or unreachable connect is reported. */
 export function connected(sock: net.Socket, host: string, port: number, timeoutMs: number): Promise<net.Socket> {
   if (!sock.connecting) return Promise.resolve(sock);
   return new Promise((resolve, reject) => {
