@@ -16,7 +16,7 @@ import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { benchArgs, orUsage, cleanUpOnSignals, CLI, CLI_SHOWN, failedRuns, KiB, MiB, pickList, Proc, REPO, RSYNC_BIN, UsageError, commandLine, describeExit, flushWorkFs, fmtBytes, fmtRatio, fmtRss, fmtS, killAll, machineInfo, markdown, rmf, sh, tail, textTable, withTimeout, type Machine, runMain, intOption } from './common.js';
 import { XorShift128, sha256Async } from '../__test__/helpers/data';
-import { aggregate, runFfsyncPair, runRsync, type Aggregate, type TimedSample, type ToolRuns } from './runners.js';
+import { aggregate, lastSummary, runFfsyncPair, runRsync, type Aggregate, type TimedSample, type ToolRuns } from './runners.js';
 
 const BLOCK = MiB; // fixture I/O granularity: never hold a whole file in memory
 
@@ -295,7 +295,7 @@ async function genAppended(old: Fixture, file: string, seed: number): Promise<Fi
 // ---------------------------------------------------------------------------------------------
 // One sync with each tool
 
-type ToolName = 'ffsync' | 'ffsync-nofsync' | 'rsync' | 'rsync-fsync' | 'rsync-ssh' | 'cp-sync';
+type ToolName = 'ffsync' | 'ffsync-nofsync' | 'ffsync-local' | 'ffsync-local-nofsync' | 'rsync' | 'rsync-fsync' | 'rsync-ssh' | 'cp-sync';
 
 interface Sample extends TimedSample {
   literal?: number;
@@ -324,6 +324,31 @@ async function ffsyncSync(ctx: RunCtx, src: string, dst: string, sr: string, ss:
     rssKb: r.rssKb,
     note: r.notes.length ? r.notes.join('; ') : undefined,
   };
+}
+
+/** `sync SRC DST` between two local paths, as a user copies a file on one machine: both peers in one
+ * process (the file's data copied from the source in the kernel and verified, decisions §111). */
+async function ffsyncLocal(ctx: RunCtx, src: string, dst: string, state: string, label: string, extra: string[]): Promise<Sample> {
+  const t0 = performance.now();
+  const p = new Proc(label, [process.execPath, CLI, 'sync', src, dst, '--json', '--state-dir', state, ...extra], { rssFile: rssPath(ctx, label) });
+  try {
+    const e = await p.exited;
+    const s = lastSummary(p.lines);
+    if (e.code !== 0 || !s) throw new Error(`${label}: sync ${describeExit(e)}; stderr: ${tail(p.stderr)}`);
+    return {
+      wallMs: e.at - t0,
+      wire: s.bytesOnWire,
+      literal: s.literalBytes,
+      matched: s.matchedBytes,
+      decidedBy: s.decidedBy,
+      upToDate: s.upToDate,
+      summaryMs: { sender: s.durationMs, receiver: s.durationMs },
+      rssKb: { all: await p.peakRssKb() },
+    };
+  } catch (err) {
+    p.kill();
+    throw err;
+  }
 }
 
 /** The durable-write floor: copy the whole new file and flush its filesystem (no hashing, no network). */
@@ -405,6 +430,8 @@ async function freshStateDirs(ctx: RunCtx, label: string): Promise<{ sr: string;
 async function syncWith(ctx: RunCtx, tool: ToolName, src: string, dst: string, state: { sr: string; ss: string }, label: string): Promise<Sample> {
   if (tool === 'ffsync') return ffsyncSync(ctx, src, dst, state.sr, state.ss, label);
   if (tool === 'ffsync-nofsync') return ffsyncSync(ctx, src, dst, state.sr, state.ss, label, ['--no-fsync']);
+  if (tool === 'ffsync-local') return ffsyncLocal(ctx, src, dst, state.ss, label, []);
+  if (tool === 'ffsync-local-nofsync') return ffsyncLocal(ctx, src, dst, state.ss, label, ['--no-fsync']);
   if (tool === 'cp-sync') return cpSync(ctx, src, dst, label);
   return rsyncSync(ctx, tool, src, dst, label);
 }
@@ -590,13 +617,37 @@ function durabilityTable(results: ScenarioResult[]): { head: string[]; rows: str
   return { head, rows };
 }
 
+/** `--durability`, the same targets for `sync` between two local paths (one process; the rsync rows are
+ * local too). */
+function localDurabilityTable(results: ScenarioResult[]): { head: string[]; rows: string[][] } {
+  const head = ['scenario', 'ffsync sync s', 'ffsync sync --no-fsync s', 'rsync s', 'rsync --fsync s', 'cp && sync s', 'sync / cp && sync', 'speedup vs rsync --fsync', '--no-fsync speedup vs rsync', 'verified'];
+  const rows = results.map((sr) => {
+    const t = (n: ToolName) => sr.tools.find((x) => x.tool === n);
+    const [f, nf, r, rf, cp] = (['ffsync-local', 'ffsync-local-nofsync', 'rsync', 'rsync-fsync', 'cp-sync'] as const).map((n) => agg(t(n)));
+    const over = f!.ok && cp!.ok ? `${(f!.wallMs! / cp!.wallMs!).toFixed(2)}x` : '—';
+    return [
+      sr.scenario.name,
+      cell(f!, t('ffsync-local'), fmtS(f!.wallMs)),
+      cell(nf!, t('ffsync-local-nofsync'), fmtS(nf!.wallMs)),
+      cell(r!, t('rsync'), fmtS(r!.wallMs)),
+      cell(rf!, t('rsync-fsync'), fmtS(rf!.wallMs)),
+      cell(cp!, t('cp-sync'), fmtS(cp!.wallMs)),
+      over,
+      fmtRatio(rf!.wallMs, f!.wallMs),
+      fmtRatio(r!.wallMs, nf!.wallMs),
+      verifiedCell(sr),
+    ];
+  });
+  return { head, rows };
+}
+
 function detailTable(results: ScenarioResult[]): { head: string[]; rows: string[][] } {
   const head = ['scenario', 'tool', 'wall s (each run)', 'sender→exit s', 'summary ms snd/rcv', 'wire sent', 'wire received', 'literal', 'matched', 'peak RSS KiB', 'notes'];
   const rows: string[][] = [];
   for (const sr of results) {
     for (const tr of sr.tools) {
       const s = tr.samples[tr.samples.length - 1];
-      const rss = s ? (tr.tool.startsWith('ffsync') ? `snd ${s.rssKb.sender ?? '?'} / rcv ${s.rssKb.receiver ?? '?'}` : `${s.rssKb.all ?? '?'} (max proc)`) : '—';
+      const rss = !s ? '—' : tr.tool.startsWith('ffsync-local') ? `${s.rssKb.all ?? '?'} (one process)` : tr.tool.startsWith('ffsync') ? `snd ${s.rssKb.sender ?? '?'} / rcv ${s.rssKb.receiver ?? '?'}` : `${s.rssKb.all ?? '?'} (max proc)`;
       const notes = [tr.error ? `**${tr.verified === false ? 'MISMATCH' : 'FAILED'}**: ${tr.error}` : '', s?.decidedBy ? `decidedBy=${s.decidedBy}, upToDate=${s.upToDate}` : '', s?.note ?? '']
         .filter(Boolean)
         .join('; ');
@@ -731,7 +782,7 @@ async function main(): Promise<number> {
   if (opts.rsyncFsync && !opts.rssSizes) tools.push('rsync-fsync');
   if (ssh.ok && !opts.rssSizes) tools.push('rsync-ssh');
   if (opts.durability && !opts.rssSizes) {
-    tools.splice(1, 0, 'ffsync-nofsync');
+    tools.splice(1, 0, 'ffsync-nofsync', 'ffsync-local', 'ffsync-local-nofsync');
     tools.push('cp-sync');
   }
 
@@ -779,7 +830,8 @@ async function main(): Promise<number> {
     }
     const t = mainTable(results, tools);
     const dt = opts.durability ? durabilityTable(results) : undefined;
-    process.stdout.write(`\n${textTable(t)}\n${dt ? `\nDurable writes\n${textTable(dt)}\n` : ''}\nscan: ${scan}\n${ssh.note}\n`);
+    const lt = opts.durability ? localDurabilityTable(results) : undefined;
+    process.stdout.write(`\n${textTable(t)}\n${dt ? `\nDurable writes\n${textTable(dt)}\n` : ''}${lt ? `\nDurable writes, sync between local paths\n${textTable(lt)}\n` : ''}\nscan: ${scan}\n${ssh.note}\n`);
     const fx = ctx.fixtures;
     const fixtureLines = [
       `- file size: ${opts.sizeMib} MiB (${opts.sizeMib * MiB} bytes); old sha256 ${fx.old!.sha256.slice(0, 16)}…`,
@@ -806,6 +858,16 @@ async function main(): Promise<number> {
               '`cp && sync` = `cp SRC DST && sync -f DST`: the floor for writing the whole file durably, with no hashing and no network. Ratios are of medians in this run.',
             '',
             markdown(dt),
+            '',
+          ]
+        : []),
+      ...(lt
+        ? [
+            '## Durable writes, `sync` between local paths',
+            '',
+            'The same file with `ffsync-native sync SRC DST` (both peers in one process: the data is copied from the source in the kernel and each chunk verified, decisions §111), beside the same local rsync runs and floor. Time from spawn to exit.',
+            '',
+            markdown(lt),
             '',
           ]
         : []),

@@ -125,7 +125,7 @@ export declare class NativeReconstruction {
    * resolved without following any link. `fsync` (default true): the result is made
    * durable before it is renamed into place; false is `--no-fsync`.
    */
-  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ((doneBytes: number) => void) | undefined | null, holes?: Buffer | undefined | null, inplace?: boolean | undefined | null, prefill?: NativePrefill | undefined | null, beneath?: string | undefined | null, fsync?: boolean | undefined | null, backup?: BackupOptions | undefined | null): Promise<NativeReconstruction>
+  static begin(target: string | Buffer, manifest: Buffer, locals: Array<LocalFile>, onProgress?: ((doneBytes: number) => void) | undefined | null, holes?: Buffer | undefined | null, inplace?: boolean | undefined | null, prefill?: NativePrefill | undefined | null, beneath?: string | undefined | null, fsync?: boolean | undefined | null, backup?: BackupOptions | undefined | null, peerCopy?: PeerCopyFile | undefined | null): Promise<NativeReconstruction>
   /** Indices of chunks that must come over the wire, ascending. */
   needed(): Uint32Array
   summary(): PlanSummary
@@ -432,6 +432,18 @@ export declare function pairingCode(): string
  * version cannot use is a usage error. The core's parser is the only definition.
  */
 export declare function partialDirRule(dir: string): string | null
+
+/**
+ * The sender's own file on this machine (a local sync): the chunks the plan would ask for
+ * are copied from it first, each proven by its hash (decisions §111).
+ */
+export interface PeerCopyFile {
+  path: string | Buffer
+  /** The sender's root: `path` is relative to it and resolved without following any link. */
+  beneath?: string
+  /** Its modification time as the sender listed it (ns): a file with another is not used. */
+  mtimeNs?: bigint
+}
 
 export interface PlanCounts {
   mkdirs: number

@@ -48,6 +48,10 @@ export interface ReceiveContentOptions {
   target: string | Buffer;
   /** A tree's root: `target` is resolved beneath it without following any link. */
   beneath?: string;
+  /** A local sync (both peers in this process): the sender's own file, under its root when
+   * `beneath` is given. The chunks this side would ask for are copied from it on the disk and
+   * proven by their hashes; any that do not match still cross (decisions §111). */
+  peerCopy?: { path: string | Buffer; beneath?: string; mtimeNs?: bigint };
   size: bigint;
   /** Set on commit; undefined leaves it (a tree synced without -t / -p). */
   mtimeNs: bigint | undefined;
@@ -302,6 +306,7 @@ async function begin(conn: FramedConnection, o: ReceiveContentOptions, b: Rebuil
           o.beneath,
           o.fsync,
           o.backup,
+          o.peerCopy,
         ),
       ),
     );

@@ -27,6 +27,10 @@ export interface ReceiveOptions {
   port: number;
   /** Extra local files whose chunks may be reused (`--from`). */
   from?: string[];
+  /** Set by a local sync only (both peers in this process): the sender's source, a tree's root
+   * or a single file. Its files are the sender's own, readable here, so each file's chunks are
+   * copied from them on the disk instead of crossing the pipe (decisions §111). */
+  localSender?: string;
   checksum?: boolean;
   stateDir?: string;
   timeoutMs?: number;
@@ -335,6 +339,7 @@ async function receiveFile(conn: FramedConnection, o: ReceiverContext, f: FileSe
     partialDir: o.partialDir,
     stream: Boolean(negotiated.capabilities & Capability.STREAM),
     fsync: o.fsync,
+    peerCopy: o.localSender === undefined ? undefined : { path: o.localSender, mtimeNs: offer.mtimeNs },
   });
   summary.root = r.root;
   if (r.placedEarly !== undefined) summary.placedEarlyBytes = r.placedEarly;

@@ -359,8 +359,12 @@ async function syncLocally(c: SyncContext, st: BigIntStats, srcName: string, kin
   // --inplace keeps its deltas, which update a file inside the target (its inode, its hard
   // links) where a whole copy replaces it.
   const wholeSmall = o.wholeFile === undefined && !o.inplace;
+  // The receiver takes each file's chunks from the sender's own file on the disk (in-kernel
+  // copies, each chunk proven by its hash) before asking for any over the pipe: between two
+  // local paths the pipe only copies bytes the kernel can copy itself (decisions §111). Not
+  // with --bwlimit, whose point locally is to pace the transfer's reads and writes.
   const sending = { ...eng, compressLevel: 0, compressManifest: false, overlap: false, tree: { ...eng.tree, choices: { ...eng.tree.choices, wholeSmall }, parallel: o.jobs ?? LOCAL_LANES, listing: listingOf(o, src, dest, false, destExisted, rootExisted) }, path: src.path, host: 'local', port: 0, stateDir, st, t0, dialLane: lanes.dial };
-  const receiverOptions = { path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, ...receiverSide.tree }, backup: receiverSide.backup, partialDir: receiverSide.partialDir, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, compressManifest: false, inplace: o.inplace, fsync: o.fsync };
+  const receiverOptions = { localSender: o.bwlimitKiBps ? undefined : path.resolve(src.path), path: target, port: 0, target, stateDir, checksum: o.checksum, timeoutMs: eng.timeoutMs, signal: o.signal, tree: { noDelete: !o.delete, ...receiverSide.tree }, backup: receiverSide.backup, partialDir: receiverSide.partialDir, listener: lanes.listener, sizeLimits: limitsOf(o), refine: false, compressManifest: false, inplace: o.inplace, fsync: o.fsync };
   // Both trees are walked from the start, neither waiting on the handshake or the other
   // side's frames. The receiver's early walk has no exclude rules, so it is started only
   // when the sender has none either (and no -x): then it is the walk the session makes.

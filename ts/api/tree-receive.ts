@@ -470,6 +470,7 @@ class TreeReceiver {
       mode: lt.mode,
       localPaths: basis,
       locals,
+      peerCopy: o.localSender === undefined ? undefined : { path: lt.path, beneath: o.localSender, mtimeNs: lt.mtimeNs },
       targetReusable: lt.delta,
       stateDir: o.stateDir,
       events,

@@ -120,8 +120,10 @@ export function beginReconstruction(
   fsync?: boolean,
   /** rsync's -b: the replaced file is moved to its backup name first. */
   backup?: Binding.BackupOptions,
+  /** A local sync: the sender's own file, whose chunks are copied (and proven) before any is asked for. */
+  peerCopy?: Binding.PeerCopyFile,
 ): Promise<Binding.NativeReconstruction> {
-  return call(native.NativeReconstruction.begin(target, manifest, locals, progressCallback(onProgress), holes, inplace, prefill, beneath, fsync, backup));
+  return call(native.NativeReconstruction.begin(target, manifest, locals, progressCallback(onProgress), holes, inplace, prefill, beneath, fsync, backup, peerCopy));
 }
 
 /** Complete an interrupted `--inplace` commit of `target`, if any (message when one was). */

@@ -43,6 +43,18 @@ pub struct LocalFile {
     pub manifest: Buffer,
 }
 
+/// The sender's own file on this machine (a local sync): the chunks the plan would ask for
+/// are copied from it first, each proven by its hash (decisions §111).
+#[napi(object)]
+pub struct PeerCopyFile {
+    #[napi(ts_type = "string | Buffer")]
+    pub path: crate::PathArg,
+    /// The sender's root: `path` is relative to it and resolved without following any link.
+    pub beneath: Option<String>,
+    /// Its modification time as the sender listed it (ns): a file with another is not used.
+    pub mtime_ns: Option<BigInt>,
+}
+
 #[napi(object)]
 pub struct PlanSummary {
     pub chunks: u32,
@@ -80,6 +92,7 @@ pub struct BeginTask {
     inplace: bool,
     fsync: bool,
     backup: Option<BackupOptions>,
+    peer_copy: Option<ffsync_core::restore::PeerCopy>,
     progress: Option<ProgressFn>,
 }
 
@@ -115,6 +128,7 @@ impl Task for BeginTask {
                     prefill: self.prefill.take().map(|p| p.into_prefilled()),
                     fsync: self.fsync,
                     backup,
+                    peer_copy: self.peer_copy.take(),
                 },
             )
             .map_err(to_napi)?,
@@ -214,8 +228,17 @@ impl NativeReconstruction {
         beneath: Option<String>,
         fsync: Option<bool>,
         backup: Option<BackupOptions>,
-    ) -> AsyncTask<BeginTask> {
-        AsyncTask::new(BeginTask {
+        peer_copy: Option<PeerCopyFile>,
+    ) -> Result<AsyncTask<BeginTask>> {
+        let peer_copy = match peer_copy {
+            Some(p) => Some(ffsync_core::restore::PeerCopy {
+                root: p.beneath.map(PathBuf::from),
+                path: crate::path_arg(p.path),
+                mtime_ns: p.mtime_ns.as_ref().map(crate::bigint_to_i64).transpose()?,
+            }),
+            None => None,
+        };
+        Ok(AsyncTask::new(BeginTask {
             prefill: prefill.and_then(|p| p.take()),
             target: crate::path_arg(target),
             beneath: beneath.map(PathBuf::from),
@@ -228,8 +251,9 @@ impl NativeReconstruction {
             inplace: inplace.unwrap_or(false),
             fsync: fsync.unwrap_or(true),
             backup,
+            peer_copy,
             progress: on_progress,
-        })
+        }))
     }
 
     /// Indices of chunks that must come over the wire, ascending.

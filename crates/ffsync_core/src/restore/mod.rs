@@ -23,7 +23,7 @@ pub mod staging;
 
 pub use durable::{apply_metadata, system_time_from_ns, touch_up_to_date_at};
 pub use local_source::LocalSource;
-pub use restorer::{BeginOptions, PlanSummary, Reconstruction};
+pub use restorer::{BeginOptions, PeerCopy, PlanSummary, Reconstruction};
 pub use staging::{
     create_exclusive, has_resumable_partial, has_resumable_partial_at, partial_name, partial_of, partial_path,
     streaming_of, streaming_path, PARTIAL_SUFFIX,

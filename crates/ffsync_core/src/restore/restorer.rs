@@ -60,6 +60,25 @@ pub struct BeginOptions {
     /// rename, with its path relative to the destination root (for --backup-dir). Not with
     /// `inplace` (the shell refuses the combination).
     pub backup: Option<(std::sync::Arc<crate::backup::Backup>, Vec<u8>)>,
+    /// The sender's own file, readable here (a local sync: both peers in one process). The
+    /// chunks the plan would ask for are copied from it first (see [`PeerCopy`]).
+    pub peer_copy: Option<PeerCopy>,
+}
+
+/// The file the sender scanned, on this machine (a local sync, decisions §111): the manifest
+/// describes it, so each chunk the plan would ask for sits at its own offset there. `begin`
+/// copies those chunks from it in the kernel and proves each by its hash where it landed;
+/// a chunk that does not match (the file changed after the sender hashed it) or cannot be
+/// read stays on the wire, so the sender's own checks decide what happens to a file that
+/// changed, exactly as without the copy.
+#[derive(Clone, Debug)]
+pub struct PeerCopy {
+    /// The sender's root (a tree) under which `path` is resolved without following any link;
+    /// None: `path` is the file the user named.
+    pub root: Option<PathBuf>,
+    pub path: PathBuf,
+    /// The modification time the sender listed for it: a file with another is not used.
+    pub mtime_ns: Option<i64>,
 }
 
 impl Default for BeginOptions {
@@ -70,6 +89,7 @@ impl Default for BeginOptions {
             prefill: None,
             fsync: true,
             backup: None,
+            peer_copy: None,
         }
     }
 }
@@ -91,6 +111,9 @@ enum Origin {
     Placed {
         anchor: Option<(usize, u64)>,
     },
+    /// Copied from the sender's own file in `begin` and proven by hash where it landed
+    /// ([`PeerCopy`]).
+    PeerCopy,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -220,6 +243,7 @@ impl Reconstruction {
             prefill,
             fsync,
             backup,
+            peer_copy,
         } = opts;
         let temp = partial_of(&target, &manifest.root);
         let exists = |t: &Target| t.lstat().ok().flatten().is_some();
@@ -368,7 +392,7 @@ impl Reconstruction {
             .map(|(_, f)| f.metadata().ok().map(|m| FileIdentity::of(&m)))
             .collect();
         let size = manifest.size;
-        Ok(Reconstruction {
+        let mut rec = Reconstruction {
             target,
             temp,
             file,
@@ -397,7 +421,68 @@ impl Reconstruction {
             in_flight: std::sync::atomic::AtomicUsize::new(0),
             tickets: AtomicU64::new(0),
             last_frame: Mutex::new((0, Vec::new())),
-        })
+        };
+        if let Some(pc) = peer_copy {
+            rec.take_from_peer_copy(&pc);
+        }
+        Ok(rec)
+    }
+
+    /// Copy the chunks still to come over the wire from the sender's own file ([`PeerCopy`]),
+    /// in runs of adjacent chunks, each chunk then hashed where it landed. A chunk proven so is
+    /// no longer asked for; any other stays on the wire (its bytes in the temp file are written
+    /// again when it arrives, and only those are trusted). Nothing here fails the transfer: the
+    /// wire is always there to fall back on.
+    fn take_from_peer_copy(&mut self, pc: &PeerCopy) {
+        let Ok(file) = Target::resolve(pc.root.as_deref(), &pc.path).and_then(|t| t.open_read()) else {
+            return;
+        };
+        let Ok(meta) = file.metadata() else {
+            return;
+        };
+        let id = FileIdentity::of(&meta);
+        if !meta.is_file() || id.size != self.manifest.size || pc.mtime_ns.is_some_and(|m| m != id.mtime_ns) {
+            return;
+        }
+        // (first chunk, chunk count, offset, length): chunks of a manifest are contiguous, so
+        // adjacent wire chunks are one range, at the same offset in both files.
+        let mut runs: Vec<(usize, usize, u64, u64)> = Vec::new();
+        for (i, (o, c)) in self.origins.iter().zip(&self.manifest.chunks).enumerate() {
+            if *o != Origin::Wire {
+                continue;
+            }
+            match runs.last_mut() {
+                Some(r) if r.0 + r.1 == i && r.3 < MAX_RUN => {
+                    r.1 += 1;
+                    r.3 += c.len as u64;
+                }
+                _ => runs.push((i, 1, c.offset, c.len as u64)),
+            }
+        }
+        let proven: Vec<Vec<usize>> = runs
+            .par_iter()
+            .map(|&(first, count, off, len)| {
+                if copy_range_in_turn(&file, off, &self.file, off, len, &self.write_turn).is_err() {
+                    return Vec::new();
+                }
+                self.writeback.wrote(&self.file, off, len);
+                let ok: Vec<usize> = (first..first + count)
+                    .filter(|&i| {
+                        let (o, l) = range(&self.manifest, i);
+                        hash_range(&self.file, o, l).is_ok_and(|h| h == self.manifest.chunks[i].hash)
+                    })
+                    .collect();
+                let bytes: u64 = ok.iter().map(|&i| self.manifest.chunks[i].len as u64).sum();
+                self.written.fetch_add(bytes, Ordering::Relaxed);
+                // The sender's data, not the receiver's old bytes: literal, as if it had
+                // crossed (rsync counts a local whole-file copy so too).
+                self.literal.fetch_add(bytes, Ordering::Relaxed);
+                ok
+            })
+            .collect();
+        for i in proven.into_iter().flatten() {
+            self.origins[i] = Origin::PeerCopy;
+        }
     }
 
     /// Bytes of received chunks that crossed as literal data (see `literal`).
@@ -431,7 +516,7 @@ impl Reconstruction {
                     s.wire_chunks += 1;
                     s.wire_bytes += c.len as u64;
                 }
-                Origin::Copy { .. } => s.copy_bytes += c.len as u64,
+                Origin::Copy { .. } | Origin::PeerCopy => s.copy_bytes += c.len as u64,
                 Origin::Placed { .. } => {
                     s.copy_bytes += c.len as u64;
                     s.placed_bytes += c.len as u64;
