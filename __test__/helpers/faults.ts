@@ -131,6 +131,8 @@ interface Ctx {
   rand: () => number;
   kind: FaultKind;
   shape: Shape;
+  /** The peers speak TLS (else --plaintext). */
+  tls: boolean;
   mount?: string;
   /** Takes the fault away before the rerun. */
   restore: (() => void)[];
@@ -432,7 +434,7 @@ export async function runFault(kind: FaultKind, shape: Shape, seed: number, o: R
   const outcome: RunOutcome = { kind, shape, seed, senderCode: null, receiverCode: null, partialKept: false, violations: [], ms: 0 };
   const v = (msg: string) => outcome.violations.push(msg);
   const dir = tmpdir('ffsync-fault-');
-  const c: Ctx = { dir, rand: rng(seed), kind, shape, restore: [], cleanup: [] };
+  const c: Ctx = { dir, rand: rng(seed), kind, shape, tls: Boolean(o.tls), restore: [], cleanup: [] };
   const timeoutS = o.timeoutS ?? 6;
   try {
     if (kind === 'disk-full') {
@@ -535,10 +537,29 @@ async function session(c: Ctx, fx: Fixture, states: Peers, timeoutS: number, v: 
     })();
   }
   const hangMs = (timeoutS + 20) * 1000;
-  const results = await Promise.all([bounded(sender, hangMs, () => v('sender hung')), bounded(receiver, hangMs, () => v('receiver hung'))]);
+  const sent = bounded(sender, hangMs, () => v('sender hung'));
+  if (kind === 'connection-reset' && c.tls) await keptWaiting(await sent, receiver, listening.port, fx, states, timeoutS, hangMs, v);
+  const results = await Promise.all([sent, bounded(receiver, hangMs, () => v('receiver hung'))]);
   await injected;
   proxy.close();
   return results;
+}
+
+/** How long a receiver whose connection was reset takes to notice, at most. */
+const NOTICE_MS = 1500;
+
+/** A reset before the sender's first byte reached the receiver started no session there: a TLS
+ * receive ignores a connection that closes before its first byte (a sender that stopped before
+ * its session, decisions §110) and keeps waiting. The sender failed while connecting; the
+ * receiver must then still be listening, and serve the next sender (sent straight to it). */
+async function keptWaiting(sendRes: PeerResult, receiver: Peer, port: number, fx: Fixture, states: Peers, timeoutS: number, hangMs: number, v: Violation): Promise<void> {
+  const exited = await Promise.race([receiver.done.then(() => true), sleep(NOTICE_MS).then(() => false)]);
+  if (exited) return;
+  if (sendRes.code !== 10 || !/^ffsync-native: error: connecting to /m.test(sendRes.stderr)) return; // then it hung (bounded says so)
+  const next = run(['send', fx.source, `127.0.0.1:${port}`, ...states.senderArgs, '--json', '--timeout', String(timeoutS), '--state-dir', states.sender]);
+  const r = await bounded(next, hangMs, () => v('the next sender, to a receiver that kept waiting after a reset, hung'));
+  if (process.env.FFSYNC_FAULT_DEBUG) console.error(`the receiver kept waiting after the reset; the next sender: ${r.code}`);
+  if (r.code !== 0) v(`a receiver that kept waiting after a reset did not serve the next sender: exit ${r.code}: ${errorLines(r.stderr)[0] ?? ''}`);
 }
 
 /** The timed faults, at the moment the session reached. */

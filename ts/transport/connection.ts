@@ -783,15 +783,20 @@ export class FramedConnection {
     if (this.idleTimer) clearInterval(this.idleTimer);
     if (this.deliveryTimer) clearInterval(this.deliveryTimer);
     if (this.workTimer) clearInterval(this.workTimer);
-    // A peer that flooded us gets our ERROR, not our patience.
+    // A peer that flooded us gets our ERROR, not our patience; one that has ended its side
+    // already leaves only our own end to flush.
     if (this.flooded) graceMs = Math.min(graceMs, 250);
+    else if (this.ended) graceMs = Math.min(graceMs, 500);
     if (this.closed || this.stream.destroyed) return;
     await new Promise<void>((resolve) => {
+      // The grace timer holds the process: this wait is a session's last step, and a stream
+      // that never says 'close' must not let the event loop drain with the session unfinished
+      // (a TLS socket over a connection reset right after its handshake ended without closing,
+      // and the sender reported "the session stalled" instead of the reset: decisions §112).
       const t = setTimeout(() => {
         this.stream.destroy();
         resolve();
       }, graceMs);
-      t.unref();
       this.stream.once('close', () => {
         clearTimeout(t);
         resolve();
