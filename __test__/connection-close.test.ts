@@ -7,8 +7,12 @@
 // exits without having said what the close did.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
+import type net from 'node:net';
 import path from 'node:path';
 import { describe, it } from 'node:test';
+import tls from 'node:tls';
+import { loadOrCreateIdentity } from '../ts/security/identity';
+import { run, tmpdir, writeAt } from './helpers/peers';
 
 const ROOT = path.resolve(__dirname, '..');
 
@@ -32,6 +36,29 @@ const STUCK = (ended: boolean) => `
 `;
 
 describe('closing a connection', () => {
+  it('a pinned TLS peer that closes before its HELLO: the connection was lost (exit 10, one line), reported at once', async () => {
+    // The far end completes TLS with the certificate the sender pins, then goes away without a
+    // word, as the reset of §112 left it: neither a --plaintext mismatch nor another version.
+    const id = loadOrCreateIdentity(tmpdir());
+    const server = tls.createServer({ key: id.keyPem, cert: id.certPem, minVersion: 'TLSv1.3' }, (s) => {
+      s.on('error', () => undefined);
+      s.end();
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    try {
+      const dir = tmpdir();
+      writeAt(dir, 'f.bin', 'some bytes\n');
+      const t0 = Date.now();
+      const r = await run(['send', path.join(dir, 'f.bin'), `127.0.0.1:${(server.address() as net.AddressInfo).port}`, '--trust', id.fingerprint, '--state-dir', path.join(dir, 'state')]).done;
+      const lines = r.stderr.split('\n').filter((l) => l.startsWith('ffsync-native: error:'));
+      assert.equal(r.code, 10, r.stderr);
+      assert.deepEqual(lines, ["ffsync-native: error: connection closed before the peer's HELLO: the connection was lost, or the peer stopped (see its output)"]);
+      assert.ok(Date.now() - t0 < 2000, `${Date.now() - t0} ms`);
+    } finally {
+      server.close();
+    }
+  });
+
   it('a stream that never closes: close() resolves after its grace, and the process waits for it', () => {
     const out = child(`${STUCK(false)}
       const t0 = Date.now();

@@ -240,7 +240,7 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
       const pair = o.pairing?.code ? { offer: o.pairing } : undefined;
       summary.peerFingerprint = await authenticatePeer(conn, o.secure, { stateDir, trust: o.trust, expect: o.expectFingerprint, interactive: o.interactive, peerLabel, events: o.events, pair });
     }
-    const negotiated = o.negotiated ?? (await handshake(conn, Role.RECEIVER));
+    const negotiated = o.negotiated ?? (await handshake(conn, Role.RECEIVER, Boolean(o.secure)));
     if (!o.negotiated) await requestPath(conn, negotiated, RequestOp.PULL, o.remotePath, o.peerLabel ?? 'the sender');
     const offer = decodeOffer((await expect(conn, FrameType.OFFER)).payload);
     if (offer.kind !== OfferKind.TREE || !(offer.flags & OfferFlag.PARALLEL)) listener?.close();

@@ -217,7 +217,7 @@ export async function runSender(conn: FramedConnection, o: SenderContext): Promi
     };
     // Our HELLO goes now; what follows waits for the receiver's only where it depends on it
     // (decisions §93).
-    const hello = o.negotiated ? Promise.resolve(o.negotiated) : handshake(conn, Role.SENDER).then(shaken);
+    const hello = o.negotiated ? Promise.resolve(o.negotiated) : handshake(conn, Role.SENDER, Boolean(o.secure)).then(shaken);
     hello.catch((e: unknown) => (helloFailure = e));
     if (st.isDirectory()) {
       // A tree is offered before the HELLO comes to a receiver we remember.

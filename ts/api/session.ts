@@ -32,13 +32,13 @@ export interface Negotiated {
   peerHello: Hello;
 }
 
-export async function handshake(conn: FramedConnection, role: number): Promise<Negotiated> {
+export async function handshake(conn: FramedConnection, role: number, authenticated = false): Promise<Negotiated> {
   // Our HELLO goes out first on both sides so neither waits on the other.
   const sent = conn.send(FrameType.HELLO, encodeHello({ minVersion: PROTOCOL_MIN, maxVersion: offeredProtocolMax(), capabilities: OUR_CAPABILITIES, role, software: `ffsync-native/${VERSION}` }));
   // If the peer's reply (or its absence) fails first, this rejection must not go unhandled.
   sent.catch(() => undefined);
   conn.requireHello();
-  const peer = await peerHello(conn);
+  const peer = await peerHello(conn, authenticated);
   await sent;
   if (peer.role === role) {
     throw new FfsyncError('EPROTOROLE', ExitCode.PROTOCOL_INCOMPATIBLE, `both peers are ${role === 1 ? 'senders' : 'receivers'}`);
@@ -53,8 +53,8 @@ function reportDeliveries<T extends Negotiated>(conn: FramedConnection, role: nu
 }
 
 /** The peer's HELLO (its ERROR frame, if it sent one instead, becomes its error). */
-async function peerHello(conn: FramedConnection): Promise<Hello> {
-  const f = await recvRaw(conn);
+async function peerHello(conn: FramedConnection, authenticated: boolean): Promise<Hello> {
+  const f = await recvRaw(conn, authenticated);
   if (f.type === FrameType.ERROR) throw decodeError(f.payload);
   if (f.type === FrameType.PAIR) {
     // A sender with --pair, and a receiver that offers no code (it trusts the sender already).
@@ -77,7 +77,7 @@ export function negotiate(peer: Hello): Negotiated {
  */
 export async function daemonHandshake(conn: FramedConnection): Promise<Negotiated & { role: number }> {
   conn.requireHello();
-  const peer = await peerHello(conn);
+  const peer = await peerHello(conn, false);
   const role = peer.role === Role.SENDER ? Role.RECEIVER : Role.SENDER;
   await conn.send(FrameType.HELLO, encodeHello({ minVersion: PROTOCOL_MIN, maxVersion: offeredProtocolMax(), capabilities: OUR_CAPABILITIES | Capability.SERVE, role, software: `ffsync-native/${VERSION}` }));
   return reportDeliveries(conn, role, { ...negotiate(peer), role });
@@ -104,10 +104,17 @@ export async function requestPath(conn: FramedConnection, negotiated: Negotiated
   await expect(conn, FrameType.ACCEPT);
 }
 
-async function recvRaw(conn: FramedConnection): Promise<Frame> {
+async function recvRaw(conn: FramedConnection, authenticated: boolean): Promise<Frame> {
   try {
     return await conn.recv();
   } catch (e) {
+    if (e instanceof PeerClosedError && authenticated) {
+      // Over TLS, its certificate checked against our pins: the far end is a peer of ours, and
+      // neither a --plaintext mismatch (TLS would have failed) nor another version (it answers
+      // with its HELLO and an ERROR) ends a connection without a word. A reset right after the
+      // handshake did (decisions §112): that is the connection, exit 10, not exit 2.
+      throw new FfsyncError('EPEERCLOSED', ExitCode.SOCKET_IO, "connection closed before the peer's HELLO: the connection was lost, or the peer stopped (see its output)");
+    }
     if (e instanceof PeerClosedError) {
       throw new FfsyncError(
         'EPEERCLOSED',
