@@ -76,6 +76,6 @@ describe('closing a connection', () => {
       console.log('closed after ' + (Date.now() - t0) + ' ms');`);
     const m = /closed after (\d+) ms\nexit/.exec(out);
     assert.ok(m, `the process ended before close() resolved: ${JSON.stringify(out)}`);
-    assert.ok(Number(m[1]) < 2000, out);
+    assert.ok(Number(m[1]) < 1000, out);
   });
 });

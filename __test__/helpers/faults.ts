@@ -556,6 +556,14 @@ async function keptWaiting(sendRes: PeerResult, receiver: Peer, port: number, fx
   const exited = await Promise.race([receiver.done.then(() => true), sleep(NOTICE_MS).then(() => false)]);
   if (exited) return;
   if (sendRes.code !== 10 || !/^ffsync-native: error: connecting to /m.test(sendRes.stderr)) return; // then it hung (bounded says so)
+  // It started nothing: it said nothing but where it listens, and the target is as it was (old
+  // contents, no temp state, the receiver-only files there). The next session would hide it.
+  const said = receiver.events.filter((e) => e.event !== 'listening').map((e) => String(e.event));
+  if (said.length) v(`a receiver that kept waiting after a reset reported ${said.join(', ')} for the connection it ignored`);
+  const now = listFiles(fx.root);
+  for (const [rel, sha] of now.files) if (!fx.old.get(rel)?.has(sha)) v(`${rel} changed though the receiver started no session`);
+  if (now.temps.length) v(`temp state ${now.temps.join(', ')} though the receiver started no session`);
+  for (const rel of fx.receiverOnly) if (!now.files.has(rel)) v(`${rel} (receiver only) went though the receiver started no session`);
   const next = run(['send', fx.source, `127.0.0.1:${port}`, ...states.senderArgs, '--json', '--timeout', String(timeoutS), '--state-dir', states.sender]);
   const r = await bounded(next, hangMs, () => v('the next sender, to a receiver that kept waiting after a reset, hung'));
   if (process.env.FFSYNC_FAULT_DEBUG) console.error(`the receiver kept waiting after the reset; the next sender: ${r.code}`);

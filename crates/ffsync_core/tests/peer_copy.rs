@@ -131,6 +131,26 @@ fn a_file_with_another_time_or_size_is_not_used() {
 
 #[cfg(unix)]
 #[test]
+fn a_single_file_named_through_a_link_is_read_as_named() {
+    // The user named the link; the sender reads through it, and so does the copy.
+    let d = tempfile::tempdir().unwrap();
+    let (real, link, dst) = (
+        d.path().join("real.bin"),
+        d.path().join("named.bin"),
+        d.path().join("dst"),
+    );
+    let data = rand_bytes(2_000_000, 45);
+    fs::write(&real, &data).unwrap();
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let s = scan_file(&link, &ScanOptions::default()).unwrap();
+    let r = begin(&dst, s.manifest.clone(), direct(&link));
+    assert!(r.needed().is_empty(), "{} chunks still asked for", r.needed().len());
+    r.finish(None, None, None).unwrap();
+    assert_eq!(fs::read(&dst).unwrap(), data);
+}
+
+#[cfg(unix)]
+#[test]
 fn beneath_its_root_a_link_is_never_followed() {
     let d = tempfile::tempdir().unwrap();
     let root = d.path().join("root");

@@ -33,7 +33,7 @@ use rayon::prelude::*;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// Decompression buffers kept for reuse (each up to one chunk, 1 MiB).
@@ -70,14 +70,17 @@ pub struct BeginOptions {
 /// copies those chunks from it in the kernel and proves each by its hash where it landed;
 /// a chunk that does not match (the file changed after the sender hashed it) or cannot be
 /// read stays on the wire, so the sender's own checks decide what happens to a file that
-/// changed, exactly as without the copy.
+/// changed, exactly as without the copy. (`begin` reports no progress while it copies: the
+/// transfer's ticker starts when it returns.)
 #[derive(Clone, Debug)]
 pub struct PeerCopy {
     /// The sender's root (a tree) under which `path` is resolved without following any link;
-    /// None: `path` is the file the user named.
+    /// None: `path` is the file the user named, opened as named (links followed, as the sender
+    /// reads it).
     pub root: Option<PathBuf>,
     pub path: PathBuf,
-    /// The modification time the sender listed for it: a file with another is not used.
+    /// The modification time the sender listed for it (when its manifest carries one: not
+    /// without `-t`): a file with another is not used.
     pub mtime_ns: Option<i64>,
 }
 
@@ -434,7 +437,13 @@ impl Reconstruction {
     /// again when it arrives, and only those are trusted). Nothing here fails the transfer: the
     /// wire is always there to fall back on.
     fn take_from_peer_copy(&mut self, pc: &PeerCopy) {
-        let Ok(file) = Target::resolve(pc.root.as_deref(), &pc.path).and_then(|t| t.open_read()) else {
+        // Beneath a tree's root no link is followed; a single file is opened as the user named it,
+        // links and all, as the sender itself reads it.
+        let opened = match &pc.root {
+            Some(root) => Target::resolve(Some(root), &pc.path).and_then(|t| t.open_read()),
+            None => File::open(&pc.path),
+        };
+        let Ok(file) = opened else {
             return;
         };
         let Ok(meta) = file.metadata() else {
@@ -459,10 +468,17 @@ impl Reconstruction {
                 _ => runs.push((i, 1, c.offset, c.len as u64)),
             }
         }
+        // A copy that fails (a full disk, a read error) ends the attempt: what is left crosses, and
+        // the wire's writes report what they meet.
+        let failed = AtomicBool::new(false);
         let proven: Vec<Vec<usize>> = runs
             .par_iter()
             .map(|&(first, count, off, len)| {
+                if failed.load(Ordering::Relaxed) {
+                    return Vec::new();
+                }
                 if copy_range_in_turn(&file, off, &self.file, off, len, &self.write_turn).is_err() {
+                    failed.store(true, Ordering::Relaxed);
                     return Vec::new();
                 }
                 self.writeback.wrote(&self.file, off, len);
