@@ -52,13 +52,27 @@ export interface Call {
   line: string;
 }
 
-/** The calls strace logged, in order (an interrupted call counts where it started). */
+/** The calls strace logged, in order (an interrupted call counts where it started). A call that
+ * another thread's interrupted (`… <unfinished ...>`, later `PID <... name resumed>…`) is one
+ * call whose line has both halves: its arguments may be split between them. */
 export function calls(log: string): Call[] {
-  return fs
-    .readFileSync(log, 'utf8')
-    .split('\n')
-    .flatMap((line) => {
-      const m = /^(\d+)\s+(\w+)\(/.exec(line);
-      return m ? [{ pid: m[1]!, name: m[2]!, line }] : [];
-    });
+  const out: Call[] = [];
+  const open = new Map<string, Call>();
+  for (const line of fs.readFileSync(log, 'utf8').split('\n')) {
+    const resumed = /^(\d+)\s+<\.\.\. (\w+) resumed>(.*)$/.exec(line);
+    if (resumed) {
+      const c = open.get(resumed[1]!);
+      if (c && c.name === resumed[2]) {
+        c.line = c.line.replace(/\s*<unfinished \.\.\.>$/, '') + resumed[3];
+        open.delete(resumed[1]!);
+      }
+      continue;
+    }
+    const m = /^(\d+)\s+(\w+)\(/.exec(line);
+    if (!m) continue;
+    const c = { pid: m[1]!, name: m[2]!, line };
+    out.push(c);
+    if (line.endsWith('<unfinished ...>')) open.set(c.pid, c);
+  }
+  return out;
 }
