@@ -594,41 +594,24 @@ function mainTable(results: ScenarioResult[], tools: ToolName[]): { head: string
 
 /** `--durability`: ffsync-native durable and --no-fsync beside rsync, rsync --fsync and the
  * `cp && sync -f` floor (issue 18's targets: durable <= 1.15x the floor and >= 1.3x faster
- * than rsync --fsync; --no-fsync >= 1x rsync). */
-function durabilityTable(results: ScenarioResult[]): { head: string[]; rows: string[][] } {
-  const head = ['scenario', 'ffsync s', 'ffsync --no-fsync s', 'rsync s', 'rsync --fsync s', 'cp && sync s', 'ffsync / cp && sync', 'speedup vs rsync --fsync', '--no-fsync speedup vs rsync', 'verified'];
+ * than rsync --fsync; --no-fsync >= 1x rsync), for `send`/`receive` (`durable`, `noFsync`:
+ * 'ffsync', 'ffsync-nofsync') or for `sync` between two local paths (the local tools; the
+ * rsync rows are local either way). `label` names the ffsync columns. */
+function durabilityTable(
+  results: ScenarioResult[],
+  durable: ToolName = 'ffsync',
+  noFsync: ToolName = 'ffsync-nofsync',
+  label = 'ffsync',
+): { head: string[]; rows: string[][] } {
+  const head = ['scenario', `${label} s`, `${label} --no-fsync s`, 'rsync s', 'rsync --fsync s', 'cp && sync s', `${label} / cp && sync`, 'speedup vs rsync --fsync', '--no-fsync speedup vs rsync', 'verified'];
   const rows = results.map((sr) => {
     const t = (n: ToolName) => sr.tools.find((x) => x.tool === n);
-    const [f, nf, r, rf, cp] = (['ffsync', 'ffsync-nofsync', 'rsync', 'rsync-fsync', 'cp-sync'] as const).map((n) => agg(t(n)));
+    const [f, nf, r, rf, cp] = ([durable, noFsync, 'rsync', 'rsync-fsync', 'cp-sync'] as const).map((n) => agg(t(n)));
     const over = f!.ok && cp!.ok ? `${(f!.wallMs! / cp!.wallMs!).toFixed(2)}x` : '—';
     return [
       sr.scenario.name,
-      cell(f!, t('ffsync'), fmtS(f!.wallMs)),
-      cell(nf!, t('ffsync-nofsync'), fmtS(nf!.wallMs)),
-      cell(r!, t('rsync'), fmtS(r!.wallMs)),
-      cell(rf!, t('rsync-fsync'), fmtS(rf!.wallMs)),
-      cell(cp!, t('cp-sync'), fmtS(cp!.wallMs)),
-      over,
-      fmtRatio(rf!.wallMs, f!.wallMs),
-      fmtRatio(r!.wallMs, nf!.wallMs),
-      verifiedCell(sr),
-    ];
-  });
-  return { head, rows };
-}
-
-/** `--durability`, the same targets for `sync` between two local paths (one process; the rsync rows are
- * local too). */
-function localDurabilityTable(results: ScenarioResult[]): { head: string[]; rows: string[][] } {
-  const head = ['scenario', 'ffsync sync s', 'ffsync sync --no-fsync s', 'rsync s', 'rsync --fsync s', 'cp && sync s', 'sync / cp && sync', 'speedup vs rsync --fsync', '--no-fsync speedup vs rsync', 'verified'];
-  const rows = results.map((sr) => {
-    const t = (n: ToolName) => sr.tools.find((x) => x.tool === n);
-    const [f, nf, r, rf, cp] = (['ffsync-local', 'ffsync-local-nofsync', 'rsync', 'rsync-fsync', 'cp-sync'] as const).map((n) => agg(t(n)));
-    const over = f!.ok && cp!.ok ? `${(f!.wallMs! / cp!.wallMs!).toFixed(2)}x` : '—';
-    return [
-      sr.scenario.name,
-      cell(f!, t('ffsync-local'), fmtS(f!.wallMs)),
-      cell(nf!, t('ffsync-local-nofsync'), fmtS(nf!.wallMs)),
+      cell(f!, t(durable), fmtS(f!.wallMs)),
+      cell(nf!, t(noFsync), fmtS(nf!.wallMs)),
       cell(r!, t('rsync'), fmtS(r!.wallMs)),
       cell(rf!, t('rsync-fsync'), fmtS(rf!.wallMs)),
       cell(cp!, t('cp-sync'), fmtS(cp!.wallMs)),
@@ -830,7 +813,7 @@ async function main(): Promise<number> {
     }
     const t = mainTable(results, tools);
     const dt = opts.durability ? durabilityTable(results) : undefined;
-    const lt = opts.durability ? localDurabilityTable(results) : undefined;
+    const lt = opts.durability ? durabilityTable(results, 'ffsync-local', 'ffsync-local-nofsync', 'ffsync sync') : undefined;
     process.stdout.write(`\n${textTable(t)}\n${dt ? `\nDurable writes\n${textTable(dt)}\n` : ''}${lt ? `\nDurable writes, sync between local paths\n${textTable(lt)}\n` : ''}\nscan: ${scan}\n${ssh.note}\n`);
     const fx = ctx.fixtures;
     const fixtureLines = [
