@@ -81,8 +81,9 @@ describe('hostile multiplexed sessions', () => {
       if (f.type === FrameType.MUX) mux++;
       return [f];
     });
-    assert.equal(sr.code, 0, sr.stderr);
-    assert.equal(rr.code, 0, rr.stderr);
+    const both = `sender: ${sr.stderr}\nreceiver (exit ${rr.code}): ${rr.stderr}`;
+    assert.equal(sr.code, 0, both);
+    assert.equal(rr.code, 0, both);
     assert.ok(mux > 0, 'the session was multiplexed');
     for (let i = 0; i < 6; i++) assert.equal(sha256(path.join(s.dst, `f${i}.bin`)), sha256(path.join(s.src, `f${i}.bin`)));
     assert.ok(!fs.existsSync(path.join(s.dst, 'extra.txt')), 'the honest session deletes the extraneous file');

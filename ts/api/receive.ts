@@ -271,7 +271,7 @@ export async function runReceiver(conn: FramedConnection, o: ReceiverContext): P
     throw err;
   } finally {
     stopWatching();
-    await endSession(conn, summary, t0);
+    await endSession(conn, summary, t0, 'receiver');
   }
 }
 

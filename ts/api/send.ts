@@ -243,7 +243,7 @@ export async function runSender(conn: FramedConnection, o: SenderContext): Promi
   } finally {
     scanAhead?.stop();
     stopWatching();
-    await endSession(conn, summary, t0);
+    await endSession(conn, summary, t0, 'sender');
   }
 }
 

@@ -261,7 +261,6 @@ export async function authenticatePeer(
   return fp;
 }
 
-/** Common end of a session: final wire counters and duration, then close the connection. */
 /** Bytes moved over a session's extra lanes (parallel trees), added to its summary. */
 const laneBytes = new WeakMap<object, { sent: number; received: number }>();
 
@@ -272,9 +271,12 @@ export function countLaneBytes(summary: object, lane: FramedConnection): void {
   laneBytes.set(summary, b);
 }
 
-export async function endSession(conn: FramedConnection, summary: import('./events.js').SyncSummary, startedAt: number): Promise<void> {
+/** Common end of a session: final wire counters and duration, then close the connection. The
+ * sender ends first (protocol §7.2): the receiver, its verdict or its ERROR sent, waits for the
+ * sender's end before its own; a sender whose session succeeded does not wait for the receiver's. */
+export async function endSession(conn: FramedConnection, summary: import('./events.js').SyncSummary, startedAt: number, role: 'sender' | 'receiver'): Promise<void> {
   const lanes = laneBytes.get(summary) ?? { sent: 0, received: 0 };
   summary.bytesOnWire = { sent: conn.bytesSent + lanes.sent, received: conn.bytesReceived + lanes.received };
   summary.durationMs = Date.now() - startedAt;
-  await conn.close();
+  await conn.close(undefined, role === 'receiver' ? 'after-peer' : summary.ok ? 'first' : 'both');
 }

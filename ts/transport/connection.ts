@@ -38,6 +38,9 @@ const LOW_FRAMES = 256;
 export const TLS_JOIN_MAX = 64 * 1024;
 /** How often a peer busy with local work proves it is alive. */
 export const KEEPALIVE_MS = 5000;
+
+/** How a connection's last close goes (see `FramedConnection.close`). */
+export type CloseOrder = 'both' | 'first' | 'after-peer';
 /** A peer that only proves it is alive (empty KEEPALIVE frames, or a work counter that does
  * not advance) is given this many idle timeouts in a row, then cut off (docs/protocol.md §7.4). */
 export const STALL_FACTOR = 4;
@@ -778,16 +781,32 @@ export class FramedConnection {
     else this.stream.end();
   }
 
-  /** Flush and half-close; resolves when the peer has closed too (or after a grace period). */
-  async close(graceMs = 2000): Promise<void> {
+  /**
+   * Flush and half-close; resolves when the peer has closed too (or after a grace period).
+   *
+   * `order` is how a session over TCP or TLS ends (docs/protocol.md §7.2): the sender, the
+   * receiver's verdict in hand, ends first (`'first'`: it resolves once its end is flushed, not a
+   * round trip later when the receiver's end comes back); the receiver, its verdict or ERROR
+   * sent, ends only after the sender's end (`'after-peer'`), reading and dropping what comes
+   * before it. So nothing is written after the receiver's end: a path that turns one
+   * side's FIN into a close of both (a relay or NAT without half-close) found the sender still
+   * closing its streams, and its next write was reset (decisions §113).
+   */
+  async close(graceMs = 2000, order: CloseOrder = 'both'): Promise<void> {
     if (this.idleTimer) clearInterval(this.idleTimer);
     if (this.deliveryTimer) clearInterval(this.deliveryTimer);
     if (this.workTimer) clearInterval(this.workTimer);
+    if (this.closed || this.stream.destroyed) return;
+    // Only a kernel socket (TCP, TLS) crosses relays and NATs; an ssh channel, QUIC and the
+    // in-process pipe carry half-closes end to end and keep their close as it was.
+    if (typeof (this.stream as { setNoDelay?: unknown }).setNoDelay !== 'function') order = 'both';
+    if (order === 'after-peer' && !this.flooded) await this.peerEnd(graceMs);
     // A peer that flooded us gets our ERROR, not our patience; one that has ended its side
     // already leaves only our own end to flush.
     if (this.flooded) graceMs = Math.min(graceMs, 250);
     else if (this.ended) graceMs = Math.min(graceMs, 500);
     if (this.closed || this.stream.destroyed) return;
+    const first = order === 'first';
     await new Promise<void>((resolve) => {
       // The grace timer holds the process: this wait is a session's last step, and a stream
       // that never says 'close' must not let the event loop drain with the session unfinished
@@ -801,9 +820,31 @@ export class FramedConnection {
         clearTimeout(t);
         resolve();
       });
+      if (first) {
+        // Our end is in the kernel's hands once 'finish' comes; the peer's end and the close
+        // follow without us (an unreferenced timer still closes a socket the peer never ends).
+        this.stream.once('finish', () => {
+          clearTimeout(t);
+          setTimeout(() => this.stream.destroy(), graceMs).unref();
+          resolve();
+        });
+      }
       this.endStream();
       this.stream.resume();
     });
+  }
+
+  /** Until the peer ends its side (or closes, fails, or `ms` pass): frames still queued or
+   * arriving are dropped, so flow control never holds the end behind them. */
+  private async peerEnd(ms: number): Promise<void> {
+    const deadline = Date.now() + ms;
+    for (;;) {
+      while (this.queued) this.shift().release?.();
+      const left = deadline - Date.now();
+      if (this.ended || this.closed || this.failure || left <= 0) return;
+      this.maybeResume();
+      await this.nextChange(left);
+    }
   }
 
   /**
