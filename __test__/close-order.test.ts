@@ -59,6 +59,26 @@ async function collapsingRelay(port: number): Promise<{ port: number; close: () 
   return { port: (server.address() as net.AddressInfo).port, close: () => server.close(), collapsed: () => collapsed };
 }
 
+/** A relay that never passes the sender's end on (the receiver's side stays open until the
+ * receiver closes it): a sender whose end is lost on the way. */
+async function endSwallowingRelay(port: number): Promise<{ port: number; close: () => void; collapsed: () => number }> {
+  const server = net.createServer({ allowHalfOpen: true }, (client) => {
+    const upstream = net.connect({ port, host: '127.0.0.1', allowHalfOpen: true });
+    client.on('data', (d: Buffer) => upstream.write(d));
+    upstream.on('data', (d: Buffer) => client.write(d));
+    upstream.on('end', () => client.end());
+    for (const [a, b] of [
+      [client, upstream],
+      [upstream, client],
+    ] as const) {
+      a.on('error', () => b.destroy());
+    }
+    upstream.on('close', () => client.destroy());
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return { port: (server.address() as net.AddressInfo).port, close: () => server.close(), collapsed: () => 0 };
+}
+
 /** Six large files the target holds older versions of (delta conversations on multiplexed
  * streams), and a small one. */
 function scene() {
@@ -118,5 +138,22 @@ describe('the sender ends a session first', () => {
     assert.equal(sr.code, 0, sr.stderr);
     assert.equal(rr.code, 0, rr.stderr);
     assert.equal(sha256(dst), sha256(src));
+  });
+
+  it("a sender whose end never arrives holds the receiver no longer than the close's grace", async () => {
+    const dir = tmpdir();
+    const src = path.join(dir, 'new.bin');
+    const dst = path.join(dir, 'old.bin');
+    fs.writeFileSync(src, seeded(1 * MiB, 11));
+    const t0 = Date.now();
+    const { sr, rr } = await through(endSwallowingRelay, src, dst, path.join(dir, 'state'));
+    const took = Date.now() - t0;
+    assert.equal(sr.code, 0, sr.stderr);
+    assert.equal(rr.code, 0, rr.stderr);
+    assert.equal(sha256(dst), sha256(src));
+    // The receiver waits up to 2 s for the sender's end, then ends and closes (0.5 s more at
+    // most, not a second full grace: 4 s in the first version).
+    assert.ok(took >= 1900, `the receiver waited for the sender's end (${took} ms)`);
+    assert.ok(took < 3800, `the receiver's wait is bounded (${took} ms)`);
   });
 });

@@ -802,9 +802,9 @@ export class FramedConnection {
     if (typeof (this.stream as { setNoDelay?: unknown }).setNoDelay !== 'function') order = 'both';
     if (order === 'after-peer' && !this.flooded) await this.peerEnd(graceMs);
     // A peer that flooded us gets our ERROR, not our patience; one that has ended its side
-    // already leaves only our own end to flush.
+    // already, or was waited for already, leaves only our own end to flush.
     if (this.flooded) graceMs = Math.min(graceMs, 250);
-    else if (this.ended) graceMs = Math.min(graceMs, 500);
+    else if (this.ended || order === 'after-peer') graceMs = Math.min(graceMs, 500);
     if (this.closed || this.stream.destroyed) return;
     const first = order === 'first';
     await new Promise<void>((resolve) => {
