@@ -800,11 +800,14 @@ export class FramedConnection {
     // Only a kernel socket (TCP, TLS) crosses relays and NATs; an ssh channel, QUIC and the
     // in-process pipe carry half-closes end to end and keep their close as it was.
     if (typeof (this.stream as { setNoDelay?: unknown }).setNoDelay !== 'function') order = 'both';
-    if (order === 'after-peer' && !this.flooded) await this.peerEnd(graceMs);
+    // (A connection that failed already, a peer's ERROR among the causes, is not waited for:
+    // after its ERROR a peer writes nothing but its end.)
+    const waited = order === 'after-peer' && !this.flooded && !this.failure && !this.ended;
+    if (waited) await this.peerEnd(graceMs);
     // A peer that flooded us gets our ERROR, not our patience; one that has ended its side
-    // already, or was waited for already, leaves only our own end to flush.
+    // already, or that we waited for already, leaves only our own end to flush.
     if (this.flooded) graceMs = Math.min(graceMs, 250);
-    else if (this.ended || order === 'after-peer') graceMs = Math.min(graceMs, 500);
+    else if (this.ended || waited) graceMs = Math.min(graceMs, 500);
     if (this.closed || this.stream.destroyed) return;
     const first = order === 'first';
     await new Promise<void>((resolve) => {
