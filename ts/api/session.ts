@@ -273,10 +273,11 @@ export function countLaneBytes(summary: object, lane: FramedConnection): void {
 
 /** Common end of a session: final wire counters and duration, then close the connection. The
  * sender ends first (protocol §7.2): the receiver, its verdict or its ERROR sent, waits for the
- * sender's end before its own; a sender whose session succeeded does not wait for the receiver's. */
+ * sender's end before its own; a sender does not wait for the receiver's, unless it wrote an
+ * ERROR itself (the receiver must be able to read it before our socket goes). */
 export async function endSession(conn: FramedConnection, summary: import('./events.js').SyncSummary, startedAt: number, role: 'sender' | 'receiver'): Promise<void> {
   const lanes = laneBytes.get(summary) ?? { sent: 0, received: 0 };
   summary.bytesOnWire = { sent: conn.bytesSent + lanes.sent, received: conn.bytesReceived + lanes.received };
   summary.durationMs = Date.now() - startedAt;
-  await conn.close(undefined, role === 'receiver' ? 'after-peer' : summary.ok ? 'first' : 'both');
+  await conn.close(undefined, role === 'receiver' ? 'after-peer' : conn.wroteError ? 'both' : 'first');
 }

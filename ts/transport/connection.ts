@@ -127,6 +127,9 @@ export class FramedConnection {
   bytesSent = 0;
   /** An ERROR frame already went out: the peer knows why we stop. */
   errorSent = false;
+  /** We wrote an ERROR frame ourselves (`errorSent` also marks a failure the peer reported):
+   * our end then waits for the peer's, so the peer can read it (decisions §113). */
+  wroteError = false;
   bytesReceived = 0;
   private readonly decoder = new FrameDecoder();
   /** Received frames not yet taken, from `qHead` (no Array.shift: O(1) per frame). */
@@ -641,6 +644,7 @@ export class FramedConnection {
    * `onWritten` runs when the payload has been handed to the OS (its buffer may be reused).
    */
   send(type: FrameType, payload: Uint8Array = Buffer.alloc(0), onWritten?: () => void): Promise<void> {
+    if (type === FrameType.ERROR) this.wroteError = true;
     return this.sendParts(type, [payload], onWritten);
   }
 
