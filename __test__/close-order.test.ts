@@ -11,15 +11,22 @@ import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { seeded, sender, sha256, startReceiver, tmpdir } from './helpers/peers';
+import { olderVersionsTree, seeded, sender, sha256, startReceiver, tmpdir } from './helpers/peers';
 
 const MiB = 1024 * 1024;
+
+/** A relay in front of a receiver; `collapsed`: how many ends it turned into closes. */
+interface Relay {
+  port: number;
+  close: () => void;
+  collapsed?: () => number;
+}
 
 /** A TCP relay in front of `port` without half-close: the first FIN from either side ends the
  * other side too, and once that end is flushed both connections are closed. What the receiver
  * sends is passed on in bursts every 20 ms (a sender then reads several streams' last RESULTs,
  * the TREE_RESULT and the end at once: the moment the old order lost). */
-async function collapsingRelay(port: number): Promise<{ port: number; close: () => void; collapsed: () => number }> {
+async function collapsingRelay(port: number): Promise<Relay> {
   let collapsed = 0;
   const server = net.createServer((client) => {
     const upstream = net.connect(port, '127.0.0.1');
@@ -61,7 +68,7 @@ async function collapsingRelay(port: number): Promise<{ port: number; close: () 
 
 /** A relay that never passes the sender's end on (the receiver's side stays open until the
  * receiver closes it): a sender whose end is lost on the way. */
-async function endSwallowingRelay(port: number): Promise<{ port: number; close: () => void; collapsed: () => number }> {
+async function endSwallowingRelay(port: number): Promise<Relay> {
   const server = net.createServer({ allowHalfOpen: true }, (client) => {
     const upstream = net.connect({ port, host: '127.0.0.1', allowHalfOpen: true });
     client.on('data', (d: Buffer) => upstream.write(d));
@@ -76,35 +83,15 @@ async function endSwallowingRelay(port: number): Promise<{ port: number; close: 
     upstream.on('close', () => client.destroy());
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  return { port: (server.address() as net.AddressInfo).port, close: () => server.close(), collapsed: () => 0 };
+  return { port: (server.address() as net.AddressInfo).port, close: () => server.close() };
 }
 
-/** Six large files the target holds older versions of (delta conversations on multiplexed
- * streams), and a small one. */
-function scene() {
-  const dir = tmpdir();
-  const src = path.join(dir, 'src');
-  const dst = path.join(dir, 'dst');
-  fs.mkdirSync(src);
-  fs.mkdirSync(dst);
-  for (let i = 0; i < 6; i++) {
-    const old = seeded(2 * MiB, 300 + i);
-    fs.writeFileSync(path.join(dst, `f${i}.bin`), old);
-    fs.utimesSync(path.join(dst, `f${i}.bin`), 1_600_000_000, 1_600_000_000);
-    const now = Buffer.from(old);
-    now.fill(i + 1, 900_000, 904_096);
-    fs.writeFileSync(path.join(src, `f${i}.bin`), now);
-  }
-  fs.writeFileSync(path.join(src, 'small.txt'), 'small\n');
-  return { dir, src, dst };
-}
-
-async function through(relayed: (port: number) => Promise<{ port: number; close: () => void; collapsed: () => number }>, src: string, dst: string, state: string) {
+async function through(relayed: (port: number) => Promise<Relay>, src: string, dst: string, state: string) {
   const { peer, port } = await startReceiver(dst, ['--state-dir', path.join(state, 'r')]);
   const relay = await relayed(port);
   try {
     const [sr, rr] = await Promise.all([sender(src, relay.port, ['--state-dir', path.join(state, 's')]).done, peer.done]);
-    return { sr, rr, collapsed: relay.collapsed() };
+    return { sr, rr, collapsed: relay.collapsed?.() ?? 0 };
   } finally {
     relay.close();
   }
@@ -113,7 +100,7 @@ async function through(relayed: (port: number) => Promise<{ port: number; close:
 describe('the sender ends a session first', () => {
   it('multiplexed tree sessions through a relay without half-close: both peers exit 0, every file right', async () => {
     for (let round = 0; round < 4; round++) {
-      const s = scene();
+      const s = olderVersionsTree(6, 300, 900_000);
       const { sr, rr, collapsed } = await through(collapsingRelay, s.src, s.dst, path.join(s.dir, 'state'));
       const both = `round ${round}: sender exit ${sr.code}: ${sr.stderr}\nreceiver exit ${rr.code}: ${rr.stderr}`;
       assert.equal(sr.code, 0, both);

@@ -10,30 +10,16 @@ import { describe, it } from 'node:test';
 import { FrameType } from '../ts/protocol/frames';
 import { MUX_MAX_STREAMS } from '../ts/transport/mux';
 import { type RawFrame, rewritingProxy } from './helpers/raw-peer';
-import { partials, seeded, sender, sha256, startReceiver, tmpdir } from './helpers/peers';
+import { olderVersionsTree, partials, seeded, sender, sha256, startReceiver, tmpdir } from './helpers/peers';
 
 const MiB = 1024 * 1024;
 
 /** A source with `n` large files (delta conversations: the target holds older versions),
  * a small file, and a receiver-only file that a failed session must not delete. */
 function scene(n = 6) {
-  const dir = tmpdir();
-  const src = path.join(dir, 'src');
-  const dst = path.join(dir, 'dst');
-  fs.mkdirSync(src);
-  fs.mkdirSync(dst);
-  for (let i = 0; i < n; i++) {
-    const old = seeded(2 * MiB, 100 + i);
-    fs.writeFileSync(path.join(dst, `f${i}.bin`), old);
-    // An older mtime: same size and same (coarse) mtime would pass rsync's quick check.
-    fs.utimesSync(path.join(dst, `f${i}.bin`), 1_600_000_000, 1_600_000_000);
-    const now = Buffer.from(old);
-    now.fill(i + 1, 700_000, 704_096);
-    fs.writeFileSync(path.join(src, `f${i}.bin`), now);
-  }
-  fs.writeFileSync(path.join(src, 'small.txt'), 'small\n');
-  fs.writeFileSync(path.join(dst, 'extra.txt'), 'receiver only\n');
-  return { dir, src, dst };
+  const s = olderVersionsTree(n, 100, 700_000);
+  fs.writeFileSync(path.join(s.dst, 'extra.txt'), 'receiver only\n');
+  return s;
 }
 
 /** The stream id of a MUX frame. */

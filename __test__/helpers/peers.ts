@@ -112,6 +112,28 @@ export function seeded(len: number, seed: number): Buffer {
   return Buffer.concat([c.update(Buffer.alloc(len)), c.final()]);
 }
 
+/** A tree of `n` files of 2 MiB whose older versions the target holds (4 KiB at `editAt`
+ * changed in each, the old copies an older mtime: delta conversations, multiplexed in a
+ * version 2 session), and a small file only the source has. */
+export function olderVersionsTree(n: number, seed: number, editAt: number): { dir: string; src: string; dst: string } {
+  const dir = tmpdir();
+  const src = path.join(dir, 'src');
+  const dst = path.join(dir, 'dst');
+  fs.mkdirSync(src);
+  fs.mkdirSync(dst);
+  for (let i = 0; i < n; i++) {
+    const old = seeded(2 * 1024 * 1024, seed + i);
+    fs.writeFileSync(path.join(dst, `f${i}.bin`), old);
+    // An older mtime: same size and same (coarse) mtime would pass rsync's quick check.
+    fs.utimesSync(path.join(dst, `f${i}.bin`), 1_600_000_000, 1_600_000_000);
+    const now = Buffer.from(old);
+    now.fill(i + 1, editAt, editAt + 4096);
+    fs.writeFileSync(path.join(src, `f${i}.bin`), now);
+  }
+  fs.writeFileSync(path.join(src, 'small.txt'), 'small\n');
+  return { dir, src, dst };
+}
+
 /** Scattered 64 KiB overwrites, 4 KiB insertions, 8 KiB deletions at seeded positions. */
 export function modify(old: Buffer, seed: number, edits = { overwrites: 6, inserts: 2, deletes: 2 }): Buffer {
   let b = Buffer.from(old);

@@ -200,6 +200,8 @@ export class FramedConnection {
    * every DATA frame paid it. Here the socket is given one buffer at a time: a large chunk as
    * it is, small ones joined (decisions §86). */
   private readonly outbox: OutboxEntry[] | undefined;
+  /** A kernel socket (TCP, TLS): what crosses relays and NATs, whose close has an order (§113). */
+  private readonly overSocket: boolean;
   private outboxBytes = 0;
   /** A write handed to the TLS socket has not called back yet. */
   private tlsWriting = false;
@@ -218,6 +220,7 @@ export class FramedConnection {
     this.parent = options.parent;
     this.onConsume = options.onConsume;
     this.outbox = (stream as { encrypted?: boolean }).encrypted === true ? [] : undefined;
+    this.overSocket = typeof (stream as { setNoDelay?: unknown }).setNoDelay === 'function';
     this.keepAliveMs = this.parent
       ? this.parent.keepAliveMs
       : idleTimeoutMs > 0
@@ -801,19 +804,18 @@ export class FramedConnection {
     if (this.deliveryTimer) clearInterval(this.deliveryTimer);
     if (this.workTimer) clearInterval(this.workTimer);
     if (this.closed || this.stream.destroyed) return;
-    // Only a kernel socket (TCP, TLS) crosses relays and NATs; an ssh channel, QUIC and the
-    // in-process pipe carry half-closes end to end and keep their close as it was.
-    if (typeof (this.stream as { setNoDelay?: unknown }).setNoDelay !== 'function') order = 'both';
+    // Only a kernel socket crosses relays and NATs; an ssh channel, QUIC and the in-process
+    // pipe carry half-closes end to end and keep their close as it was.
+    if (!this.overSocket) order = 'both';
     // (A connection that failed already, a peer's ERROR among the causes, is not waited for:
     // after its ERROR a peer writes nothing but its end.)
     const waited = order === 'after-peer' && !this.flooded && !this.failure && !this.ended;
-    if (waited) await this.peerEnd(graceMs);
+    if (waited) await this.dropUntil(graceMs, () => this.failure !== undefined);
     // A peer that flooded us gets our ERROR, not our patience; one that has ended its side
     // already, or that we waited for already, leaves only our own end to flush.
     if (this.flooded) graceMs = Math.min(graceMs, 250);
     else if (this.ended || waited) graceMs = Math.min(graceMs, 500);
     if (this.closed || this.stream.destroyed) return;
-    const first = order === 'first';
     await new Promise<void>((resolve) => {
       // The grace timer holds the process: this wait is a session's last step, and a stream
       // that never says 'close' must not let the event loop drain with the session unfinished
@@ -827,7 +829,7 @@ export class FramedConnection {
         clearTimeout(t);
         resolve();
       });
-      if (first) {
+      if (order === 'first') {
         // Our end is in the kernel's hands once 'finish' comes; the peer's end and the close
         // follow without us (an unreferenced timer still closes a socket the peer never ends).
         this.stream.once('finish', () => {
@@ -841,14 +843,15 @@ export class FramedConnection {
     });
   }
 
-  /** Until the peer ends its side (or closes, fails, or `ms` pass): frames still queued or
-   * arriving are dropped, so flow control never holds the end behind them. */
-  private async peerEnd(ms: number): Promise<void> {
+  /** For up to `ms`, until `stop()` or the peer's end or close: every frame the peer still sends
+   * is dropped (nothing else will be read), so flow control never holds back what we wait for. */
+  private async dropUntil(ms: number, stop: () => boolean): Promise<void> {
     const deadline = Date.now() + ms;
     for (;;) {
+      if (stop()) return;
       while (this.queued) this.shift().release?.();
       const left = deadline - Date.now();
-      if (this.ended || this.closed || this.failure || left <= 0) return;
+      if (this.ended || this.closed || left <= 0) return;
       this.maybeResume();
       await this.nextChange(left);
     }
@@ -909,15 +912,8 @@ export class FramedConnection {
    * (a sender whose source changed says so). Undefined when the peer closed or stayed silent.
    */
   async awaitPeerError(ms: number): Promise<FfsyncError | undefined> {
-    const deadline = Date.now() + ms;
-    for (;;) {
-      if (this.peerFailure) return this.peerFailure;
-      // Nothing else will be read: drop it, so a paused stream resumes and the ERROR can come.
-      while (this.queued) this.shift().release?.();
-      const left = deadline - Date.now();
-      if (this.ended || this.closed || left <= 0) return undefined;
-      await this.nextChange(left);
-    }
+    await this.dropUntil(ms, () => this.peerFailure !== undefined);
+    return this.peerFailure;
   }
 
   /** An ERROR frame the peer sent that is still queued (read before reporting our own). */
