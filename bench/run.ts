@@ -484,10 +484,19 @@ async function runOnce(ctx: RunCtx, scn: ScenarioDef, tool: ToolName, rep: numbe
   }
 }
 
+/** `list` starting at position `by` (mod its length), wrapping around. */
+function rotated<T>(list: T[], by: number): T[] {
+  const k = list.length ? by % list.length : 0;
+  return [...list.slice(k), ...list.slice(0, k)];
+}
+
 async function runScenario(ctx: RunCtx, scn: ScenarioDef, sizeMib: number): Promise<ScenarioResult> {
   const results: ToolResult[] = ctx.tools.map((tool) => ({ tool, samples: [] }));
   for (let rep = 0; rep < ctx.opts.repeat; rep++) {
-    for (const r of results) {
+    // Each round starts with the next tool: on this disk every tool runs slower for a while after
+    // runs that wrote a gigabyte each (decisions §114), and a fixed order would hand that to the
+    // same tool's runs every round.
+    for (const r of rotated(results, rep)) {
       if (r.error) continue;
       const label = `${scn.name}/${r.tool}#${rep + 1}`;
       try {
