@@ -201,19 +201,18 @@ impl Writeback {
             }
             let range = (s.lo, s.hi - s.lo);
             let kicked = s.pending;
-            s.covered += s.pending;
-            s.in_flight += s.pending;
-            s.kicked.push_back((range.0, range.1));
+            s.covered += kicked;
             s.pending = 0;
             let mut wait = Vec::new();
-            if !self.durable {
-                s.kicked.clear();
-                s.in_flight = 0;
-            }
-            while s.in_flight > self.behind && s.kicked.len() > 1 {
-                let old = s.kicked.pop_front().unwrap();
-                s.in_flight = s.in_flight.saturating_sub(old.1);
-                wait.push(old);
+            // Only a durable commit waits for old windows (bounding what its fsync finds).
+            if self.durable {
+                s.in_flight += kicked;
+                s.kicked.push_back(range);
+                while s.in_flight > self.behind && s.kicked.len() > 1 {
+                    let old = s.kicked.pop_front().unwrap();
+                    s.in_flight = s.in_flight.saturating_sub(old.1);
+                    wait.push(old);
+                }
             }
             (range, wait, kicked)
         };

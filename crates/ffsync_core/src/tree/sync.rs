@@ -1295,18 +1295,11 @@ impl TreeSync {
     /// more has its writeback started (ext4 would start it in the rename over an old version,
     /// which then waits for it: decisions §115); nothing is flushed.
     fn flush_file(&self, f: &fs::File, len: u64) -> std::io::Result<()> {
-        if !self.fsync {
-            #[cfg(target_os = "linux")]
-            if len >= crate::io::writeback::KICK {
-                crate::io::writeback::start(f, 0, len, false);
-            }
-            return Ok(());
-        }
         #[cfg(target_os = "linux")]
         {
             if len >= crate::io::writeback::KICK {
-                crate::io::writeback::start(f, 0, len, true);
-            } else if self.unflushed.fetch_add(len, Ordering::Relaxed) + len >= FLUSH_BATCH {
+                crate::io::writeback::start(f, 0, len, self.fsync);
+            } else if self.fsync && self.unflushed.fetch_add(len, Ordering::Relaxed) + len >= FLUSH_BATCH {
                 self.unflushed.store(0, Ordering::Relaxed);
                 self.flush_in_background();
             }
@@ -1315,7 +1308,11 @@ impl TreeSync {
         #[cfg(not(target_os = "linux"))]
         {
             let _ = len;
-            f.sync_all()
+            if self.fsync {
+                f.sync_all()
+            } else {
+                Ok(())
+            }
         }
     }
 
