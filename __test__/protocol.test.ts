@@ -196,6 +196,45 @@ describe('frame decoder', () => {
     pool.leave();
   });
 
+  it("a paused connection's frame just begun gives its idle-taken buffer back, and is assembled again as the rest comes (decisions §116)", () => {
+    const pool = new FramePool(FRAME_POOL_BUFFER, FRAME_POOL_KEPT);
+    pool.join();
+    pool.release(pool.take(FRAME_POOL_BUFFER));
+    const d = new FrameDecoder(pool);
+    const payload = seeded(2 * 1024 * 1024, 11);
+    const stream = encodeFrame(FrameType.DATA, payload);
+    const READ = 64 * 1024;
+    d.push(stream.subarray(0, READ));
+    assert.equal(d.assemblingBytes, stream.length, 'the idle buffer was taken at the first read');
+    assert.equal(pool.idle, 0);
+    // The connection pauses (its window is full): the buffer goes back for another lane.
+    assert.equal(d.yieldAssembly(), true);
+    assert.equal(d.assemblingBytes, 0);
+    assert.equal(pool.idle, 1, 'the buffer is idle in the pool again');
+    assert.equal(d.bufferedBytes, READ, 'its bytes are still here');
+    // Another lane takes it meanwhile; the rest of this frame arrives: assembled anew (half is
+    // here soon), intact.
+    const other = pool.take(FRAME_POOL_BUFFER);
+    const got = [];
+    for (let at = READ; at < stream.length; at += READ) got.push(...d.push(stream.subarray(at, at + READ)));
+    assert.equal(got.length, 1);
+    assert.ok(got[0].payload.equals(payload), 'the frame is whole and unchanged');
+    got[0].release?.();
+    pool.release(other);
+    // A frame with more than YIELD_MAX here keeps its buffer (no large copy for a pause), and
+    // one half here or more was assembled by the half rule: kept too.
+    d.push(stream.subarray(0, FrameDecoder.YIELD_MAX + READ));
+    assert.equal(d.assemblingBytes, stream.length);
+    assert.equal(d.yieldAssembly(), false);
+    assert.equal(d.assemblingBytes, stream.length);
+    const rest = d.push(stream.subarray(FrameDecoder.YIELD_MAX + READ));
+    assert.ok(rest[0].payload.equals(payload));
+    rest[0].release?.();
+    assert.equal(d.yieldAssembly(), false, 'nothing begun: nothing to give back');
+    d.dispose();
+    pool.leave();
+  });
+
   it('a lent chunk of whole frames is decoded in place: large frames keep it until the last is released, small ones get copies', () => {
     const big1 = seeded(300_000, 5);
     const big2 = seeded(400_000, 6);
@@ -486,6 +525,19 @@ describe('framed connection', () => {
   });
 });
 
+/** One lane of a multiplexed session over an in-memory pipe: the receiving side's multiplexer
+ * joins `session` with a window of its own far above the session's; the sending side's stream
+ * runs `send`. */
+function sessionLane(session: SessionWindow, send: (out: FramedConnection) => Promise<void>) {
+  const [a, b] = pipePair();
+  const ca = new FramedConnection(a, 0);
+  const cb = new FramedConnection(b, 0);
+  const accepted = new Promise<FramedConnection>((resolve) => new Multiplexer(cb, { opener: false, onStream: resolve, window: 64 * 1024 * 1024, session }));
+  const sending = send(new Multiplexer(ca, { opener: true }).open());
+  sending.catch(() => undefined);
+  return { a, b, accepted, sending };
+}
+
 describe('multiplexed streams', () => {
   it('large frames reach a stream without a copy: the pooled buffers go back and are reused, and nothing held is overwritten', async () => {
     const [a, b] = pipePair();
@@ -709,18 +761,11 @@ describe('multiplexed streams', () => {
     const MiB = 1024 * 1024;
     const session = new SessionWindow(4 * MiB);
     // Two lanes of one session, each with a window of its own far above the session's.
-    const lanes = [0, 1].map(() => {
-      const [a, b] = pipePair();
-      const ca = new FramedConnection(a, 0);
-      const cb = new FramedConnection(b, 0);
-      const accepted = new Promise<FramedConnection>((resolve) => new Multiplexer(cb, { opener: false, onStream: resolve, window: 64 * MiB, session }));
-      const out = new Multiplexer(ca, { opener: true }).open();
-      const sending = (async () => {
+    const lanes = [0, 1].map(() =>
+      sessionLane(session, async (out) => {
         for (let k = 0; k < 16; k++) await out.send(FrameType.DATA, Buffer.alloc(MiB, k));
-      })();
-      sending.catch(() => undefined);
-      return { a, b, accepted, sending };
-    });
+      }),
+    );
     const unread = (c: FramedConnection) => c.pendingBytes + (c as unknown as { stream: { readableLength: number } }).stream.readableLength;
     try {
       const [first, second] = await Promise.all(lanes.map((l) => l.accepted));
@@ -751,6 +796,58 @@ describe('multiplexed streams', () => {
         f.release?.();
       }
       await lanes[0]!.sending;
+    } finally {
+      for (const l of lanes) {
+        l.a.destroy();
+        l.b.destroy();
+      }
+    }
+  });
+
+  it("a connection holding unread bytes stops reading as soon as the session's other connections fill the window, not at its own next frame (decisions §116)", async () => {
+    const MiB = 1024 * 1024;
+    const session = new SessionWindow(4 * MiB);
+    let go!: () => void;
+    const later = new Promise<void>((r) => (go = r));
+    // Three lanes, each with a window of its own far above the session's. The first sends one
+    // frame, then (once the others filled the session) eight more; the others send at once.
+    const lanes = [0, 1, 2].map((i) =>
+      sessionLane(session, async (out) => {
+        await out.send(FrameType.DATA, Buffer.alloc(MiB, 0));
+        if (i === 0) await later;
+        for (let k = 1; k < 9; k++) await out.send(FrameType.DATA, Buffer.alloc(MiB, k));
+      }),
+    );
+    const unread = (c: FramedConnection) => c.pendingBytes + (c as unknown as { stream: { readableLength: number } }).stream.readableLength;
+    const until = async (what: string, ok: () => boolean) => {
+      for (const t0 = Date.now(); !ok(); ) {
+        assert.ok(Date.now() - t0 < 10_000, what);
+        await new Promise((r) => setTimeout(r, 10));
+      }
+    };
+    try {
+      const [first, ...others] = await Promise.all(lanes.map((l) => l.accepted));
+      // The first lane read its frame while the session was under its window: it reads on.
+      await until('the first lane holds its frame', () => unread(first!) >= MiB);
+      await until('the other lanes stop reading', () => lanes[1]!.b.isPaused() && lanes[2]!.b.isPaused());
+      assert.ok(others.reduce((n, c) => n + unread(c), 0) + unread(first!) > 4 * MiB, 'the session is over its window');
+      // The others' bytes took the session over: the first lane, holding a frame of its own, has
+      // stopped too (before §116 it read its next frame first, and the next lane's, and so on).
+      assert.ok(lanes[0]!.b.isPaused(), 'the first lane stopped when the others filled the session');
+      go();
+      await new Promise((r) => setTimeout(r, 200));
+      assert.equal(unread(first!), MiB, 'nothing more was read on the first lane');
+      // Its reader takes its frame: holding nothing, it reads again, frame after frame.
+      for (let k = 0; k < 9; k++) {
+        const f = await first!.recv();
+        assert.equal(f.payload[0], k, `lane 1 frame ${k}`);
+        f.release?.();
+      }
+      await lanes[0]!.sending;
+      for (const c of others) {
+        for (let k = 0; k < 9; k++) (await c.recv()).release?.();
+      }
+      await Promise.all(lanes.map((l) => l.sending));
     } finally {
       for (const l of lanes) {
         l.a.destroy();

@@ -24,9 +24,9 @@ function pair(): { out: FramedConnection; inn: FramedConnection; close: () => vo
 const tick = () => new Promise((r) => setTimeout(r, 50));
 
 describe('write slots', () => {
-  it('a session has four', () => {
-    assert.equal(WRITE_SLOTS, 4);
-    assert.equal(writeSlots().available, 4);
+  it('a session has three: two writing on two cores and one queued behind them (decisions §116)', () => {
+    assert.equal(WRITE_SLOTS, 3);
+    assert.equal(writeSlots().available, 3);
   });
 
   it('a DATA batch waits for a slot in its connection’s queue, counted there, and is the batch taken once one is free', async () => {

@@ -8,9 +8,12 @@ import { type Frame, FrameType } from '../protocol/frames.js';
 import { type FramedConnection, PeerClosedError } from '../transport/connection.js';
 import { SharedUnits } from '../utils/data-turns.js';
 
-/** Batches one session writes at once: two files' worth (WRITES_IN_FLIGHT each), what a session on
- * one connection reaches. */
-export const WRITE_SLOTS = 4;
+/** Batches one session writes at once. Two cores run two natively at once; the third is queued
+ * behind them, so a core never waits for the JS thread to hand it the next. Four (two files'
+ * worth, WRITES_IN_FLIGHT each) measured no faster, and once a session's lanes stopped reading as
+ * soon as its window was full, the fourth was one more 2 MiB frame held in a busy receiver
+ * (decisions §116; §85 measured no gain from fewer while the lanes read on past the window). */
+export const WRITE_SLOTS = 3;
 
 /** A session's write slots (tree-receive.ts makes one per session). */
 export function writeSlots(): SharedUnits {

@@ -88,8 +88,8 @@ export function wholeFrames(chunk: Buffer): boolean {
 }
 
 /** Buffers kept for reuse by every connection in the process, for frames of POOLED_MIN or more:
- * as many as a receiving session has in flight at once (the session's four write slots, and on
- * each busy lane one frame being assembled and one queued; one connection reaches eight). With
+ * as many as a receiving session has in flight at once (the session's three write slots, and on
+ * each busy lane one frame being assembled and one queued; one connection reaches seven). With
  * fewer, every frame beyond them allocates a fresh 2 MiB buffer and drops one, promoted to the old
  * generation before it dies, where dead buffers wait for a major GC (decisions §45, §82). A cap,
  * not a reserve: buffers are made only as frames need them. One pool for the process, not one per
@@ -220,6 +220,9 @@ export class FrameDecoder {
   private readonly scratch = Buffer.alloc(8);
   /** Frames larger than this that span several reads are assembled in pooled buffers. */
   static readonly POOLED_MIN = 256 * 1024;
+  /** A paused frame's bytes copied out of its pooled buffer at most (`yieldAssembly`): a read's
+   * worth or a few, never a large copy for each pause. */
+  static readonly YIELD_MAX = 256 * 1024;
   /** Reads shorter than this are coalesced into accumulators (4 KiB, doubling up to 64 KiB). */
   static readonly SMALL_READ = 4096;
   /** Accumulators grow from FIRST_TAIL to TAIL_SIZE, doubling: a multiplexed stream's decoder
@@ -276,6 +279,26 @@ export class FrameDecoder {
       leaveOnCollect.register(this, this.framePool, this);
     }
     return this.framePool.take(n);
+  }
+
+  /**
+   * The connection stops reading for a while (its multiplexer's window is full): a frame begun in
+   * a pooled buffer with little of it here gives the buffer back, its bytes kept in one of their
+   * own, and is assembled again as the rest comes. The read that completed a lane's last frame
+   * often began its next one, which took a 2 MiB buffer at once (`assemble`) for a few KiB; four
+   * lanes paused behind their batches waiting for write slots held four such buffers, which the
+   * lane that reads next could have used (decisions §116). Returns whether it gave one back.
+   */
+  yieldAssembly(): boolean {
+    const a = this.assembly;
+    if (!a || a.filled > FrameDecoder.YIELD_MAX || a.filled * 2 >= a.frame.length) return false;
+    const own = copyOf(a.frame.subarray(0, a.filled));
+    this.allocated += own.length;
+    this.assembly = undefined;
+    this.parts = [own];
+    this.head = 0;
+    this.framePool.release(a.pooled);
+    return true;
   }
 
   get bufferedBytes(): number {

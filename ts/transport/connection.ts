@@ -349,7 +349,8 @@ export class FramedConnection {
     // Track how long a frame has been incomplete (see the idle timer).
     if (this.decoder.bufferedBytes === 0) this.partialSince = 0;
     else if (frames.length > 0 || this.partialSince === 0) this.partialSince = Date.now();
-    if (this.queuedBytes > HIGH_WATER || this.waitingFrames > HIGH_FRAMES || this.mux?.buffered()) this.stream.pause();
+    if (this.queuedBytes > HIGH_WATER || this.waitingFrames > HIGH_FRAMES) this.stream.pause();
+    else this.pauseForMux();
     this.wake();
     this.wakeChangeWaiters();
   }
@@ -559,6 +560,15 @@ export class FramedConnection {
       if (this.partialSince > 0) this.partialSince = Date.now();
       this.stream.resume();
     }
+  }
+
+  /** The multiplexer carried here is over its window (its session's, set by another connection's
+   * bytes): stop reading now. `maybeResume` reads again once it is under. */
+  pauseForMux(): void {
+    if (!this.mux?.buffered()) return;
+    this.stream.pause();
+    // Another lane may need a frame buffer sooner than this one's next frame (frames.ts).
+    this.decoder.yieldAssembly();
   }
 
   /** Carry multiplexed streams (transport/mux.ts): MUX frames go to `hooks`, not the queue. */

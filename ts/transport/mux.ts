@@ -126,6 +126,19 @@ export class SessionWindow {
     return own > 0 && this.members.size > 1 && this.unread() > this.bytes * ratio;
   }
 
+  /** A member received bytes: once the session is over its window, every other member holding
+   * unread bytes of its own stops reading too, now rather than at its own next MUX frame. Each
+   * member used to ask only when it delivered, so one that delivered while the session was under
+   * the window read on while the others filled it: four busy lanes each assembled their next
+   * DATA batch behind the one waiting for a write slot, fourteen 2 MiB frame buffers in one
+   * receiver where the window allows eight (decisions §116). */
+  filled(from: Multiplexer): void {
+    if (this.members.size < 2) return;
+    const total = this.unread();
+    if (total <= this.bytes) return;
+    for (const m of this.members) if (m !== from) m.stopIfBound(total);
+  }
+
   /** A member's reader took bytes: members paused by the session's window may read again. */
   drained(from: Multiplexer): void {
     for (const m of this.members) if (m !== from) m.maybeResume(true);
@@ -270,6 +283,17 @@ export class Multiplexer {
       release?.();
     }
     this.over = this.isOver();
+    this.o.session?.filled(this);
+  }
+
+  /** The session is over its window with `sessionUnread` bytes: stop reading if some are ours
+   * (see SessionWindow.filled). The connection pauses at once, not after its next read. */
+  stopIfBound(sessionUnread: number): void {
+    if (this.over) return;
+    const own = this.unread;
+    if (own === 0 || sessionUnread <= (this.o.session?.bytes ?? Infinity)) return;
+    this.over = true;
+    this.parent.pauseForMux();
   }
 
   /** Received stream bytes not yet taken by their conversations. */
