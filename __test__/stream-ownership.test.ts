@@ -13,7 +13,7 @@ import { spawn } from 'node:child_process';
 import tls from 'node:tls';
 import { describe, it } from 'node:test';
 import type { Duplex } from 'node:stream';
-import { FramedConnection, TLS_JOIN_MAX } from '../ts/transport/connection';
+import { FramedConnection, TLS_JOIN_MAX, TLS_PIECE_MAX } from '../ts/transport/connection';
 import { joinStreams, pipePair } from '../ts/transport/stream-pair';
 import { QuicListener, QuicSession } from '../ts/transport/quic';
 import { loadOrCreateIdentity } from '../ts/security/identity';
@@ -247,7 +247,7 @@ describe('pipePair: a socket-like in-memory connection', () => {
 // and payload (or queued behind another), every 2 MiB DATA frame cost a 2 MiB allocation, its
 // page faults and a copy on the sender's JS thread (decisions §86). FramedConnection gives a
 // TLS socket one buffer at a time: a large payload as it is, small chunks joined.
-describe('FramedConnection over TLS: one buffer per socket write, a large payload never copied', () => {
+describe('FramedConnection over TLS: one buffer per socket write, a large payload never copied, never more than a piece at once', () => {
   const state = tmpdir('ffsync-tlsw-');
   const id = loadOrCreateIdentity(state);
 
@@ -293,7 +293,21 @@ describe('FramedConnection over TLS: one buffer per socket write, a large payloa
     }
     assert.equal(called, 60, 'every frame called back once');
     assert.deepEqual(seen.writevs, [], 'the socket was never given several buffers at once');
-    for (const p of large) assert.ok(seen.writes.some((w) => w === p || (w.buffer === p.buffer && w.byteOffset === p.byteOffset && w.length === p.length)), `a ${p.length}-byte part was handed to the socket as it is`);
+    // No write is larger than a piece: Node's TLS socket holds an encrypted copy of each write,
+    // of the write's size, until the kernel took all of it (decisions §117).
+    const longest = Math.max(...seen.writes.map((w) => w.length));
+    assert.ok(longest <= TLS_PIECE_MAX, `the longest socket write was ${longest} bytes`);
+    for (const p of large) {
+      // A large part goes as it is, or as views of its own memory piece after piece: never copied.
+      const views = seen.writes.filter((w) => w.buffer === p.buffer && w.byteOffset >= p.byteOffset && w.byteOffset + w.length <= p.byteOffset + p.length);
+      let at = p.byteOffset;
+      for (const w of views.sort((x, y) => x.byteOffset - y.byteOffset)) {
+        assert.equal(w.byteOffset, at, `a ${p.length}-byte part: pieces follow each other`);
+        at += w.length;
+      }
+      assert.equal(at, p.byteOffset + p.length, `a ${p.length}-byte part was handed to the socket whole, in ${views.length} views of its memory`);
+      if (p.length > TLS_PIECE_MAX) assert.equal(views.length, Math.ceil(p.length / TLS_PIECE_MAX));
+    }
     assert.ok(seen.writes.length < 60 * 3, `small chunks were joined: ${seen.writes.length} writes`);
     await Promise.all([tx.close(), rx.close()]);
   });

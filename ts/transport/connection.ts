@@ -36,6 +36,12 @@ const LOW_FRAMES = 256;
 /** On a TLS socket, chunks shorter than this are joined with their neighbours (up to this much)
  * into one write; longer ones are written alone (see `writeTls`). */
 export const TLS_JOIN_MAX = 64 * 1024;
+/** The most a TLS socket is given in one write: a longer chunk goes in pieces of this, each
+ * once the one before it called back. Node's TLS socket encrypts a write whole into a buffer
+ * of the write's size, holds it until the kernel took all of it, and keeps the emptied buffer
+ * for the next write: a 2 MiB DATA batch cost each connection 2–4 MiB of native memory, and a
+ * sender's eight lanes and first connection ~27 MiB of its 110–120 MiB (decisions §117). */
+export const TLS_PIECE_MAX = 256 * 1024;
 /** How often a peer busy with local work proves it is alive. */
 export const KEEPALIVE_MS = 5000;
 
@@ -111,10 +117,12 @@ function keepAliveBeforeHello(): FfsyncError {
   return protocolError("KEEPALIVE before the peer's HELLO: a peer may only say it is alive once the session started");
 }
 
-/** A write waiting in a TLS connection's outbox; `done` once the socket no longer needs it. */
+/** A write waiting in a TLS connection's outbox; `done` once the socket no longer needs it.
+ * `at`: bytes of a chunk longer than TLS_PIECE_MAX already handed over, piece by piece. */
 interface OutboxEntry {
   chunk: Uint8Array;
   done: (() => void) | undefined;
+  at?: number;
 }
 
 export class PeerClosedError extends FfsyncError {
@@ -763,10 +771,27 @@ export class FramedConnection {
       for (const f of [...this.outboxDrained]) f();
       return;
     }
+    const head = box[0]!;
+    if (head.chunk.length > TLS_PIECE_MAX) {
+      // A view, not a copy: the entry stays in front until its last piece called back.
+      const at = head.at ?? 0;
+      const piece = head.chunk.subarray(at, at + TLS_PIECE_MAX);
+      const last = at + piece.length === head.chunk.length;
+      head.at = at + piece.length;
+      this.outboxBytes -= piece.length;
+      if (last) box.shift();
+      this.tlsWriting = true;
+      this.stream.write(piece, () => {
+        this.tlsWriting = false;
+        if (last) head.done?.();
+        this.writeTls();
+      });
+      return;
+    }
     // The outbox holds a few entries per frame in flight (a writer waits for its callbacks):
     // taking them off the front with splice is cheap.
     let n = 1;
-    let bytes = box[0]!.chunk.length;
+    let bytes = head.chunk.length;
     if (bytes < TLS_JOIN_MAX) {
       while (n < box.length && box[n]!.chunk.length < TLS_JOIN_MAX && bytes + box[n]!.chunk.length <= TLS_JOIN_MAX) bytes += box[n++]!.chunk.length;
     }
