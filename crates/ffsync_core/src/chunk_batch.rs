@@ -200,10 +200,16 @@ impl CompressPolicy {
         let lens: Vec<Vec<usize>> = parts
             .into_par_iter()
             .map(|group| {
+                // What the group's records may push: each stream declares the rest as its size.
+                let bytes: u64 = group
+                    .iter()
+                    .map(|(_, s, d)| d.unwrap_or(s.len() - RECORD_HEADER) as u64)
+                    .sum();
                 let mut enc = match prefix {
                     Some(p) => crate::zstream::GroupEncoder::with_prefix(level, p),
                     None => crate::zstream::GroupEncoder::new(level),
-                };
+                }
+                .sized(bytes);
                 let (start_enc, delta_start_enc) = if enc.has_prefix() {
                     (ENC_PREFIX_STREAM_START, ENC_PREFIX_DELTA_STREAM_START)
                 } else {
@@ -480,26 +486,35 @@ impl Record<'_> {
         )
     }
 
-    /// True if the payload is not the chunk's bytes themselves (needs a scratch buffer).
-    pub fn needs_buffer(&self) -> bool {
-        self.encoding != ENC_RAW
+    /// The chunk's bytes where they already are, without a scratch buffer: a raw record's
+    /// payload, or a stream record's decoded bytes (`inflated`). None for the rest (zstd of
+    /// its own, deltas, or a stream record not decoded yet).
+    pub fn bytes_here(&self) -> Option<&[u8]> {
+        match self.encoding {
+            ENC_RAW => Some(self.payload),
+            ENC_STREAM_START | ENC_STREAM_CONT | ENC_PREFIX_STREAM_START => self.inflated.as_deref(),
+            _ => None,
+        }
     }
 
-    /// The chunk's raw bytes, decompressing into `buf` if needed (not for deltas).
+    /// True if the chunk's bytes are nowhere yet (they need a scratch buffer: `raw`, or a
+    /// delta applied).
+    pub fn needs_buffer(&self) -> bool {
+        self.bytes_here().is_none()
+    }
+
+    /// The chunk's raw bytes, decompressing into `buf` if needed (not for deltas). A stream
+    /// record's are its decoded bytes as they are: a copy into `buf` was a second copy of every
+    /// decoded batch held until its write ended (decisions §118).
     pub fn raw<'b>(&'b self, buf: &'b mut Vec<u8>) -> Result<&'b [u8]> {
         match self.encoding {
             ENC_RAW => Ok(self.payload),
-            ENC_STREAM_START | ENC_STREAM_CONT | ENC_PREFIX_STREAM_START => {
-                let d = self.inflated.as_deref().ok_or_else(|| {
-                    CoreError::malformed(
-                        "chunk batch",
-                        format!("chunk {}: its stream was not decoded", self.index),
-                    )
-                })?;
-                buf.clear();
-                buf.extend_from_slice(d);
-                Ok(&buf[..])
-            }
+            ENC_STREAM_START | ENC_STREAM_CONT | ENC_PREFIX_STREAM_START => self.inflated.as_deref().ok_or_else(|| {
+                CoreError::malformed(
+                    "chunk batch",
+                    format!("chunk {}: its stream was not decoded", self.index),
+                )
+            }),
             ENC_ZSTD => {
                 buf.resize(self.raw_len as usize, 0);
                 decompress_exact(self.payload, &mut buf[..]).map_err(|e| {
@@ -849,6 +864,27 @@ mod tests {
         assert_eq!(recs[0].encoding, ENC_STREAM_START);
         assert!(recs.iter().any(|r| r.encoding == ENC_STREAM_CONT));
         assert_eq!(recs.last().unwrap().encoding, ENC_RAW);
+        // A decoded stream record's bytes are used where they are: `raw` hands them over without
+        // a copy into the scratch buffer (decisions §118: the copy was a second decoded batch
+        // held until its write ended), and the restorer takes them from `bytes_here`.
+        for r in &recs {
+            let c = &m.chunks[r.index as usize];
+            let want = &data[c.offset as usize..c.end() as usize];
+            assert_eq!(r.bytes_here(), Some(want), "chunk {}", r.index);
+            assert!(!r.needs_buffer());
+            let mut buf = Vec::new();
+            let got = r.raw(&mut buf).unwrap();
+            assert!(
+                std::ptr::eq(got, r.bytes_here().unwrap()),
+                "chunk {}: its own bytes",
+                r.index
+            );
+            assert_eq!(buf.capacity(), 0, "chunk {}: nothing copied", r.index);
+        }
+        // A chunk compressed on its own has no bytes until decompressed into a buffer.
+        let framed_recs = decode(&framed, &m).unwrap();
+        let z = framed_recs.iter().find(|r| r.encoding == ENC_ZSTD).unwrap();
+        assert!(z.bytes_here().is_none() && z.needs_buffer());
         // Level 0 never streams; without the capability the old encodings only.
         assert_eq!(
             stream_batch(&data, &m, 0).len(),

@@ -819,8 +819,9 @@ impl Reconstruction {
     }
 
     fn write_claimed(&self, records: &[chunk_batch::Record]) -> Result<u64> {
-        // Raw chunks are hashed and written straight from the frame; compressed ones are
-        // decompressed into buffers recycled across batches.
+        // Raw chunks are hashed and written straight from the frame, a batch's stream records
+        // from their decoded bytes; the rest (zstd of their own, deltas) are decompressed or
+        // rebuilt into buffers recycled across batches.
         let mut bufs: Vec<Vec<u8>> = {
             let mut pool = self.scratch.lock().unwrap();
             records
@@ -870,7 +871,7 @@ impl Reconstruction {
                 .map(|(r, b)| {
                     (
                         self.manifest.chunks[r.index as usize].offset,
-                        if r.needs_buffer() { &b[..] } else { r.payload },
+                        r.bytes_here().unwrap_or(&b[..]),
                     )
                 })
                 .collect();

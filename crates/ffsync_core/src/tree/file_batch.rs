@@ -160,7 +160,12 @@ pub fn encode_batch(files: &[BatchFile], level: i32, shared: bool) -> Vec<Vec<u8
 /// whose flushed output is not smaller than itself still goes through the stream (the
 /// stream's later files may match it); zstd stores such blocks raw (3 bytes a block).
 fn encode_group(files: &[BatchFile], roots: &[[u8; 32]], level: i32) -> Vec<Vec<u8>> {
-    let mut enc = crate::zstream::GroupEncoder::new(level);
+    let bytes: u64 = files
+        .iter()
+        .filter(|f| f.status == FileStatus::Ok)
+        .map(|f| f.data.len() as u64)
+        .sum();
+    let mut enc = crate::zstream::GroupEncoder::new(level).sized(bytes);
     let mut out = Vec::with_capacity(files.len());
     let mut z: Vec<u8> = Vec::new();
     for (f, root) in files.iter().zip(roots) {
