@@ -79,6 +79,62 @@ const IDLE_CONTEXTS: usize = 2;
 static IDLE_CCTX: Idle<CCtx<'static>> = Idle::new(IDLE_CONTEXTS);
 static IDLE_DCTX: Idle<DCtx<'static>> = Idle::new(IDLE_CONTEXTS);
 
+/// Streams compressing at once in the process: the cores and one more. Each holds a context
+/// of up to ~5 MiB at the levels a slow link gets (level 9, tables capped at 2^19 entries),
+/// and a sender's batches come from libuv's four threads as well as rayon's: eight lanes at
+/// 100 Mbit/s had four to six open at once, ~26 MiB of a sender's 100.5–100.9 MiB, on two
+/// cores that can only run two (decisions §118). A group waits for a turn before its stream
+/// opens and holds it until the stream ends; nothing waits for anything while holding one, so
+/// turns always come back.
+static STREAMS: Turns = Turns::new();
+
+struct Turns {
+    busy: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+    #[cfg(test)]
+    most: std::sync::atomic::AtomicUsize,
+}
+
+/// A stream's turn (see STREAMS), given back when dropped.
+struct Turn(&'static Turns);
+
+impl Turns {
+    const fn new() -> Self {
+        Turns {
+            busy: std::sync::Mutex::new(0),
+            freed: std::sync::Condvar::new(),
+            #[cfg(test)]
+            most: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// The machine's cores and one: the same from every thread (rayon's own count is the
+    /// calling pool's, and the background pool is narrower).
+    fn at_once() -> usize {
+        static AT_ONCE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        *AT_ONCE.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()) + 1)
+    }
+
+    fn take(&'static self) -> Turn {
+        let cap = Self::at_once();
+        let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        while *busy >= cap {
+            busy = self.freed.wait(busy).unwrap_or_else(|e| e.into_inner());
+        }
+        *busy += 1;
+        #[cfg(test)]
+        self.most.fetch_max(*busy, std::sync::atomic::Ordering::Relaxed);
+        Turn(self)
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        *self.0.busy.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        self.0.freed.notify_one();
+    }
+}
+
 #[cfg(test)]
 thread_local! {
     /// Contexts this thread had to create (tests: recycling keeps it far below the streams).
@@ -138,6 +194,8 @@ pub struct GroupEncoder<'p> {
     prefix: Option<&'p [u8]>,
     /// At most this many bytes are still to be pushed (`sized`): each stream pledges it.
     left: Option<u64>,
+    /// The open stream's turn (STREAMS), dropped with its context.
+    turn: Option<Turn>,
 }
 
 impl<'p> GroupEncoder<'p> {
@@ -147,6 +205,7 @@ impl<'p> GroupEncoder<'p> {
             cctx: None,
             prefix: None,
             left: None,
+            turn: None,
         }
     }
 
@@ -158,6 +217,7 @@ impl<'p> GroupEncoder<'p> {
             cctx: None,
             prefix: Some(prefix).filter(|p| !p.is_empty()),
             left: None,
+            turn: None,
         }
     }
 
@@ -188,6 +248,7 @@ impl<'p> GroupEncoder<'p> {
         // later records push (each record is pushed once), so no stream pledges too little.
         self.left = left.map(|n| n.saturating_sub(data.len() as u64));
         if start {
+            self.turn = Some(STREAMS.take());
             let mut c = IDLE_CCTX.take();
             let ready = configure(&mut c, self.level)
                 .and_then(|_| match left {
@@ -200,7 +261,8 @@ impl<'p> GroupEncoder<'p> {
                     None => Some(()),
                 });
             if ready.is_none() {
-                IDLE_CCTX.give(c);
+                self.turn = None;
+                give_back(c);
                 return None;
             }
             self.cctx = Some(c);
@@ -222,20 +284,37 @@ impl<'p> GroupEncoder<'p> {
         })();
         if ok.is_none() || out.len() - base > limit {
             out.truncate(base);
-            if let Some(c) = self.cctx.take() {
-                IDLE_CCTX.give(c);
-            }
+            self.end_stream();
             return None;
         }
         Some(start)
     }
 }
 
+impl GroupEncoder<'_> {
+    /// The open stream ends: its turn first, then its context (kept or dropped, `give_back`).
+    fn end_stream(&mut self) {
+        self.turn = None;
+        if let Some(c) = self.cctx.take() {
+            give_back(c);
+        }
+    }
+}
+
 impl Drop for GroupEncoder<'_> {
     fn drop(&mut self) {
-        if let Some(c) = self.cctx.take() {
-            IDLE_CCTX.give(c);
-        }
+        self.end_stream();
+    }
+}
+
+/// A compressing context whose stream ended: kept for the next stream while the contexts in
+/// use and kept stay within STREAMS' turns, dropped otherwise. Idle ones beside three busy
+/// ones were 6–10 MiB of a sender on eight lanes at level 9 that the next streams, waiting
+/// for their turns anyway, did not need (decisions §118).
+fn give_back(c: CCtx<'static>) {
+    let busy = *STREAMS.busy.lock().unwrap_or_else(|e| e.into_inner());
+    if busy + IDLE_CCTX.kept() < Turns::at_once() {
+        IDLE_CCTX.give(c);
     }
 }
 
@@ -451,6 +530,26 @@ mod tests {
                 "sized: the decoder holds {small} bytes for {total}"
             );
         }
+    }
+
+    #[test]
+    fn no_more_streams_compress_at_once_than_the_cores_and_one() {
+        // Twelve threads (as libuv's and rayon's together, and more) each compressing groups
+        // of three records: never more than `at_once` streams open, every record comes back
+        // intact, and all 72 groups finish (a turn not given back would leave threads waiting).
+        let recs = [sample(120_000), sample(90_000), sample(60_000)];
+        std::thread::scope(|s| {
+            for t in 0..12 {
+                let recs = &recs;
+                s.spawn(move || {
+                    for _ in 0..6 {
+                        round_trip(GroupEncoder::new(if t % 2 == 0 { 3 } else { 9 }), recs, None);
+                    }
+                });
+            }
+        });
+        let most = STREAMS.most.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(most >= 1 && most <= Turns::at_once(), "{most} streams at once");
     }
 
     #[test]
