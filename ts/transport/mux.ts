@@ -133,10 +133,8 @@ export class SessionWindow {
    * DATA batch behind the one waiting for a write slot, fourteen 2 MiB frame buffers in one
    * receiver where the window allows eight (decisions §116). */
   filled(from: Multiplexer): void {
-    if (this.members.size < 2) return;
-    const total = this.unread();
-    if (total <= this.bytes) return;
-    for (const m of this.members) if (m !== from) m.stopIfBound(total);
+    if (this.members.size < 2 || this.unread() <= this.bytes) return;
+    for (const m of this.members) if (m !== from) m.stopIfHolding();
   }
 
   /** A member's reader took bytes: members paused by the session's window may read again. */
@@ -283,15 +281,16 @@ export class Multiplexer {
       release?.();
     }
     this.over = this.isOver();
-    this.o.session?.filled(this);
+    // Only a connection that is over can have taken the session over: one holding unread bytes
+    // of its own stops at the session's window itself (`binds`), and one holding none added
+    // nothing. So the session's bytes are counted again only then, not for every MUX frame.
+    if (this.over) this.o.session?.filled(this);
   }
 
-  /** The session is over its window with `sessionUnread` bytes: stop reading if some are ours
-   * (see SessionWindow.filled). The connection pauses at once, not after its next read. */
-  stopIfBound(sessionUnread: number): void {
-    if (this.over) return;
-    const own = this.unread;
-    if (own === 0 || sessionUnread <= (this.o.session?.bytes ?? Infinity)) return;
+  /** The session is over its window (SessionWindow.filled): stop reading if some of its unread
+   * bytes are ours. The connection pauses at once, not after its next read. */
+  stopIfHolding(): void {
+    if (this.over || this.unread === 0) return;
     this.over = true;
     this.parent.pauseForMux();
   }

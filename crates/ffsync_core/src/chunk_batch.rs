@@ -507,14 +507,14 @@ impl Record<'_> {
     /// record's are its decoded bytes as they are: a copy into `buf` was a second copy of every
     /// decoded batch held until its write ended (decisions §118).
     pub fn raw<'b>(&'b self, buf: &'b mut Vec<u8>) -> Result<&'b [u8]> {
+        if let Some(here) = self.bytes_here() {
+            return Ok(here);
+        }
         match self.encoding {
-            ENC_RAW => Ok(self.payload),
-            ENC_STREAM_START | ENC_STREAM_CONT | ENC_PREFIX_STREAM_START => self.inflated.as_deref().ok_or_else(|| {
-                CoreError::malformed(
-                    "chunk batch",
-                    format!("chunk {}: its stream was not decoded", self.index),
-                )
-            }),
+            ENC_STREAM_START | ENC_STREAM_CONT | ENC_PREFIX_STREAM_START => Err(CoreError::malformed(
+                "chunk batch",
+                format!("chunk {}: its stream was not decoded", self.index),
+            )),
             ENC_ZSTD => {
                 buf.resize(self.raw_len as usize, 0);
                 decompress_exact(self.payload, &mut buf[..]).map_err(|e| {

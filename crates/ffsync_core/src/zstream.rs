@@ -212,13 +212,9 @@ impl<'p> GroupEncoder<'p> {
     /// An encoder whose every stream starts with `prefix` as history (the receiver must
     /// decode with the same bytes: [`GroupDecoder::next`]'s `prefix`).
     pub fn with_prefix(level: i32, prefix: &'p [u8]) -> Self {
-        GroupEncoder {
-            level,
-            cctx: None,
-            prefix: Some(prefix).filter(|p| !p.is_empty()),
-            left: None,
-            turn: None,
-        }
+        let mut e = Self::new(level);
+        e.prefix = Some(prefix).filter(|p| !p.is_empty());
+        e
     }
 
     /// The group's records push at most `bytes` in all. Each stream then declares what is
@@ -289,9 +285,7 @@ impl<'p> GroupEncoder<'p> {
         }
         Some(start)
     }
-}
 
-impl GroupEncoder<'_> {
     /// The open stream ends: its turn first, then its context (kept or dropped, `give_back`).
     fn end_stream(&mut self) {
         self.turn = None;
