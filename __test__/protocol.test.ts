@@ -35,6 +35,8 @@ import { pipePair } from '../ts/transport/stream-pair';
 import { seeded } from './helpers/peers';
 import { rng } from './helpers/faults';
 import { FfsyncError } from '../ts/utils/errors';
+import { SharedUnits } from '../ts/utils/data-turns';
+import { takeWithSlot } from '../ts/api/write-slots';
 
 describe('frame decoder', () => {
   it('a first frame whose length bytes read 16 03 0x is a frame, not TLS; a TLS ClientHello is refused at its fifth byte', () => {
@@ -538,6 +540,17 @@ function sessionLane(session: SessionWindow, send: (out: FramedConnection) => Pr
   return { a, b, accepted, sending };
 }
 
+/** A stream's bytes received and not yet taken by its reader. */
+const unread = (c: FramedConnection) => c.pendingBytes + (c as unknown as { stream: { readableLength: number } }).stream.readableLength;
+
+/** Polls `ok` until it holds; fails with `what` after 10 s. */
+async function until(what: string, ok: () => boolean): Promise<void> {
+  for (const t0 = Date.now(); !ok(); ) {
+    assert.ok(Date.now() - t0 < 10_000, what);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
 describe('multiplexed streams', () => {
   it('large frames reach a stream without a copy: the pooled buffers go back and are reused, and nothing held is overwritten', async () => {
     const [a, b] = pipePair();
@@ -766,7 +779,6 @@ describe('multiplexed streams', () => {
         for (let k = 0; k < 16; k++) await out.send(FrameType.DATA, Buffer.alloc(MiB, k));
       }),
     );
-    const unread = (c: FramedConnection) => c.pendingBytes + (c as unknown as { stream: { readableLength: number } }).stream.readableLength;
     try {
       const [first, second] = await Promise.all(lanes.map((l) => l.accepted));
       // Both stop with the session's window between them (each may land one frame past it).
@@ -818,13 +830,6 @@ describe('multiplexed streams', () => {
         for (let k = 1; k < 9; k++) await out.send(FrameType.DATA, Buffer.alloc(MiB, k));
       }),
     );
-    const unread = (c: FramedConnection) => c.pendingBytes + (c as unknown as { stream: { readableLength: number } }).stream.readableLength;
-    const until = async (what: string, ok: () => boolean) => {
-      for (const t0 = Date.now(); !ok(); ) {
-        assert.ok(Date.now() - t0 < 10_000, what);
-        await new Promise((r) => setTimeout(r, 10));
-      }
-    };
     try {
       const [first, ...others] = await Promise.all(lanes.map((l) => l.accepted));
       // The first lane read its frame while the session was under its window: it reads on.
@@ -846,6 +851,76 @@ describe('multiplexed streams', () => {
       await lanes[0]!.sending;
       for (const c of others) {
         for (let k = 0; k < 9; k++) (await c.recv()).release?.();
+      }
+      await Promise.all(lanes.map((l) => l.sending));
+    } finally {
+      for (const l of lanes) {
+        l.a.destroy();
+        l.b.destroy();
+      }
+    }
+  });
+
+  it("a connection holding nothing stops too while every unread byte of the session waits for a write slot, and reads again once some does not (decisions §119)", async () => {
+    const MiB = 1024 * 1024;
+    const session = new SessionWindow(4 * MiB);
+    // No write slot free: each batch taken with one is put back to wait (write-slots.ts).
+    const slots = new SharedUnits(0);
+    let go!: () => void;
+    const later = new Promise<void>((r) => (go = r));
+    // Two busy lanes send four 1 MiB batches each; the third sends a small frame (its stream
+    // opens with it), then, once told, nine batches.
+    const lanes = [0, 1, 2].map((i) =>
+      sessionLane(session, async (out) => {
+        if (i < 2) {
+          for (let k = 0; k < 4; k++) await out.send(FrameType.DATA, Buffer.alloc(MiB, k));
+          return;
+        }
+        await out.send(FrameType.DATA_END, Buffer.alloc(8));
+        await later;
+        for (let k = 0; k < 9; k++) await out.send(FrameType.DATA, Buffer.alloc(MiB, k));
+      }),
+    );
+    try {
+      const [first, second, third] = await Promise.all(lanes.map((l) => l.accepted));
+      (await third!.recv()).release?.();
+      // The busy lanes stop with the session over its window (each holding a batch at least).
+      await until('the busy lanes stop reading with the session over its window', () => lanes[0]!.b.isPaused() && lanes[1]!.b.isPaused() && unread(first!) >= MiB && unread(second!) >= MiB && unread(first!) + unread(second!) > 4 * MiB);
+      // Their readers take a batch each and put it back to wait for a slot.
+      const taking = [first!, second!].map((c) => takeWithSlot(c, () => c.recv(), slots));
+      await until('both batches wait for a slot', () => first!.waitingForSlot && second!.waitingForSlot);
+      go();
+      await new Promise((r) => setTimeout(r, 200));
+      // The third lane holds nothing, and everything the session holds drains by writes alone:
+      // it stopped instead of reading a batch to wait beside them (before §119 it read all nine).
+      assert.ok(lanes[2]!.b.isPaused(), 'the idle lane stopped reading');
+      assert.equal(unread(third!), 0, 'nothing was read on the idle lane');
+      // A slot comes: the first lane's batch is taken, and the batches behind it wait for a
+      // reader, not for a slot. The idle lane reads again (§82: its conversation may need its
+      // next frame while those wait on something that is not local work), all nine batches.
+      slots.release(1);
+      const behind = unread(first!) - MiB;
+      const taken = await taking[0]!;
+      assert.equal(taken.frame.payload[0], 0, 'the batch put back is the batch taken');
+      assert.ok(!first!.waitingForSlot, 'the first lane no longer waits for a slot');
+      for (let k = 0; k < 9; k++) {
+        const f = await third!.recv();
+        assert.equal(f.payload[0], k, `lane 3 batch ${k}`);
+        f.release?.();
+      }
+      await lanes[2]!.sending;
+      assert.ok(behind > 0 && unread(first!) === behind, "the first lane's batches behind the one taken still wait for its reader");
+      taken.frame.release?.();
+      taken.done();
+      const last = await taking[1]!;
+      last.frame.release?.();
+      last.done();
+      for (const c of [first!, second!]) {
+        for (let k = 1; k < 4; k++) {
+          const f = await c.recv();
+          assert.equal(f.payload[0], k, `a busy lane's batch ${k}`);
+          f.release?.();
+        }
       }
       await Promise.all(lanes.map((l) => l.sending));
     } finally {

@@ -35,19 +35,25 @@ const none = (): void => undefined;
  * frame goes back to the front of `conn`'s queue, where it still counts against the connection's
  * window (so the connection stops reading, as it would behind a slow disk), and is taken again
  * once a slot is free. Slots are held by writes in progress, which finish without the network, so
- * waiting for one never waits on a peer. The wait ends with `conn`: a connection that fails or
+ * waiting for one never waits on a peer; the frame is marked (`parkForSlot`) so that the session
+ * knows its bytes drain by local work alone (mux.ts, SessionWindow; decisions §119). The wait ends with `conn`: a connection that fails or
  * closes meanwhile rejects, and the slot, when it comes, goes straight back.
  */
 export async function takeWithSlot(conn: FramedConnection, take: () => Promise<Frame>, slots: SharedUnits): Promise<SlottedFrame> {
   const first = await take();
   if (first.type !== FrameType.DATA) return { frame: first, done: none };
   if (!slots.tryAcquire(1)) {
-    conn.unshift(first);
+    conn.parkForSlot(first);
     let granted = false;
     const grant = slots.acquire(1).then(() => {
       granted = true;
     });
-    await conn.orFailure(grant);
+    try {
+      await conn.orFailure(grant);
+    } finally {
+      // Cleared before the frame is taken again: taking it tells the session it drained.
+      conn.waitingForSlot = false;
+    }
     if (!granted) {
       void grant.then(() => slots.release(1));
       first.release?.();

@@ -25,6 +25,8 @@ export interface ConnectionOptions {
   parent?: FramedConnection;
   /** Runs whenever a received frame is taken (a multiplexed stream's reader drained). */
   onConsume?: () => void;
+  /** Runs when the reader puts a DATA batch back to wait for a write slot (`parkForSlot`). */
+  onPark?: () => void;
 }
 
 const HIGH_WATER = 4 * 1024 * 1024;
@@ -198,6 +200,11 @@ export class FramedConnection {
   private readonly children = new Set<FramedConnection>();
   private readonly parent: FramedConnection | undefined;
   private readonly onConsume: (() => void) | undefined;
+  private readonly onPark: (() => void) | undefined;
+  /** The frame at the queue's front is a DATA batch put back to wait for one of its session's
+   * write slots (write-slots.ts), which writes in progress free without the network: what this
+   * connection holds unread drains by local work alone (decisions §119). */
+  waitingForSlot = false;
   /** The peer's first ERROR, decoded, kept apart from the queue: a reader that gave up (an
    * `expect` abandoned in a race) may take the queued frame. */
   private peerFailure: FfsyncError | undefined;
@@ -227,6 +234,7 @@ export class FramedConnection {
   ) {
     this.parent = options.parent;
     this.onConsume = options.onConsume;
+    this.onPark = options.onPark;
     this.outbox = (stream as { encrypted?: boolean }).encrypted === true ? [] : undefined;
     this.overSocket = typeof (stream as { setNoDelay?: unknown }).setNoDelay === 'function';
     this.keepAliveMs = this.parent
@@ -658,6 +666,14 @@ export class FramedConnection {
     if (this.qHead > 0) this.queue[--this.qHead] = f;
     else this.queue.unshift(f);
     this.queuedBytes += f.payload.length;
+  }
+
+  /** `unshift` a DATA batch that waits for a write slot, marked `waitingForSlot` until the
+   * reader clears the mark to take it again. */
+  parkForSlot(f: Frame): void {
+    this.unshift(f);
+    this.waitingForSlot = true;
+    this.onPark?.();
   }
 
   /**

@@ -103,14 +103,19 @@ export interface MultiplexerOptions {
  * The unread stream bytes of one session's connections (a receiver's lanes), bounded together:
  * one connection's window each let four busy lanes hold four windows of DATA when the receiver
  * was the slower side (decisions §82). A connection stops reading when the session's unread
- * bytes exceed `bytes` and some of them are its own; one with nothing unread always reads. So the
- * session holds a lane back only while bytes of that lane wait for their own readers (which wait
- * on local work, never on a peer), and the lane reads again once they are taken, whatever the other
- * lanes hold. (Within one connection, as before §82, a stream's reader may wait behind another
- * stream's unread bytes.)
+ * bytes exceed `bytes` and some of them are its own. One with nothing unread stops too, but only
+ * while every stream holding unread bytes has a DATA batch at its front waiting for a write slot
+ * (`waitingForSlot`): those drain by writes in progress, never by a peer, so stopping the idle
+ * lanes then only delays them, and eight lanes no longer each read a batch to wait beside the
+ * others (decisions §119). Otherwise it always reads: a conversation of its own may need its next
+ * frame while the other lanes' bytes wait on something that is not local work (§82). (Within one
+ * connection, as before §82, a stream's reader may wait behind another stream's unread bytes.)
  */
 export class SessionWindow {
   readonly members = new Set<Multiplexer>();
+  /** Members stopped while holding nothing unread: they read again as soon as the session holds
+   * bytes that are not waiting for write slots, or is under half its window. */
+  readonly idleStopped = new Set<Multiplexer>();
 
   constructor(readonly bytes: number = MUX_HIGH_WATER) {}
 
@@ -121,9 +126,16 @@ export class SessionWindow {
     return total;
   }
 
+  /** Whether every unread byte of the session waits behind a batch waiting for a write slot. */
+  waitsOnlyForWrites(): boolean {
+    for (const m of this.members) if (!m.waitsOnlyForWrites()) return false;
+    return true;
+  }
+
   /** Whether the session's window binds a connection holding `own` unread bytes. */
   binds(own: number, ratio = 1): boolean {
-    return own > 0 && this.members.size > 1 && this.unread() > this.bytes * ratio;
+    if (this.members.size < 2 || this.unread() <= this.bytes * ratio) return false;
+    return own > 0 || this.waitsOnlyForWrites();
   }
 
   /** A member received bytes: once the session is over its window, every other member holding
@@ -134,12 +146,26 @@ export class SessionWindow {
    * receiver where the window allows eight (decisions §116). */
   filled(from: Multiplexer): void {
     if (this.members.size < 2 || this.unread() <= this.bytes) return;
-    for (const m of this.members) if (m !== from) m.stopIfHolding();
+    const idleToo = this.waitsOnlyForWrites();
+    for (const m of this.members) if (m !== from) m.stopForSession(idleToo);
+  }
+
+  /** A member's reader put a batch back to wait for a write slot: if the session is over its
+   * window and now waits only for writes, the members holding nothing stop as well. */
+  parked(): void {
+    if (this.members.size < 2 || this.unread() <= this.bytes || !this.waitsOnlyForWrites()) return;
+    for (const m of this.members) m.stopForSession(true);
   }
 
   /** A member's reader took bytes: members paused by the session's window may read again. */
   drained(from: Multiplexer): void {
     for (const m of this.members) if (m !== from) m.maybeResume(true);
+  }
+
+  /** Bytes arrived for a stream that is not waiting for a write slot: the members stopped while
+   * holding nothing read again (what they wait behind is no longer only local work). */
+  arrivedUnparked(): void {
+    for (const m of [...this.idleStopped]) m.maybeResume(true);
   }
 }
 
@@ -239,7 +265,11 @@ export class Multiplexer {
   private start(id: number): FramedConnection {
     const s = new MuxStream(this, id);
     this.streams.set(id, s);
-    s.conn = new FramedConnection(s, 0, { parent: this.parent, onConsume: () => this.maybeResume() });
+    s.conn = new FramedConnection(s, 0, {
+      parent: this.parent,
+      onConsume: () => this.maybeResume(),
+      onPark: () => this.o.session?.parked(),
+    });
     return s.conn;
   }
 
@@ -277,6 +307,7 @@ export class Multiplexer {
       } else {
         s.push(bytes);
       }
+      if (!s.conn.waitingForSlot && this.o.session?.idleStopped.size) this.o.session.arrivedUnparked();
     } finally {
       release?.();
     }
@@ -287,12 +318,24 @@ export class Multiplexer {
     if (this.over) this.o.session?.filled(this);
   }
 
-  /** The session is over its window (SessionWindow.filled): stop reading if some of its unread
-   * bytes are ours. The connection pauses at once, not after its next read. */
-  stopIfHolding(): void {
-    if (this.over || this.unread === 0) return;
+  /** The session is over its window (SessionWindow.filled, .parked): stop reading if some of
+   * its unread bytes are ours, or, with `idleToo`, even if none are. The connection pauses at
+   * once, not after its next read. */
+  stopForSession(idleToo: boolean): void {
+    if (this.over) return;
+    if (this.unread === 0) {
+      if (!idleToo) return;
+      this.o.session?.idleStopped.add(this);
+    }
     this.over = true;
     this.parent.pauseForMux();
+  }
+
+  /** Whether every stream of this connection holding unread bytes has a batch waiting for a
+   * write slot at its front. */
+  waitsOnlyForWrites(): boolean {
+    for (const s of this.streams.values()) if (!s.conn.waitingForSlot && s.readableLength + s.conn.pendingBytes > 0) return false;
+    return true;
   }
 
   /** Received stream bytes not yet taken by their conversations. */
@@ -309,7 +352,10 @@ export class Multiplexer {
       if (s.readableLength > STREAM_HIGH_WATER) return true;
       total += unread;
     }
-    return total > this.window || this.o.session?.binds(total) === true;
+    if (total > this.window) return true;
+    if (this.o.session?.binds(total) !== true) return false;
+    if (total === 0) this.o.session.idleStopped.add(this);
+    return true;
   }
 
   /** A stream's reader took bytes: the connection may read again (below half of its window and,
@@ -320,6 +366,7 @@ export class Multiplexer {
       const own = this.unread;
       if (own < this.window / 2 && !this.o.session?.binds(own, 0.5)) {
         this.over = false;
+        this.o.session?.idleStopped.delete(this);
         this.parent.maybeResume();
       }
     }
@@ -357,6 +404,7 @@ export class Multiplexer {
   private closeAll(why: Error): void {
     for (const s of [...this.streams.values()]) s.conn.failWith(why);
     // Its unread bytes no longer count against the session's other connections.
+    this.o.session?.idleStopped.delete(this);
     if (this.o.session?.members.delete(this)) this.o.session.drained(this);
   }
 }
