@@ -48,7 +48,33 @@ import { rateLimiter } from '../utils/rate-limit.js';
  * to keep both peers' resident memory low (recycled buffers, see BufferPool). */
 export const BATCH_BYTES = 2 * 1024 * 1024;
 /** Room for a batch plus its record headers. */
-export const BATCH_BUFFER = BATCH_BYTES + 64 * 1024;
+export const BATCH_BUFFER = batchBuffer(BATCH_BYTES);
+/** Raw bytes per DATA frame when a session's large files go on more than FULL_BATCH_LANES
+ * connections: the receiver assembles a frame on every lane at once (each lane carries a share
+ * of the link, so each frame takes that much longer to arrive), and eight lanes of 2 MiB frames
+ * held 16 MiB of its memory where four held 8 (decisions §120). The receiver's frame pool has
+ * buffers of this size (frames.ts, FRAME_POOL_SMALL_BUFFER). */
+export const LANE_BATCH_BYTES = 1024 * 1024;
+/** Connections a session may send full batches on. */
+export const FULL_BATCH_LANES = 4;
+
+/** The DATA batch size of a session whose large files go on `connections` connections. */
+export function sessionBatchBytes(connections: number): number {
+  return connections > FULL_BATCH_LANES ? LANE_BATCH_BYTES : BATCH_BYTES;
+}
+
+/** Batches encoded ahead of the socket when each holds `batchBytes`: READ_AHEAD full batches'
+ * worth of bytes whatever the size. With 1 MiB batches and two ahead, the encoder ran dry twice
+ * as often behind a socket that took what it had, and the level governor read those waits as
+ * compression being the bottleneck: the eight-lane artifact went 5% larger (decisions §120). */
+export function readAheadFor(batchBytes: number): number {
+  return Math.max(READ_AHEAD, Math.floor((READ_AHEAD * BATCH_BYTES) / batchBytes));
+}
+
+/** Room for a batch of `batchBytes` raw bytes plus its record headers. */
+export function batchBuffer(batchBytes: number): number {
+  return batchBytes + 64 * 1024;
+}
 /** Batches being read/compressed natively ahead of the socket. */
 export const READ_AHEAD = 2;
 /** Batch buffers one file's DATA phase uses at most (read ahead, and being written). */
@@ -110,8 +136,11 @@ export interface SendContentOptions {
   /** Adapts the level batch by batch (shared by the session's files); else `level` stays. */
   governor?: LevelGovernor;
   /** The session's ramp of first batches (shared by its files): the first DATA goes in small
-   * batches that grow. Without it every batch is BATCH_BYTES. */
+   * batches that grow. Without it every batch is `batchBytes`. */
   ramp?: BatchRamp;
+  /** Raw bytes per DATA batch (default BATCH_BYTES; `sessionBatchBytes`). `buffers`, when
+   * given, hold `batchBuffer(batchBytes)` bytes each. */
+  batchBytes?: number;
 }
 
 /** The conversation before this one on the same stream failed (`fatal`: with `cause`) or
@@ -206,8 +235,9 @@ async function sendContent(conn: FramedConnection, o: SendContentOptions, holder
   // first DATA goes in small batches that grow, so the idle link need not wait for a whole batch
   // to be encoded (BatchRamp): planned before the turn (its units cover them), kept only by the
   // file whose turn comes first; one that finds the ramp taken sends full batches.
-  const full = () => batchByBytes(scan.manifest, needed, BATCH_BYTES);
-  const ramped = o.ramp?.pending && needed.length > 0 ? batchByBytes(scan.manifest, needed, BATCH_BYTES, RAMP_FIRST_BYTES) : undefined;
+  const batchBytes = o.batchBytes ?? BATCH_BYTES;
+  const full = () => batchByBytes(scan.manifest, needed, batchBytes);
+  const ramped = o.ramp?.pending && needed.length > 0 ? batchByBytes(scan.manifest, needed, batchBytes, RAMP_FIRST_BYTES) : undefined;
   let batches = ramped ?? full();
   const total = needed.reduce((a, i) => a + manifestChunkLength(scan.manifest, i), 0);
   if (needed.length > 0) await turn.take(Math.min(batches.length, SEND_BUFFERS), total);
@@ -309,12 +339,14 @@ async function readNeeds(conn: FramedConnection, o: SendContentOptions, scan: Sc
   }
 }
 
-/** The DATA frames: batches encoded natively into recycled buffers, READ_AHEAD at a time,
+/** The DATA frames: batches encoded natively into recycled buffers, `readAheadFor` at a time,
  * while earlier ones are written to the socket; the level governor watches both waits.
  * Returns the raw bytes sent. */
 async function sendBatches(conn: FramedConnection, o: SendContentOptions, src: NativeChunkSource, batches: Uint32Array[], limiter: ((n: number) => Promise<void>) | undefined, progress: (n: number) => void): Promise<number> {
   const gov = o.governor;
-  const pool = o.buffers ?? new BufferPool(BATCH_BUFFER, SEND_BUFFERS);
+  const batchBytes = o.batchBytes ?? BATCH_BYTES;
+  const readAhead = readAheadFor(batchBytes);
+  const pool = o.buffers ?? new BufferPool(batchBuffer(batchBytes), readAhead + SEND_BUFFERS - READ_AHEAD);
   const read = async (k: number) => {
     const buf = await pool.acquire();
     if (gov) src.setLevel(gov.level);
@@ -325,7 +357,7 @@ async function sendBatches(conn: FramedConnection, o: SendContentOptions, src: N
     return { buf, res };
   };
   const ahead: Promise<{ buf: Buffer; res: { length: number; rawBytes: number } }>[] = [];
-  for (let k = 0; k < Math.min(READ_AHEAD, batches.length); k++) ahead.push(read(k));
+  for (let k = 0; k < Math.min(readAhead, batches.length); k++) ahead.push(read(k));
   ahead.forEach((p) => p.catch(() => undefined));
   gov?.restartWindow();
   let raw = 0;
@@ -333,8 +365,8 @@ async function sendBatches(conn: FramedConnection, o: SendContentOptions, src: N
     const t0 = nowMs();
     const { buf, res } = await ahead[k];
     const t1 = nowMs();
-    if (k + READ_AHEAD < batches.length) {
-      const p = read(k + READ_AHEAD);
+    if (k + readAhead < batches.length) {
+      const p = read(k + readAhead);
       p.catch(() => undefined);
       ahead.push(p);
     }
@@ -374,12 +406,13 @@ async function streamManifest(
   limiter?: (n: number) => Promise<void>,
 ): Promise<ScanResult> {
   const gov = o.governor;
-  const earlyData = emptyBasis ? { level: gov?.level ?? o.level, batchBytes: BATCH_BYTES, stream: o.batchStream } : undefined;
+  const batchBytes = o.batchBytes ?? BATCH_BYTES;
+  const earlyData = emptyBasis ? { level: gov?.level ?? o.level, batchBytes, stream: o.batchStream } : undefined;
   const stream = await openScanStream(o.path, STREAM_WINDOW, { stateDir: o.stateDir, ignoreIndex: o.checksum, onProgress: progress }, earlyData);
   try {
     // One `next` is always in flight while the previous step is being sent (never two: the
     // steps must arrive in order). Early DATA lands in recycled buffers, released once sent.
-    const pool = emptyBasis ? new BufferPool(BATCH_BUFFER, EARLY_BUFFERS) : undefined;
+    const pool = emptyBasis ? new BufferPool(batchBuffer(batchBytes), EARLY_BUFFERS) : undefined;
     const nextStep = async () => {
       const buf = pool && (await pool.acquire());
       if (gov) stream.setLevel(gov.level);
@@ -402,7 +435,7 @@ async function streamManifest(
       pending.catch(() => undefined);
       if (step.batchLen !== undefined && step.batchLen !== null) {
         if (step.batch) {
-          // It did not fit the recycled buffer (never for batches of BATCH_BYTES): sent as is.
+          // It did not fit the recycled buffer (never for batches of `batchBytes`): sent as is.
           if (buf) pool!.release(buf);
           await conn.send(FrameType.DATA, step.batch);
         } else {

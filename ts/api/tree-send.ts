@@ -36,10 +36,10 @@ import type { Negotiated } from './session.js';
 import { inPhase, reportChange, type SyncSummary } from './events.js';
 import type { SendOptions } from './send.js';
 import { deliveryMeter, LevelGovernor, startLevel } from './compress-level.js';
-import { afterPrior, BATCH_BUFFER, type ContentResult, identityChanged, PriorFailed, SEND_BUFFERS, sendFileContent } from './content-send.js';
+import { afterPrior, BATCH_BUFFER, batchBuffer, type ContentResult, identityChanged, PriorFailed, SEND_BUFFERS, sendFileContent, sessionBatchBytes } from './content-send.js';
 import { rateLimiter } from '../utils/rate-limit.js';
 import { exchangeManifestsAndRoots, HASHING_AT_ONCE, listingLines, logListing, sendManifest, sendParts, treeSummary } from './tree-common.js';
-import { Multiplexer } from '../transport/mux.js';
+import { Multiplexer, muxFrameData } from '../transport/mux.js';
 import { NOTHING_REMOVED, removeSourceTree } from './remove-sources.js';
 import { BatchRamp } from '../utils/batch-ramp.js';
 import { ConnectionShare, type DataTurn, SharedUnits, WorkLimit } from '../utils/data-turns.js';
@@ -290,10 +290,12 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
   const extra = lanes && o.dialLane ? Math.min(lanes.granted, large.length) - 1 : 0;
   const connections = 1 + Math.max(0, extra);
   const budget = dataBuffers(connections);
-  const buffers = new BufferPool(BATCH_BUFFER, multiplexed ? budget : SEND_BUFFERS * Math.max(1, lanes?.granted ?? 1));
+  // On many lanes, smaller batches: the receiver assembles a frame on each lane at once (§120).
+  const batchBytes = sessionBatchBytes(connections);
+  const buffers = new BufferPool(batchBuffer(batchBytes), multiplexed ? budget : SEND_BUFFERS * Math.max(1, lanes?.granted ?? 1));
   // One ramp of first batches for the session: its first chunk-level DATA starts small.
   const ramp = new BatchRamp();
-  const shared: LargeSending = { tree, gov, problems, o, queue: [...large], limiter, buffers, transfer, ramp };
+  const shared: LargeSending = { tree, gov, problems, o, queue: [...large], limiter, buffers, batchBytes, transfer, ramp };
   // Files start on the first connection at once; each lane takes its share of the streams
   // (or, in version 1, its turn at the queue) as soon as it has joined.
   const streamsEach = Math.ceil(MUX_WINDOW / connections);
@@ -301,7 +303,7 @@ async function sendFiles(conn: FramedConnection, o: Context, s: TreeSending): Pr
   // A lane's work ends with its last RESULT (its LANE_END follows, on its own connection).
   const worker = async (c: FramedConnection, lanesJoining?: Promise<void>) => {
     if (streams) return streams(c, streamsEach, lanesJoining).settled;
-    for (let lt = shared.queue.shift(); lt; lt = shared.queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter, buffers, transfer, ramp })).rest;
+    for (let lt = shared.queue.shift(); lt; lt = shared.queue.shift()) await (await sendLarge(c, tree, lt, gov, problems, o, { limiter, buffers, batchBytes, transfer, ramp })).rest;
   };
   // The first connection's streams: TREE_END waits only until every file on them is sent; their
   // last RESULTs are read after it (decisions §91).
@@ -359,6 +361,8 @@ interface LargeSending {
   queue: LargeTransferInfo[];
   limiter: ((n: number) => Promise<void>) | undefined;
   buffers: BufferPool;
+  /** Raw bytes per DATA batch (`buffers` fit them), and the MUX frames' cut to match. */
+  batchBytes: number;
   transfer: TreeTransferProgress;
   ramp: BatchRamp;
 }
@@ -386,7 +390,7 @@ function streamSender(s: LargeSending, budget: number, perConnection: boolean): 
     try {
       for (let item = await take(); item; item = await take()) {
         try {
-          prior = (await sendLarge(c, s.tree, item.lt, s.gov, s.problems, s.o, { limiter: s.limiter, turn: item.turn, stream: true, prior, hashing, buffers: s.buffers, transfer: s.transfer, ramp: s.ramp })).rest;
+          prior = (await sendLarge(c, s.tree, item.lt, s.gov, s.problems, s.o, { limiter: s.limiter, turn: item.turn, stream: true, prior, hashing, buffers: s.buffers, batchBytes: s.batchBytes, transfer: s.transfer, ramp: s.ramp })).rest;
         } catch (e) {
           if (!(e instanceof PriorFailed)) throw e;
           if (e.fatal) throw e.cause;
@@ -436,7 +440,7 @@ function streamSender(s: LargeSending, budget: number, perConnection: boolean): 
         await share.changed();
       }
     };
-    const mux = new Multiplexer(conn, { opener: true });
+    const mux = new Multiplexer(conn, { opener: true, frameData: muxFrameData(batchBuffer(s.batchBytes)) });
     const runs = Array.from({ length: Math.min(streams, s.queue.length) }, () => {
       let sent!: () => void;
       const allSent = new Promise<void>((resolve) => (sent = resolve));
@@ -513,8 +517,9 @@ interface LargeOptions {
   stream?: boolean;
   prior?: Promise<boolean>;
   hashing?: WorkLimit;
-  /** The session's batch buffers (see SendContentOptions.buffers). */
+  /** The session's batch buffers (see SendContentOptions.buffers), of `batchBytes` batches. */
   buffers?: BufferPool;
+  batchBytes?: number;
   /** The tree's sending phase, which counts this file's progress. */
   transfer: TreeTransferProgress;
   /** The session's ramp of first batches (see SendContentOptions.ramp). */
@@ -583,6 +588,7 @@ async function sendLargeFile(c: FramedConnection, tree: NativeTreeSync, lt: Larg
       overlap: o.overlap,
       dataTurn: lo.turn,
       buffers: lo.buffers,
+      batchBytes: lo.batchBytes,
       limiter: lo.limiter,
       prior: lo.prior,
       resultLater: lo.stream,

@@ -98,12 +98,25 @@ export function wholeFrames(chunk: Buffer): boolean {
 export const FRAME_POOL_KEPT = 12;
 /** One DATA batch (content-send.ts, BATCH_BUFFER) and the frame headers around it. */
 export const FRAME_POOL_BUFFER = 2 * 1024 * 1024 + 64 * 1024;
+/** One DATA batch of a session on many lanes (content-send.ts, LANE_BATCH_BYTES, 1 MiB) and the
+ * frame headers around it: frames up to this size take buffers of this size (decisions §120). */
+export const FRAME_POOL_SMALL_BUFFER = 1024 * 1024 + 64 * 1024;
 
 /** The frame pool, and the decoders using it. Buffers are taken only when frames that large
  * span reads, and the idle ones go when the last decoder using the pool is disposed (its
- * connection closed): an idle or finished `serve` holds none. */
+ * connection closed): an idle or finished `serve` holds none. Two sizes: a frame of up to
+ * `small.size` bytes takes a buffer of that size, so a session whose sender cuts 1 MiB batches
+ * (eight lanes, each assembling a frame at once) holds half as much as with 2 MiB buffers; an
+ * idle buffer of the larger size still serves it when no small one is idle (it is resident). */
 export class FramePool extends BufferPool {
   private users = 0;
+  /** Buffers for frames of up to FRAME_POOL_SMALL_BUFFER bytes. */
+  readonly small: BufferPool;
+
+  constructor(size: number, max: number, smallSize = Math.min(size, FRAME_POOL_SMALL_BUFFER)) {
+    super(size, max);
+    this.small = new BufferPool(smallSize, max);
+  }
 
   join(): void {
     this.users++;
@@ -113,10 +126,37 @@ export class FramePool extends BufferPool {
     if (--this.users === 0) this.dropIdle();
   }
 
+  /** A buffer for a frame of `n` bytes: the smaller size if it fits (an idle one of either size
+   * first), else the pool's size (BufferPool.take). */
+  override take(n: number): Buffer {
+    if (n > this.small.size || this.small.size === this.size) return super.take(n);
+    if (this.small.idle === 0 && super.idle > 0) return super.take(n);
+    return this.small.take(n);
+  }
+
+  /** Whether an idle buffer can take a frame of `n` bytes now. */
+  idleFits(n: number): boolean {
+    return (n <= this.small.size && this.small.idle > 0) || (n <= this.size && super.idle > 0);
+  }
+
   /** A frame released after its connection closed, the last to use the pool: not kept. */
   override release(b: Buffer): void {
-    super.release(b);
+    if (b.length === this.small.size && this.small.size !== this.size) this.small.release(b);
+    else super.release(b);
     if (this.users === 0) this.dropIdle();
+  }
+
+  override get idle(): number {
+    return super.idle + this.small.idle;
+  }
+
+  override get allocated(): number {
+    return super.allocated + this.small.allocated;
+  }
+
+  override dropIdle(): void {
+    super.dropIdle();
+    this.small.dropIdle();
   }
 }
 
@@ -436,7 +476,7 @@ export class FrameDecoder {
    * and wait for a full GC as dead memory (decisions §82). */
   private assemble(n: number): void {
     if (n < FrameDecoder.POOLED_MIN) return;
-    if (this.buffered * 2 < n && !(n <= this.framePool.size && this.framePool.idle > 0)) return;
+    if (this.buffered * 2 < n && !this.framePool.idleFits(n)) return;
     const filled = this.buffered;
     const pooled = this.takePooled(n);
     const frame = pooled.subarray(0, n);

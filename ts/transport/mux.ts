@@ -97,6 +97,10 @@ export interface MultiplexerOptions {
   window?: number;
   /** The window this connection's session shares with its other connections (lanes). */
   session?: SessionWindow;
+  /** Stream bytes one MUX frame carries at most when a writer hands over several frames at
+   * once (default MUX_FRAME_DATA): a sender cutting smaller DATA batches cuts its MUX frames to
+   * match, so that the receiver assembles no frame larger than a batch (decisions §120). */
+  frameData?: number;
 }
 
 /**
@@ -182,16 +186,23 @@ export function laneWindow(connections: number): number {
  * frame fits a buffer of the receiver's frame pool (FRAME_POOL_BUFFER). Two batches in one MUX
  * frame would save nothing and make the receiver allocate a buffer of some odd size up to 4 MiB,
  * which its pool cannot reuse (decisions §71). */
-export const MUX_FRAME_DATA = FRAME_POOL_BUFFER - 32;
+export const MUX_FRAME_DATA = muxFrameData(FRAME_POOL_BUFFER);
 
-/** `parts` (one stream's pending writes, in order) grouped into MUX frames of at most
- * MUX_FRAME_DATA bytes, cut only between the stream's own frames: a frame cut across MUX frames
+/** MUX_FRAME_DATA for a sender whose DATA batches fit buffers of `batchBuffer` bytes
+ * (content-send.ts, `batchBuffer`): the whole MUX frame fits a receiver's frame buffer of that
+ * size (frames.ts: FRAME_POOL_BUFFER, FRAME_POOL_SMALL_BUFFER). */
+export function muxFrameData(batchBuffer: number): number {
+  return batchBuffer - 32;
+}
+
+/** `parts` (one stream's pending writes, in order) grouped into MUX frames of at most `limit`
+ * (MUX_FRAME_DATA, or MultiplexerOptions.frameData) bytes, cut only between the stream's own frames: a frame cut across MUX frames
  * costs the receiver a copy, where a whole one is decoded in the MUX frame's pooled buffer
  * (decisions §70). A frame is a FRAME_HEADER-byte part and the parts its length covers
  * (FramedConnection.sendParts writes them so); a frame larger than the limit goes alone. Parts
  * that do not parse as frames are still written in order: grouping only decides where MUX
  * frames are cut, never what the stream carries. No parts: one empty group (FIN). */
-export function muxGroups(parts: Buffer[]): Buffer[][] {
+export function muxGroups(parts: Buffer[], limit = MUX_FRAME_DATA): Buffer[][] {
   const groups: Buffer[][] = [];
   let group: Buffer[] = [];
   let bytes = 0;
@@ -207,7 +218,7 @@ export function muxGroups(parts: Buffer[]): Buffer[][] {
       }
     }
     // An empty part never starts a MUX frame of its own: alone, that frame would read as FIN.
-    if (group.length > 0 && n > 0 && bytes + n > MUX_FRAME_DATA) {
+    if (group.length > 0 && n > 0 && bytes + n > limit) {
       groups.push(group);
       group = [];
       bytes = 0;
@@ -378,7 +389,7 @@ export class Multiplexer {
   write(id: number, parts: Buffer[], cb: (e?: Error | null) => void): void {
     const head = Buffer.allocUnsafe(ID_BYTES);
     head.writeUInt32LE(id, 0);
-    const groups = muxGroups(parts);
+    const groups = muxGroups(parts, this.o.frameData);
     let left = groups.length;
     let failed = false;
     const done = (e?: Error) => {
