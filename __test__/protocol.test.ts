@@ -866,33 +866,43 @@ describe('multiplexed streams', () => {
     const session = new SessionWindow(4 * MiB);
     // No write slot free: each batch taken with one is put back to wait (write-slots.ts).
     const slots = new SharedUnits(0);
-    let go!: () => void;
-    const later = new Promise<void>((r) => (go = r));
-    // Two busy lanes send four 1 MiB batches each; the third sends a small frame (its stream
-    // opens with it), then, once told, nine batches.
+    const gate = () => {
+      let open!: () => void;
+      const opened = new Promise<void>((r) => (open = r));
+      return { open, opened };
+    };
+    const secondGo = gate();
+    const thirdGo = gate();
+    // Two busy lanes send four 1 MiB batches each, the second once the first's are all here (so
+    // the first holds all four: the session, at exactly its window, is not over it yet); the
+    // third sends a small frame (its stream opens with it), then, once told, nine batches.
     const lanes = [0, 1, 2].map((i) =>
       sessionLane(session, async (out) => {
         if (i < 2) {
+          if (i === 1) await secondGo.opened;
           for (let k = 0; k < 4; k++) await out.send(FrameType.DATA, Buffer.alloc(MiB, k));
           return;
         }
         await out.send(FrameType.DATA_END, Buffer.alloc(8));
-        await later;
+        await thirdGo.opened;
         for (let k = 0; k < 9; k++) await out.send(FrameType.DATA, Buffer.alloc(MiB, k));
       }),
     );
     try {
-      const [first, second, third] = await Promise.all(lanes.map((l) => l.accepted));
+      const [first, third] = await Promise.all([lanes[0]!.accepted, lanes[2]!.accepted]);
       (await third!.recv()).release?.();
-      // The busy lanes stop with the session over its window (each holding a batch at least).
-      await until('the busy lanes stop reading with the session over its window', () => lanes[0]!.b.isPaused() && lanes[1]!.b.isPaused() && unread(first!) >= MiB && unread(second!) >= MiB && unread(first!) + unread(second!) > 4 * MiB);
+      await until("the first lane holds its four batches", () => unread(first!) === 4 * MiB);
+      secondGo.open();
+      const second = await lanes[1]!.accepted;
+      // The second lane's first batch takes the session over its window: both busy lanes stop.
+      await until('the busy lanes stop reading with the session over its window', () => lanes[0]!.b.isPaused() && lanes[1]!.b.isPaused() && unread(second) >= MiB);
       // Their readers take a batch each and put it back to wait for a slot.
-      const taking = [first!, second!].map((c) => takeWithSlot(c, () => c.recv(), slots));
-      await until('both batches wait for a slot', () => first!.waitingForSlot && second!.waitingForSlot);
-      go();
+      const taking = [first!, second].map((c) => takeWithSlot(c, () => c.recv(), slots));
+      await until('both batches wait for a slot', () => first!.waitingForSlot && second.waitingForSlot);
+      thirdGo.open();
       await new Promise((r) => setTimeout(r, 200));
       // The third lane holds nothing, and everything the session holds drains by writes alone:
-      // it stopped instead of reading a batch to wait beside them (before §119 it read all nine).
+      // it stopped instead of reading a batch to wait beside them (before §119 it read one).
       assert.ok(lanes[2]!.b.isPaused(), 'the idle lane stopped reading');
       assert.equal(unread(third!), 0, 'nothing was read on the idle lane');
       // A slot comes: the first lane's batch is taken, and the batches behind it wait for a
@@ -900,6 +910,7 @@ describe('multiplexed streams', () => {
       // next frame while those wait on something that is not local work), all nine batches.
       slots.release(1);
       const behind = unread(first!) - MiB;
+      assert.equal(behind, 3 * MiB, "three batches behind the first lane's parked one");
       const taken = await taking[0]!;
       assert.equal(taken.frame.payload[0], 0, 'the batch put back is the batch taken');
       assert.ok(!first!.waitingForSlot, 'the first lane no longer waits for a slot');
@@ -915,7 +926,7 @@ describe('multiplexed streams', () => {
       const last = await taking[1]!;
       last.frame.release?.();
       last.done();
-      for (const c of [first!, second!]) {
+      for (const c of [first!, second]) {
         for (let k = 1; k < 4; k++) {
           const f = await c.recv();
           assert.equal(f.payload[0], k, `a busy lane's batch ${k}`);

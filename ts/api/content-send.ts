@@ -77,7 +77,9 @@ export function batchBuffer(batchBytes: number): number {
 }
 /** Batches being read/compressed natively ahead of the socket. */
 export const READ_AHEAD = 2;
-/** Batch buffers one file's DATA phase uses at most (read ahead, and being written). */
+/** Batch buffers one file's DATA phase uses at most (read ahead, and being written), with full
+ * batches; `readAheadFor(batchBytes) + 2` with smaller ones, from the session's buffers when it
+ * has them (decisions §120). */
 export const SEND_BUFFERS = READ_AHEAD + 2;
 /** Batch buffers one file's early DATA uses at most (streamManifest's pool). */
 const EARLY_BUFFERS = 4;
@@ -347,24 +349,32 @@ async function sendBatches(conn: FramedConnection, o: SendContentOptions, src: N
   const batchBytes = o.batchBytes ?? BATCH_BYTES;
   const readAhead = readAheadFor(batchBytes);
   const pool = o.buffers ?? new BufferPool(batchBuffer(batchBytes), readAhead + SEND_BUFFERS - READ_AHEAD);
+  if (pool.size < batchBuffer(batchBytes)) throw new Error(`internal: batch buffers of ${pool.size} bytes for batches of ${batchBytes}`);
   const read = async (k: number) => {
     const buf = await pool.acquire();
+    // A buffer comes back once an earlier batch (this file's or another's) reached its socket:
+    // time spent waiting for one is the link's, not the encoder's (below).
+    const acquiredAt = nowMs();
     if (gov) src.setLevel(gov.level);
     // The receiver holds the batch before this one once it is written: from level 8 (the
     // core decides) the batch compresses against it too (§4.7, encodings 8 and 9).
     const previous = o.batchStream && o.batchPrefix && k > 0 ? batches[k - 1] : undefined;
     const res = await call(src.readBatch(batches[k], buf, previous));
-    return { buf, res };
+    return { buf, res, acquiredAt };
   };
-  const ahead: Promise<{ buf: Buffer; res: { length: number; rawBytes: number } }>[] = [];
+  const ahead: Promise<{ buf: Buffer; res: { length: number; rawBytes: number }; acquiredAt: number }>[] = [];
   for (let k = 0; k < Math.min(readAhead, batches.length); k++) ahead.push(read(k));
   ahead.forEach((p) => p.catch(() => undefined));
   gov?.restartWindow();
   let raw = 0;
   for (let k = 0; k < batches.length; k++) {
     const t0 = nowMs();
-    const { buf, res } = await ahead[k];
+    const { buf, res, acquiredAt } = await ahead[k];
     const t1 = nowMs();
+    // Two files sending at once share the session's buffers: a batch that waited for one after
+    // this wait began waited that long for the sockets, and only the rest for its encoding
+    // (decisions §120: the governor must not read a full pipe as a slow encoder).
+    const forBuffer = Math.max(0, acquiredAt - t0);
     if (k + readAhead < batches.length) {
       const p = read(k + readAhead);
       p.catch(() => undefined);
@@ -374,7 +384,7 @@ async function sendBatches(conn: FramedConnection, o: SendContentOptions, src: N
     raw += res.rawBytes;
     progress(raw);
     if (limiter) await conn.orFailure(limiter(res.length));
-    gov?.observe(t1 - t0, nowMs() - t1, res.length);
+    gov?.observe(t1 - t0 - forBuffer, nowMs() - t1 + forBuffer, res.length);
   }
   return raw;
 }

@@ -51,8 +51,7 @@ export async function takeWithSlot(conn: FramedConnection, take: () => Promise<F
     try {
       await conn.orFailure(grant);
     } finally {
-      // Cleared before the frame is taken again: taking it tells the session it drained.
-      conn.waitingForSlot = false;
+      conn.unpark();
     }
     if (!granted) {
       void grant.then(() => slots.release(1));

@@ -139,8 +139,14 @@ export class FramePool extends BufferPool {
     return (n <= this.small.size && this.small.idle > 0) || (n <= this.size && super.idle > 0);
   }
 
-  /** A frame released after its connection closed, the last to use the pool: not kept. */
+  /** A frame released after its connection closed, the last to use the pool: not kept. Idle
+   * buffers of both sizes together are at most `max`: a receiver whose frames are of both sizes
+   * (compressed batches under 1 MiB, incompressible ones of 2 MiB) keeps no more than before. */
   override release(b: Buffer): void {
+    if (this.idle >= this.max) {
+      if (this.users === 0) this.dropIdle();
+      return;
+    }
     if (b.length === this.small.size && this.small.size !== this.size) this.small.release(b);
     else super.release(b);
     if (this.users === 0) this.dropIdle();

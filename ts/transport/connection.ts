@@ -25,8 +25,9 @@ export interface ConnectionOptions {
   parent?: FramedConnection;
   /** Runs whenever a received frame is taken (a multiplexed stream's reader drained). */
   onConsume?: () => void;
-  /** Runs when the reader puts a DATA batch back to wait for a write slot (`parkForSlot`). */
-  onPark?: () => void;
+  /** Runs when the reader puts a DATA batch back to wait for a write slot (`parkForSlot`,
+   * `parked` true) and when it stops waiting (`unpark`, false). */
+  onPark?: (parked: boolean) => void;
 }
 
 const HIGH_WATER = 4 * 1024 * 1024;
@@ -200,11 +201,8 @@ export class FramedConnection {
   private readonly children = new Set<FramedConnection>();
   private readonly parent: FramedConnection | undefined;
   private readonly onConsume: (() => void) | undefined;
-  private readonly onPark: (() => void) | undefined;
-  /** The frame at the queue's front is a DATA batch put back to wait for one of its session's
-   * write slots (write-slots.ts), which writes in progress free without the network: what this
-   * connection holds unread drains by local work alone (decisions §119). */
-  waitingForSlot = false;
+  private readonly onPark: ((parked: boolean) => void) | undefined;
+  private parkedForSlot = false;
   /** The peer's first ERROR, decoded, kept apart from the queue: a reader that gave up (an
    * `expect` abandoned in a race) may take the queued frame. */
   private peerFailure: FfsyncError | undefined;
@@ -669,11 +667,26 @@ export class FramedConnection {
   }
 
   /** `unshift` a DATA batch that waits for a write slot, marked `waitingForSlot` until the
-   * reader clears the mark to take it again. */
+   * reader `unpark`s it. */
+  /** The frame at the queue's front is a DATA batch put back to wait for one of its session's
+   * write slots (write-slots.ts), which writes in progress free without the network: what this
+   * connection holds unread drains by local work alone (decisions §119). */
+  get waitingForSlot(): boolean {
+    return this.parkedForSlot;
+  }
+
   parkForSlot(f: Frame): void {
     this.unshift(f);
-    this.waitingForSlot = true;
-    this.onPark?.();
+    this.parkedForSlot = true;
+    this.onPark?.(true);
+  }
+
+  /** The batch put back no longer waits for a slot (it got one, or the wait failed): what this
+   * connection holds may wait on something else now, so the session is told (`onPark`). */
+  unpark(): void {
+    if (!this.parkedForSlot) return;
+    this.parkedForSlot = false;
+    this.onPark?.(false);
   }
 
   /**

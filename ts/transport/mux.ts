@@ -279,7 +279,8 @@ export class Multiplexer {
     s.conn = new FramedConnection(s, 0, {
       parent: this.parent,
       onConsume: () => this.maybeResume(),
-      onPark: () => this.o.session?.parked(),
+      // A batch put back may let the session stop its idle lanes; one taken or dropped, wake them.
+      onPark: (parked) => (parked ? this.o.session?.parked() : this.maybeResume()),
     });
     return s.conn;
   }
@@ -379,6 +380,10 @@ export class Multiplexer {
         this.over = false;
         this.o.session?.idleStopped.delete(this);
         this.parent.maybeResume();
+      } else if (own === 0) {
+        // Stopped holding bytes, it holds none now: bytes arriving for a stream that does not
+        // wait for a slot wake it at once, as they do a lane stopped holding none.
+        this.o.session?.idleStopped.add(this);
       }
     }
     if (!fromSession) this.o.session?.drained(this);
