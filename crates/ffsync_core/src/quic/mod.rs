@@ -57,13 +57,24 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Windows sized for long fat links (30 ms at a few Gbit/s) without letting one stream
-/// hog the connection; keep-alives so a peer busy with local work is not timed out.
+/// Bytes a connection may have in flight towards this side, and one stream of it: what quinn
+/// buffers for us when the shell reads slower than the link (a receiver writing to disk), so a
+/// peer's resident memory. 16 MiB is four times the bandwidth-delay product of 1 Gbit/s at
+/// 30 ms; the 64 MiB of before held a receiver at 145 MiB (docs/decisions.md §121).
+pub const RECEIVE_WINDOW: u32 = 16 << 20;
+pub const STREAM_RECEIVE_WINDOW: u32 = 8 << 20;
+/// Bytes this side buffers to send (unacknowledged and not yet sent): on a link slower than the
+/// disk the whole window fills, so it is resident too; 64 MiB held a 100 Mbit/s sender at 151 MiB.
+pub const SEND_WINDOW: u64 = 16 << 20;
+
+/// Windows sized for long fat links (four times 1 Gbit/s at 30 ms) without letting one stream
+/// hog the connection or a slow reader pile up memory; keep-alives so a peer busy with local
+/// work is not timed out.
 fn transport(idle_timeout: Duration) -> Arc<TransportConfig> {
     let mut t = TransportConfig::default();
-    t.stream_receive_window(VarInt::from_u32(16 << 20));
-    t.receive_window(VarInt::from_u32(64 << 20));
-    t.send_window(64 << 20);
+    t.stream_receive_window(VarInt::from_u32(STREAM_RECEIVE_WINDOW));
+    t.receive_window(VarInt::from_u32(RECEIVE_WINDOW));
+    t.send_window(SEND_WINDOW);
     t.max_concurrent_bidi_streams(VarInt::from_u32(64));
     t.max_concurrent_uni_streams(VarInt::from_u32(0));
     t.keep_alive_interval(Some(Duration::from_secs(2)));
